@@ -1,0 +1,3 @@
+"""orchestrator: deep-learning training on transient (spot / preemptible) GPUs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,35 @@
+"""`orchestrator db upgrade|current`."""
+
+from __future__ import annotations
+
+import typer
+
+from orchestrator.cli.render import console
+from orchestrator.store import db
+
+app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy URL via --db / ORCHESTRATOR_DB_URL).")
+
+
+@app.command("upgrade")
+def upgrade(revision: str = typer.Argument("head", help="target revision")) -> None:
+    """Apply migrations (the CLI also does this on first use)."""
+    url = db.default_url()
+    db.upgrade(url, revision)
+    console.print(f"database {db.get_engine(url).url.render_as_string(hide_password=True)} at revision "
+                  f"{db.current_revision(url)}")
+
+
+@app.command("current")
+def current() -> None:
+    """Print the database's revision and the newest one this version knows."""
+    url = db.default_url()
+    console.print(f"url:      {db.get_engine(url).url.render_as_string(hide_password=True)}")
+    console.print(f"current:  {db.current_revision(url) or '(empty database)'}")
+    console.print(f"head:     {db.head_revision()}")
+
+
+@app.command("downgrade")
+def downgrade(revision: str = typer.Argument(..., help="target revision, e.g. base")) -> None:
+    """Roll migrations back (drops data)."""
+    db.downgrade(db.default_url(), revision)
+    console.print(f"at revision {db.current_revision(db.default_url()) or 'base'}")

@@ -1,0 +1,185 @@
+"""`launch`, `status`, `logs`, `cancel`, `report`: the job verbs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from orchestrator.cli.render import console, duration, money, pct, table, when
+from orchestrator.errors import UserError
+from orchestrator.spec import JobSpec, load_spec
+
+
+def resolve_spec(spec_path: Path) -> tuple[JobSpec, str | None]:
+    """Validate the spec; if it does not pin the cluster, let the planner choose one."""
+    spec = load_spec(spec_path)
+    if spec.cluster is not None:
+        return spec, None
+    from orchestrator.costmodel import plan
+
+    result = plan(spec)
+    if result.chosen is None:
+        raise UserError("the planner found no cluster within the budget and deadline",
+                        hint="raise policy.budget_usd / policy.deadline or widen search")
+    return spec.with_cluster(result.chosen.to_cluster()), result.chosen.describe()
+
+
+def print_dry_run(spec: JobSpec, planned: str | None) -> None:
+    from orchestrator.slots import cluster_shape, expand, price_book_for
+
+    slots = expand(spec)
+    rows = [[s.name, s.role.value, s.gpu or "—", s.machine_type, s.zone, "spot" if s.spot else "on-demand",
+             s.batch or "", f"{s.price_per_hour:.4f}"] for s in slots]
+    total = sum(s.price_per_hour for s in slots)
+    book = price_book_for(spec)
+    console.print(f"[bold]{spec.name}[/bold]: provider {spec.provider.kind}, {spec.mode.value} training, "
+                  f"{spec.training.train_steps} steps, storage {spec.storage}")
+    if planned:
+        console.print(f"planner chose: {planned}")
+    console.print(table(f"would create {len(slots)} instances ({cluster_shape(spec)}), price book {book.name}",
+                        ["slot", "role", "gpu", "machine", "zone", "billing", "batch", "$/h"], rows))
+    console.print(f"hourly cost of the whole cluster: [bold]{money(total)}/h[/bold]")
+    try:
+        from orchestrator.costmodel import plan
+
+        est = plan(spec).chosen
+        if est is not None:
+            console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
+                          f"(cost model, before revocations: see `orchestrator simulate`)")
+    except Exception as exc:  # the estimate is a courtesy; the dry run's answer is the cluster above
+        console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
+    if spec.policy.budget_usd:
+        console.print(f"budget: {money(spec.policy.budget_usd)}")
+    console.print("[green]spec is valid; nothing was created (dry run)[/green]")
+
+
+def launch(
+    spec_path: Path = typer.Argument(..., help="job spec (YAML)", exists=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the cluster and its hourly cost"),
+    detach: bool = typer.Option(False, "--detach", help="record the job and let a running `orchestrator daemon` drive it"),
+    poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes (foreground)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
+) -> None:
+    """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy."""
+    spec, planned = resolve_spec(spec_path)
+    if dry_run:
+        print_dry_run(spec, planned)
+        return
+    from orchestrator.control.launcher import launch_job
+
+    launch_job(spec, Path(spec_path).read_text(), detach=detach, poll_s=poll, quiet=quiet)
+
+
+def status(
+    job: str | None = typer.Argument(None, help="job id or name; all jobs if omitted"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """One job (with its instances and recent events) or every job."""
+    from orchestrator.store import queries
+    from orchestrator.store.db import open_session
+
+    with open_session() as session:
+        if job is None:
+            rows = queries.job_summaries(session)
+            if json_out:
+                console.print_json(json.dumps(rows, default=str))
+                return
+            console.print(table("jobs", ["job", "status", "provider", "cluster", "step", "accuracy", "wall time",
+                                         "cost", "revocations", "replacements"],
+                                [[r["job_id"], r["status"], r["provider"], r["cluster_shape"],
+                                  f"{r['final_step'] or 0}/{r['train_steps']}", pct(r["accuracy"]),
+                                  duration(r["wall_time_s"]), money(r["cost_usd"]), r["revocations"],
+                                  r["replacements"]] for r in rows]))
+            return
+        found = queries.get_job(session, job)
+        if found is None:
+            raise UserError(f"no job '{job}'; `orchestrator status` lists them")
+        summary = queries.job_summaries(session, [found.id])[0]
+        instances = queries.job_instances(session, found.id)
+        evs = queries.events(session, found.id)
+        if json_out:
+            console.print_json(json.dumps({
+                "summary": summary,
+                "instances": [{"name": i.name, "slot": i.slot, "gpu": i.gpu, "zone": i.zone, "spot": i.spot,
+                               "status": i.status, "end_reason": i.end_reason, "price_per_hour": i.price_per_hour}
+                              for i in instances],
+            }, default=str))
+            return
+        step, eps = queries.latest_step(session, found.id)
+        console.print(f"[bold]{found.id}[/bold] {found.status} ({found.status_reason or ''}) — step "
+                      f"{step}/{found.train_steps}, {eps or 0:.1f} examples/s, cost so far "
+                      f"{money(summary['cost_usd'])}, accuracy {pct(found.accuracy)}")
+        console.print(table("instances", ["name", "slot", "gpu", "zone", "billing", "$/h", "status", "end reason",
+                                          "requested", "deleted"],
+                            [[i.name, i.slot, i.gpu or "—", i.zone, "spot" if i.spot else "on-demand",
+                              f"{i.price_per_hour:.4f}", i.status, i.end_reason or "", when(i.requested_at),
+                              when(i.deleted_at)] for i in instances]))
+        console.print(table("recent events", ["at", "entity", "from", "to", "reason"],
+                            [[when(e.at), e.entity, e.from_status or "", e.to_status, e.reason or ""]
+                             for e in evs[-15:]]))
+
+
+def logs(
+    job: str = typer.Argument(..., help="job id or name"),
+    instance: str | None = typer.Option(None, "--instance", help="slot such as worker-1, or an instance name"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
+    lines: int = typer.Option(50, "--lines", "-n"),
+) -> None:
+    """Print the job's metrics/events, or one instance's process log."""
+    from orchestrator.control.logs import print_logs
+
+    print_logs(job, instance=instance, follow=follow, lines=lines)
+
+
+def cancel(job: str = typer.Argument(..., help="job id or name")) -> None:
+    """Tear down every instance of the job and close its ledger."""
+    from orchestrator.control.launcher import cancel_job
+
+    cancel_job(job)
+
+
+def report(
+    jobs: list[str] = typer.Argument(None, help="job ids or names; all jobs if omitted"),
+    fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+) -> None:
+    """Cost (by role), wall time, accuracy, revocations and replacements per job."""
+    from orchestrator.store import queries
+    from orchestrator.store.db import open_session
+
+    if fmt not in {"table", "csv", "json"}:
+        raise UserError(f"--format: '{fmt}' is not one of table, csv, json")
+    with open_session() as session:
+        ids: list[str] = []
+        for ref in jobs or []:
+            found = queries.get_job(session, ref)
+            if found is None:
+                raise UserError(f"no job '{ref}'; `orchestrator status` lists them")
+            ids.append(found.id)
+        rows: list[dict[str, Any]] = queries.job_summaries(session, ids or None)
+    keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
+            "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
+            "revocations", "replacements", "restarts"]
+    if fmt == "json":
+        sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], default=str, indent=2) + "\n")
+    elif fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+    else:
+        console.print(table(f"report ({time.strftime('%Y-%m-%d %H:%M')})",
+                            ["job", "status", "cluster", "book", "steps", "accuracy", "wall time", "cost",
+                             "workers", "ps", "chief", "revoked", "replaced", "restarts"],
+                            [[r["job_id"], r["status"], r["cluster_shape"], r["price_book"],
+                              f"{r['final_step'] or 0}/{r['train_steps']}", pct(r["accuracy"]),
+                              duration(r["wall_time_s"]), money(r["cost_usd"]), money(r["worker_cost_usd"]),
+                              money(r["ps_cost_usd"]), money(r["chief_cost_usd"]), r["revocations"],
+                              r["replacements"], r["restarts"]] for r in rows]))

@@ -1,0 +1,108 @@
+"""A pinned cluster expanded into slots: one row per instance the job needs, with its hourly price.
+
+A slot (``worker-2``) outlives its instances: a revoked worker's replacement fills the same slot
+with the next generation, so names stay deterministic: ``<job>-worker-2-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.catalog import Catalog, PriceBook, load_catalog
+from orchestrator.providers.base import Role
+from orchestrator.spec import LOCAL_ZONE, GceProvider, JobSpec, TrainingMode
+
+DEFAULT_BATCH = 128
+
+
+@dataclass(frozen=True)
+class Slot:
+    role: Role
+    index: int
+    gpu: str | None
+    machine_type: str
+    zone: str
+    spot: bool
+    price_per_hour: float
+    batch: int | None = None  # workers only
+    group: int = -1  # index of the worker group in the spec
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> PriceBook:
+    cat = catalog or load_catalog()
+    base = cat.price_book(book or spec.pricing.book)
+    return base.with_overrides({k: (v.on_demand, v.spot) for k, v in spec.pricing.overrides.items()},
+                               set(cat.machine_types))
+
+
+def _zone(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -> str:
+    if zone:
+        return zone
+    if isinstance(spec.provider, GceProvider):
+        offered = catalog.zones_for(gpu) if gpu else catalog.all_zones()
+        for z in spec.provider.zones:
+            if not gpu or z in offered:
+                return z
+        return spec.provider.zones[0] if spec.provider.zones else "us-central1-c"
+    return LOCAL_ZONE
+
+
+def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
+    """Per-worker batch: the group's, the spec's per-worker batch, or the global batch split by speed."""
+    cluster = spec.pinned
+    training = spec.training
+    gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
+    explicit = [g.batch for g in cluster.workers for _ in range(g.count)]
+    if training.global_batch is None:
+        per = training.batch_per_worker or DEFAULT_BATCH
+        return [b or per for b in explicit]
+    if spec.mode == TrainingMode.SYNC:
+        from orchestrator.costmodel import split_batch  # the planner's split: fast GPUs get more
+
+        return list(split_batch(training.profile_name, gpus, training.global_batch))
+    share, rest = divmod(training.global_batch, len(gpus))
+    return [share + (1 if i < rest else 0) for i in range(len(gpus))]
+
+
+def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> list[Slot]:
+    """Every slot of a pinned cluster: parameter servers, the chief (async only), then the workers."""
+    cat = catalog or load_catalog()
+    prices = price_book_for(spec, cat, book)
+    cluster = spec.pinned
+    cloud = isinstance(spec.provider, GceProvider)
+    slots: list[Slot] = []
+    ps = cluster.parameter_servers
+    for i in range(spec.ps_count):
+        machine = ps.machine_type if cloud else "local"
+        slots.append(Slot(Role.PS, i, None, machine, _zone(spec, ps.zone, None, cat), ps.spot,
+                          prices.instance_price(machine, None, 0, ps.spot)))
+    if spec.mode == TrainingMode.ASYNC:
+        ch = cluster.chief
+        machine = ch.machine_type if cloud else "local"
+        slots.append(Slot(Role.CHIEF, 0, None, machine, _zone(spec, ch.zone, None, cat), ch.spot,
+                          prices.instance_price(machine, None, 0, ch.spot)))
+    batches = worker_batches(spec, cat)
+    index = 0
+    for g, group in enumerate(cluster.workers):
+        gpu = cat.gpu(group.gpu)
+        machine = (group.machine_type or gpu.default_machine_type) if cloud else "local"
+        for _ in range(group.count):
+            slots.append(Slot(Role.WORKER, index, gpu.key, machine, _zone(spec, group.zone, gpu.key, cat), group.spot,
+                              prices.instance_price(machine, gpu.key, 1, group.spot), batches[index], g))
+            index += 1
+    return slots
+
+
+def cluster_shape(spec: JobSpec) -> str:
+    """'1ps+chief+2xk80(spot)+1xv100' — what job_summary shows."""
+    cluster = spec.pinned
+    parts = [f"{spec.ps_count}ps"] if spec.ps_count else []
+    if spec.mode == TrainingMode.ASYNC:
+        parts.append("chief")
+    for g in cluster.workers:
+        parts.append(f"{g.count}x{g.gpu}{'(spot)' if g.spot else ''}")
+    return "+".join(parts)

@@ -1,0 +1,1 @@
+"""The results database: jobs, instances, events, metrics, ledger, plans, calibrations."""

@@ -1,0 +1,102 @@
+"""Engine from a URL, migrations applied on first use, sessions."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.paths import alembic_dir, user_dir
+
+ENV_URL = "ORCHESTRATOR_DB_URL"
+
+
+def default_url() -> str:
+    return os.environ.get(ENV_URL) or f"sqlite:///{user_dir() / 'orchestrator.db'}"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # The daemon and the CLI use the file at once: WAL + a busy timeout instead of "database is locked".
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+@functools.cache
+def get_engine(url: str) -> Engine:
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    engine = create_engine(url, pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(alembic_dir()))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(url: str) -> str | None:
+    with get_engine(url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    engine = get_engine(url)
+    with engine.begin() as conn:
+        cfg = alembic_config(url)
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    engine = get_engine(url)
+    with engine.begin() as conn:
+        cfg = alembic_config(url)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+    _ensure_schema.cache_clear()  # the next session must upgrade again
+
+
+@functools.cache
+def _ensure_schema(url: str) -> None:
+    if current_revision(url) != head_revision():
+        upgrade(url)
+
+
+def session_factory(url: str | None = None) -> sessionmaker[Session]:
+    url = url or default_url()
+    _ensure_schema(url)
+    return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+@contextlib.contextmanager
+def open_session(url: str | None = None) -> Iterator[Session]:
+    """A session on an up-to-date schema; commits on success, rolls back on error."""
+    with session_factory(url)() as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise

@@ -1,0 +1,143 @@
+"""SQLAlchemy 2 typed models. Times are UNIX epoch seconds (float) so SQL arithmetic is portable."""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    provider: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[str] = mapped_column(String(8))
+    cluster_shape: Mapped[str] = mapped_column(String(200))
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    storage_uri: Mapped[str] = mapped_column(String(500))
+    price_book: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    status_reason: Mapped[str | None] = mapped_column(String(500))
+    outcome: Mapped[str | None] = mapped_column(String(16))  # final status decided at teardown
+    train_steps: Mapped[int] = mapped_column(Integer)
+    final_step: Mapped[int | None] = mapped_column(Integer)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    final_loss: Mapped[float | None] = mapped_column(Float)
+    budget_usd: Mapped[float | None] = mapped_column(Float)
+    deadline_s: Mapped[float | None] = mapped_column(Float)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)  # whole-cluster restarts from a checkpoint
+    metrics_offset: Mapped[int] = mapped_column(Integer, default=0)  # bytes of metrics.jsonl ingested
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    instances: Mapped[list[Instance]] = relationship(back_populates="job", order_by="Instance.id")
+
+
+class Instance(Base):
+    __tablename__ = "instances"
+    __table_args__ = (Index("ix_instances_job_slot", "job_id", "role", "slot_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)  # deterministic: <job>-<role>-<index>-<gen>
+    provider_id: Mapped[str | None] = mapped_column(String(100))
+    role: Mapped[str] = mapped_column(String(8))
+    slot_index: Mapped[int] = mapped_column(Integer)
+    generation: Mapped[int] = mapped_column(Integer)
+    gpu: Mapped[str | None] = mapped_column(String(16))
+    machine_type: Mapped[str] = mapped_column(String(32))
+    zone: Mapped[str] = mapped_column(String(32))
+    spot: Mapped[bool] = mapped_column(Boolean)
+    price_per_hour: Mapped[float] = mapped_column(Float)
+    batch: Mapped[int | None] = mapped_column(Integer)
+    host: Mapped[str | None] = mapped_column(String(255))
+    port: Mapped[int | None] = mapped_column(Integer)  # the TensorFlow task port
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    status_reason: Mapped[str | None] = mapped_column(String(500))
+    end_reason: Mapped[str | None] = mapped_column(String(32))
+    requested_at: Mapped[float] = mapped_column(Float)  # billing starts at the create request
+    ready_at: Mapped[float | None] = mapped_column(Float)
+    training_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+    deleted_at: Mapped[float | None] = mapped_column(Float)  # billing ends at confirmed deletion
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    job: Mapped[Job] = relationship(back_populates="instances")
+
+    @property
+    def slot(self) -> str:
+        return f"{self.role}-{self.slot_index}"
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id"), index=True)
+    entity: Mapped[str] = mapped_column(String(8))  # job | instance | note
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(500))
+    at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("job_id", "kind", "step", "worker", "at", name="uq_metrics_point"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # step | eval | checkpoint | worker
+    worker: Mapped[int] = mapped_column(Integer, default=-1)  # -1 = whole cluster
+    gpu: Mapped[str | None] = mapped_column(String(16))
+    step: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    examples_per_s: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    batch: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+
+
+class LedgerEntry(Base):
+    __tablename__ = "ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), unique=True)
+    role: Mapped[str] = mapped_column(String(8))
+    start_at: Mapped[float] = mapped_column(Float)
+    end_at: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+    price_per_hour: Mapped[float] = mapped_column(Float)
+    usd: Mapped[float] = mapped_column(Float)
+
+
+class Plan(Base):
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), index=True)
+    spec_name: Mapped[str] = mapped_column(String(64))
+    chosen: Mapped[str] = mapped_column(Text)  # JSON
+    candidates: Mapped[str] = mapped_column(Text)  # JSON (the Pareto front)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Calibration(Base):
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(200))
+    params: Mapped[str] = mapped_column(Text)  # JSON
+    mape: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,202 @@
+"""The only code that changes statuses, plus the ledger and the queries the CLI and the controller use."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from orchestrator.store.models import Calibration, Event, Instance, Job, LedgerEntry, Metric, Plan
+from orchestrator.store.status import (
+    INSTANCE_TRANSITIONS,
+    JOB_TRANSITIONS,
+    InstanceStatus,
+    JobStatus,
+    TransitionError,
+)
+
+
+def switch_status(
+    session: Session,
+    obj: Job | Instance,
+    new: JobStatus | InstanceStatus,
+    reason: str | None = None,
+    *,
+    now: float | None = None,
+) -> bool:
+    """Change a job's or instance's status, check the transition table, write the event row.
+
+    Returns False (and writes nothing) when the object already has that status, so that a
+    reconcile pass repeated after a crash is harmless.
+    """
+    now = time.time() if now is None else now
+    current = obj.status
+    if current == new.value:
+        return False
+    if isinstance(obj, Job):
+        allowed = JOB_TRANSITIONS[JobStatus(current)]
+        if new not in allowed:
+            raise TransitionError("job", obj.id, current, new.value)
+        obj.status = new.value
+        obj.status_reason = reason
+        if new == JobStatus.PROVISIONING and obj.started_at is None:
+            obj.started_at = now
+        if new in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+            obj.ended_at = now
+        session.add(Event(job_id=obj.id, entity="job", from_status=current, to_status=new.value,
+                          reason=reason, at=now))
+    else:
+        allowed_i = INSTANCE_TRANSITIONS[InstanceStatus(current)]
+        if new not in allowed_i:
+            raise TransitionError("instance", obj.name, current, new.value)
+        obj.status = new.value
+        obj.status_reason = reason
+        if new == InstanceStatus.READY and obj.ready_at is None:
+            obj.ready_at = now
+        elif new == InstanceStatus.TRAINING:
+            obj.training_at = now
+        elif new == InstanceStatus.REVOKED:
+            obj.revoked_at = now
+        elif new == InstanceStatus.DELETED:
+            obj.deleted_at = now
+            _close_ledger(session, obj, now)
+        session.add(Event(job_id=obj.job_id, instance_id=obj.id, entity="instance", from_status=current,
+                          to_status=new.value, reason=reason, at=now))
+    obj.updated_at = now
+    return True
+
+
+def note(session: Session, job_id: str, what: str, reason: str, *, instance_id: int | None = None,
+         now: float | None = None) -> None:
+    """An event that is not a status change (a stockout skipped, a notice delivered, a checkpoint)."""
+    session.add(Event(job_id=job_id, instance_id=instance_id, entity="note", from_status=None, to_status=what,
+                      reason=reason, at=time.time() if now is None else now))
+
+
+def _close_ledger(session: Session, inst: Instance, end_at: float) -> None:
+    """Billing runs from the create request to the confirmed deletion, at the instance's hourly price."""
+    if inst.status_reason == "never created":
+        end_at = inst.requested_at
+    existing = session.scalar(select(LedgerEntry).where(LedgerEntry.instance_id == inst.id))
+    if existing is not None:
+        return
+    seconds = max(0.0, end_at - inst.requested_at)
+    session.add(
+        LedgerEntry(
+            job_id=inst.job_id, instance_id=inst.id, role=inst.role, start_at=inst.requested_at, end_at=end_at,
+            seconds=seconds, price_per_hour=inst.price_per_hour, usd=seconds * inst.price_per_hour / 3600.0,
+        )
+    )
+
+
+# ---------------------------------------------------------------- jobs and instances
+
+
+def get_job(session: Session, job_ref: str) -> Job | None:
+    """By id, or the newest job with that name."""
+    job = session.get(Job, job_ref)
+    if job is not None:
+        return job
+    return session.scalar(select(Job).where(Job.name == job_ref).order_by(Job.created_at.desc()).limit(1))
+
+
+def jobs(session: Session, statuses: Sequence[str] | None = None) -> list[Job]:
+    q = select(Job).order_by(Job.created_at)
+    if statuses is not None:
+        q = q.where(Job.status.in_(list(statuses)))
+    return list(session.scalars(q))
+
+
+def job_instances(session: Session, job_id: str) -> list[Instance]:
+    return list(session.scalars(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id)))
+
+
+def job_cost(session: Session, job_id: str) -> dict[str, float]:
+    """USD by role, open entries costed to now (the same figures as the ``instance_costs`` view)."""
+    rows = session.execute(
+        text("SELECT role, COALESCE(SUM(usd), 0) FROM instance_costs WHERE job_id = :j GROUP BY role"),
+        {"j": job_id},
+    ).all()
+    out = {str(r[0]): float(r[1]) for r in rows}
+    out["total"] = sum(out.values())
+    return out
+
+
+def job_summaries(session: Session, job_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    sql = "SELECT * FROM job_summary"
+    params: dict[str, Any] = {}
+    if job_ids:
+        sql += " WHERE job_id IN (" + ", ".join(f":j{i}" for i in range(len(job_ids))) + ")"
+        params = {f"j{i}": j for i, j in enumerate(job_ids)}
+    sql += " ORDER BY created_at"
+    return [dict(r._mapping) for r in session.execute(text(sql), params)]
+
+
+def events(session: Session, job_id: str) -> list[Event]:
+    return list(session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.at, Event.id)))
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def add_metrics(session: Session, rows: Sequence[Metric]) -> None:
+    session.add_all(rows)
+
+
+def latest_step(session: Session, job_id: str) -> tuple[int, float | None]:
+    row = session.execute(
+        select(Metric.step, Metric.examples_per_s)
+        .where(Metric.job_id == job_id, Metric.kind == "step", Metric.worker == -1)
+        .order_by(Metric.at.desc())
+        .limit(1)
+    ).first()
+    return (int(row[0]), row[1]) if row else (0, None)
+
+
+def step_time_measurements(session: Session) -> list[dict[str, Any]]:
+    """Measured per-worker step times of finished jobs: rows with model, gpu, batch, step_time_s."""
+    rows = session.execute(
+        select(Job.spec_yaml, Metric.gpu, Metric.batch, func.avg(Metric.step_time_s), func.count())
+        .join(Job, Job.id == Metric.job_id)
+        .where(Metric.kind == "worker", Metric.step_time_s.is_not(None), Metric.gpu.is_not(None))
+        .group_by(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch)
+    ).all()
+    import yaml  # local: only this query needs the spec's model name
+
+    out = []
+    for spec_yaml, gpu, batch, step_time, n in rows:
+        training = (yaml.safe_load(spec_yaml) or {}).get("training") or {}
+        out.append({"model": training.get("hparam_set", "resnet_cifar_32"), "gpu": gpu, "batch": batch,
+                    "step_time_s": float(step_time), "samples": int(n)})
+    return out
+
+
+# ---------------------------------------------------------------- plans and calibrations
+
+
+def save_plan(session: Session, spec_name: str, chosen: dict[str, Any], candidates: list[dict[str, Any]],
+              job_id: str | None = None) -> int:
+    plan = Plan(job_id=job_id, spec_name=spec_name, chosen=json.dumps(chosen), candidates=json.dumps(candidates),
+                created_at=time.time())
+    session.add(plan)
+    session.flush()
+    return plan.id
+
+
+def save_calibration(session: Session, name: str, source: str, params: dict[str, Any], mape: float | None) -> int:
+    row = Calibration(name=name, source=source, params=json.dumps(params), mape=mape, created_at=time.time())
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def load_calibration(session: Session, calibration_id: int) -> dict[str, Any]:
+    row = session.get(Calibration, calibration_id)
+    if row is None:
+        raise LookupError(f"no calibration with id {calibration_id}; see `orchestrator model calibrate`")
+    params: dict[str, Any] = json.loads(row.params)
+    return params

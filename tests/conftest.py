@@ -1,0 +1,60 @@
+"""Shared fixtures: a real SQLite file and a real PostgreSQL database per test session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("ORCHESTRATOR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Never touch the developer's own DB or instances.
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ORCHESTRATOR_DB_URL", f"sqlite:///{tmp_path / 'home' / 'orchestrator.db'}")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'results.db'}"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A throwaway database on the real PostgreSQL server. Fails (never skips) when it is unreachable."""
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"orch_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - the message must say what to start
+        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is unreachable ({exc}); start it with "
+                    "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    yield url
+    from orchestrator.store.db import get_engine
+
+    get_engine(url).dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    from orchestrator.store.db import downgrade, upgrade
+
+    upgrade(url)
+    downgrade(url, "base")  # every test starts from an empty schema
+    return url

@@ -1,0 +1,70 @@
+"""The CLI as a user meets it: help, catalog, dry runs, broken specs (exit 2), db upgrade + SQL views."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VERBS = ["launch", "plan", "status", "logs", "cancel", "report", "simulate", "daemon", "db", "catalog", "model", "gc"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=120)
+
+
+def test_help_lists_every_verb() -> None:
+    out = run("--help")
+    assert out.returncode == 0
+    for verb in VERBS:
+        assert verb in out.stdout, verb
+
+
+def test_catalog_prints_prices_and_sources() -> None:
+    out = run("catalog", "--price-book", "2019-02")
+    assert out.returncode == 0, out.stderr
+    assert "nvidia-tesla-k80" in out.stdout and "0.256" in out.stdout and "ICAC" in out.stdout
+    out = run("catalog", "--gpu", "v200")
+    assert out.returncode == 2 and "known: k80" in out.stderr
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_dry_run_every_example(example: str, tmp_path: Path) -> None:
+    out = run("launch", "--dry-run", f"examples/{example}", env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"})
+    assert out.returncode == 0, out.stderr
+    assert "would create" in out.stdout and "/h" in out.stdout
+    assert not (tmp_path / "x.db").exists()  # a dry run creates nothing, not even a DB row
+
+
+def test_broken_spec_exits_2_with_field_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad_Name\ncluster:\n  workers:\n    - {gpu: v200, count: 0}\npolicy: {on_revocation: pray}\n")
+    out = run("launch", str(bad))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "cluster.workers[0].gpu: 'v200' is not a GPU type" in out.stderr or "cluster.workers[0].count" in out.stderr
+    assert "name: 'Bad_Name' is not a valid job name" in out.stderr
+    assert "policy.on_revocation" in out.stderr and "nothing was created" in out.stderr
+
+
+def test_db_upgrade_creates_schema_and_views(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    out = run("db", "upgrade", env={"ORCHESTRATOR_DB_URL": f"sqlite:////{path}"})
+    assert out.returncode == 0, out.stderr
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("select * from job_summary").fetchall() == []
+        assert conn.execute("select * from instance_costs").fetchall() == []
+    out = run("db", "current", env={"ORCHESTRATOR_DB_URL": f"sqlite:////{path}"})
+    assert "current:  0001" in out.stdout
+
+
+def test_status_on_empty_db(tmp_path: Path) -> None:
+    out = run("--db", f"sqlite:///{tmp_path}/y.db", "status")
+    assert out.returncode == 0, out.stderr
+    assert "jobs" in out.stdout
