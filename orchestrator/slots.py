@@ -26,6 +26,12 @@ class Slot:
     price_per_hour: float
     batch: int | None = None  # workers only
     group: int = -1  # index of the worker group in the spec
+    on_demand_price_per_hour: float = 0.0  # what a fallback-on-demand replacement costs
+    zones: tuple[str, ...] = ()  # where to create it, in order: a stockout moves on to the next
+
+    def price(self, spot: bool) -> float:
+        """Hourly price as requested: the slot's own, or on-demand for a fallback replacement."""
+        return self.price_per_hour if spot == self.spot or spot else self.on_demand_price_per_hour
 
     @property
     def name(self) -> str:
@@ -39,16 +45,14 @@ def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | No
                                set(cat.machine_types))
 
 
-def _zone(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -> str:
-    if zone:
-        return zone
-    if isinstance(spec.provider, GceProvider):
-        offered = catalog.zones_for(gpu) if gpu else catalog.all_zones()
-        for z in spec.provider.zones:
-            if not gpu or z in offered:
-                return z
-        return spec.provider.zones[0] if spec.provider.zones else "us-central1-c"
-    return LOCAL_ZONE
+def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -> tuple[str, ...]:
+    """The slot's zone first, then the other allowed zones that offer its GPU (stockout fallbacks)."""
+    if not isinstance(spec.provider, GceProvider):
+        return (zone or LOCAL_ZONE,)
+    offered = set(catalog.zones_for(gpu)) if gpu else set(catalog.all_zones())
+    others = [z for z in spec.provider.zones if z in offered and z != zone]
+    ordered = ([zone] if zone else []) + others
+    return tuple(ordered) or ((spec.provider.zones[0],) if spec.provider.zones else ("us-central1-c",))
 
 
 def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
@@ -78,21 +82,25 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
     ps = cluster.parameter_servers
     for i in range(spec.ps_count):
         machine = ps.machine_type if cloud else "local"
-        slots.append(Slot(Role.PS, i, None, machine, _zone(spec, ps.zone, None, cat), ps.spot,
-                          prices.instance_price(machine, None, 0, ps.spot)))
+        zones = _zones(spec, ps.zone, None, cat)
+        slots.append(Slot(Role.PS, i, None, machine, zones[0], ps.spot, prices.instance_price(machine, None, 0, ps.spot),
+                          on_demand_price_per_hour=prices.instance_price(machine, None, 0, False), zones=zones))
     if spec.mode == TrainingMode.ASYNC:
         ch = cluster.chief
         machine = ch.machine_type if cloud else "local"
-        slots.append(Slot(Role.CHIEF, 0, None, machine, _zone(spec, ch.zone, None, cat), ch.spot,
-                          prices.instance_price(machine, None, 0, ch.spot)))
+        zones = _zones(spec, ch.zone, None, cat)
+        slots.append(Slot(Role.CHIEF, 0, None, machine, zones[0], ch.spot, prices.instance_price(machine, None, 0, ch.spot),
+                          on_demand_price_per_hour=prices.instance_price(machine, None, 0, False), zones=zones))
     batches = worker_batches(spec, cat)
     index = 0
     for g, group in enumerate(cluster.workers):
         gpu = cat.gpu(group.gpu)
         machine = (group.machine_type or gpu.default_machine_type) if cloud else "local"
+        zones = _zones(spec, group.zone, gpu.key, cat)
         for _ in range(group.count):
-            slots.append(Slot(Role.WORKER, index, gpu.key, machine, _zone(spec, group.zone, gpu.key, cat), group.spot,
-                              prices.instance_price(machine, gpu.key, 1, group.spot), batches[index], g))
+            slots.append(Slot(Role.WORKER, index, gpu.key, machine, zones[0], group.spot,
+                              prices.instance_price(machine, gpu.key, 1, group.spot), batches[index], g,
+                              on_demand_price_per_hour=prices.instance_price(machine, gpu.key, 1, False), zones=zones))
             index += 1
     return slots
 

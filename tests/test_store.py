@@ -28,7 +28,7 @@ def _job(session: Session, now: float = 1000.0) -> Job:
     job = Job(id="demo-abc123", name="demo", provider="local", mode="async", cluster_shape="1ps+chief+1xk80",
               spec_yaml="name: demo\ntraining: {hparam_set: resnet_tiny}\n", storage_uri="/tmp/x", price_book="2019-02",
               status=JobStatus.PENDING.value, train_steps=100, created_at=now, updated_at=now, restarts=0,
-              metrics_offset=0)
+              metrics_offset=0, cancel_requested=False)
     session.add(job)
     session.flush()
     return job

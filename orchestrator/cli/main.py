@@ -107,11 +107,9 @@ def _register_groups() -> None:
     from orchestrator.cli import model_cmd
 
     app.add_typer(model_cmd.app, name="model", help="Cost model: profile, calibrate, predict, validate.")
-    try:
-        from orchestrator.cli import image_cmd
-    except ImportError:
-        return
-    app.add_typer(image_cmd.app, name="image", help="Bake worker / parameter-server boot images.")
+    from orchestrator.cli import image_cmd
+
+    app.add_typer(image_cmd.app, name="image", help="Bake worker / parameter-server boot images (GCE).")
 
 
 def _print_spec_error(exc: SpecError) -> None:

@@ -32,6 +32,11 @@ class Job(Base):
     deadline_s: Mapped[float | None] = mapped_column(Float)
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # whole-cluster restarts from a checkpoint
     metrics_offset: Mapped[int] = mapped_column(Integer, default=0)  # bytes of metrics.jsonl ingested
+    # Who drives the job: a foreground `launch` or the daemon. A lease that is not renewed expires, so a
+    # killed driver's job is picked up by the daemon.
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[float | None] = mapped_column(Float)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)

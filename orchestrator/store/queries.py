@@ -79,8 +79,8 @@ def note(session: Session, job_id: str, what: str, reason: str, *, instance_id: 
 
 def _close_ledger(session: Session, inst: Instance, end_at: float) -> None:
     """Billing runs from the create request to the confirmed deletion, at the instance's hourly price."""
-    if inst.status_reason == "never created":
-        end_at = inst.requested_at
+    if inst.end_reason == "create_failed":
+        end_at = inst.requested_at  # the cloud refused the create: nothing ran, nothing is billed
     existing = session.scalar(select(LedgerEntry).where(LedgerEntry.instance_id == inst.id))
     if existing is not None:
         return

@@ -1,0 +1,132 @@
+"""Parsing of task.json (no TensorFlow import here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class TaskError(ValueError):
+    """task.json is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class Training:
+    model: str = "resnet"
+    hparam_set: str = "resnet_cifar_15"
+    problem: str = "image_cifar10"
+    data_dir: str | None = None
+    train_steps: int = 300
+    batch_per_worker: tuple[int, ...] = (32,)
+    checkpoint_every: int = 100
+    eval_every: int = 0
+    log_every: int = 10
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Task:
+    job_id: str
+    instance: str
+    mode: str  # "async" | "sync"
+    role: str  # "ps" | "chief" | "worker"
+    index: int
+    cluster: dict[str, list[str]]
+    storage: Path
+    training: Training
+    step_sleep_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.cluster.get("worker", []))
+
+    @property
+    def is_chief(self) -> bool:
+        """The task doing the job's I/O: async chief, or sync worker 0."""
+        if self.mode == "async":
+            return self.role == "chief"
+        return self.role == "worker" and self.index == 0
+
+    def batch_for(self, worker_index: int) -> int:
+        return self.training.batch_per_worker[worker_index]
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise TaskError(msg)
+
+
+def parse_task(raw: dict[str, Any]) -> Task:
+    try:
+        tr = dict(raw.get("training") or {})
+        known = set(Training.__dataclass_fields__)
+        training = Training(**{k: v for k, v in tr.items() if k in known})
+        training = Training(
+            **{**training.__dict__, "batch_per_worker": tuple(int(b) for b in training.batch_per_worker)}
+        )
+        task = Task(
+            job_id=str(raw["job_id"]),
+            instance=str(raw["instance"]),
+            mode=str(raw["mode"]),
+            role=str(raw["role"]),
+            index=int(raw["index"]),
+            cluster={k: [str(a) for a in v] for k, v in dict(raw["cluster"]).items()},
+            storage=Path(raw["storage"]).resolve(),
+            training=training,
+            step_sleep_s=float((raw.get("emulation") or {}).get("step_sleep_s", 0.0) or 0.0),
+            extra={
+                k: v
+                for k, v in raw.items()
+                if k
+                not in {
+                    "job_id",
+                    "instance",
+                    "mode",
+                    "role",
+                    "index",
+                    "cluster",
+                    "storage",
+                    "training",
+                    "emulation",
+                }
+            },
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise TaskError(f"invalid task.json: {e!r}") from e
+    _require(task.mode in ("async", "sync"), f"mode must be async|sync, got {task.mode!r}")
+    _require(task.role in ("ps", "chief", "worker"), f"bad role {task.role!r}")
+    _require(task.num_workers > 0, "cluster has no worker")
+    _require(
+        task.role in task.cluster and 0 <= task.index < len(task.cluster[task.role]),
+        f"{task.role}:{task.index} not in cluster",
+    )
+    if task.mode == "sync":
+        _require(set(task.cluster) == {"worker"}, "sync mode: cluster must only have 'worker' tasks")
+    else:
+        _require(
+            len(task.cluster.get("chief", [])) == 1 and len(task.cluster.get("ps", [])) >= 1,
+            "async mode: cluster needs one chief and at least one ps",
+        )
+    _require(
+        len(task.training.batch_per_worker) == task.num_workers,
+        "training.batch_per_worker must have one entry per worker",
+    )
+    _require(all(b > 0 for b in task.training.batch_per_worker), "batch sizes must be > 0")
+    _require(
+        task.training.train_steps > 0 and task.training.log_every > 0, "train_steps, log_every must be > 0"
+    )
+    _require(task.step_sleep_s >= 0, "emulation.step_sleep_s must be >= 0")
+    return task
+
+
+def load_task(path: str | Path) -> Task:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise TaskError(f"cannot read task file {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise TaskError("task.json must hold an object")
+    return parse_task(raw)

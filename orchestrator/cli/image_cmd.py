@@ -1,0 +1,19 @@
+"""`orchestrator image bake`: build worker / parameter-server boot images (GCE)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.command("bake")
+def bake(
+    role: str = typer.Option("worker", "--role", help="worker | ps"),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type the worker image is for (k80, p100, ...)"),
+    spec: str | None = typer.Option(None, "--spec", help="a gce job spec giving project and zones"),
+) -> None:
+    """Create a VM, run the image recipe from images/ over SSH, and make an image from its disk."""
+    from orchestrator.control.images import bake_image
+
+    bake_image(role=role, gpu=gpu, spec_path=spec)

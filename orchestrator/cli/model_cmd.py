@@ -1,0 +1,352 @@
+"""`orchestrator model ...`: the cost model's profiles, calibration, predictions and validation."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from orchestrator.catalog import CatalogError, load_catalog
+from orchestrator.cli.render import console, table
+from orchestrator.costmodel import (
+    DEFAULT_CALIBRATION,
+    MODEL_NAMES,
+    Calibration,
+    Measurement,
+    UnknownModelError,
+    fit_calibration,
+    get_profile,
+    leave_one_gpu_out,
+    load_calibration,
+    load_measurements,
+    max_batch,
+)
+from orchestrator.costmodel.calibration import mape as in_sample_mape
+from orchestrator.costmodel.calibration import measurements_from_dicts
+from orchestrator.costmodel.compute import layer_times, step_fn
+from orchestrator.costmodel.memory import memory_bytes, usable_bytes
+from orchestrator.errors import UserError
+
+app = typer.Typer(no_args_is_help=True, help="Cost model: profile, calibrate, predict, validate.")
+
+
+# ---------------------------------------------------------------- shared helpers (also used by plan_cmd)
+
+
+def resolve_calibration(ref: str | None) -> Calibration | None:
+    """``None`` (built-in defaults), a calibration ID in the results DB, or a calibration JSON file."""
+    if ref is None:
+        return None
+    if ref.strip().isdigit():
+        from orchestrator.store.db import open_session
+        from orchestrator.store.queries import load_calibration as load_row
+
+        try:
+            with open_session() as session:
+                params = load_row(session, int(ref))
+        except LookupError as exc:
+            raise UserError(str(exc)) from None
+        try:
+            return Calibration.from_dict(params)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"calibration {ref} in the DB is not a cost-model calibration: {exc}") from None
+    path = Path(ref)
+    if not path.exists():
+        raise UserError(
+            f"--calibration {ref!r} is neither a calibration ID nor an existing file",
+            hint="see `orchestrator model calibrate --out FILE.json`",
+        )
+    try:
+        return load_calibration(path)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _measurements(path: Path | None, from_db: bool) -> list[Measurement]:
+    rows: list[Measurement] = []
+    if path is not None:
+        try:
+            rows += load_measurements(path)
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    if from_db:
+        from orchestrator.store.db import open_session
+        from orchestrator.store.queries import step_time_measurements
+
+        with open_session() as session:
+            found = step_time_measurements(session)
+        try:
+            rows += measurements_from_dicts(found)
+        except ValueError as exc:
+            raise UserError(f"a measured step time in the DB is unusable: {exc}") from None
+    if path is None and not from_db:
+        raise UserError(
+            "give --measurements FILE.csv and/or --from-db",
+            hint="CSV columns: model,gpu,batch,step_time_s (see docs/costmodel.md)",
+        )
+    if not rows:
+        raise UserError(
+            "no measurements found"
+            + (" in the results DB (no finished job logged step times)" if from_db else "")
+        )
+    return rows
+
+
+def _check_model(model: str) -> None:
+    try:
+        get_profile(model)
+    except UnknownModelError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _calibration_rows(calib: Calibration) -> list[list[Any]]:
+    rows: list[list[Any]] = [
+        [
+            "(default)",
+            f"{calib.default.eff_compute:.3f}",
+            f"{calib.default.eff_memory:.3f}",
+            _ms(calib.default.overhead_s),
+        ]
+    ]
+    for gpu, e in sorted(calib.per_gpu.items()):
+        rows.append([gpu, f"{e.eff_compute:.3f}", f"{e.eff_memory:.3f}", _ms(e.overhead_s)])
+    return rows
+
+
+# ---------------------------------------------------------------- commands
+
+
+@app.command("calibrate")
+def calibrate(
+    measurements: Path | None = typer.Option(
+        None, "--measurements", help="CSV: model,gpu,batch,step_time_s[,...]"
+    ),
+    from_db: bool = typer.Option(
+        False, "--from-db", help="use the step times finished jobs logged in the DB"
+    ),
+    out: Path | None = typer.Option(None, "--out", help="write the calibration to this JSON file"),
+    name: str | None = typer.Option(
+        None, "--name", help="name of the calibration (default: calibration-<date>)"
+    ),
+    save: bool = typer.Option(False, "--save", help="store it in the results DB (always with --from-db)"),
+) -> None:
+    """Fit compute efficiencies (and network constants) to measured step times by least squares."""
+    rows = _measurements(measurements, from_db)
+    label = name or time.strftime("calibration-%Y%m%d-%H%M%S")
+    source = ", ".join(
+        s for s in (str(measurements) if measurements else "", "results DB" if from_db else "") if s
+    )
+    try:
+        calib = fit_calibration(rows, name=label)
+        gpus = {load_catalog().gpu(m.gpu).key for m in rows if m.is_compute}
+        validation = leave_one_gpu_out(rows) if len(gpus) >= 2 else None
+    except (ValueError, CatalogError, UnknownModelError) as exc:
+        raise UserError(str(exc)) from None
+    err = validation.mape if validation else None
+    calib = calib.with_meta(source=f"{calib.source} (from {source})", mape=err)
+    if out is not None:
+        calib.save(out)
+    stored: int | None = None
+    if from_db or save:
+        from orchestrator.store.db import open_session
+        from orchestrator.store.queries import save_calibration
+
+        with open_session() as session:
+            stored = save_calibration(session, label, source, calib.to_dict(), err)
+    console.print(
+        table(
+            f"calibration {escape(label)}: {escape(calib.source)}",
+            ["GPU", "eff_compute", "eff_memory", "overhead ms"],
+            _calibration_rows(calib),
+        )
+    )
+    net = calib.net
+    console.print(
+        f"network: efficiency {net.net_efficiency:.2f}, PS CPU per variable "
+        f"{net.ps_cpu_per_variable_s * 1e6:.1f} us, request latency {net.request_latency_s * 1e3:.2f} ms"
+    )
+    console.print(
+        f"in-sample MAPE {in_sample_mape([m for m in rows if m.is_compute], calib):.1%}"
+        + (
+            f"; leave-one-GPU-out MAPE {err:.1%}"
+            if err is not None
+            else " (one GPU type: no leave-one-GPU-out validation)"
+        )
+    )
+    if out is not None:
+        console.print(f"wrote {out}")
+    if stored is not None:
+        console.print(f"stored as calibration {stored} (use --calibration {stored})")
+
+
+@app.command("predict")
+def predict(
+    model: str = typer.Option(..., "--model", help=f"one of: {', '.join(MODEL_NAMES)}"),
+    gpu: str = typer.Option(..., "--gpu", help="catalog GPU key (k80, p100, v100, t4, l4, a100, h100)"),
+    batch: int = typer.Option(..., "--batch", min=1, help="per-worker batch"),
+    calibration: str | None = typer.Option(None, "--calibration", help="calibration ID (DB) or JSON file"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Predict one worker's compute step time (and whether the batch fits the GPU's memory)."""
+    _check_model(model)
+    calib = resolve_calibration(calibration) or DEFAULT_CALIBRATION
+    cat = load_catalog()
+    g = cat.gpu(gpu)
+    t = step_fn(model, g.key, calib, cat).at(float(batch))
+    comp, mem = layer_times(model, g.key, batch, calib, cat)
+    result = {
+        "model": model,
+        "gpu": g.key,
+        "batch": batch,
+        "step_time_s": t,
+        "steps_per_s": 1.0 / t,
+        "examples_per_s": batch / t,
+        "calibration": calib.name,
+        "compute_bound_layers": int((comp >= mem).sum()),
+        "layers": len(comp),
+        "memory_gb": memory_bytes(model, batch) / 1e9,
+        "usable_memory_gb": usable_bytes(g.key) / 1e9,
+        "max_batch": max_batch(model, g.key),
+        "fits": batch <= max_batch(model, g.key),
+    }
+    if json_out:
+        print(json.dumps(result, indent=2))
+        return
+    console.print(
+        f"{model} on {g.key} at batch {batch}: [bold]{_ms(t)} ms[/bold] a step "
+        f"({result['steps_per_s']:.2f} steps/s, {result['examples_per_s']:.0f} examples/s; "
+        f"calibration {calib.name})"
+    )
+    console.print(
+        f"{result['compute_bound_layers']} of {result['layers']} layers compute-bound; memory "
+        f"{result['memory_gb']:.2f} of {result['usable_memory_gb']:.2f} GB usable "
+        f"(max batch {result['max_batch']})" + ("" if result["fits"] else " [red]DOES NOT FIT[/red]")
+    )
+
+
+@app.command("validate")
+def validate(
+    measurements: Path | None = typer.Option(None, "--measurements", help="CSV (default: the results DB)"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Leave-one-GPU-out validation: fit without each GPU type, predict it from its specs, report the MAPE."""
+    rows = _measurements(measurements, from_db=measurements is None)
+    try:
+        v = leave_one_gpu_out(rows)
+    except (ValueError, CatalogError, UnknownModelError) as exc:
+        raise UserError(str(exc)) from None
+    if json_out:
+        print(json.dumps(v.to_dict(), indent=2))
+        return
+    console.print(
+        table(
+            "leave-one-GPU-out validation (fit on the other GPUs, predict this one)",
+            ["held-out GPU", "rows", "MAPE", "max error"],
+            [[p.gpu, p.rows, f"{p.mape:.1%}", f"{p.max_ape:.1%}"] for p in v.per_gpu],
+        )
+    )
+    console.print(f"overall held-out MAPE [bold]{v.mape:.1%}[/bold] (in-sample {v.in_sample_mape:.1%})")
+
+
+@app.command("profile")
+def profile(
+    model: str | None = typer.Option(
+        None, "--model", help="per-layer table of this model (default: a summary)"
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", help="also show per-layer step time on this GPU"),
+    batch: int = typer.Option(128, "--batch", min=1, help="batch for the per-layer times"),
+) -> None:
+    """Per-layer FLOPs, bytes, parameters and activation memory of a model (pure analytic profile)."""
+    if model is None:
+        rows = []
+        for name in MODEL_NAMES:
+            p = get_profile(name)
+            rows.append(
+                [
+                    name,
+                    f"{p.params:,}",
+                    f"{p.total_params:,}",
+                    f"{p.macs / 1e6:,.1f}",
+                    f"{p.flops / 1e6:,.1f}",
+                    f"{p.param_bytes / 2**20:,.2f}",
+                    f"{p.activation_bytes / 2**20:,.2f}",
+                    len(p.layers),
+                    p.example,
+                ]
+            )
+        console.print(
+            table(
+                "model profiles (forward pass, per example; FLOPs = 2 x MACs + element-wise)",
+                [
+                    "model",
+                    "trainable params",
+                    "all params",
+                    "MMACs",
+                    "MFLOPs",
+                    "param MiB",
+                    "activations MiB",
+                    "layers",
+                    "one example",
+                ],
+                rows,
+            )
+        )
+        return
+    _check_model(model)
+    p = get_profile(model)
+    cols = [
+        "layer",
+        "kind",
+        "output",
+        "params",
+        "MFLOPs",
+        "read KiB",
+        "write KiB",
+        "weights KiB",
+        "saved KiB",
+    ]
+    times: tuple[Any, Any] | None = None
+    if gpu is not None:
+        g = load_catalog().gpu(gpu)
+        times = layer_times(model, g.key, batch)
+        cols += [f"compute ms (b={batch})", "memory ms", "bound"]
+    rows = []
+    for i, layer in enumerate(p.layers):
+        row: list[Any] = [
+            layer.name,
+            layer.kind,
+            "x".join(map(str, layer.output_shape)),
+            f"{layer.params:,}",
+            f"{layer.flops / 1e6:,.3f}",
+            f"{layer.read_bytes / 1024:,.1f}",
+            f"{layer.write_bytes / 1024:,.1f}",
+            f"{layer.weight_bytes / 1024:,.1f}",
+            f"{layer.saved_bytes / 1024:,.1f}",
+        ]
+        if times is not None:
+            c, m = float(times[0][i]), float(times[1][i])
+            row += [f"{c * 1e3:.3f}", f"{m * 1e3:.3f}", "compute" if c >= m else "memory"]
+        rows.append(row)
+    console.print(table(f"{p.name}: {p.description}; one example = {p.example}", cols, rows))
+    console.print(
+        f"total: {p.params:,} trainable + {p.non_trainable_params:,} non-trainable parameters "
+        f"({p.param_bytes / 2**20:.2f} MiB), {p.macs / 1e6:,.1f} MMACs = {p.flops / 1e6:,.1f} MFLOPs "
+        f"forward, {p.activation_bytes / 2**20:.2f} MiB activations per example"
+    )
+    if times is not None:
+        total = float(sum(max(float(a), float(b)) for a, b in zip(times[0], times[1], strict=True)))
+        over = DEFAULT_CALIBRATION.for_gpu(gpu or "").overhead_s
+        console.print(
+            f"step on {gpu} at batch {batch}: {total * 1e3:.2f} ms of layers + {over * 1e3:.1f} ms overhead"
+            f" (default calibration)"
+        )

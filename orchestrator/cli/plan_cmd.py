@@ -1,0 +1,183 @@
+"""`orchestrator plan SPEC`: the planner's choice, its runner-ups and the time/cost Pareto front."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from orchestrator.cli.model_cmd import resolve_calibration
+from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.costmodel import Candidate, PlanResult, UnknownModelError, plan
+from orchestrator.errors import UserError
+from orchestrator.spec import load_spec
+
+
+def _time(c: Candidate) -> str:
+    return duration(c.time_s) if math.isfinite(c.time_s) else "never"
+
+
+def _cost(c: Candidate) -> str:
+    return money(c.cost_usd) if math.isfinite(c.cost_usd) else "unpriced"
+
+
+def _workers_cell(c: Candidate) -> str:
+    parts: dict[tuple[str, int], int] = {}
+    for w in c.workers:
+        parts[(w.gpu, w.batch)] = parts.get((w.gpu, w.batch), 0) + 1
+    return ", ".join(f"{n}x {g} b{b}" for (g, b), n in parts.items())
+
+
+def _step_cell(c: Candidate) -> str:
+    seen: dict[str, float] = {}
+    for w in c.workers:
+        seen.setdefault(w.gpu, w.step_time_s)
+    return ", ".join(f"{g} {t * 1e3:.0f}ms" for g, t in seen.items())
+
+
+def _row(rank: str, c: Candidate, front: set[int]) -> list[Any]:
+    return [
+        rank + (" *" if id(c) in front else ""),
+        _workers_cell(c),
+        _step_cell(c),
+        c.ps_count or "—",
+        pct(c.ps_load) if c.ps_count else "—",
+        f"{c.steps_per_s:.1f}",
+        _time(c),
+        _cost(c),
+        pct(c.revocation_risk),
+        c.zone or "—",
+        "spot" if c.spot else "on-demand",
+        "" if c.feasible else "; ".join(c.reasons),
+    ]
+
+
+_COLUMNS = [
+    "#",
+    "workers (GPU, batch)",
+    "step (compute)",
+    "PS",
+    "PS load",
+    "steps/s",
+    "time",
+    "cost",
+    "revocation risk",
+    "zone",
+    "billing",
+    "why not",
+]
+
+
+def _print_chosen(c: Candidate, result: PlanResult) -> None:
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for w in c.workers:
+        key = (w.gpu, w.batch, w.spot, w.zone, w.machine_type)
+        if key in groups:
+            groups[key][1] += 1
+            groups[key][6] += w.share
+        else:
+            groups[key] = [
+                w.gpu,
+                1,
+                w.batch,
+                f"{w.step_time_s * 1e3:.1f}",
+                f"{w.comm_s * 1e3:.1f}",
+                f"{w.steps_per_s:.2f}",
+                w.share,
+                f"{w.max_batch:,}",
+                "spot" if w.spot else "on-demand",
+                w.zone or "—",
+                money(w.price_per_hour),
+            ]
+    rows = [[*g[:6], pct(g[6]), *g[7:]] for g in groups.values()]
+    columns = [
+        "worker GPU",
+        "count",
+        "batch",
+        "compute ms",
+        "comm ms",
+        "steps/s each",
+        "share of steps",
+        "max batch",
+        "billing",
+        "zone",
+        "$/h each",
+    ]
+    console.print(table(f"chosen: {c.label}", columns, rows))
+    ps = (
+        f"{c.ps_count} x {c.ps_machine_type} PS ({'spot' if c.ps_spot else 'on-demand'}), load "
+        f"{pct(c.ps_load)} of {c.ps_capacity:.1f} steps/s; "
+        if c.ps_count
+        else ""
+    )
+    console.print(f"{ps}cluster {c.steps_per_s:.2f} steps/s ({c.bottleneck} bound)")
+    steps = "global steps" if result.mode == "async" else "synchronous steps"
+    console.print(
+        f"predicted: [bold]{_time(c)}[/bold] for {result.train_steps:,} {steps} "
+        f"({duration(c.base_time_s)} + {duration(c.revocation_overhead_s)} expected revocation overhead), "
+        f"[bold]{_cost(c)}[/bold] at {money(c.hourly_usd)}/h; expected revocations "
+        f"{c.expected_revocations:.2f} (risk of any {pct(c.revocation_risk)})"
+    )
+
+
+def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
+    """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON)."""
+    spec = load_spec(spec_path)
+    calib = resolve_calibration(calibration)
+    try:
+        result = plan(spec, calibration=calib)
+    except UnknownModelError as exc:
+        raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
+    if json_out:
+        print(json.dumps(result.to_dict(top=top), indent=2))
+        if result.chosen is None:
+            raise typer.Exit(1)
+        return
+    limits = []
+    if result.budget_usd is not None:
+        limits.append(f"budget {money(result.budget_usd)}")
+    if result.deadline_s is not None:
+        limits.append(f"deadline {duration(result.deadline_s)}")
+    console.print(
+        f"[bold]{spec.name}[/bold]: {result.model}, {result.mode} training, {result.train_steps:,} steps; "
+        f"{len(result.candidates):,} candidate{'s' if len(result.candidates) != 1 else ''} in "
+        f"{result.elapsed_s * 1e3:.0f} ms; objective {result.objective}"
+        + (f"; {', '.join(limits)}" if limits else "")
+        + f"; calibration {result.calibration}"
+    )
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    front = {id(c) for c in result.front}
+    if result.chosen is not None:
+        _print_chosen(result.chosen, result)
+        if not result.chosen.feasible:
+            console.print(
+                "[red]the pinned cluster breaks a constraint:[/red] " + "; ".join(result.chosen.reasons)
+            )
+    runner_ups = result.runner_ups(top)
+    if runner_ups:
+        console.print(
+            table(
+                f"runner-ups by {result.objective} (* = on the time/cost Pareto front)",
+                _COLUMNS,
+                [_row(str(i), c, front) for i, c in enumerate(runner_ups, start=1)],
+            )
+        )
+    if len(result.front) > 1:
+        console.print(
+            table(
+                "Pareto front (fastest first): no other feasible candidate is both faster and cheaper",
+                _COLUMNS,
+                [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)],
+            )
+        )
+    if result.chosen is None:
+        miss = result.best_infeasible
+        raise UserError(
+            "no candidate cluster meets the constraints"
+            + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
+            hint="raise policy.budget_usd / policy.deadline or widen search",
+        )

@@ -1,0 +1,263 @@
+"""`orchestrator simulate`: Monte Carlo of time and cost under revocations, fits, comparisons, replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.errors import UserError
+from orchestrator.sim.engine import NoRevocations, simulate
+from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
+from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo
+from orchestrator.sim.revocation import KINDS, FitSummary, RevocationModel, load_revocation_model
+from orchestrator.sim.traces import TraceError
+from orchestrator.spec import load_spec
+
+
+def simulate_command(
+    specs: list[Path],
+    runs: int,
+    seed: int,
+    price_book: str | None,
+    trace: Path | None,
+    json_out: bool,
+    plot: Path | None,
+    fit: bool,
+    replay: str | None,
+    model_kind: str = "bathtub",
+) -> None:
+    """Simulate each spec ``runs`` times; print (or --json) the distributions of time and cost."""
+    if runs < 1:
+        raise UserError("--runs must be at least 1")
+    if model_kind not in KINDS:
+        raise UserError(f"'{model_kind}' is not a revocation model; use one of: {', '.join(KINDS)}")
+    if not specs and not fit and replay is None:
+        raise UserError(
+            "give one or more job specs to simulate (or --fit, or --replay JOB_ID)",
+            hint="orchestrator simulate examples/gce-k80x4-spot.yaml --runs 2000",
+        )
+    try:
+        model = load_revocation_model(trace)
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    out: dict[str, Any] = {}
+    if fit:
+        if json_out:
+            out["fits"] = [_fit_dict(f) for f in model.fits()]
+        else:
+            _print_fits(model)
+    if replay is not None:
+        result = _replay(replay)
+        if json_out:
+            out["replay"] = result
+        else:
+            _print_replay(result)
+    results: list[tuple[Path, MonteCarloResult]] = []
+    for path in specs:
+        spec = load_spec(path)
+        try:
+            cluster = cluster_from_spec(spec, price_book=price_book)
+        except SimSpecError as exc:
+            raise UserError(f"{path}: {exc}") from None
+        results.append((path, run_monte_carlo(cluster, runs, seed, model=model, kind=model_kind)))
+    summaries = [_summary(path, mc) for path, mc in results]
+    if json_out:
+        if summaries and not out:
+            print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
+        else:
+            if summaries:
+                out["simulations"] = summaries
+            print(json.dumps(out, indent=2))
+    elif summaries:
+        _print_summaries(summaries)
+    if plot is not None and results:
+        write_cdf_plot(results, plot)
+        if not json_out:
+            console.print(f"wrote {plot}")
+
+
+def _summary(path: Path, mc: MonteCarloResult) -> dict[str, Any]:
+    s = mc.summary()
+    base = simulate(mc.cluster, NoRevocations())
+    s["path"] = str(path)
+    s["no_revocations"] = {"time_s": base.wall_time_s, "cost_usd": base.cost_usd}
+    s["hourly_price_usd"] = mc.cluster.hourly_price()
+    return s
+
+
+def _print_summaries(summaries: list[dict[str, Any]]) -> None:
+    def p(x: float | None) -> str:
+        return "—" if x is None else pct(x)
+
+    rows: list[list[Any]] = []
+
+    def add(label: str, fn: Any) -> None:
+        rows.append([label, *(fn(s) for s in summaries)])
+
+    for q in ("mean", "p10", "p50", "p90"):
+        add(f"wall time {q}", lambda s, q=q: duration(s["time_s"][q]))
+    for q in ("mean", "p10", "p50", "p90"):
+        add(f"cost {q}", lambda s, q=q: money(s["cost_usd"][q]))
+    add("cost ps/chief/workers", lambda s: "/".join(money(v) for v in s["cost_by_role_usd"].values()))
+    add("no revocation: time/cost", lambda s: f"{duration(s['no_revocations']['time_s'])}/"
+        f"{money(s['no_revocations']['cost_usd'])}")
+    add("revocations mean/p90", lambda s: f"{s['revocations']['mean']:.2f}/{s['revocations']['p90']:.0f}")
+    add("replacements (mean)", lambda s: f"{s['replacements_mean']:.2f}")
+    add("steps lost (mean)", lambda s: f"{s['steps_lost_mean']:.0f}")
+    add("P(finished)", lambda s: pct(s["p_finished"]))
+    add("P(miss deadline)", lambda s: p(s["p_miss_deadline"]) + (f" ({duration(s['deadline_s'])})"
+                                                                  if s["deadline_s"] else ""))
+    add("P(over budget)", lambda s: p(s["p_over_budget"]) + (f" ({money(s['budget_usd'])})"
+                                                             if s["budget_usd"] else ""))
+    add("failures", lambda s: ", ".join(f"{k}: {v}" for k, v in s["failures"].items()) or "none")
+    add("policy / model", lambda s: f"{s['policy']} / {s['revocation_model']}"
+        + (", 24 h cap" if s["preemptible_24h_cap"] else ""))
+    runs = summaries[0]["runs"]
+    title = f"Simulated {runs} runs per spec (seed {summaries[0]['seed']})"
+    console.print(table(title, ["", *(s["spec"] for s in summaries)], rows))
+
+
+_SHORT = {"empirical": "KM", "exponential": "exp"}
+
+
+def _fmt_params(f: FitSummary) -> str:
+    p = f.params
+    if "hazard_multiplier" in p:
+        return f"x{p['hazard_multiplier']:.2f}"
+    if f.kind == "exponential":
+        return f"mean {p['mean_h']:.0f} h"
+    if f.kind == "weibull":
+        return f"k={p['shape']:.2f} s={p['scale_h']:.0f} h"
+    if f.kind == "bathtub":
+        early = f"k={p['shape_early']:.2f} s={p['scale_early_h']:.0f} h"
+        if (24.0 / p["scale_late_h"]) ** p["shape_late"] < 1e-3:
+            return early + " + no late surge"
+        return early + f" + late k={p['shape_late']:.0f} s={p['scale_late_h']:.1f} h"
+    return f"{p.get('steps', 0):.0f} steps"
+
+
+def _fit_dict(f: FitSummary) -> dict[str, Any]:
+    return {
+        "gpu": f.gpu,
+        "zone": f.zone,
+        "kind": f.kind,
+        "params": f.params,
+        "n": f.n,
+        "revoked": f.events,
+        "loglik": f.loglik,
+        "aic": f.aic,
+        "ks": f.ks,
+        "revoked_before_23_9h": {"trace": f.revoked_observed, "model": f.revoked_model},
+        "revoked_first_hour": {"trace": f.first_hour_observed, "model": f.first_hour_model},
+        "note": f.note,
+    }
+
+
+def _pct0(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def _print_fits(model: RevocationModel) -> None:
+    fits = model.fits()
+    pooled = [f for f in fits if f.zone is None]
+    rows = [
+        [
+            f.gpu,
+            _SHORT.get(f.kind, f.kind),
+            _fmt_params(f),
+            f"{f.events}/{f.n}" if f.n else "",
+            _num(f.aic),
+            _num(f.ks, ".3f"),
+            f"{_pct0(f.revoked_observed)}/{_pct0(f.revoked_model)}",
+            f"{_pct0(f.first_hour_observed)}/{_pct0(f.first_hour_model)}",
+        ]
+        for f in pooled
+    ]
+    cols = ["type", "model", "parameters", "revoked", "AIC", "KS", "<23.9h", "<1h"]
+    console.print(table(f"Revocation models fitted to {model.trace.path.name} (censored MLE; "
+                        "last columns: trace/model)", cols, rows))
+    zrows = [
+        [f.gpu, f.zone, f"{f.events}/{f.n}", f"{f.params.get('hazard_multiplier', 1.0):.2f}",
+         _num(f.ks, ".3f"), f"{_pct0(f.revoked_observed)}/{_pct0(f.revoked_model)}"]
+        for f in fits
+        if f.zone is not None and f.kind == "bathtub"
+    ]
+    if zrows:
+        console.print(table("Zones: pooled bathtub x hazard multiplier = (revoked + 2) / (expected + 2)",
+                            ["type", "zone", "revoked", "multiplier", "KS", "<23.9h trace/model"], zrows))
+    console.print("[dim]KM: Kaplan-Meier. KS: largest gap to the KM CDF. cpu: no trace rows, fitted to "
+                  "revocation_summary.csv. GPU types absent from the trace use 'all'. Weekends: hazard x "
+                  f"{model.calendar.weekend:g} when a start time is given.[/dim]")
+
+
+def _replay(job_id: str) -> dict[str, Any]:
+    try:
+        from orchestrator.sim.replay_db import replay_job
+        from orchestrator.store.db import open_session
+    except ImportError as exc:  # pragma: no cover - the store ships with the package
+        raise UserError(f"--replay needs the results DB ({exc})") from None
+    with open_session() as session:
+        return replay_job(session, job_id)
+
+
+def _print_replay(result: dict[str, Any]) -> None:
+    m, s = result["measured"], result["simulated"]
+    rows = [
+        ["wall time", duration(m["wall_time_s"]), duration(s["wall_time_s"])],
+        ["cost", money(m["cost_usd"]), money(s["cost_usd"])],
+        *([f"cost {k}", money(m["cost_by_role_usd"].get(k)), money(s["cost_by_role_usd"].get(k))]
+          for k in ("ps", "chief", "workers")),
+        ["revocations", m["revocations"], s["revocations"]],
+        ["replacements", m["replacements"], s["replacements"]],
+        ["steps", m["steps_done"], f"{s['steps_done']:.0f}"],
+        ["steps lost", "", f"{s['steps_lost']:.0f}"],
+        ["outcome", m["status"], "finished" if s["finished"] else f"failed ({s['failure']})"],
+    ]
+    console.print(table(f"Replay of job {result['job_id']} ({result['spec']}): measured vs simulated",
+                        ["", "measured", "simulated"], rows))
+    console.print(f"[dim]boot delay {result['boot_delay_s']:.1f} s (median measured); "
+                  f"{len(result['schedule'])} revocations replayed; measured step rates for "
+                  f"{len(result['step_rates'])} workers[/dim]")
+
+
+def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> None:
+    """PNG with the empirical CDFs of wall time (hours) and cost (USD), one line per spec."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
+    t_max = max(float(np.max(mc.time_s)) for _, mc in results)
+    c_max = max(float(np.max(mc.cost_usd)) for _, mc in results)
+    unit, scale = ("h", 3600.0) if t_max > 7200 else ("min", 60.0)
+    for _, mc in results:
+        n = len(mc.time_s)
+        y = np.arange(1, n + 1) / n
+        (line,) = ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=mc.cluster.name)
+        ax_c.step(np.sort(mc.cost_usd), y, where="post", label=mc.cluster.name)
+        # Limits far beyond every run would squash the curves: draw only the ones in range.
+        deadline, budget = mc.cluster.deadline_s, mc.cluster.budget_usd
+        if deadline and deadline <= 1.5 * t_max:
+            ax_t.axvline(deadline / scale, linestyle=":", linewidth=1, color=line.get_color())
+        if budget and budget <= 1.5 * c_max:
+            ax_c.axvline(budget, linestyle=":", linewidth=1, color=line.get_color())
+    ax_t.set_xlabel(f"wall time ({unit}); dotted: deadline")
+    ax_c.set_xlabel("cost (USD); dotted: budget")
+    for ax in (ax_t, ax_c):
+        ax.set_ylabel("fraction of runs")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    runs = results[0][1].runs
+    fig.suptitle(f"Simulated time and cost under revocations ({runs} runs per spec)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

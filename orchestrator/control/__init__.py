@@ -1,0 +1,1 @@
+"""The controller: observe, reconcile (pure), execute; the daemon and the foreground launcher drive it."""

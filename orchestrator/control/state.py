@@ -1,0 +1,61 @@
+"""What the reconciler sees: the job as recorded (desired + history) and one observation of the world."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.providers.base import ObservedInstance, Role
+from orchestrator.slots import Slot
+from orchestrator.spec import OnRevocation, TrainingMode
+from orchestrator.store.status import InstanceStatus, JobStatus
+from orchestrator.transport.base import ProcStatus
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    id: int
+    name: str
+    role: Role
+    index: int
+    generation: int
+    status: InstanceStatus
+    spot: bool
+    zone: str
+    port: int | None
+    requested_at: float
+    updated_at: float  # when the status last changed
+    revoked_at: float | None = None
+    end_reason: str | None = None
+
+    @property
+    def slot(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: str
+    status: JobStatus
+    outcome: str | None
+    mode: TrainingMode
+    slots: tuple[Slot, ...]
+    instances: tuple[InstanceView, ...]
+    on_revocation: OnRevocation
+    max_replacements: int
+    budget_usd: float | None
+    deadline_s: float | None
+    started_at: float | None
+    restarts: int
+    cost_usd: float
+    cancel_requested: bool = False
+    zones: tuple[str, ...] = ()  # allowed zones, in fallback order (cloud providers)
+
+
+@dataclass(frozen=True)
+class Observation:
+    instances: dict[str, ObservedInstance]  # this job's instances, by name
+    procs: dict[str, ProcStatus]  # the task process on each instance that should run one, by instance name
+    notices: frozenset[str] = frozenset()  # instance names with a preemption notice in storage
+    result: dict[str, Any] | None = None  # result.json, once training ended
+    failed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)  # slot -> zones without capacity

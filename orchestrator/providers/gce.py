@@ -1,0 +1,703 @@
+"""Google Compute Engine: spot GPU VMs through the google-cloud-compute REST client.
+
+Every call goes through ``_call``: the client's own retries are switched off (``retry=None``) so that
+one bounded exponential backoff applies everywhere and every failure surfaces as a typed
+``ProviderError``. Operations are polled with ``ZoneOperationsClient.wait`` /
+``GlobalOperationsClient.wait`` rather than ``.result()``, whose internal polling client ignores a
+custom ``api_endpoint`` (the emulator). Real stockouts and most quota failures arrive as errors on a
+DONE operation, not as HTTP errors, so both paths are mapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import google.auth
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth import exceptions as auth_exc
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import compute_v1
+from google.oauth2 import service_account
+
+from orchestrator.providers.base import (
+    LABEL_GENERATION,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    LABEL_ROLE,
+    AuthError,
+    CapacityError,
+    InstanceRequest,
+    InvalidRequestError,
+    ObservedInstance,
+    ObservedState,
+    Provider,
+    ProviderError,
+    QuotaError,
+    Role,
+    SupportsFirewall,
+    SupportsImages,
+    TransientError,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Catalog GPU key -> GCE accelerator type. The lead may replace this with a catalog lookup.
+GPU_ACCELERATORS: dict[str, str] = {
+    "k80": "nvidia-tesla-k80",
+    "p100": "nvidia-tesla-p100",
+    "v100": "nvidia-tesla-v100",
+    "t4": "nvidia-tesla-t4",
+    "l4": "nvidia-l4",
+    "a100": "nvidia-tesla-a100",
+    "h100": "nvidia-h100-80gb",
+}
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+# Metadata items the emulator adds so a provider can reach the emulated "host"; absent on real GCE.
+EMULATOR_SSH_PORT_KEY = "emulator-ssh-port"
+EMULATOR_WORKDIR_KEY = "emulator-workdir"
+
+_STATES = {
+    "PROVISIONING": ObservedState.PENDING,
+    "STAGING": ObservedState.PENDING,
+    "REPAIRING": ObservedState.PENDING,  # host failure being repaired; the VM comes back
+    "RUNNING": ObservedState.RUNNING,
+    "STOPPING": ObservedState.STOPPING,
+    "SUSPENDING": ObservedState.STOPPING,
+    "TERMINATED": ObservedState.TERMINATED,
+    "SUSPENDED": ObservedState.TERMINATED,
+}
+_AUTH_HINT = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file or run "
+    "`gcloud auth application-default login`; the account needs roles/compute.instanceAdmin.v1 "
+    "(and roles/iam.serviceAccountUser to attach the VMs' service account) on project {project}"
+)
+_QUOTA_RE = re.compile(
+    r"Quota '(?P<metric>[A-Za-z0-9_]+)' exceeded\.\s*Limit:\s*[\d.]+\s*"
+    r"(?:in region (?P<region>[a-z0-9-]+)|globally)?"
+)
+_PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
+# 400/403 reasons that mean "not now" rather than "never".
+_RETRYABLE_REASONS = {"resourceNotReady", "rateLimitExceeded", "userRateLimitExceeded", "backendError"}
+_RETRYABLE_OP_CODES = {
+    "RESOURCE_OPERATION_RATE_EXCEEDED",
+    "RATE_LIMIT_EXCEEDED",
+    "INTERNAL_ERROR",
+    "RESOURCE_NOT_READY",
+}
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Bounded exponential backoff for 429 / 5xx / timeouts, and how long to wait for operations."""
+
+    attempts: int = 5
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 16.0
+    request_timeout_s: float = 60.0  # one HTTP call (other than operations.wait)
+    wait_call_timeout_s: float = 150.0  # one operations.wait call; GCE answers within ~2 min
+    operation_timeout_s: float = 900.0  # give up waiting for one operation (raises TransientError)
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def _last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def accelerator_type(gpu: str) -> str:
+    """Catalog key (``k80``) -> GCE accelerator type; full GCE names pass through."""
+    if gpu in GPU_ACCELERATORS:
+        return GPU_ACCELERATORS[gpu]
+    if gpu.startswith("nvidia-"):
+        return gpu
+    raise InvalidRequestError(f"unknown GPU {gpu!r}; known: {', '.join(sorted(GPU_ACCELERATORS))}")
+
+
+def _load_credentials(
+    credentials: Credentials | str | os.PathLike[str] | None, api_endpoint: str | None, project: str
+) -> Credentials:
+    """ADC by default, a key file if a path is given, anonymous for an emulator endpoint."""
+    if isinstance(credentials, Credentials):
+        return credentials
+    if credentials is not None:
+        path = os.fspath(credentials)
+        try:
+            loaded: Credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
+                path, scopes=[CLOUD_PLATFORM_SCOPE]
+            )
+            return loaded
+        except (OSError, ValueError, auth_exc.GoogleAuthError) as exc:
+            # Only the exception type: a parse error message could quote the key file.
+            raise AuthError(
+                f"cannot load service-account key file {path} ({type(exc).__name__}); "
+                + _AUTH_HINT.format(project=project)
+            ) from None
+    if api_endpoint:
+        return AnonymousCredentials()  # type: ignore[no-untyped-call]
+    try:
+        creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    except auth_exc.DefaultCredentialsError:
+        raise AuthError("no Google credentials found: " + _AUTH_HINT.format(project=project)) from None
+    return creds
+
+
+class GceProvider(Provider, SupportsFirewall, SupportsImages):
+    """Creates, deletes and lists the orchestrator's VMs in one GCE project."""
+
+    name = "gce"
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        credentials: Credentials | str | os.PathLike[str] | None = None,
+        api_endpoint: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        network: str = "global/networks/default",
+        subnetwork: str | None = None,
+        network_tag: str | None = "orchestrator",
+        external_ip: bool = True,
+        use_internal_ip: bool = False,
+        disk_size_gb: int = 50,
+        disk_type: str = "pd-balanced",
+        service_account_email: str | None = "default",
+        scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,),
+        ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",),
+        retry: RetrySettings | None = None,
+        page_size: int = 500,
+    ) -> None:
+        """``credentials``: None for Application Default Credentials (anonymous when ``api_endpoint`` is
+        set, i.e. the emulator), a service-account key file path, or a Credentials object.
+        ``image``: a public image (``projects/debian-cloud/global/images/family/debian-12``) or one of
+        this project's (``images/<name>``, ``images/family/<family>``, ``global/images/...``).
+        ``use_internal_ip``: report ``networkIP`` as the host even when the VM has an external IP.
+        """
+        self.project = project
+        self.image = self._image_url(image)
+        self.network = network
+        self.subnetwork = subnetwork
+        self.network_tag = network_tag
+        self.external_ip = external_ip
+        self.use_internal_ip = use_internal_ip
+        self.disk_size_gb = disk_size_gb
+        self.disk_type = disk_type
+        self.service_account_email = service_account_email
+        self.scopes = list(scopes)
+        self.ssh_source_ranges = list(ssh_source_ranges)
+        self.retry = retry or RetrySettings()
+        self.page_size = page_size
+        # The credentials go to the clients only: never kept on self, never logged.
+        kwargs: dict[str, Any] = {"credentials": _load_credentials(credentials, api_endpoint, project)}
+        if api_endpoint:
+            kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
+        self._instances = compute_v1.InstancesClient(**kwargs)
+        self._zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
+        self._global_ops = compute_v1.GlobalOperationsClient(**kwargs)
+        self._firewalls = compute_v1.FirewallsClient(**kwargs)
+        self._images = compute_v1.ImagesClient(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"GceProvider(project={self.project!r})"
+
+    def close(self) -> None:
+        for client in (self._instances, self._zone_ops, self._global_ops, self._firewalls, self._images):
+            client.transport.close()  # type: ignore[no-untyped-call]
+
+    def _image_url(self, image: str) -> str:
+        if image.startswith(("projects/", "https://", "global/")):
+            return image
+        return f"projects/{self.project}/global/images/{image.removeprefix('images/')}"
+
+    # ------------------------------------------------------------------ Provider
+
+    def create(self, request: InstanceRequest) -> None:
+        zone = request.zone
+        resource = request.gpu or request.machine_type
+        instance = self._instance_resource(request)
+        # One requestId per create(): the retries below reuse it, so a retried insert whose first try
+        # did reach GCE never creates twice. Not derived from the name alone, because GCE replays the
+        # original (possibly failed) operation for a known requestId: a later create after a stockout,
+        # or in another zone, must be a new request.
+        insert = compute_v1.InsertInstanceRequest(
+            project=self.project, zone=zone, instance_resource=instance, request_id=str(uuid.uuid4())
+        )
+        what = f"create {request.name} in {zone}"
+        log.info(
+            "creating %s (%s, %s%s) in %s",
+            request.name,
+            request.machine_type,
+            f"{request.gpu_count}x{request.gpu}, " if request.gpu else "",
+            "spot" if request.spot else "on-demand",
+            zone,
+        )
+        try:
+            op = self._call(
+                what,
+                partial(
+                    self._instances.insert_unary,
+                    request=insert,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                zone=zone,
+                passthrough=(gexc.Conflict,),
+            )
+        except gexc.Conflict:
+            log.info("%s already exists; nothing to do", request.name)
+            return
+        op = self._wait(op, what, zone=zone)
+        error = self._operation_error(op, what, zone=zone, resource=resource)
+        if error is not None and not self._op_has_code(op, "RESOURCE_ALREADY_EXISTS"):
+            raise error
+
+    def delete(self, name: str, zone: str) -> None:
+        what = f"delete {name} in {zone}"
+        req = compute_v1.DeleteInstanceRequest(
+            project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())
+        )
+        try:
+            op = self._call(
+                what,
+                partial(
+                    self._instances.delete_unary,
+                    request=req,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                zone=zone,
+                passthrough=(gexc.NotFound,),
+            )
+        except gexc.NotFound:
+            return
+        op = self._wait(op, what, zone=zone)
+        error = self._operation_error(op, what, zone=zone)
+        if error is not None and not self._op_has_code(op, "RESOURCE_NOT_FOUND"):
+            raise error
+
+    def list(self, job_ids: Collection[str] | None = None) -> list[ObservedInstance]:
+        jobs = None if job_ids is None else set(job_ids)
+        if jobs is not None and not jobs:
+            return []
+        expression = f'labels.{LABEL_MANAGED} = "1"'
+        if jobs is not None and len(jobs) == 1:
+            expression = f'({expression}) AND (labels.{LABEL_JOB} = "{next(iter(jobs))}")'
+        observed: list[ObservedInstance] = []
+        token = ""
+        while True:
+            req = compute_v1.AggregatedListInstancesRequest(
+                project=self.project, filter=expression, max_results=self.page_size, page_token=token
+            )
+            page = self._call("list instances", partial(self._aggregated_page, req))
+            if page.unreachables:
+                # A partial view would make missing VMs look deleted (and get recreated): refuse it.
+                raise TransientError(f"list instances: zones unreachable: {', '.join(page.unreachables)}")
+            for scoped in page.items.values():
+                for inst in scoped.instances:
+                    obs = self._observe(inst)
+                    if obs is not None and (jobs is None or obs.job_id in jobs):
+                        observed.append(obs)
+            token = page.next_page_token
+            if not token:
+                return observed
+
+    def _aggregated_page(
+        self, req: compute_v1.AggregatedListInstancesRequest
+    ) -> compute_v1.InstanceAggregatedList:
+        pager = self._instances.aggregated_list(request=req, retry=None, timeout=self.retry.request_timeout_s)
+        return next(iter(pager.pages))  # the first page is already fetched; no further call
+
+    # ------------------------------------------------------------------ optional capabilities
+
+    def ensure_cluster_firewall(self, network_tag: str, ports: str) -> None:
+        """Open ``ports`` (e.g. ``"2222-2230,8470"``) only between VMs carrying ``network_tag`` (the TF
+        gRPC ports have no authentication), and ssh from ``ssh_source_ranges``. Two rules, because
+        sourceTags and sourceRanges in one rule are OR-ed by GCE."""
+        port_list = [p.strip().removeprefix("tcp:") for p in ports.split(",") if p.strip()]
+        if not port_list or not all(_PORTS_RE.match(p) for p in port_list):
+            raise InvalidRequestError(f"bad port list {ports!r}; expected e.g. '2222-2230,8470'")
+        internal = compute_v1.Firewall(
+            name=f"{network_tag[:54]}-internal",
+            network=self.network,
+            direction="INGRESS",
+            priority=1000,
+            description="orchestrator: cluster ports, only between the cluster's VMs (no authentication)",
+            allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=port_list)],
+            source_tags=[network_tag],
+            target_tags=[network_tag],
+        )
+        ssh = compute_v1.Firewall(
+            name=f"{network_tag[:58]}-ssh",
+            network=self.network,
+            direction="INGRESS",
+            priority=1000,
+            description="orchestrator: ssh to the cluster's VMs",
+            allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
+            source_ranges=self.ssh_source_ranges,
+            target_tags=[network_tag],
+        )
+        for rule in (internal, ssh):
+            self._ensure_firewall(rule)
+
+    def _ensure_firewall(self, rule: compute_v1.Firewall) -> None:
+        what = f"firewall {rule.name}"
+        try:
+            existing = self._call(
+                what,
+                partial(
+                    self._firewalls.get,
+                    project=self.project,
+                    firewall=rule.name,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                passthrough=(gexc.NotFound,),
+            )
+        except gexc.NotFound:
+            existing = None
+        if existing is not None and _firewall_key(existing) == _firewall_key(rule):
+            return
+        if existing is None:
+            req: Any = compute_v1.InsertFirewallRequest(
+                project=self.project, firewall_resource=rule, request_id=str(uuid.uuid4())
+            )
+            call: Callable[..., compute_v1.Operation] = self._firewalls.insert_unary
+        else:
+            log.info("updating %s to %s", what, _firewall_key(rule))
+            req = compute_v1.UpdateFirewallRequest(
+                project=self.project, firewall=rule.name, firewall_resource=rule, request_id=str(uuid.uuid4())
+            )
+            call = self._firewalls.update_unary
+        try:
+            op = self._call(
+                what,
+                partial(call, request=req, retry=None, timeout=self.retry.request_timeout_s),
+                passthrough=(gexc.Conflict,),
+            )
+        except gexc.Conflict:
+            return  # created concurrently by another controller; the next call reconciles its fields
+        op = self._wait(op, what)
+        if (error := self._operation_error(op, what)) is not None:
+            raise error
+
+    def create_image(self, name: str, source_instance: str, zone: str, family: str | None = None) -> None:
+        """Image the instance's boot disk. A running source instance is stopped first: an image of a
+        live disk may be inconsistent, and GCE refuses it without forceCreate."""
+        what = f"create image {name} from {source_instance}"
+        try:
+            inst = self._call(
+                what,
+                partial(
+                    self._instances.get,
+                    project=self.project,
+                    zone=zone,
+                    instance=source_instance,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                zone=zone,
+                passthrough=(gexc.NotFound,),
+            )
+        except gexc.NotFound:
+            raise InvalidRequestError(f"{what}: no instance {source_instance} in {zone}", zone=zone) from None
+        boot = next((d for d in inst.disks if d.boot), None)
+        if boot is None:
+            raise InvalidRequestError(f"{what}: the instance has no boot disk", zone=zone)
+        if inst.status not in ("TERMINATED", "SUSPENDED"):
+            log.info("stopping %s before imaging its disk", source_instance)
+            stop = compute_v1.StopInstanceRequest(
+                project=self.project, zone=zone, instance=source_instance, request_id=str(uuid.uuid4())
+            )
+            op = self._call(
+                what,
+                partial(
+                    self._instances.stop_unary, request=stop, retry=None, timeout=self.retry.request_timeout_s
+                ),
+                zone=zone,
+            )
+            if (error := self._operation_error(self._wait(op, what, zone=zone), what, zone=zone)) is not None:
+                raise error
+        image = compute_v1.Image(name=name, source_disk=boot.source, labels={LABEL_MANAGED: "1"})
+        if family:
+            image.family = family
+        req = compute_v1.InsertImageRequest(
+            project=self.project, image_resource=image, request_id=str(uuid.uuid4())
+        )
+        try:
+            op = self._call(
+                what,
+                partial(
+                    self._images.insert_unary, request=req, retry=None, timeout=self.retry.request_timeout_s
+                ),
+                passthrough=(gexc.Conflict,),
+            )
+        except gexc.Conflict:
+            log.info("image %s already exists", name)
+            return
+        if (error := self._operation_error(self._wait(op, what), what)) is not None:
+            raise error
+
+    # ------------------------------------------------------------------ building requests
+
+    def _instance_resource(self, request: InstanceRequest) -> compute_v1.Instance:
+        zone = request.zone
+        if bool(request.gpu) != (request.gpu_count > 0):
+            raise InvalidRequestError(
+                f"{request.name}: gpu={request.gpu!r} with gpu_count={request.gpu_count}", zone=zone
+            )
+        scheduling = compute_v1.Scheduling()
+        if request.gpu or request.spot:
+            scheduling.on_host_maintenance = "TERMINATE"  # GPUs cannot live-migrate; spot cannot either
+        if request.spot:
+            scheduling.provisioning_model = "SPOT"
+            scheduling.instance_termination_action = "STOP"  # keep the disk; the controller deletes
+            scheduling.automatic_restart = False
+        else:
+            scheduling.automatic_restart = True
+        nic = compute_v1.NetworkInterface(network=self.network)
+        if self.subnetwork:
+            nic.subnetwork = self.subnetwork
+        if self.external_ip:
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        instance = compute_v1.Instance(
+            name=request.name,
+            machine_type=f"zones/{zone}/machineTypes/{request.machine_type}",
+            labels=request.all_labels(),
+            scheduling=scheduling,
+            network_interfaces=[nic],
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        source_image=self.image,
+                        disk_size_gb=self.disk_size_gb,
+                        disk_type=f"zones/{zone}/diskTypes/{self.disk_type}",
+                    ),
+                )
+            ],
+            metadata=compute_v1.Metadata(
+                items=[compute_v1.Items(key=k, value=v) for k, v in sorted(request.metadata.items())]
+            ),
+        )
+        if request.gpu:
+            instance.guest_accelerators = [
+                compute_v1.AcceleratorConfig(
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator_type(request.gpu)}",
+                    accelerator_count=request.gpu_count,
+                )
+            ]
+        if self.network_tag:
+            instance.tags = compute_v1.Tags(items=[self.network_tag])
+        if self.service_account_email:
+            instance.service_accounts = [
+                compute_v1.ServiceAccount(email=self.service_account_email, scopes=self.scopes)
+            ]
+        return instance
+
+    def _observe(self, inst: compute_v1.Instance) -> ObservedInstance | None:
+        labels = dict(inst.labels)
+        try:
+            role = Role(labels[LABEL_ROLE])
+            index, generation = int(labels[LABEL_INDEX]), int(labels[LABEL_GENERATION])
+            job_id = labels[LABEL_JOB]
+        except (KeyError, ValueError):
+            log.warning(
+                "instance %s carries the orchestrator label but malformed job labels %s; ignored",
+                inst.name,
+                labels,
+            )
+            return None
+        state = _STATES.get(inst.status)
+        if state is None:
+            log.warning("instance %s has unknown status %r; treating it as pending", inst.name, inst.status)
+            state = ObservedState.PENDING
+        spot = inst.scheduling.provisioning_model == "SPOT" or bool(inst.scheduling.preemptible)
+        host = None
+        if inst.network_interfaces:
+            nic = inst.network_interfaces[0]
+            nat = next((ac.nat_i_p for ac in nic.access_configs if ac.nat_i_p), None)
+            host = nic.network_i_p if (self.use_internal_ip or not nat) else nat
+        metadata = {item.key: item.value for item in inst.metadata.items}
+        port = metadata.get(EMULATOR_SSH_PORT_KEY)
+        gpu = None
+        if inst.guest_accelerators:
+            accelerator = _last(inst.guest_accelerators[0].accelerator_type)
+            gpu = next((key for key, name in GPU_ACCELERATORS.items() if name == accelerator), accelerator)
+        return ObservedInstance(
+            name=inst.name,
+            job_id=job_id,
+            role=role,
+            index=index,
+            generation=generation,
+            zone=_last(inst.zone),
+            state=state,
+            provider_id=str(inst.id),
+            host=host or None,
+            ssh_port=int(port) if port and port.isdigit() else None,
+            workdir=metadata.get(EMULATOR_WORKDIR_KEY),
+            # A spot VM stopping or stopped was revoked, unless the controller stopped it itself (it knows).
+            preempted=spot and state in (ObservedState.STOPPING, ObservedState.TERMINATED),
+            gpu=gpu,
+            spot=spot,
+        )
+
+    # ------------------------------------------------------------------ calls, operations, errors
+
+    def _call(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        *,
+        zone: str | None = None,
+        passthrough: tuple[type[Exception], ...] = (),
+    ) -> T:
+        """Run one API call with bounded exponential backoff on retryable errors; map the rest."""
+        delay = self.retry.initial_backoff_s
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return fn()
+            except passthrough:
+                raise
+            except Exception as exc:
+                error = self._map_exception(exc, what, zone)
+                if error is None:
+                    raise
+                if not error.retryable:
+                    raise error from exc
+                if attempt == self.retry.attempts:
+                    raise TransientError(
+                        f"{error.message} (gave up after {attempt} attempts)", zone=zone
+                    ) from exc
+                pause = min(delay, self.retry.max_backoff_s) * random.uniform(0.5, 1.0)
+                log.warning(
+                    "%s (attempt %d/%d); retrying in %.2fs",
+                    error.message,
+                    attempt,
+                    self.retry.attempts,
+                    pause,
+                )
+                time.sleep(pause)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _map_exception(self, exc: Exception, what: str, zone: str | None) -> ProviderError | None:
+        """The typed error for an exception from the client; None for anything that is not the cloud's."""
+        if isinstance(exc, auth_exc.TransportError | gexc.RetryError) or getattr(exc, "retryable", False):
+            return TransientError(f"{what}: {type(exc).__name__}: {exc}", zone=zone)
+        if isinstance(exc, auth_exc.GoogleAuthError):
+            # e.g. a 401 made google-auth refresh the token, and the refresh failed.
+            return AuthError(
+                f"{what}: credentials rejected ({type(exc).__name__}): "
+                + _AUTH_HINT.format(project=self.project),
+                zone=zone,
+            )
+        if isinstance(exc, gexc.GoogleAPICallError):
+            return self._map_http_error(exc, what, zone)
+        if isinstance(exc, OSError):  # requests' ConnectionError / Timeout derive from OSError
+            return TransientError(f"{what}: {type(exc).__name__}: {exc}", zone=zone)
+        return None
+
+    def _map_http_error(self, exc: gexc.GoogleAPICallError, what: str, zone: str | None) -> ProviderError:
+        code = int(exc.code or 0)
+        reasons = {e.get("reason") for e in exc.errors or () if isinstance(e, Mapping)}
+        message = f"{what}: HTTP {code}: {exc.message}"
+        if "quotaExceeded" in reasons or _QUOTA_RE.search(exc.message or ""):
+            return self._quota_error(message, exc.message or "", zone)
+        if code == 429 or code >= 500 or reasons & _RETRYABLE_REASONS:
+            return TransientError(message, zone=zone)
+        if code in (401, 403):
+            return AuthError(f"{message}; " + _AUTH_HINT.format(project=self.project), zone=zone)
+        return InvalidRequestError(message, zone=zone)
+
+    def _quota_error(self, message: str, text: str, zone: str | None, metric: str = "") -> QuotaError:
+        m = _QUOTA_RE.search(text)
+        if m is not None:
+            metric = m["metric"]
+        region = (m["region"] if m is not None and m["region"] else None) or (
+            "global" if "globally" in text else (region_of(zone) if zone else "global")
+        )
+        return QuotaError(message, zone=zone, region=region, metric=metric)
+
+    def _wait(self, op: compute_v1.Operation, what: str, *, zone: str | None = None) -> compute_v1.Operation:
+        """Poll with operations.wait (each call returns when DONE or after ~2 min) until DONE."""
+        deadline = time.monotonic() + self.retry.operation_timeout_s
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                raise TransientError(
+                    f"{what}: operation {op.name} not done after {self.retry.operation_timeout_s:.0f}s",
+                    zone=zone,
+                )
+            op = self._call(
+                f"{what} (waiting for {op.name})", partial(self._wait_once, op.name, zone), zone=zone
+            )
+        return op
+
+    def _wait_once(self, operation: str, zone: str | None) -> compute_v1.Operation:
+        timeout = self.retry.wait_call_timeout_s
+        if zone is not None:
+            return self._zone_ops.wait(
+                project=self.project, zone=zone, operation=operation, retry=None, timeout=timeout
+            )
+        return self._global_ops.wait(project=self.project, operation=operation, retry=None, timeout=timeout)
+
+    @staticmethod
+    def _op_has_code(op: compute_v1.Operation, code: str) -> bool:
+        return any(e.code == code for e in op.error.errors)
+
+    def _operation_error(
+        self, op: compute_v1.Operation, what: str, *, zone: str | None = None, resource: str = ""
+    ) -> ProviderError | None:
+        """The typed error a DONE operation carries, or None if it succeeded."""
+        errors = list(op.error.errors)
+        if not errors:
+            return None
+        codes = [e.code for e in errors]
+        text = "; ".join(f"{e.code}: {e.message}" for e in errors)
+        message = f"{what}: {text}"
+        if any(c.startswith("ZONE_RESOURCE_POOL_EXHAUSTED") for c in codes) and zone is not None:
+            return CapacityError(message, zone=zone, resource=resource)
+        if "QUOTA_EXCEEDED" in codes:
+            metric = next(
+                (
+                    d.quota_info.metric_name
+                    for e in errors
+                    for d in e.error_details
+                    if d.quota_info.metric_name
+                ),
+                "",
+            )
+            return self._quota_error(message, text, zone, metric=metric)
+        status = op.http_error_status_code
+        if status in (401, 403):
+            return AuthError(f"{message}; " + _AUTH_HINT.format(project=self.project), zone=zone)
+        if status == 429 or status >= 500 or set(codes) & _RETRYABLE_OP_CODES:
+            return TransientError(message, zone=zone)
+        return InvalidRequestError(message, zone=zone)
+
+
+def _firewall_key(rule: compute_v1.Firewall) -> tuple[Any, ...]:
+    """The fields ``ensure_cluster_firewall`` owns; a difference means the rule must be updated."""
+    allowed = sorted((a.I_p_protocol, tuple(sorted(a.ports))) for a in rule.allowed)
+    return (
+        rule.direction or "INGRESS",
+        allowed,
+        sorted(rule.source_ranges),
+        sorted(rule.source_tags),
+        sorted(rule.target_tags),
+        _last(rule.network or "default"),
+    )

@@ -1,0 +1,72 @@
+"""Helpers for the end-to-end tests that run the real CLI, real processes and real TensorFlow."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
+                          env={**os.environ, **env, "COLUMNS": "200"}, timeout=timeout, cwd=REPO)
+
+
+def processes_under(root: Path) -> list[str]:
+    """Live processes whose working directory or command line is inside ``root`` (what a job left behind)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (cwd.startswith(str(root)) or str(root) in cmd):
+            found.append(f"{proc.name}: {cmd[:120]}")
+    return found
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.5) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def tiny_spec(name: str, storage: Path, *, schedule: list[tuple[str, float]], steps: int = 120,
+              mode: str = "async", extra_workers: list[dict[str, Any]] | None = None) -> str:
+    sched = "".join(f"\n    - {{instance: {slot}, at_s: {at}}}" for slot, at in schedule)
+    workers = extra_workers or [{"gpu": "k80", "spot": True}, {"gpu": "v100", "spot": False}]
+    wl = "".join(f"\n    - {{gpu: {w['gpu']}, count: 1, spot: {str(w['spot']).lower()}}}" for w in workers)
+    ps = "\n  parameter_servers: {count: 1}" if mode == "async" else "\n  parameter_servers: {count: 0}"
+    return f"""name: {name}
+provider:
+  kind: local
+  time_scale: 60
+  revocations: {"schedule" if schedule else "none"}
+  emulation_k80_step_s: 0.1
+  schedule: {"" if schedule else "[]"}{sched}
+storage: {storage}
+training:
+  job: resnet-cifar
+  hparam_set: resnet_tiny
+  mode: {mode}
+  train_steps: {steps}
+  batch_per_worker: 32
+  checkpoint_every: 40
+  log_every: 10
+cluster:{ps}
+  workers:{wl}
+policy: {{on_revocation: replace, max_replacements: 4, budget_usd: 5, deadline: 20m}}
+pricing: {{book: 2019-02}}
+"""

@@ -1,0 +1,81 @@
+"""The batch split is exact: compare with brute force on small cases; memory caps always hold."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.costmodel import SplitError, max_batch, predict_step_time, split_batch
+from orchestrator.costmodel.split import max_step_time, min_max_split
+
+
+def brute_force(tables: list[np.ndarray], total: int) -> float:
+    best = np.inf
+    for combo in itertools.product(*[range(1, len(t) + 1) for t in tables]):
+        if sum(combo) == total:
+            best = min(best, max(float(t[b - 1]) for t, b in zip(tables, combo, strict=True)))
+    return best
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[np.ndarray], int]:
+    n = draw(st.integers(1, 4))
+    tables = []
+    for _ in range(n):
+        cap = draw(st.integers(1, 7))
+        steps = draw(st.lists(st.integers(1, 20), min_size=cap, max_size=cap))
+        start = draw(st.integers(0, 30))
+        tables.append(np.cumsum(np.array(steps, dtype=np.float64)) + start)  # strictly increasing
+    total = draw(st.integers(n, sum(len(t) for t in tables)))
+    return tables, total
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_split_matches_brute_force(case: tuple[list[np.ndarray], int]) -> None:
+    tables, total = case
+    batches = min_max_split(tables, total)
+    assert sum(batches) == total
+    assert all(1 <= b <= len(t) for b, t in zip(batches, tables, strict=True))
+    assert max_step_time(tables, batches) == brute_force(tables, total)
+
+
+def test_shared_tables_for_identical_workers() -> None:
+    t = np.arange(1.0, 11.0)
+    assert sorted(min_max_split([t, t, t], 10)) == [3, 3, 4]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(["k80", "p100", "v100", "t4"]), min_size=1, max_size=4), st.integers(4, 400))
+def test_split_batch_of_real_gpus_is_optimal_by_single_moves(gpus: list[str], global_batch: int) -> None:
+    if global_batch < len(gpus):
+        return
+    batches = split_batch("resnet_cifar_32", gpus, global_batch)
+    assert sum(batches) == global_batch
+
+    def worst(bs: list[int]) -> float:
+        return max(predict_step_time("resnet_cifar_32", g, b) for g, b in zip(gpus, bs, strict=True))
+
+    best = worst(batches)
+    for i, j in itertools.permutations(range(len(gpus)), 2):  # moving one example never helps
+        if batches[i] > 1:
+            moved = list(batches)
+            moved[i] -= 1
+            moved[j] += 1
+            assert worst(moved) >= best - 1e-12
+
+
+def test_faster_gpus_get_more_and_caps_hold() -> None:
+    b = split_batch("resnet_cifar_56", ["k80", "v100"], 256)
+    assert b[1] > b[0] and sum(b) == 256
+    cap = max_batch("vgg16", "k80")
+    b = split_batch("vgg16", ["k80", "h100"], 600)
+    assert b[0] <= cap and sum(b) == 600
+    with pytest.raises(SplitError, match="memory"):
+        split_batch("vgg16", ["k80", "k80"], 2 * cap + 1)
+    with pytest.raises(SplitError, match="smaller than"):
+        split_batch("resnet_tiny", ["k80", "k80", "k80"], 2)

@@ -1,0 +1,114 @@
+"""The whole loop on one machine with real TensorFlow: revocation survived, ledger exact, nothing left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from e2e_helpers import REPO, cli, processes_under, tiny_spec, wait_until
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("tensorflow")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+
+
+def _check_ledger_exact(db_url: str, job_id: str) -> None:
+    with create_engine(db_url).connect() as conn:
+        rows = conn.execute(text(
+            "SELECT i.name, i.requested_at, i.deleted_at, i.price_per_hour, i.end_reason, l.usd, l.seconds "
+            "FROM instances i LEFT JOIN ledger l ON l.instance_id = i.id WHERE i.job_id = :j"), {"j": job_id}).all()
+        total = conn.execute(text("SELECT cost_usd FROM job_summary WHERE job_id = :j"), {"j": job_id}).scalar()
+        by_role = conn.execute(text("SELECT SUM(usd) FROM ledger WHERE job_id = :j"), {"j": job_id}).scalar()
+    assert rows
+    expected = 0.0
+    for name, requested, deleted, price, end_reason, usd, seconds in rows:
+        assert deleted is not None, f"{name} was never deleted"
+        billed = 0.0 if end_reason == "create_failed" else (deleted - requested) * price / 3600
+        assert usd == pytest.approx(billed, rel=1e-9, abs=1e-12), name
+        expected += billed
+    assert total == pytest.approx(expected) and by_role == pytest.approx(expected)
+
+
+def test_local_job_survives_a_revocation(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(tiny_spec("e2e", tmp_path / "runs", schedule=[("worker-0", 30.0)], steps=800))
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    db_url = env["ORCHESTRATOR_DB_URL"]
+    with create_engine(db_url).connect() as conn:
+        summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+        events = conn.execute(text("SELECT entity, to_status, reason FROM events ORDER BY at, id")).all()
+    assert summary["status"] == "succeeded", summary
+    assert summary["accuracy"] > 0.3  # 10 classes: chance is 0.1
+    assert summary["revocations"] >= 1 and summary["replacements"] >= 1
+    assert summary["wall_time_s"] > 0 and summary["cost_usd"] > 0
+    kinds = [(e[0], e[1]) for e in events]
+    revoked_at = kinds.index(("instance", "revoked"))
+    assert ("job", "running") in kinds[:revoked_at]  # revoked mid-training ...
+    assert ("job", "recovering") in kinds[revoked_at:] and ("job", "running") in kinds[revoked_at + 1:]  # ... survived
+    assert kinds[-1] == ("job", "succeeded")
+    _check_ledger_exact(db_url, summary["job_id"])
+    assert processes_under(tmp_path) == []
+    # report and logs read the same DB
+    rep = cli("report", "--format", "json", env=env)
+    assert json.loads(rep.stdout)[0]["revocations"] >= 1
+    assert "revoked" in cli("logs", summary["job_id"], env=env).stdout
+
+
+def test_daemon_killed_mid_job_and_restarted(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(tiny_spec("sigkill", tmp_path / "runs", schedule=[("worker-0", 30.0)], steps=800))
+    out = cli("launch", str(spec), "--detach", env=env)
+    assert out.returncode == 0, out.stderr
+    db_url = env["ORCHESTRATOR_DB_URL"]
+    engine = create_engine(db_url)
+
+    def job_row() -> dict[str, object]:
+        with engine.connect() as conn:
+            return dict(conn.execute(text("SELECT status, final_step FROM jobs")).mappings().one())
+
+    def start_daemon() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "daemon", "--interval", "1"],
+                                env={**os.environ, **env}, cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=open(tmp_path / "daemon.log", "ab"))
+
+    daemon = start_daemon()
+    try:
+        wait_until(lambda: (job_row()["final_step"] or 0) >= 20, timeout=240)
+        daemon.send_signal(signal.SIGKILL)  # mid-job, at whatever line it was on
+        daemon.wait()
+        time.sleep(3)
+        daemon = start_daemon()
+        wait_until(lambda: job_row()["status"] in ("succeeded", "failed", "cancelled"), timeout=400)
+    finally:
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait()
+    assert job_row()["status"] == "succeeded", (tmp_path / "daemon.log").read_text()[-3000:]
+    with engine.connect() as conn:
+        job_id = conn.execute(text("SELECT id FROM jobs")).scalar()
+        dup_metrics = conn.execute(text(
+            "SELECT COUNT(*) FROM (SELECT kind, step, worker, at FROM metrics GROUP BY kind, step, worker, at "
+            "HAVING COUNT(*) > 1) d")).scalar()
+        ledger_rows = conn.execute(text("SELECT COUNT(*) FROM ledger")).scalar()
+        instances = conn.execute(text("SELECT COUNT(*) FROM instances")).scalar()
+        drivers = conn.execute(text("SELECT COUNT(*) FROM events WHERE to_status = 'driver'")).scalar()
+    assert dup_metrics == 0 and ledger_rows == instances  # nothing counted twice
+    assert drivers >= 2  # the restarted daemon took the job over
+    _check_ledger_exact(db_url, str(job_id))
+    from orchestrator.providers.local import LocalProvider
+
+    assert LocalProvider(tmp_path / "home" / "local").list(None) == []  # nothing orphaned
+    assert processes_under(tmp_path) == []
