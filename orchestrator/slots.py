@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 from orchestrator.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.providers.base import Role
-from orchestrator.spec import LOCAL_ZONE, GceProvider, JobSpec, TrainingMode
+from orchestrator.spec import LOCAL_ZONE, GceProvider, JobSpec, LocalProvider, TrainingMode
 
 DEFAULT_BATCH = 128
+EMULATED_MODEL = "resnet_cifar_32"  # local GPUs emulate their speed on the 2019 study's workload
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,30 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
         per = training.batch_per_worker or DEFAULT_BATCH
         return [b or per for b in explicit]
     if spec.mode == TrainingMode.SYNC:
+        if isinstance(spec.provider, LocalProvider):
+            # Emulated GPUs step in time proportional to batch / relative speed (control/driver.emulation),
+            # so the split that makes them finish together is proportional to those speeds.
+            from orchestrator.costmodel import relative_speed
+
+            return proportional_split(training.global_batch, [relative_speed(EMULATED_MODEL, g, 128) for g in gpus])
         from orchestrator.costmodel import split_batch  # the planner's split: fast GPUs get more
 
         return list(split_batch(training.profile_name, gpus, training.global_batch))
     share, rest = divmod(training.global_batch, len(gpus))
     return [share + (1 if i < rest else 0) for i in range(len(gpus))]
+
+
+def proportional_split(total: int, weights: list[float]) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights`` (largest remainder), each at least 1."""
+    raw = [total * w / sum(weights) for w in weights]
+    out = [max(1, int(r)) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
+        if sum(out) >= total:
+            break
+        out[i] += 1
+    while sum(out) > total:
+        out[out.index(max(out))] -= 1
+    return out
 
 
 def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> list[Slot]:

@@ -71,6 +71,8 @@ class RevocationMode(StrEnum):
 
 
 class ScheduledRevocation(_Strict):
+    """Revoke a slot's instance at ``at_s``; the k-th entry naming a slot applies to its k-th instance."""
+
     instance: str = Field(description="slot name such as 'worker-2', 'ps-0' or 'chief-0'")
     at_s: float = Field(gt=0, description="seconds of wall time after the job starts")
 

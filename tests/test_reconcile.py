@@ -232,3 +232,14 @@ def test_deleting_confirmed_when_gone_and_retried_when_stuck() -> None:
         job(cluster), running_obs(cluster[:3]), NOW)
     acts = reconcile(job(cluster), running_obs(cluster), NOW)
     assert DeleteInstance(d.name, "z1", "delete timed out; asking again") in acts
+
+
+def test_moved_worker_restarts_the_async_chief_on_real_clouds() -> None:
+    cluster = training_cluster()[:3] + [inst("worker-1", S.DELETED, end_reason="preempted"),
+                                        inst("worker-1", S.READY, gen=1)]
+    obs = running_obs([i for i in cluster if i.status != S.DELETED])
+    stable = reconcile(job(cluster), obs, NOW)
+    assert not any(isinstance(a, RestartTraining) for a in stable)
+    assert StartTask("j-worker-1-1", "start server") in stable  # same address: it simply rejoins
+    moved = reconcile(job(cluster, stable_addresses=False), obs, NOW)
+    assert moved[0] == RestartTraining("worker-1 came back at a new address")

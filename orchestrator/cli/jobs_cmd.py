@@ -52,7 +52,7 @@ def print_dry_run(spec: JobSpec, planned: str | None) -> None:
         est = plan(spec).chosen
         if est is not None:
             console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
-                          f"(cost model, before revocations: see `orchestrator simulate`)")
+                          f"(cost model, including expected revocation overhead; the distribution: `orchestrator simulate`)")
     except Exception as exc:  # the estimate is a courtesy; the dry run's answer is the cluster above
         console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
     if spec.policy.budget_usd:

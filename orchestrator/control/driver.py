@@ -22,7 +22,7 @@ from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.reconcile import reconcile
 from orchestrator.control.state import InstanceView, JobView, Observation
 from orchestrator.providers.base import ObservedInstance, ProviderError, Role
-from orchestrator.slots import Slot, expand
+from orchestrator.slots import EMULATED_MODEL, Slot, expand
 from orchestrator.spec import JobSpec, LocalProvider, validate_spec
 from orchestrator.storage import JobStorage, open_storage
 from orchestrator.storage.base import METRICS, RESULT
@@ -111,7 +111,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     session.commit()
     procs = observe_tasks(job, backend, observed)
     now = time.time()
-    view = job_view(session, job, spec, slots, now)
+    view = job_view(session, job, spec, slots, now, backend.stable_addresses)
     obs = Observation(instances=observed, procs=procs, notices=frozenset(storage.notices()), result=result)
     actions = reconcile(view, obs, now)
     if actions:
@@ -131,7 +131,8 @@ def observe_tasks(job: Job, backend: Backend, observed: dict[str, ObservedInstan
     return out
 
 
-def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: float) -> JobView:
+def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: float,
+             stable_addresses: bool = True) -> JobView:
     cost = queries.job_cost(session, job.id)["total"]
     instances = tuple(
         InstanceView(id=i.id, name=i.name, role=Role(i.role), index=i.slot_index, generation=i.generation,
@@ -145,10 +146,10 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    instances=instances, on_revocation=spec.policy.on_revocation,
                    max_replacements=spec.policy.max_replacements, budget_usd=job.budget_usd,
                    deadline_s=job.deadline_s, started_at=job.started_at, restarts=job.restarts, cost_usd=cost,
-                   cancel_requested=job.cancel_requested, zones=zones)
+                   cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses)
 
 
-REFERENCE_MODEL, REFERENCE_BATCH = "resnet_cifar_32", 128  # the 2019 study's workload
+REFERENCE_BATCH = 128
 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:
@@ -168,7 +169,7 @@ def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:
             return 0.0
         from orchestrator.costmodel import relative_speed
 
-        return round(k80_s * (batch / reference_batch) / relative_speed(REFERENCE_MODEL, gpu, REFERENCE_BATCH), 4)
+        return round(k80_s * (batch / reference_batch) / relative_speed(EMULATED_MODEL, gpu, REFERENCE_BATCH), 4)
 
     return sleep_s
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,9 +46,12 @@ from orchestrator.storage.base import NOTICES, JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job
 from orchestrator.store.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.transport.base import Endpoint, ProcState, TransportError
 
 log = logging.getLogger(__name__)
 TASK = "task"  # the process name of the training task on every instance
+SYNC = "storage-sync"  # beside it when the job's storage is remote (gs://): mirrors ./storage
+SEED_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -76,6 +78,10 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
             if isinstance(exc, AuthError | InvalidRequestError):
                 _fail_job(ctx, f"{type(exc).__name__}: {exc.message}")
                 return
+        except (TransportError, TimeoutError) as exc:
+            ctx.session.rollback()
+            queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}")
+            ctx.session.commit()
 
 
 def _fail_job(ctx: JobContext, reason: str) -> None:
@@ -110,17 +116,26 @@ def _one(ctx: JobContext, action: Action) -> None:
             _create(ctx, action)
         case PrepareInstance(name=name):
             inst = _instance(ctx, name)
-            ep = ctx.backend.endpoint(ctx.observed[name])
+            observed = ctx.observed[name]
+            ep = ctx.backend.endpoint(observed)
             ctx.backend.transport.wait_reachable(ep, timeout_s=120)
             _push_files(ctx, ep)
-            inst.host = ctx.observed[name].host
+            if ctx.storage.local_path() is None:
+                _seed_storage(ctx, ep)
+            inst.host = observed.internal_host or observed.host
             queries.switch_status(s, inst, InstanceStatus.READY, "reachable; job files pushed")
             s.commit()
         case StartTask(name=name, reason=reason):
             inst = _instance(ctx, name)
             ep = ctx.backend.endpoint(ctx.observed[name])
-            ctx.backend.transport.write(ep, "task.json", json.dumps(_task_config(ctx, inst), indent=1))
-            ctx.backend.transport.start(ep, TASK, _task_argv(ctx.spec))
+            t = ctx.backend.transport
+            if ctx.storage.local_path() is None:
+                writes = _writes_job_files(ctx.spec, inst)
+                t.start(ep, SYNC, [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
+                                   "storage", "--interval", "1"] + ([] if writes else ["--pull-only"]),
+                        ctx.backend.task_env)
+            t.write(ep, "task.json", json.dumps(_task_config(ctx, inst), indent=1))
+            t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), ctx.backend.task_env)
             if inst.status != InstanceStatus.TRAINING:
                 queries.switch_status(s, inst, InstanceStatus.TRAINING, reason)
             else:
@@ -166,9 +181,12 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
         queries.note(s, ctx.job.id, "requested", action.reason, instance_id=inst.id, now=now)
         s.commit()  # intent first
     last_error: ProviderError | None = None
+    ctx.backend.ensure_network()  # e.g. the firewall rule that keeps the gRPC ports inside the cluster
     shared = ctx.storage.local_path()
-    # Where the "shutdown script" reports a preemption notice (instances that share this disk).
-    metadata = {"notice-file": str(shared / NOTICES / name)} if shared is not None else {}
+    metadata = ctx.backend.instance_metadata(ctx.job.id, name, ctx.storage)
+    if shared is not None:
+        # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
+        metadata["notice-file"] = str(shared / NOTICES / name)
     for zone in action.zones:
         request = InstanceRequest(
             name=name, job_id=ctx.job.id, role=slot.role, index=slot.index, generation=action.generation, zone=zone,
@@ -210,10 +228,7 @@ def _revoke_after(ctx: JobContext, slot: Slot, action: CreateInstance, now: floa
                           action.spot, ctx.job.started_at, now)
 
 
-def _push_files(ctx: JobContext, ep: object) -> None:
-    from orchestrator.transport.base import Endpoint
-
-    assert isinstance(ep, Endpoint)
+def _push_files(ctx: JobContext, ep: Endpoint) -> None:
     training = ctx.spec.training
     if isinstance(training, CommandTraining):
         for path in training.files:
@@ -222,11 +237,34 @@ def _push_files(ctx: JobContext, ep: object) -> None:
         ctx.backend.transport.put(ep, jobs_dir(), "jobs")
 
 
-def _task_argv(spec: JobSpec) -> list[str]:
+def _task_argv(spec: JobSpec, python: str) -> list[str]:
     if isinstance(spec.training, CommandTraining):
         return ["/bin/sh", "-c", spec.training.command]
-    python = sys.executable if isinstance(spec.provider, LocalProvider) else "python3"
     return [python, "jobs/train.py", "--task", "task.json"]
+
+
+def _writes_job_files(spec: JobSpec, inst: Instance) -> bool:
+    """The task that writes metrics, checkpoints and the result: the async chief, or sync worker 0."""
+    if spec.mode == TrainingMode.ASYNC:
+        return inst.role == Role.CHIEF.value
+    return inst.role == Role.WORKER.value and inst.slot_index == 0
+
+
+def _seed_storage(ctx: JobContext, ep: Endpoint) -> None:
+    """Pull the job's storage (notices, checkpoints, metrics so far) before a task may start there."""
+    t = ctx.backend.transport
+    t.start(ep, "storage-seed", [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
+                                 "storage", "--once"], ctx.backend.task_env)
+    deadline = time.monotonic() + SEED_TIMEOUT_S
+    while time.monotonic() < deadline:
+        st = t.status(ep, ["storage-seed"])["storage-seed"]
+        if st.state == ProcState.EXITED:
+            if st.exit_code != 0:
+                raise TransportError(f"storage seed on {ep.host} exited with {st.exit_code}: cannot read "
+                                     f"{ctx.storage.uri}")
+            return
+        time.sleep(0.2)
+    raise TransportError(f"storage seed on {ep.host} did not finish in {SEED_TIMEOUT_S:.0f}s")
 
 
 def cluster_addresses(ctx: JobContext) -> dict[str, list[str]]:
@@ -260,7 +298,7 @@ def _task_config(ctx: JobContext, inst: Instance) -> dict[str, object]:
         "role": inst.role,
         "index": inst.slot_index,
         "cluster": cluster_addresses(ctx),
-        "storage": str(storage) if storage is not None else "storage",
+        "storage": str(storage) if storage is not None else "storage",  # remote: the synced local copy
         "storage_uri": ctx.storage.uri,
         "training": {
             "model": getattr(training, "model", "resnet"),

@@ -211,6 +211,12 @@ def _tasks(job: JobView, obs: Observation, status: dict[str, InstanceStatus], lo
         for name, p in exited.items():
             if by_name[name].role in (Role.PS, Role.CHIEF) and restart_reason is None:
                 restart_reason = f"{by_name[name].slot} task exited with code {p.exit_code}"
+        chief_training = any(i.role == Role.CHIEF for i in training)
+        if not job.stable_addresses and chief_training and restart_reason is None:
+            moved = [i.slot for i in _live(job, status, Role.WORKER) if status[i.name] == S.READY and i.generation > 0]
+            if moved:
+                # The chief's cluster spec names each worker's address; a new VM has a new one.
+                restart_reason = f"{', '.join(moved)} came back at a new address"
     else:
         if lost:
             restart_reason = "lost " + ", ".join(sorted(lost.values()))

@@ -23,11 +23,13 @@ def revoke_after_s(provider: LocalProvider, role: Role, index: int, generation: 
         return None
     slot = f"{role.value}-{index}"
     if provider.revocations == RevocationMode.SCHEDULE:
-        if generation != 0:
-            return None  # the schedule names the first instance of a slot; replacements live on
+        # The k-th entry naming a slot revokes that slot's k-th instance (generation k), at at_s seconds
+        # after the job started; later replacements live on.
+        times = sorted(item.at_s for item in provider.schedule if item.instance == slot)
+        if generation >= len(times):
+            return None
         started = job_started_at if job_started_at is not None else now
-        times = [item.at_s for item in provider.schedule if item.instance == slot]
-        return max(0.1, started + times[0] - now) if times else None
+        return max(0.1, started + times[generation] - now)
     from orchestrator.sim.revocation import load_revocation_model
 
     model = load_revocation_model()

@@ -50,6 +50,7 @@ class JobView:
     cost_usd: float
     cancel_requested: bool = False
     zones: tuple[str, ...] = ()  # allowed zones, in fallback order (cloud providers)
+    stable_addresses: bool = True  # a replacement keeps its slot's address (local, emulator)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,8 @@ class ObservedInstance:
     preempted: bool = False  # the provider says the cloud revoked it (not a stop we asked for)
     gpu: str | None = None
     spot: bool = False
+    # Address inside the cluster's network (TensorFlow traffic; the firewall opens its ports only there).
+    internal_host: str | None = None
 
 
 # ---------------------------------------------------------------- typed cloud errors

@@ -527,10 +527,11 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             log.warning("instance %s has unknown status %r; treating it as pending", inst.name, inst.status)
             state = ObservedState.PENDING
         spot = inst.scheduling.provisioning_model == "SPOT" or bool(inst.scheduling.preemptible)
-        host = None
+        host = internal = None
         if inst.network_interfaces:
             nic = inst.network_interfaces[0]
             nat = next((ac.nat_i_p for ac in nic.access_configs if ac.nat_i_p), None)
+            internal = nic.network_i_p or None
             host = nic.network_i_p if (self.use_internal_ip or not nat) else nat
         metadata = {item.key: item.value for item in inst.metadata.items}
         port = metadata.get(EMULATOR_SSH_PORT_KEY)
@@ -554,6 +555,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             preempted=spot and state in (ObservedState.STOPPING, ObservedState.TERMINATED),
             gpu=gpu,
             spot=spot,
+            internal_host=internal,
         )
 
     # ------------------------------------------------------------------ calls, operations, errors

@@ -75,6 +75,15 @@ class LocalProvider(Provider):
         except (FileNotFoundError, ValueError):
             pass
         kill_all_in(d / "disk")
+        # Keep a tombstone (notice and kill times) for benchmarks and post-mortems; the disk goes.
+        tomb = self.root.parent / "deleted"
+        tomb.mkdir(exist_ok=True)
+        try:
+            state = json.loads((d / "instance.json").read_text())
+            state["deleted_at"] = time.time()
+            (tomb / f"{name}.json").write_text(json.dumps(state))
+        except (OSError, json.JSONDecodeError):
+            pass
         shutil.rmtree(d, ignore_errors=True)
 
     def list(self, job_ids: Collection[str] | None = None) -> list[ObservedInstance]:
@@ -99,13 +108,15 @@ class LocalProvider(Provider):
             ))
         return out
 
-    def killed_at(self, name: str) -> float | None:
-        """When the emulated cloud killed the instance's processes (benchmarks measure from here)."""
-        try:
-            value = json.loads((self._dir(name) / "instance.json").read_text()).get("killed_at")
-        except (OSError, json.JSONDecodeError):
-            return None
-        return None if value is None else float(value)
+    def history(self, name: str) -> dict[str, Any] | None:
+        """The emulated cloud's record of an instance, live or deleted: created, notice, kill times."""
+        for path in (self._dir(name) / "instance.json", self.root.parent / "deleted" / f"{name}.json"):
+            try:
+                record: dict[str, Any] = json.loads(path.read_text())
+                return record
+            except (OSError, json.JSONDecodeError):
+                continue
+        return None
 
 
 def _hypervisor_alive(d: Path) -> bool:

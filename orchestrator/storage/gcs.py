@@ -7,6 +7,7 @@ and a local directory on each instance (``local_path()`` is therefore None). Wit
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -38,7 +39,7 @@ def make_client(project: str | None = None) -> Any:
     """A storage client; against ``STORAGE_EMULATOR_HOST`` with anonymous credentials (no ADC needed)."""
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         return storage.Client(project=project or os.environ.get("GOOGLE_CLOUD_PROJECT") or "emulator",
-                              credentials=AnonymousCredentials())
+                              credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     return storage.Client(project=project)
 
 
@@ -92,12 +93,11 @@ class GcsStorage(JobStorage):
         name = self._name(prefix)
         pages = self.client.list_blobs(self.bucket_name, prefix=name + "/", delimiter="/", timeout=TIMEOUT_S)
         names = {b.name.rsplit("/", 1)[-1] for b in pages}
-        names |= {p.rstrip("/").rsplit("/", 1)[-1] for p in pages.prefixes}  # "directories", like LocalStorage
+        # Sub-"directories" too, as LocalStorage lists them.
+        names |= {p.rstrip("/").rsplit("/", 1)[-1] for p in pages.prefixes}
         return sorted(n for n in names if n and not n.startswith("."))
 
     def delete(self, rel: str) -> None:
         """Remove one object (missing is fine)."""
-        try:
+        with contextlib.suppress(gexc.NotFound):
             self._blob(rel).delete(timeout=TIMEOUT_S)
-        except gexc.NotFound:
-            pass

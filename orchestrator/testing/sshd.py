@@ -13,6 +13,7 @@ so that tests fail rather than silently skip.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -37,8 +38,8 @@ class SshdMissing(RuntimeError):
 def find_sshd() -> str:
     found = shutil.which("sshd") or next((p for p in _CANDIDATES if os.access(p, os.X_OK)), None)
     if found is None:
-        raise SshdMissing("sshd is not installed; install it (Debian/Ubuntu: apt-get install -y openssh-server "
-                          "openssh-client) - .ci/run does this")
+        raise SshdMissing("sshd is not installed; install it (Debian/Ubuntu: "
+                          "apt-get install -y openssh-server openssh-client) - .ci/run does this")
     return found
 
 
@@ -104,8 +105,9 @@ class Sshd:
                 "SetEnv SHLVL=1", "LogLevel INFO", "",
             ]))
             with self.log_path.open("ab") as logf:
-                self._proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                              stdout=logf, stderr=logf, start_new_session=True)
+                self._proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)],
+                                              stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                              start_new_session=True)
             if self._wait_banner(timeout_s):
                 return self
             last = self.log_path.read_text(errors="replace")[-2000:]
@@ -145,10 +147,8 @@ class Sshd:
             return
         # Open sessions must die too, or a cached client connection would outlive the "host".
         for pid in [*_children(proc.pid), proc.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         proc.wait(timeout=5)
 
     def stop(self) -> None:

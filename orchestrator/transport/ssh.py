@@ -1,4 +1,4 @@
-"""SSH transport: the same on-instance layout as the local transport, driven over one cached connection per host.
+"""SSH transport: the local transport's on-instance layout, driven over one cached connection per host.
 
 Every operation is one remote ``sh -c`` script on a paramiko channel of a cached fabric ``Connection``
 (a university node's login shell may be csh; ``sh`` is everywhere). Raw channels rather than
@@ -18,7 +18,6 @@ import os
 import posixpath
 import re
 import shlex
-import socket
 import stat
 import tarfile
 import threading
@@ -30,7 +29,14 @@ import paramiko
 from fabric import Config, Connection
 from paramiko.config import SSHConfig
 
-from orchestrator.transport.base import Endpoint, ProcState, ProcStatus, Transport, TransportError, wrapped_command
+from orchestrator.transport.base import (
+    Endpoint,
+    ProcState,
+    ProcStatus,
+    Transport,
+    TransportError,
+    wrapped_command,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ case "$pid" in ''|*[!0-9]*) pid=0;; esac
 
 
 class UnreachableError(TransportError, TimeoutError):
-    """The instance did not answer SSH within the timeout (also a TimeoutError, like the local transport's)."""
+    """The instance did not answer SSH in time (also a TimeoutError, like the local transport's)."""
 
 
 def check_key_file(path: str) -> None:
@@ -121,7 +127,8 @@ class SshTransport(Transport):
         with self._lock:
             conn_lock = self._locks.setdefault(key, threading.Lock())
         with conn_lock:  # one connect per host at a time; different hosts connect in parallel
-            conn = self._conns.get(key)
+            with self._lock:
+                conn = self._conns.get(key)
             if conn is not None and conn.is_connected:
                 return conn
             if conn is not None:
@@ -146,7 +153,8 @@ class SshTransport(Transport):
             except (*_CONN_ERRORS, ValueError) as e:
                 conn.close()
                 raise TransportError(f"cannot connect to {_where(ep)}: {type(e).__name__}: {e}") from None
-            self._conns[key] = conn
+            with self._lock:
+                self._conns[key] = conn
             return conn
 
     def _drop(self, ep: Endpoint) -> None:
@@ -163,7 +171,7 @@ class SshTransport(Transport):
             conn.close()
 
     def _exec(self, ep: Endpoint, script: str, stdin: bytes | None = None, *, timeout_s: float | None = None,
-              connect_timeout_s: float | None = None, retry: bool = True) -> tuple[int, bytes, bytes]:
+              connect_timeout_s: float | None = None) -> tuple[int, bytes, bytes]:
         """Run ``script`` under ``sh`` on the host: (exit code, stdout, stderr)."""
         timeout = timeout_s or self.command_timeout_s
         for attempt in (0, 1):
@@ -173,16 +181,18 @@ class SshTransport(Transport):
             except _CONN_ERRORS as e:
                 # A cached connection may have died (instance rebooted, NAT timeout): reconnect once.
                 self._drop(ep)
-                if attempt or not retry:
+                if attempt:
                     raise TransportError(f"SSH to {_where(ep)} failed: {type(e).__name__}: {e}") from None
         raise AssertionError("unreachable")
 
     def _check(self, ep: Endpoint, script: str, what: str, stdin: bytes | None = None, *,
                timeout_s: float | None = None, connect_timeout_s: float | None = None) -> bytes:
-        code, out, err = self._exec(ep, script, stdin, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+        code, out, err = self._exec(ep, script, stdin, timeout_s=timeout_s,
+                                    connect_timeout_s=connect_timeout_s)
         if code != 0:
             detail = err.decode(errors="replace").strip()[-500:]
-            raise TransportError(f"{what} on {_where(ep)} failed (exit {code}){': ' + detail if detail else ''}")
+            raise TransportError(f"{what} on {_where(ep)} failed (exit {code})"
+                                 f"{': ' + detail if detail else ''}")
         return out
 
     # ---------------------------------------------------------------- Transport
@@ -260,7 +270,8 @@ class SshTransport(Transport):
             f"for n in {' '.join(names)}; do\n"
             '  pid=$(cat "procs/$n.pid" 2>/dev/null)\n'
             '  case "$pid" in \'\'|*[!0-9]*) echo "$n absent"; continue;; esac\n'
-            '  if alive "$pid"; then echo "$n running"; else echo "$n exited $(cat "procs/$n.exit" 2>/dev/null)"; fi\n'
+            '  if alive "$pid"; then echo "$n running"; continue; fi\n'
+            '  echo "$n exited $(cat "procs/$n.exit" 2>/dev/null)"\n'
             "done\n"
         )
         for line in self._check(ep, script, "status").decode(errors="replace").splitlines():
@@ -303,7 +314,8 @@ class SshTransport(Transport):
             "k=0\nfor f in procs/*.pid; do\n"
             '  [ -f "$f" ] || continue\n  pid=$(cat "$f" 2>/dev/null)\n'
             '  case "$pid" in \'\'|*[!0-9]*) continue;; esac\n  [ "$pid" -gt 1 ] || continue\n'
-            '  if alive "$pid"; then kill -KILL -"$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; k=$((k+1)); fi\n'
+            '  alive "$pid" || continue\n'
+            '  kill -KILL -"$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; k=$((k+1))\n'
             "done\necho $k\n"
         )
         out = self._check(ep, script, "kill processes").decode().strip()
@@ -316,7 +328,8 @@ class SshTransport(Transport):
         self._check(ep, f"rm -rf -- {remote_path(ep.workdir)}", "remove work directory")
 
 
-def _run_channel(conn: Connection, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+def _run_channel(conn: Connection, command: str, stdin: bytes | None,
+                 timeout: float) -> tuple[int, bytes, bytes]:
     transport = conn.transport
     if transport is None or not transport.active:
         raise paramiko.SSHException("connection closed")
@@ -327,11 +340,11 @@ def _run_channel(conn: Connection, command: str, stdin: bytes | None, timeout: f
         if stdin:
             chan.sendall(stdin)
         chan.shutdown_write()
-        # stdout first, then stderr: our scripts write little to stderr, so its buffer never stalls the window.
+        # stdout, then stderr: our scripts write little to stderr, so it never fills the channel window.
         out = _drain(chan.recv)
         err = _drain(chan.recv_stderr)
         if not chan.status_event.wait(timeout):
-            raise socket.timeout(f"no exit status within {timeout:.0f}s")
+            raise TimeoutError(f"no exit status within {timeout:.0f}s")
         return chan.exit_status, out, err
     finally:
         chan.close()

@@ -55,7 +55,13 @@ def test_sync_cifar_pickle_data_dir_and_resume(make_cluster: MakeCluster, tmp_pa
     xt, yt = data.load_split(None, "test")
     data.write_cifar10_batch(ddir / "test_batch", xt[:200], yt[:200])
     c: Cluster = make_cluster(
-        "sync", workers=1, train_steps=160, batch_per_worker=[32], checkpoint_every=40, data_dir=str(ddir)
+        "sync",
+        workers=1,
+        train_steps=160,
+        batch_per_worker=[32],
+        checkpoint_every=40,
+        eval_every=100,
+        data_dir=str(ddir),
     )
     c.start_all()
     c.wait_for(lambda: any(m["step"] >= 40 for m in c.metrics("checkpoint")), 90, "a checkpoint")
@@ -66,3 +72,4 @@ def test_sync_cifar_pickle_data_dir_and_resume(make_cluster: MakeCluster, tmp_pa
     assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] >= 40
     res = c.result()
     assert res["step"] == 160 and res["eval_examples"] == 200 and res["accuracy"] > 0.5, res
+    assert [m["step"] for m in c.metrics("eval")] == [100, 160]

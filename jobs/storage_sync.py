@@ -1,0 +1,246 @@
+"""Storage sidecar: mirrors a job's gs:// storage and a local directory on a cloud instance.
+
+    python jobs/storage_sync.py --uri gs://bucket/prefix/<job_id> --local ./storage [--interval 1] [--once]
+
+The training task reads and writes its storage as a local directory (TensorFlow's own gs:// I/O cannot be
+pointed at an emulator, and a local directory behaves the same everywhere). This process:
+
+- at start, downloads ``checkpoints/`` (so a replacement chief resumes), ``metrics.jsonl`` (the chief
+  appends to it, so the local copy must continue the bucket's) and ``notices/``;
+- every ``--interval`` seconds, downloads new ``notices/`` and uploads ``metrics.jsonl`` (whole, up to its
+  last complete line, when it changed), ``result.json`` and new or changed files under ``checkpoints/``
+  (the ``checkpoint`` index last, so the bucket never names files it lacks); checkpoints the trainer
+  deleted locally are deleted in the bucket too;
+- on SIGTERM / SIGINT (the instance shutting down) uploads once more and exits 0.
+
+``--once``: the start-up download and one upload, then exit (run it before the task to seed ``--local``;
+exit code 1 if the bucket could not be read). ``--pull-only``: never upload or delete (tasks other than
+the one doing the job's I/O). Imports google-cloud-storage only (no TensorFlow), and
+honours ``STORAGE_EMULATOR_HOST`` with anonymous credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from google.cloud import storage
+
+METRICS = "metrics.jsonl"
+RESULT = "result.json"
+NOTICES = "notices"
+CHECKPOINTS = "checkpoints"
+
+log = logging.getLogger("storage_sync")
+
+
+def make_client() -> Any:
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "emulator",
+                              credentials=AnonymousCredentials())
+    return storage.Client()
+
+
+def _skip(rel: str) -> bool:
+    """Files a trainer is still writing: TensorFlow's ``*_temp`` shard dirs, ``*.tmp*`` files, dotfiles."""
+    return any(p.startswith(".") or p.endswith("_temp") or ".tmp" in p or "tempstate" in p
+               for p in rel.split("/"))
+
+
+class Sync:
+    def __init__(self, uri: str, local: Path, client: Any = None) -> None:
+        if not uri.startswith("gs://"):
+            raise ValueError(f"{uri!r} is not a gs:// URI")
+        bucket, _, base = uri[len("gs://"):].partition("/")
+        self.base = base.strip("/")
+        self.local = local
+        self.client = client or make_client()
+        self.bucket = self.client.bucket(bucket)
+        self.synced: dict[str, tuple[int, int]] = {}  # rel path -> local (size, mtime_ns) when last in sync
+        self.notice_gens: dict[str, int] = {}  # notice -> bucket generation downloaded
+        self.remote_ckpts: set[str] = set()  # checkpoint files known to be in the bucket
+
+    def _name(self, rel: str) -> str:
+        return f"{self.base}/{rel}" if self.base else rel
+
+    def _rel(self, name: str) -> str:
+        return name[len(self.base) + 1:] if self.base else name
+
+    def _list(self, rel_dir: str) -> list[Any]:
+        return list(self.client.list_blobs(self.bucket, prefix=self._name(rel_dir) + "/"))
+
+    def _stat(self, rel: str) -> tuple[int, int] | None:
+        try:
+            st = (self.local / rel).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    def _download(self, blob: Any, rel: str) -> None:
+        dest = self.local / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.sync{os.getpid()}")
+        blob.download_to_filename(str(tmp))
+        os.replace(tmp, dest)  # the trainer never sees half a file (dotfiles are ignored by its watchers)
+        stat = self._stat(rel)
+        if stat is not None:
+            self.synced[rel] = stat
+
+    # ---------------------------------------------------------------- down
+
+    def pull_initial(self) -> None:
+        blobs = [b for b in self._list(CHECKPOINTS) if not _skip(self._rel(b.name))]
+        blobs.sort(key=lambda b: b.name.endswith("/checkpoint"))  # the index last: it names the other files
+        for blob in blobs:
+            rel = self._rel(blob.name)
+            self.remote_ckpts.add(rel)
+            stat = self._stat(rel)
+            if stat is None or stat[0] != blob.size:
+                self._download(blob, rel)
+            else:
+                self.synced[rel] = stat
+        metrics = self.bucket.get_blob(self._name(METRICS))
+        if metrics is not None:
+            stat = self._stat(METRICS)
+            if stat is None or stat[0] < metrics.size:
+                self._download(metrics, METRICS)
+            elif stat[0] == metrics.size:
+                self.synced[METRICS] = stat  # (a restarted sidecar) nothing to upload
+        self.pull_notices()
+
+    def pull_notices(self) -> int:
+        new = 0
+        for blob in self._list(NOTICES):
+            rel = self._rel(blob.name)
+            name = rel.rsplit("/", 1)[-1]
+            if not name or name.startswith(".") or self.notice_gens.get(name) == blob.generation:
+                continue
+            self._download(blob, rel)
+            self.notice_gens[name] = blob.generation
+            new += 1
+            log.info("notice %s", name)
+        return new
+
+    # ---------------------------------------------------------------- up
+
+    def _upload_file(self, rel: str, stat: tuple[int, int]) -> None:
+        self.bucket.blob(self._name(rel)).upload_from_filename(str(self.local / rel))
+        self.synced[rel] = stat
+
+    def push(self) -> int:
+        uploaded = 0
+        stat = self._stat(METRICS)
+        if stat is not None and self.synced.get(METRICS) != stat:
+            data = (self.local / METRICS).read_bytes()
+            data = data[:data.rfind(b"\n") + 1]  # readers parse lines: never publish half of one
+            if data:
+                blob = self.bucket.blob(self._name(METRICS))
+                blob.upload_from_string(data, content_type="application/x-ndjson")
+                uploaded += 1
+            if len(data) == stat[0]:
+                self.synced[METRICS] = stat
+        stat = self._stat(RESULT)
+        if stat is not None and self.synced.get(RESULT) != stat:
+            self._upload_file(RESULT, stat)
+            uploaded += 1
+        uploaded += self._push_checkpoints()
+        return uploaded
+
+    def _push_checkpoints(self) -> int:
+        root = self.local / CHECKPOINTS
+        present: dict[str, tuple[int, int]] = {}
+        if root.is_dir():
+            for path in root.rglob("*"):
+                rel = path.relative_to(self.local).as_posix()
+                if path.is_file() and not _skip(rel):
+                    stat = self._stat(rel)
+                    if stat is not None:
+                        present[rel] = stat
+        changed = sorted((r for r, s in present.items() if self.synced.get(r) != s),
+                         key=lambda r: (r.rsplit("/", 1)[-1] == "checkpoint", r))
+        for rel in changed:
+            try:
+                self._upload_file(rel, present[rel])
+            except FileNotFoundError:
+                continue  # the trainer rotated it away meanwhile
+            self.remote_ckpts.add(rel)
+        # Old checkpoints the trainer deleted go from the bucket too, after the new index is up.
+        for rel in sorted(self.remote_ckpts - present.keys()):
+            try:
+                self.bucket.blob(self._name(rel)).delete()
+            except Exception as e:  # noqa: BLE001 - a missing object is as good as deleted
+                if type(e).__name__ != "NotFound":
+                    raise
+            self.remote_ckpts.discard(rel)
+            self.synced.pop(rel, None)
+        return len(changed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--uri", required=True, help="the job's storage: gs://bucket/prefix/<job_id>")
+    ap.add_argument("--local", required=True, type=Path, help="local mirror the task uses as its storage")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    ap.add_argument("--once", action="store_true", help="download, upload once, exit")
+    ap.add_argument("--pull-only", action="store_true", help="only download (tasks that write no job files)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s storage_sync %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    args.local.mkdir(parents=True, exist_ok=True)
+    (args.local / NOTICES).mkdir(exist_ok=True)
+    sync = Sync(args.uri, args.local)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: final upload", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    delay = 1.0
+    for attempt in range(6):
+        try:
+            sync.pull_initial()
+            break
+        except Exception as e:  # noqa: BLE001 - network / auth: retry, then give up loudly
+            log.warning("initial download failed (%d/6): %s", attempt + 1, e)
+            if attempt == 5 or stop.wait(delay):
+                return 1
+            delay *= 2
+    if args.once:
+        if not args.pull_only:
+            sync.push()
+        return 0
+
+    while not stop.wait(args.interval):
+        try:
+            sync.pull_notices()
+            if not args.pull_only:
+                sync.push()
+        except Exception as e:  # noqa: BLE001 - keep syncing through transient errors
+            log.warning("sync pass failed: %s", e)
+    if args.pull_only:
+        return 0
+    for attempt in range(3):
+        try:
+            sync.push()
+            return 0
+        except Exception as e:  # noqa: BLE001
+            log.warning("final upload failed (%d/3): %s", attempt + 1, e)
+            time.sleep(0.5)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

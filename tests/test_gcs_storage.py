@@ -1,0 +1,169 @@
+"""GcsStorage and the jobs/storage_sync.py sidecar against gcp-storage-emulator (in this process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from orchestrator.storage import open_storage
+from orchestrator.storage.gcs import GcsStorage, parse_gs_uri
+from orchestrator.testing.gcs import GcsEmulator
+
+REPO = Path(__file__).resolve().parent.parent
+SYNC = REPO / "jobs" / "storage_sync.py"
+
+
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[GcsEmulator]:
+    with GcsEmulator(bucket="orch-test") as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def storage(gcs: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> GcsStorage:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)  # survives other fixtures' env changes
+    s = open_storage(gcs.uri("runs/"), f"job-{uuid.uuid4().hex[:8]}")
+    assert isinstance(s, GcsStorage)
+    return s
+
+
+def sync_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("storage_sync", SYNC)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def eventually(check: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_uri_parsing() -> None:
+    assert parse_gs_uri("gs://b/a/b/") == ("b", "a/b")
+    assert parse_gs_uri("gs://b") == ("b", "")
+    with pytest.raises(ValueError):
+        parse_gs_uri("s3://b/x")
+    assert GcsStorage("gs://b", "j").uri == "gs://b/j"  # no client (and no credentials) needed to construct
+
+
+def test_read_write_offsets_list_and_notices(storage: GcsStorage) -> None:
+    assert storage.uri.startswith("gs://orch-test/runs/job-")
+    assert storage.local_path() is None
+    assert storage.read_text("metrics.jsonl") is None
+    assert storage.read_from("metrics.jsonl", 0) == b""
+    assert storage.read_from("metrics.jsonl", 5) == b""
+
+    storage.write_text("metrics.jsonl", '{"step": 1}\n{"step": 2}\n')
+    assert storage.read_text("metrics.jsonl") == '{"step": 1}\n{"step": 2}\n'
+    assert storage.read_from("metrics.jsonl", 12) == b'{"step": 2}\n'
+    assert storage.read_from("metrics.jsonl", 24) == b""  # exactly at the end
+    assert storage.read_from("metrics.jsonl", 1000) == b""
+
+    storage.write_text("result.json", '{"accuracy": "ü"}')
+    assert storage.read_text("result.json") == '{"accuracy": "ü"}'
+    storage.write_text("checkpoints/ckpt-1.index", "i")
+    storage.write_text("checkpoints/sub/deep", "d")
+    assert storage.notices() == set()
+    storage.write_notice("job-worker-0-0", "preempted")
+    storage.write_notice("job-worker-1-0", "preempted")
+    assert storage.notices() == {"job-worker-0-0", "job-worker-1-0"}
+    assert storage.list("") == ["checkpoints", "metrics.jsonl", "notices", "result.json"]
+    assert storage.list("checkpoints") == ["ckpt-1.index", "sub"]
+    assert storage.list("nothing") == []
+    with pytest.raises(ValueError):
+        storage.read_text("../other-job/result.json")
+
+
+def test_sync_once_seeds_local_and_publishes_whole_lines(storage: GcsStorage, tmp_path: Path) -> None:
+    storage.write_text("checkpoints/ckpt-1.index", "index-1")
+    storage.write_text("checkpoints/checkpoint", 'model_checkpoint_path: "ckpt-1"\n')
+    storage.write_text("metrics.jsonl", '{"step": 1}\n')
+    storage.write_notice("old-instance", "x")
+    local = tmp_path / "storage"
+    mod = sync_module()
+    assert mod.main(["--uri", storage.uri, "--local", str(local), "--once"]) == 0
+    assert (local / "checkpoints" / "ckpt-1.index").read_text() == "index-1"
+    assert (local / "checkpoints" / "checkpoint").exists()
+    assert (local / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (local / "notices" / "old-instance").read_text() == "x"
+
+    sync = mod.Sync(storage.uri, local)
+    sync.pull_initial()
+    assert sync.push() == 0  # everything already in sync
+    with (local / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2}\n{"step": 3, "partial')  # the trainer is mid-line
+    assert sync.push() == 1
+    assert storage.read_text("metrics.jsonl") == '{"step": 1}\n{"step": 2}\n'
+    with (local / "metrics.jsonl").open("a") as f:
+        f.write('": 1}\n')
+    sync.push()
+    assert storage.read_from("metrics.jsonl", 24) == b'{"step": 3, "partial": 1}\n'
+
+    # A new checkpoint replaces the old one (the trainer rotated it away): the bucket follows.
+    (local / "checkpoints" / "ckpt-1.index").unlink()
+    (local / "checkpoints" / "ckpt-2.index").write_text("index-2")
+    (local / "checkpoints" / "ckpt-2_temp").mkdir()
+    (local / "checkpoints" / "ckpt-2_temp" / "part-0").write_text("being written")
+    (local / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
+    assert sync.push() == 2
+    assert storage.list("checkpoints") == ["checkpoint", "ckpt-2.index"]
+    assert storage.read_text("checkpoints/checkpoint") == 'model_checkpoint_path: "ckpt-2"\n'
+
+
+def start_sidecar(storage: GcsStorage, local: Path, interval: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, str(SYNC), "--uri", storage.uri, "--local", str(local),
+                             "--interval", interval], stderr=subprocess.DEVNULL)
+
+
+def test_sync_sidecar_round_trip(storage: GcsStorage, tmp_path: Path) -> None:
+    storage.write_text("metrics.jsonl", '{"step": 1}\n')
+    local = tmp_path / "storage"
+    proc = start_sidecar(storage, local, "0.1")
+    try:
+        eventually(lambda: (local / "metrics.jsonl").exists())  # seeded at start
+        with (local / "metrics.jsonl").open("a") as f:
+            f.write('{"step": 2}\n')
+        eventually(lambda: storage.read_text("metrics.jsonl") == '{"step": 1}\n{"step": 2}\n')
+
+        storage.write_notice("job-worker-0-0", "preempted at t")  # the controller saw a preemption
+        eventually(lambda: (local / "notices" / "job-worker-0-0").exists())
+        assert (local / "notices" / "job-worker-0-0").read_text() == "preempted at t"
+
+        (local / "checkpoints").mkdir()
+        (local / "checkpoints" / "ckpt-7.index").write_text("7")
+        eventually(lambda: storage.read_text("checkpoints/ckpt-7.index") == "7")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+
+
+def test_sync_sidecar_flushes_on_sigterm(storage: GcsStorage, tmp_path: Path) -> None:
+    storage.write_notice("seed", "")
+    local = tmp_path / "storage"
+    proc = start_sidecar(storage, local, "60")  # no periodic pass during the test
+    try:
+        eventually(lambda: (local / "notices" / "seed").exists())  # started, signal handlers installed
+        # The instance shuts down right after the trainer's last writes: SIGTERM uploads them.
+        (local / "result.json").write_text('{"done": true}')
+        (local / "metrics.jsonl").write_text('{"step": 9}\n')
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert storage.read_text("result.json") == '{"done": true}'
+        assert storage.read_text("metrics.jsonl") == '{"step": 9}\n'
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
