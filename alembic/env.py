@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import create_engine
 
+from alembic import context
 from orchestrator.store.db import default_url
 from orchestrator.store.models import Base
 

@@ -52,7 +52,8 @@ pricing: {{book: 2019-02}}
         cluster = [r[0] for r in conn.execute(text(
             "SELECT examples_per_s FROM metrics WHERE kind='step' AND examples_per_s > 0 ORDER BY step"))]
         per: dict[int, list[float]] = {}
-        for w, eps in conn.execute(text("SELECT worker, examples_per_s FROM metrics WHERE kind='worker' ORDER BY step")):
+        rows = conn.execute(text("SELECT worker, examples_per_s FROM metrics WHERE kind='worker' ORDER BY step"))
+        for w, eps in rows:
             per.setdefault(int(w), []).append(float(eps or 0))
     steady = cluster[2:] or cluster  # drop the warm-up windows
     return statistics.median(steady), {w: statistics.median(v[2:] or v) for w, v in per.items()}
@@ -64,7 +65,8 @@ def main() -> None:
     ap.add_argument("--k80-step", type=float, default=0.4, help="emulated K80 seconds per step at batch 32")
     args = ap.parse_args()
     from orchestrator.costmodel import relative_speed
-    from orchestrator.slots import EMULATED_MODEL, proportional_split
+    from orchestrator.slots import EMULATED_MODEL, worker_batches
+    from orchestrator.spec import validate_spec
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
     alone: dict[str, float] = {}
@@ -77,7 +79,9 @@ def main() -> None:
         print(f"  {g:5} {alone[g]:11.1f} {alone[g] / alone['k80']:15.2f} "
               f"{relative_speed(EMULATED_MODEL, g, 128):15.2f}")
     total = sum(alone.values())
-    split = proportional_split(96, [relative_speed(EMULATED_MODEL, g, 128) for g in GPUS])
+    split = worker_batches(validate_spec({
+        "name": "x", "provider": {"kind": "local"}, "training": {"mode": "sync", "global_batch": 96},
+        "cluster": {"parameter_servers": {"count": 0}, "workers": [{"gpu": g} for g in GPUS]}}))
     runs = [
         ("async PS (batch 32 each)", "async", "batch_per_worker: 32"),
         ("sync, equal split [32, 32, 32]", "sync", "batch_per_worker: 32"),

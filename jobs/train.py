@@ -18,6 +18,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# TF 2.21's oneDNN CPU kernels crash (SIGSEGV / heap corruption) on some odd per-worker batches (15, 47)
+# with more than one intra-op thread; the plain Eigen kernels do not. GPUs do not use oneDNN.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 from tfjob.main import run  # noqa: E402
 

@@ -79,7 +79,9 @@ class PriceBook:
             )
         return price.rate(spot)
 
-    def with_overrides(self, overrides: dict[str, tuple[float, float]], machine_types: set[str] | None = None) -> PriceBook:
+    def with_overrides(
+        self, overrides: dict[str, tuple[float, float]], machine_types: set[str] | None = None
+    ) -> PriceBook:
         """(on-demand, spot) prices from the spec replace or extend the book's GPU or machine-type rows."""
         gpus, machines = dict(self.gpus), dict(self.machines)
         for key, (od, sp) in overrides.items():

@@ -10,10 +10,20 @@ from dataclasses import dataclass
 
 from orchestrator.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.providers.base import Role
-from orchestrator.spec import LOCAL_ZONE, GceProvider, JobSpec, LocalProvider, TrainingMode
+from orchestrator.spec import LOCAL_ZONE, Chief, GceProvider, JobSpec, LocalProvider, ParameterServers, TrainingMode
 
 DEFAULT_BATCH = 128
-EMULATED_MODEL = "resnet_cifar_32"  # local GPUs emulate their speed on the 2019 study's workload
+EMULATED_MODEL, EMULATED_BATCH = "resnet_cifar_32", 128  # what local GPUs emulate: the 2019 study's workload
+
+
+def emulation_reference_batch(spec: JobSpec) -> float:
+    """The per-worker batch a local worker maps to the emulated workload's batch of 128."""
+    training = spec.training
+    if training.batch_per_worker:
+        return float(training.batch_per_worker)
+    if training.global_batch and spec.worker_count:
+        return training.global_batch / spec.worker_count
+    return float(EMULATED_BATCH)
 
 
 @dataclass(frozen=True)
@@ -42,8 +52,9 @@ class Slot:
 def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> PriceBook:
     cat = catalog or load_catalog()
     base = cat.price_book(book or spec.pricing.book)
-    return base.with_overrides({k: (v.on_demand, v.spot) for k, v in spec.pricing.overrides.items()},
-                               set(cat.machine_types))
+    return base.with_overrides(
+        {k: (v.on_demand, v.spot) for k, v in spec.pricing.overrides.items()}, set(cat.machine_types)
+    )
 
 
 def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -> tuple[str, ...]:
@@ -66,14 +77,13 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
         per = training.batch_per_worker or DEFAULT_BATCH
         return [b or per for b in explicit]
     if spec.mode == TrainingMode.SYNC:
-        if isinstance(spec.provider, LocalProvider):
-            # Emulated GPUs step in time proportional to batch / relative speed (control/driver.emulation),
-            # so the split that makes them finish together is proportional to those speeds.
-            from orchestrator.costmodel import relative_speed
-
-            return proportional_split(training.global_batch, [relative_speed(EMULATED_MODEL, g, 128) for g in gpus])
         from orchestrator.costmodel import split_batch  # the planner's split: fast GPUs get more
 
+        if isinstance(spec.provider, LocalProvider):
+            # A local worker at batch b emulates the study's workload at 128·b/reference (driver.emulation):
+            # split in that workload's batches with the cost model, then map back to the real global batch.
+            emulated = split_batch(EMULATED_MODEL, gpus, EMULATED_BATCH * len(gpus))
+            return proportional_split(training.global_batch, [float(e) for e in emulated])
         return list(split_batch(training.profile_name, gpus, training.global_batch))
     share, rest = divmod(training.global_batch, len(gpus))
     return [share + (1 if i < rest else 0) for i in range(len(gpus))]
@@ -98,19 +108,15 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
     prices = price_book_for(spec, cat, book)
     cluster = spec.pinned
     cloud = isinstance(spec.provider, GceProvider)
-    slots: list[Slot] = []
-    ps = cluster.parameter_servers
-    for i in range(spec.ps_count):
-        machine = ps.machine_type if cloud else "local"
-        zones = _zones(spec, ps.zone, None, cat)
-        slots.append(Slot(Role.PS, i, None, machine, zones[0], ps.spot, prices.instance_price(machine, None, 0, ps.spot),
-                          on_demand_price_per_hour=prices.instance_price(machine, None, 0, False), zones=zones))
+    def cpu_slot(role: Role, index: int, cfg: ParameterServers | Chief) -> Slot:
+        machine = cfg.machine_type if cloud else "local"
+        zones = _zones(spec, cfg.zone, None, cat)
+        return Slot(role, index, None, machine, zones[0], cfg.spot, prices.instance_price(machine, None, 0, cfg.spot),
+                    on_demand_price_per_hour=prices.instance_price(machine, None, 0, False), zones=zones)
+
+    slots = [cpu_slot(Role.PS, i, cluster.parameter_servers) for i in range(spec.ps_count)]
     if spec.mode == TrainingMode.ASYNC:
-        ch = cluster.chief
-        machine = ch.machine_type if cloud else "local"
-        zones = _zones(spec, ch.zone, None, cat)
-        slots.append(Slot(Role.CHIEF, 0, None, machine, zones[0], ch.spot, prices.instance_price(machine, None, 0, ch.spot),
-                          on_demand_price_per_hour=prices.instance_price(machine, None, 0, False), zones=zones))
+        slots.append(cpu_slot(Role.CHIEF, 0, cluster.chief))
     batches = worker_batches(spec, cat)
     index = 0
     for g, group in enumerate(cluster.workers):
@@ -118,9 +124,21 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
         machine = (group.machine_type or gpu.default_machine_type) if cloud else "local"
         zones = _zones(spec, group.zone, gpu.key, cat)
         for _ in range(group.count):
-            slots.append(Slot(Role.WORKER, index, gpu.key, machine, zones[0], group.spot,
-                              prices.instance_price(machine, gpu.key, 1, group.spot), batches[index], g,
-                              on_demand_price_per_hour=prices.instance_price(machine, gpu.key, 1, False), zones=zones))
+            slots.append(
+                Slot(
+                    Role.WORKER,
+                    index,
+                    gpu.key,
+                    machine,
+                    zones[0],
+                    group.spot,
+                    prices.instance_price(machine, gpu.key, 1, group.spot),
+                    batches[index],
+                    g,
+                    on_demand_price_per_hour=prices.instance_price(machine, gpu.key, 1, False),
+                    zones=zones,
+                )
+            )
             index += 1
     return slots
 

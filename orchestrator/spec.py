@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.catalog import Catalog, CatalogError, load_catalog
 
@@ -173,7 +182,17 @@ class CommandTraining(_Strict):
         return self.hparam_set
 
 
-TrainingSpec = Annotated[BuiltinTraining | CommandTraining, Field(discriminator="job")]
+def _training_kind(value: Any) -> str:
+    # `job:` may be omitted: the built-in ResNet/CIFAR job is the default.
+    if isinstance(value, dict):
+        return str(value.get("job", "resnet-cifar"))
+    return str(getattr(value, "job", "resnet-cifar"))
+
+
+TrainingSpec = Annotated[
+    Annotated[BuiltinTraining, Tag("resnet-cifar")] | Annotated[CommandTraining, Tag("command")],
+    Discriminator(_training_kind),
+]
 
 
 # ---------------------------------------------------------------- cluster
@@ -370,8 +389,9 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
                 )
             )
     if book is not None:
-        book = book.with_overrides({k: (v.on_demand, v.spot) for k, v in spec.pricing.overrides.items()},
-                                   set(catalog.machine_types))
+        book = book.with_overrides(
+            {k: (v.on_demand, v.spot) for k, v in spec.pricing.overrides.items()}, set(catalog.machine_types)
+        )
 
     def machine_ok(path: str, name: str) -> bool:
         if name in catalog.machine_types:
@@ -393,7 +413,9 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
         for i, key in enumerate(spec.search.gpus):
             if key not in catalog.gpus:
                 errors.append(
-                    FieldError(path=f"search.gpus[{i}]", message=f"'{key}' is not a GPU type; known: {', '.join(catalog.gpus)}")
+                    FieldError(
+                        path=f"search.gpus[{i}]", message=f"'{key}' is not a GPU type; known: {', '.join(catalog.gpus)}"
+                    )
                 )
         for i, z in enumerate(spec.search.zones):
             zone_known(f"search.zones[{i}]", z)
@@ -417,7 +439,9 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
         path = f"cluster.workers[{i}]"
         if group.gpu not in catalog.gpus:
             errors.append(
-                FieldError(path=f"{path}.gpu", message=f"'{group.gpu}' is not a GPU type; known: {', '.join(catalog.gpus)}")
+                FieldError(
+                    path=f"{path}.gpu", message=f"'{group.gpu}' is not a GPU type; known: {', '.join(catalog.gpus)}"
+                )
             )
             continue
         gpu = catalog.gpus[group.gpu]
@@ -430,7 +454,8 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
             errors.append(
                 FieldError(
                     path=path,
-                    message=f"{gpu.gce_accelerator} is not offered in zone {group.zone}; it is in: {', '.join(offered)}",
+                    message=f"{gpu.gce_accelerator} is not offered in zone {group.zone}; "
+                    f"it is in: {', '.join(offered)}",
                 )
             )
         if cloud and group.zone is None:
@@ -444,12 +469,19 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
                     )
                 )
         priced(f"{path}.gpu", machine if cloud else "local", gpu.key, group.spot)
-        mem_gb = gpu.memory_gb
         batch = group.batch or spec.training.batch_per_worker
-        if batch is not None and batch > 4096 and mem_gb < 16:
-            errors.append(
-                FieldError(path=f"{path}.batch", message=f"batch {batch} cannot fit {gpu.key}'s {mem_gb:g} GB; use <= 4096")
-            )
+        if batch is not None:
+            from orchestrator.costmodel.memory import max_batch  # the memory model (weights, optimizer, activations)
+
+            cap = max_batch(spec.training.profile_name, gpu.key)
+            if batch > cap:
+                errors.append(
+                    FieldError(
+                        path=f"{path}.batch" if group.batch else "training.batch_per_worker",
+                        message=f"batch {batch} does not fit a {gpu.key}'s {gpu.memory_gb:g} GB "
+                        f"for {spec.training.profile_name}; at most {cap}",
+                    )
+                )
 
     ps_count = cluster.parameter_servers.count
     if spec.mode == TrainingMode.SYNC and ps_count:
@@ -461,7 +493,9 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
         )
     if spec.mode == TrainingMode.ASYNC and ps_count == 0:
         errors.append(
-            FieldError(path="cluster.parameter_servers.count", message="async training needs at least 1 parameter server")
+            FieldError(
+                path="cluster.parameter_servers.count", message="async training needs at least 1 parameter server"
+            )
         )
     if isinstance(provider, LocalProvider):
         slots = {f"ps-{i}" for i in range(spec.ps_count)} | {f"worker-{i}" for i in range(spec.worker_count)}
@@ -487,16 +521,16 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
 
 # ---------------------------------------------------------------- loading
 
+_UNIONS = {"provider": {"local", "ssh", "gce"}, "training": {"resnet-cifar", "command"}}
+
 
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in {"LocalProvider", "SshProvider", "GceProvider", "BuiltinTraining", "CommandTraining"} or (
-            part in {"local", "ssh", "gce", "resnet-cifar", "command"}
-        ):
-            continue  # discriminated-union tags are not fields the user wrote
+        elif i > 0 and loc[i - 1] in _UNIONS and part in _UNIONS[str(loc[i - 1])]:
+            continue  # the union member pydantic tried: a tag, not a field the user wrote
         elif not re.fullmatch(r"[A-Za-z0-9_-]+", part):
             out += f"[{part!r}]"  # a key the user wrote with odd characters: quote it, keep one line
         else:

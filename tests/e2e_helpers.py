@@ -44,7 +44,8 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.5) -> None:
 
 
 def tiny_spec(name: str, storage: Path, *, schedule: list[tuple[str, float]], steps: int = 120,
-              mode: str = "async", extra_workers: list[dict[str, Any]] | None = None) -> str:
+              mode: str = "async", extra_workers: list[dict[str, Any]] | None = None,
+              emulation_k80_step_s: float = 0.1) -> str:
     sched = "".join(f"\n    - {{instance: {slot}, at_s: {at}}}" for slot, at in schedule)
     workers = extra_workers or [{"gpu": "k80", "spot": True}, {"gpu": "v100", "spot": False}]
     wl = "".join(f"\n    - {{gpu: {w['gpu']}, count: 1, spot: {str(w['spot']).lower()}}}" for w in workers)
@@ -54,7 +55,7 @@ provider:
   kind: local
   time_scale: 60
   revocations: {"schedule" if schedule else "none"}
-  emulation_k80_step_s: 0.1
+  emulation_k80_step_s: {emulation_k80_step_s}
   schedule: {"" if schedule else "[]"}{sched}
 storage: {storage}
 training:

@@ -25,7 +25,9 @@ def test_reference_figures() -> None:
     # 2019 books price whole VMs; current books price the GPU and add the host.
     assert cat.price_book("2019-02").instance_price("n1-standard-4", "k80", 1, spot=True) == 0.256
     assert cat.price_book("2019-02").instance_price("n1-standard-4", None, 0, spot=False) == 0.143
-    assert cat.price_book("current").instance_price("n1-standard-8", "v100", 1, spot=True) == pytest.approx(1.0885 + 0.1045)
+    assert cat.price_book("current").instance_price("n1-standard-8", "v100", 1, spot=True) == pytest.approx(
+        1.0885 + 0.1045
+    )
     assert "us-central1-c" in cat.zones_for("k80")
     assert region_of("europe-west4-a") == "europe-west4"
 
@@ -36,8 +38,9 @@ def test_unknown_lookups_name_the_alternatives() -> None:
         cat.gpu("v200")
     with pytest.raises(CatalogError, match="no price for GPU 'a100'"):
         cat.price_book("current").instance_price("a2-highgpu-1g", "a100", 1, spot=True)
-    book = cat.price_book("current").with_overrides({"a100": (2.93, 0.88), "a2-highgpu-1g": (0.74, 0.22)},
-                                                    set(cat.machine_types))
+    book = cat.price_book("current").with_overrides(
+        {"a100": (2.93, 0.88), "a2-highgpu-1g": (0.74, 0.22)}, set(cat.machine_types)
+    )
     assert book.instance_price("a2-highgpu-1g", "a100", 1, spot=True) == pytest.approx(1.10)
 
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_helpers import REPO, processes_under, wait_until
 from sqlalchemy import create_engine, text
 
-from e2e_helpers import REPO, processes_under, wait_until
 from orchestrator.testing.cloud import EmulatedCloud
 
 pytestmark = pytest.mark.slow

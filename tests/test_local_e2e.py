@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-
 from e2e_helpers import REPO, cli, processes_under, tiny_spec, wait_until
+from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorflow")
@@ -32,7 +31,7 @@ def _check_ledger_exact(db_url: str, job_id: str) -> None:
         by_role = conn.execute(text("SELECT SUM(usd) FROM ledger WHERE job_id = :j"), {"j": job_id}).scalar()
     assert rows
     expected = 0.0
-    for name, requested, deleted, price, end_reason, usd, seconds in rows:
+    for name, requested, deleted, price, end_reason, usd, _seconds in rows:
         assert deleted is not None, f"{name} was never deleted"
         billed = 0.0 if end_reason == "create_failed" else (deleted - requested) * price / 3600
         assert usd == pytest.approx(billed, rel=1e-9, abs=1e-12), name

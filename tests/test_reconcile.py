@@ -33,22 +33,55 @@ SLOTS = (
 
 def inst(slot: str, status: InstanceStatus, gen: int = 0, spot: bool | None = None, **kw: object) -> InstanceView:
     role, index = slot.split("-")
-    base = dict(id=hash((slot, gen)) % 10_000, name=f"j-{slot}-{gen}", role=Role(role), index=int(index),
-                generation=gen, status=status, spot=role == "worker" if spot is None else spot, zone="z1",
-                port=5000 + int(index), requested_at=NOW - 100, updated_at=NOW - 50)
+    base = dict(
+        id=hash((slot, gen)) % 10_000,
+        name=f"j-{slot}-{gen}",
+        role=Role(role),
+        index=int(index),
+        generation=gen,
+        status=status,
+        spot=role == "worker" if spot is None else spot,
+        zone="z1",
+        port=5000 + int(index),
+        requested_at=NOW - 100,
+        updated_at=NOW - 50,
+    )
     base.update(kw)
     return InstanceView(**base)  # type: ignore[arg-type]
 
 
-def observed(i: InstanceView, state: ObservedState = ObservedState.RUNNING, preempted: bool = False) -> ObservedInstance:
-    return ObservedInstance(name=i.name, job_id="j", role=i.role, index=i.index, generation=i.generation, zone=i.zone,
-                            state=state, workdir="/tmp/x", preempted=preempted)
+def observed(
+    i: InstanceView, state: ObservedState = ObservedState.RUNNING, preempted: bool = False
+) -> ObservedInstance:
+    return ObservedInstance(
+        name=i.name,
+        job_id="j",
+        role=i.role,
+        index=i.index,
+        generation=i.generation,
+        zone=i.zone,
+        state=state,
+        workdir="/tmp/x",
+        preempted=preempted,
+    )
 
 
 def job(instances: list[InstanceView], status: JobStatus = JobStatus.RUNNING, **kw: object) -> JobView:
-    base = dict(id="j", status=status, outcome=None, mode=TrainingMode.ASYNC, slots=SLOTS, instances=tuple(instances),
-                on_revocation=OnRevocation.REPLACE, max_replacements=5, budget_usd=None, deadline_s=None,
-                started_at=NOW - 1000, restarts=0, cost_usd=0.0)
+    base = dict(
+        id="j",
+        status=status,
+        outcome=None,
+        mode=TrainingMode.ASYNC,
+        slots=SLOTS,
+        instances=tuple(instances),
+        on_revocation=OnRevocation.REPLACE,
+        max_replacements=5,
+        budget_usd=None,
+        deadline_s=None,
+        started_at=NOW - 1000,
+        restarts=0,
+        cost_usd=0.0,
+    )
     base.update(kw)
     return JobView(**base)  # type: ignore[arg-type]
 
@@ -58,8 +91,11 @@ def training_cluster() -> list[InstanceView]:
 
 
 def running_obs(instances: list[InstanceView], **kw: object) -> Observation:
-    return Observation(instances={i.name: observed(i) for i in instances},
-                       procs={i.name: ProcStatus(ProcState.RUNNING) for i in instances}, **kw)  # type: ignore[arg-type]
+    return Observation(
+        instances={i.name: observed(i) for i in instances},
+        procs={i.name: ProcStatus(ProcState.RUNNING) for i in instances},
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_fresh_job_creates_every_slot() -> None:
@@ -67,7 +103,11 @@ def test_fresh_job_creates_every_slot() -> None:
     assert acts[0] == SetJobStatus(JobStatus.PROVISIONING, "launch")
     creates = [a for a in acts if isinstance(a, CreateInstance)]
     assert [(c.slot.name, c.generation, c.spot) for c in creates] == [
-        ("ps-0", 0, False), ("chief-0", 0, False), ("worker-0", 0, True), ("worker-1", 0, True)]
+        ("ps-0", 0, False),
+        ("chief-0", 0, False),
+        ("worker-0", 0, True),
+        ("worker-1", 0, True),
+    ]
     assert creates[2].zones == ("z1", "z2")  # stockout fallback order
 
 
@@ -128,7 +168,9 @@ def test_ps_loss_restarts_training_from_checkpoint() -> None:
     obs = running_obs(cluster)
     del obs.instances["j-ps-0-0"]
     acts = reconcile(job(cluster), obs, NOW)
-    assert SetInstanceStatus("j-ps-0-0", S.LOST, "instance disappeared without a delete from us", EndReason.LOST) in acts
+    assert (
+        SetInstanceStatus("j-ps-0-0", S.LOST, "instance disappeared without a delete from us", EndReason.LOST) in acts
+    )
     assert any(isinstance(a, RestartTraining) for a in acts)
     assert any(isinstance(a, CreateInstance) and a.slot.name == "ps-0" for a in acts)
 
@@ -151,8 +193,9 @@ def test_sync_mode_restarts_everyone_when_a_worker_is_lost() -> None:
     # once the replacement is ready, every worker starts together
     ready = [inst("worker-0", S.READY, gen=1), inst("worker-1", S.READY)]
     old = inst("worker-0", S.DELETED, end_reason="preempted")
-    acts = reconcile(job(ready + [old], mode=TrainingMode.SYNC, slots=slots, status=JobStatus.RECOVERING),
-                     running_obs(ready), NOW)
+    acts = reconcile(
+        job(ready + [old], mode=TrainingMode.SYNC, slots=slots, status=JobStatus.RECOVERING), running_obs(ready), NOW
+    )
     assert sorted(a.name for a in acts if isinstance(a, StartTask)) == ["j-worker-0-1", "j-worker-1-0"]
 
 
@@ -161,8 +204,9 @@ def test_shrink_policy_never_replaces_workers() -> None:
     acts = reconcile(job(cluster, on_revocation=OnRevocation.SHRINK), running_obs(cluster[:3]), NOW)
     assert not any(isinstance(a, CreateInstance) for a in acts)
     gone = [inst("worker-0", S.DELETED, end_reason="preempted"), inst("worker-1", S.DELETED, end_reason="preempted")]
-    acts = reconcile(job(training_cluster()[:2] + gone, on_revocation=OnRevocation.SHRINK),
-                     running_obs(training_cluster()[:2]), NOW)
+    acts = reconcile(
+        job(training_cluster()[:2] + gone, on_revocation=OnRevocation.SHRINK), running_obs(training_cluster()[:2]), NOW
+    )
     assert acts[-1].status == JobStatus.TEARING_DOWN and acts[-1].outcome == JobStatus.FAILED  # type: ignore[union-attr]
 
 
@@ -176,8 +220,9 @@ def test_fallback_on_demand_replacement_is_not_spot() -> None:
 def test_max_replacements_fails_the_job() -> None:
     cluster = training_cluster()[:3] + [inst("worker-1", S.DELETED, gen=g, end_reason="preempted") for g in range(3)]
     acts = reconcile(job(cluster, max_replacements=2), running_obs(cluster[:3]), NOW)
-    assert acts[-1] == SetJobStatus(JobStatus.TEARING_DOWN, "policy.max_replacements (2) reached when j-worker-1-2 "
-                                    "was lost", JobStatus.FAILED)
+    assert acts[-1] == SetJobStatus(
+        JobStatus.TEARING_DOWN, "policy.max_replacements (2) reached when j-worker-1-2 was lost", JobStatus.FAILED
+    )
 
 
 def test_create_failure_in_every_zone_is_retried_then_fails_the_job() -> None:
@@ -204,15 +249,17 @@ def test_lost_create_intent_is_created_again() -> None:
 def test_result_finishes_and_teardown_deletes_everything_once() -> None:
     cluster = training_cluster()
     acts = reconcile(job(cluster), replace(running_obs(cluster), result={"step": 100, "accuracy": 0.9}), NOW)
-    assert acts == [SetJobStatus(JobStatus.TEARING_DOWN, "training finished at step 100, accuracy 0.9000",
-                                 JobStatus.SUCCEEDED)]
+    assert acts == [
+        SetJobStatus(JobStatus.TEARING_DOWN, "training finished at step 100, accuracy 0.9000", JobStatus.SUCCEEDED)
+    ]
     down = job(cluster, JobStatus.TEARING_DOWN, outcome="succeeded")
     acts = reconcile(down, running_obs(cluster), NOW)
     assert sorted(a.name for a in acts if isinstance(a, DeleteInstance)) == sorted(i.name for i in cluster)
     assert all(a.end_reason == EndReason.JOB_FINISHED for a in acts if isinstance(a, DeleteInstance))
     gone = [replace(i, status=S.DELETED) for i in cluster]
     assert reconcile(job(gone, JobStatus.TEARING_DOWN, outcome="succeeded"), Observation({}, {}), NOW) == [
-        SetJobStatus(JobStatus.SUCCEEDED, "every instance deleted")]
+        SetJobStatus(JobStatus.SUCCEEDED, "every instance deleted")
+    ]
 
 
 def test_budget_deadline_and_cancel() -> None:
@@ -229,14 +276,17 @@ def test_deleting_confirmed_when_gone_and_retried_when_stuck() -> None:
     d = inst("worker-1", S.DELETING, updated_at=NOW - 1000)
     cluster = training_cluster()[:3] + [d]
     assert SetInstanceStatus(d.name, S.DELETED, "deletion confirmed") in reconcile(
-        job(cluster), running_obs(cluster[:3]), NOW)
+        job(cluster), running_obs(cluster[:3]), NOW
+    )
     acts = reconcile(job(cluster), running_obs(cluster), NOW)
     assert DeleteInstance(d.name, "z1", "delete timed out; asking again") in acts
 
 
 def test_moved_worker_restarts_the_async_chief_on_real_clouds() -> None:
-    cluster = training_cluster()[:3] + [inst("worker-1", S.DELETED, end_reason="preempted"),
-                                        inst("worker-1", S.READY, gen=1)]
+    cluster = training_cluster()[:3] + [
+        inst("worker-1", S.DELETED, end_reason="preempted"),
+        inst("worker-1", S.READY, gen=1),
+    ]
     obs = running_obs([i for i in cluster if i.status != S.DELETED])
     stable = reconcile(job(cluster), obs, NOW)
     assert not any(isinstance(a, RestartTraining) for a in stable)

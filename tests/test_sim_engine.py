@@ -237,6 +237,35 @@ def test_replay_schedule_and_measured_rates() -> None:
         replay(c, [("worker-9", 10.0)], boot_delay_s=60.0)
 
 
+def test_replay_measured_delays_and_set_rates() -> None:
+    """Startup after the PS and chief are up, a replacement's rejoin, notice billing and teardown."""
+    c = cluster(2)
+    r = replay(
+        c,
+        [("worker-1", 300.0)],
+        boot_delay_s=70.0,
+        set_rates={frozenset({"worker-0"}): 8.0},  # alone slower than its own 10/s; both: 10 + 10
+        startup_s=20.0,
+        rejoin_s=15.0,
+        notice_s=30.0,
+        teardown_s=5.0,
+    )
+    # training from 70 + 20; 90-300 s at 20/s, 300-385 s at 8/s (replacement: 70 s boot + 15 s rejoin),
+    # then 20/s to 10000 steps at 641 s; teardown to 646 s.
+    assert r.finished and r.wall_time_s == pytest.approx(646.0)
+    ready = [e.t for e in r.events if e.kind == "ready" and e.slot == "worker-1"]
+    assert ready == [pytest.approx(70.0), pytest.approx(385.0)]
+    billed_s = 0.1 * 646 + 0.2 * 646 + 0.5 * 646 + 0.5 * (300 + 30) + 0.5 * (646 - 300)
+    assert r.cost_usd == pytest.approx(billed_s / 3600)
+    # A lost chief rolls back and pays the startup again once its replacement is up.
+    chief = replay(cluster(1, checkpoint_every=100), [("chief-0", 205.0)], boot_delay_s=70.0, startup_s=20.0)
+    # 90-205 s at 10/s = 1150 steps, back to the checkpoint at 1100, up again at 275 + 20 s: 8900 / 10 more
+    assert chief.steps_lost == pytest.approx(50.0)
+    assert chief.wall_time_s == pytest.approx(295.0 + 890.0)
+    with pytest.raises(ValueError, match="startup_s"):
+        cluster(1, startup_s=-1.0)
+
+
 def test_cluster_validation() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         SimCluster((SimSlot("ps-0", "ps"),), train_steps=10)

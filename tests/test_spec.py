@@ -16,7 +16,9 @@ GOOD: dict[str, Any] = {
     "name": "hetero",
     "provider": {"kind": "gce", "project": "my-project", "zones": ["us-central1-c", "us-west1-b"]},
     "training": {"job": "resnet-cifar", "train_steps": 1000},
-    "cluster": {"workers": [{"gpu": "k80", "count": 2, "zone": "us-central1-c"}, {"gpu": "p100", "zone": "us-west1-b"}]},
+    "cluster": {
+        "workers": [{"gpu": "k80", "count": 2, "zone": "us-central1-c"}, {"gpu": "p100", "zone": "us-west1-b"}]
+    },
 }
 
 
@@ -41,7 +43,9 @@ def test_good_spec_and_defaults() -> None:
 def test_unknown_gpu_names_field_and_choices() -> None:
     doc = copy.deepcopy(GOOD)
     doc["cluster"]["workers"][1]["gpu"] = "v200"
-    assert errors_of(doc) == ["cluster.workers[1].gpu: 'v200' is not a GPU type; known: k80, p100, v100, t4, l4, a100, h100"]
+    assert errors_of(doc) == [
+        "cluster.workers[1].gpu: 'v200' is not a GPU type; known: k80, p100, v100, t4, l4, a100, h100"
+    ]
 
 
 def test_gpu_not_offered_in_zone() -> None:
@@ -71,9 +75,11 @@ def test_sync_with_parameter_servers_is_rejected() -> None:
 
 
 def test_schedule_names_existing_slots() -> None:
-    doc = {"name": "x", "provider": {"kind": "local", "revocations": "schedule",
-                                      "schedule": [{"instance": "worker-7", "at_s": 5}]},
-           "cluster": {"workers": [{"gpu": "k80"}]}}
+    doc = {
+        "name": "x",
+        "provider": {"kind": "local", "revocations": "schedule", "schedule": [{"instance": "worker-7", "at_s": 5}]},
+        "cluster": {"workers": [{"gpu": "k80"}]},
+    }
     (msg,) = errors_of(doc)
     assert msg.startswith("provider.schedule[0].instance: 'worker-7' is not in this cluster")
 
@@ -82,10 +88,12 @@ def test_price_missing_in_book() -> None:
     doc = copy.deepcopy(GOOD)
     doc["provider"]["zones"] = ["us-central1-a"]
     doc["cluster"] = {"workers": [{"gpu": "a100", "zone": "us-central1-a", "machine_type": "a2-highgpu-1g"}]}
-    assert any(m.startswith("cluster.workers[0].gpu: price book 'current' has no price for GPU 'a100'")
-               for m in errors_of(doc))
-    doc["pricing"] = {"overrides": {"a100": {"on_demand": 2.93, "spot": 0.88},
-                                    "a2-highgpu-1g": {"on_demand": 0.74, "spot": 0.22}}}
+    assert any(
+        m.startswith("cluster.workers[0].gpu: price book 'current' has no price for GPU 'a100'") for m in errors_of(doc)
+    )
+    doc["pricing"] = {
+        "overrides": {"a100": {"on_demand": 2.93, "spot": 0.88}, "a2-highgpu-1g": {"on_demand": 0.74, "spot": 0.22}}
+    }
     validate_spec(doc)
 
 
@@ -106,18 +114,46 @@ def test_yaml_errors_are_clean(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- property-based: only clean errors
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                     st.text(max_size=12), st.sampled_from(["k80", "v100", "local", "gce", "us-central1-c", "6h",
-                                                            "sync", "async", "replace", "resnet-cifar", "-1"]))
-_values = st.recursive(_scalars, lambda kids: st.one_of(st.lists(kids, max_size=3),
-                                                         st.dictionaries(st.text(max_size=8), kids, max_size=3)),
-                       max_leaves=8)
-_PATHS = [("name",), ("provider",), ("provider", "kind"), ("provider", "zones"), ("provider", "project"),
-          ("training",), ("training", "train_steps"), ("training", "mode"), ("training", "job"), ("cluster",),
-          ("cluster", "workers"), ("cluster", "workers", 0), ("cluster", "workers", 0, "gpu"),
-          ("cluster", "workers", 0, "count"), ("cluster", "workers", 1, "zone"), ("cluster", "parameter_servers"),
-          ("policy",), ("policy", "deadline"), ("policy", "budget_usd"), ("pricing", "book"), ("storage",),
-          ("search",), ("search", "gpus")]
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        ["k80", "v100", "local", "gce", "us-central1-c", "6h", "sync", "async", "replace", "resnet-cifar", "-1"]
+    ),
+)
+_values = st.recursive(
+    _scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=8), kids, max_size=3)),
+    max_leaves=8,
+)
+_PATHS = [
+    ("name",),
+    ("provider",),
+    ("provider", "kind"),
+    ("provider", "zones"),
+    ("provider", "project"),
+    ("training",),
+    ("training", "train_steps"),
+    ("training", "mode"),
+    ("training", "job"),
+    ("cluster",),
+    ("cluster", "workers"),
+    ("cluster", "workers", 0),
+    ("cluster", "workers", 0, "gpu"),
+    ("cluster", "workers", 0, "count"),
+    ("cluster", "workers", 1, "zone"),
+    ("cluster", "parameter_servers"),
+    ("policy",),
+    ("policy", "deadline"),
+    ("policy", "budget_usd"),
+    ("pricing", "book"),
+    ("storage",),
+    ("search",),
+    ("search", "gpus"),
+]
 
 
 def _mutate(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -131,16 +167,16 @@ def _mutate(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str,
         else:
             return out
     last = path[-1]
-    if isinstance(node, dict):
-        node[last] = value
-    elif isinstance(node, list) and isinstance(last, int) and last < len(node):
+    if isinstance(node, dict) or isinstance(node, list) and isinstance(last, int) and last < len(node):
         node[last] = value
     return out
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutations=st.lists(st.tuples(st.sampled_from(_PATHS), _values), min_size=1, max_size=4),
-       drop=st.lists(st.sampled_from(["name", "cluster", "training", "provider", "policy"]), max_size=2))
+@given(
+    mutations=st.lists(st.tuples(st.sampled_from(_PATHS), _values), min_size=1, max_size=4),
+    drop=st.lists(st.sampled_from(["name", "cluster", "training", "provider", "policy"]), max_size=2),
+)
 def test_malformed_specs_give_only_clean_errors(mutations: list[tuple[tuple[Any, ...], Any]], drop: list[str]) -> None:
     doc: dict[str, Any] = copy.deepcopy(GOOD)
     for path, value in mutations:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from alembic import command
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from alembic import command
 from orchestrator.store import db, queries
 from orchestrator.store.models import Event, Instance, Job, LedgerEntry
 from orchestrator.store.status import INSTANCE_TRANSITIONS, InstanceStatus, JobStatus, TransitionError

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,8 +16,11 @@ from orchestrator.cli.render import console, duration, money, pct, table, when
 from orchestrator.errors import UserError
 from orchestrator.spec import JobSpec, load_spec
 
+if TYPE_CHECKING:
+    from orchestrator.costmodel import PlanResult
 
-def resolve_spec(spec_path: Path) -> tuple[JobSpec, str | None]:
+
+def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
     """Validate the spec; if it does not pin the cluster, let the planner choose one."""
     spec = load_spec(spec_path)
     if spec.cluster is not None:
@@ -28,10 +31,10 @@ def resolve_spec(spec_path: Path) -> tuple[JobSpec, str | None]:
     if result.chosen is None:
         raise UserError("the planner found no cluster within the budget and deadline",
                         hint="raise policy.budget_usd / policy.deadline or widen search")
-    return spec.with_cluster(result.chosen.to_cluster()), result.chosen.describe()
+    return spec.with_cluster(result.chosen.to_cluster()), result
 
 
-def print_dry_run(spec: JobSpec, planned: str | None) -> None:
+def print_dry_run(spec: JobSpec, planned: PlanResult | None) -> None:
     from orchestrator.slots import cluster_shape, expand, price_book_for
 
     slots = expand(spec)
@@ -41,8 +44,8 @@ def print_dry_run(spec: JobSpec, planned: str | None) -> None:
     book = price_book_for(spec)
     console.print(f"[bold]{spec.name}[/bold]: provider {spec.provider.kind}, {spec.mode.value} training, "
                   f"{spec.training.train_steps} steps, storage {spec.storage}")
-    if planned:
-        console.print(f"planner chose: {planned}")
+    if planned is not None and planned.chosen is not None:
+        console.print(f"planner chose: {planned.chosen.describe()}")
     console.print(table(f"would create {len(slots)} instances ({cluster_shape(spec)}), price book {book.name}",
                         ["slot", "role", "gpu", "machine", "zone", "billing", "batch", "$/h"], rows))
     console.print(f"hourly cost of the whole cluster: [bold]{money(total)}/h[/bold]")
@@ -52,7 +55,7 @@ def print_dry_run(spec: JobSpec, planned: str | None) -> None:
         est = plan(spec).chosen
         if est is not None:
             console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
-                          f"(cost model, including expected revocation overhead; the distribution: `orchestrator simulate`)")
+                          "(cost model, with expected revocation overhead; distribution: `orchestrator simulate`)")
     except Exception as exc:  # the estimate is a courtesy; the dry run's answer is the cluster above
         console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
     if spec.policy.budget_usd:
@@ -63,7 +66,7 @@ def print_dry_run(spec: JobSpec, planned: str | None) -> None:
 def launch(
     spec_path: Path = typer.Argument(..., help="job spec (YAML)", exists=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the cluster and its hourly cost"),
-    detach: bool = typer.Option(False, "--detach", help="record the job and let a running `orchestrator daemon` drive it"),
+    detach: bool = typer.Option(False, "--detach", help="record the job; a running `orchestrator daemon` drives it"),
     poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes (foreground)"),
     quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
 ) -> None:
@@ -74,7 +77,7 @@ def launch(
         return
     from orchestrator.control.launcher import launch_job
 
-    launch_job(spec, Path(spec_path).read_text(), detach=detach, poll_s=poll, quiet=quiet)
+    launch_job(spec, planned, detach=detach, poll_s=poll, quiet=quiet)
 
 
 def status(

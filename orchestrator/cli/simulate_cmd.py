@@ -221,9 +221,12 @@ def _print_replay(result: dict[str, Any]) -> None:
     ]
     console.print(table(f"Replay of job {result['job_id']} ({result['spec']}): measured vs simulated",
                         ["", "measured", "simulated"], rows))
+    d = result.get("delays") or {}
+    delays = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in d.items())
     console.print(f"[dim]boot delay {result['boot_delay_s']:.1f} s (median measured); "
                   f"{len(result['schedule'])} revocations replayed; measured step rates for "
-                  f"{len(result['step_rates'])} workers[/dim]")
+                  f"{len(result['step_rates'])} workers and {len(result.get('set_rates') or {})} sets of "
+                  f"live workers; measured delays: {delays or 'none'}[/dim]")
 
 
 def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> None:

@@ -22,7 +22,7 @@ from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.reconcile import reconcile
 from orchestrator.control.state import InstanceView, JobView, Observation
 from orchestrator.providers.base import ObservedInstance, ProviderError, Role
-from orchestrator.slots import EMULATED_MODEL, Slot, expand
+from orchestrator.slots import EMULATED_BATCH, EMULATED_MODEL, Slot, emulation_reference_batch, expand
 from orchestrator.spec import JobSpec, LocalProvider, validate_spec
 from orchestrator.storage import JobStorage, open_storage
 from orchestrator.storage.base import METRICS, RESULT
@@ -149,27 +149,32 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses)
 
 
-REFERENCE_BATCH = 128
 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:
     """(gpu, batch) -> extra seconds per step on a local worker.
 
-    An emulated GPU is as much slower than a V100 as the cost model predicts for the study's reference
-    workload (ResNet-32, batch 128, from the catalog's specs), and its step time grows with its batch.
+    A local worker at batch b stands for the 2019 study's workload (ResNet-32) at batch 128·b/reference on
+    its GPU: it sleeps ``k80_s × T(gpu, 128·b/ref) / T(k80, 128)``, with T the cost model's step time
+    from the catalog's specs. So an emulated V100 is as much faster than a K80 as the model says (3.0x at
+    batch 128), and step time follows the model's curve in the batch (fixed overhead + per-example work),
+    which is what lets the cost model be calibrated on, and split batches for, emulated GPUs.
     """
     provider = spec.provider
     if not isinstance(provider, LocalProvider) or provider.emulation_k80_step_s == 0:
         return lambda gpu, batch: 0.0
-    reference_batch = spec.training.batch_per_worker or REFERENCE_BATCH
+    reference_batch = emulation_reference_batch(spec)
     k80_s = provider.emulation_k80_step_s
 
     def sleep_s(gpu: str | None, batch: int) -> float:
         if gpu is None:
             return 0.0
-        from orchestrator.costmodel import relative_speed
+        from orchestrator.costmodel import predict_step_time
 
-        return round(k80_s * (batch / reference_batch) / relative_speed(EMULATED_MODEL, gpu, REFERENCE_BATCH), 4)
+        emulated_batch = max(1, round(EMULATED_BATCH * batch / reference_batch))
+        ratio = predict_step_time(EMULATED_MODEL, gpu, emulated_batch) / predict_step_time(
+            EMULATED_MODEL, "k80", EMULATED_BATCH)
+        return round(k80_s * ratio, 4)
 
     return sleep_s
 

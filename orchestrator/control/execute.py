@@ -95,6 +95,13 @@ def _instance(ctx: JobContext, name: str) -> Instance:
     inst = next((i for i in ctx.job.instances if i.name == name), None)
     if inst is None:
         raise LookupError(f"no instance {name} in job {ctx.job.id}")
+    observed = ctx.observed.get(name)
+    if observed is not None and observed.zone != inst.zone:
+        # Created in a fallback zone by a pass that died before recording it: adopt the VM where it is,
+        # or its delete would go to the wrong zone (not found there: "deleted") and leave it running.
+        queries.note(ctx.session, ctx.job.id, "zone_fallback",
+                     f"{name} found in {observed.zone}, recorded in {inst.zone}", instance_id=inst.id)
+        inst.zone = observed.zone
     return inst
 
 
@@ -149,13 +156,13 @@ def _one(ctx: JobContext, action: Action) -> None:
             ctx.job.restarts += 1
             queries.note(s, ctx.job.id, "restart", f"training restarts from the latest checkpoint: {reason}")
             s.commit()
-        case DeleteInstance(name=name, zone=zone, reason=reason, end_reason=end_reason):
+        case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
             inst = _instance(ctx, name)
             if end_reason is not None and inst.end_reason is None:
                 inst.end_reason = end_reason.value
             queries.switch_status(s, inst, InstanceStatus.DELETING, reason)
             s.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
-            ctx.backend.provider.delete(name, zone)
+            ctx.backend.provider.delete(name, inst.zone)
             queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted")
             s.commit()
         case Note(what=what, reason=reason, name=name):
@@ -277,9 +284,9 @@ def cluster_addresses(ctx: JobContext) -> dict[str, list[str]]:
             latest[inst.slot] = inst
     cluster: dict[str, list[str]] = {}
     for slot in ctx.slots:
-        inst = latest.get(slot.name)
-        host = (inst.host if inst is not None and inst.host else "127.0.0.1")
-        port = inst.port if inst is not None and inst.port else 0
+        current = latest.get(slot.name)
+        host = current.host if current is not None and current.host else "127.0.0.1"
+        port = current.port if current is not None and current.port else 0
         cluster.setdefault(slot.role.value, []).append(f"{host}:{port}")
     if ctx.spec.mode == TrainingMode.SYNC:
         cluster = {"worker": cluster.get("worker", [])}

@@ -8,8 +8,8 @@ from orchestrator.control.backends import Backend, backend_for
 from orchestrator.control.driver import job_spec
 from orchestrator.providers.base import ObservedInstance
 from orchestrator.store.db import open_session
-from orchestrator.store.models import Instance, Job
-from orchestrator.store.status import ACTIVE_JOB, LIVE_INSTANCE
+from orchestrator.store.models import Job
+from orchestrator.store.status import ACTIVE_JOB
 
 
 def _backends() -> list[Backend]:
@@ -33,16 +33,17 @@ def _backends() -> list[Backend]:
 
 
 def find_orphans() -> list[tuple[Backend, ObservedInstance]]:
-    out: list[tuple[Backend, ObservedInstance]] = []
+    """Labelled instances whose job is not active: finished, or unknown to the DB.
+
+    The cloud is listed before the DB is read: a job is always recorded before its first instance is
+    created, so an instance that shows up in the list belongs to a job the later DB read already sees.
+    """
+    listed = [(backend, inst) for backend in _backends() for inst in backend.provider.list(None)]
+    if not listed:
+        return []
     with open_session() as session:
         active = {j for (j,) in session.query(Job.id).filter(Job.status.in_([s.value for s in ACTIVE_JOB]))}
-        live_names = {n for (n,) in session.query(Instance.name).filter(
-            Instance.status.in_([s.value for s in LIVE_INSTANCE]))}
-    for backend in _backends():
-        for inst in backend.provider.list(None):
-            if inst.job_id not in active or (inst.name not in live_names and inst.job_id not in active):
-                out.append((backend, inst))
-    return out
+    return [(backend, inst) for backend, inst in listed if inst.job_id not in active]
 
 
 def gc_command(delete: bool) -> None:

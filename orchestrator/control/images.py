@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import sys
 import time
 from collections import deque
@@ -179,6 +180,7 @@ def bake_image(
 
     own_provider = provider is None
     if provider is None:
+        from orchestrator.control.cloud_backends import NETWORK_TAG, TF_PORTS
         from orchestrator.providers.gce import GceProvider
 
         provider = GceProvider(
@@ -187,14 +189,22 @@ def bake_image(
             api_endpoint=gce.api_endpoint,
             image=base_image,
             network=gce.network,
+            network_tag=NETWORK_TAG,  # the jobs' tag: its `-ssh` firewall rule lets us in
         )
+        try:
+            provider.ensure_cluster_firewall(NETWORK_TAG, TF_PORTS)
+        except ProviderError as exc:
+            provider.close()
+            raise BakeError(f"cannot set up the firewall rules for SSH: {exc}") from exc
+    if not isinstance(provider, SupportsImages):
+        raise UserError(f"provider {provider.name or type(provider).__name__} cannot create images")
     own_transport = transport is None
     if transport is None:
         from orchestrator.transport.ssh import SshTransport
 
         transport = SshTransport()
-    if not isinstance(provider, SupportsImages):
-        raise UserError(f"provider {provider.name or type(provider).__name__} cannot create images")
+    # Emulated instances are reached through a local sshd as the current user, as cloud_backends does.
+    user = gce.ssh_user if gce.api_endpoint is None else None
 
     what = f"{plan.role} image{' for ' + plan.gpu if plan.gpu else ''}"
     console.print(f"baking the {what}: image [bold]{plan.image}[/bold], family {plan.family}")
@@ -207,14 +217,14 @@ def bake_image(
             workdir=observed.workdir or "orchestrator",
             host=observed.host or "127.0.0.1",
             port=observed.ssh_port or 22,
-            user=gce.ssh_user,
+            user=user,
             key_path=str(key_path),
         )
-        console.print(f"connecting to {plan.builder} over SSH ({ep.user}@{ep.host}:{ep.port})")
+        console.print(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
         transport.wait_reachable(ep, ssh_timeout_s)
         transport.put(ep, recipe, recipe.name)
         env = {"ROLE": plan.role, "GPU": plan.gpu or ""}
-        console.print(f"running {' '.join(command)} on {plan.builder} (this takes a while)")
+        console.print(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
         _run_recipe(transport, ep, command, env, wait_s, poll_s)
         if own_transport:
             _close(transport)  # the VM is about to stop; do not keep a dead connection around
@@ -237,7 +247,8 @@ def bake_image(
     project = getattr(provider, "project", "<project>")
     console.print(
         f"[green]image {plan.image} created[/green] in family {plan.family}; use it with\n"
-        f"  provider.image: projects/{project}/global/images/family/{plan.family}"
+        f"  provider.image: projects/{project}/global/images/family/{plan.family}",
+        soft_wrap=True,
     )
     return plan.image
 
@@ -258,7 +269,7 @@ def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, 
             gpu=plan.gpu,
             gpu_count=1 if plan.gpu else 0,
             labels={"orch-bake": "1"},
-            metadata={"ssh-keys": f"{user}:{public}"},
+            metadata={"ssh-keys": f"{user}:{public}", "block-project-ssh-keys": "true"},
         )
         console.print(
             f"creating builder VM {plan.builder} ({plan.machine_type}"
@@ -319,7 +330,7 @@ def _run_recipe(
             if status.exit_code != 0:
                 last = "\n".join(f"  | {line}" for line in tail)
                 raise BakeError(
-                    f"the recipe `{' '.join(command)}` exited with code {status.exit_code}; "
+                    f"the recipe `{shlex.join(command)}` exited with code {status.exit_code}; "
                     f"its last lines:\n{last}"
                 )
             return

@@ -7,6 +7,7 @@ import secrets
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.live import Live
@@ -23,6 +24,9 @@ from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Job
 from orchestrator.store.status import FINAL_JOB, JobStatus
+
+if TYPE_CHECKING:
+    from orchestrator.costmodel import PlanResult
 
 
 def new_job_id(name: str) -> str:
@@ -50,10 +54,13 @@ def owner_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}"[:64]
 
 
-def launch_job(spec: JobSpec, spec_text: str, *, detach: bool, poll_s: float, quiet: bool) -> str:
+def launch_job(spec: JobSpec, planned: PlanResult | None, *, detach: bool, poll_s: float, quiet: bool) -> str:
     with open_session() as session:
         job = create_job(session, spec)
         job_id = job.id
+        if planned is not None:  # what the planner chose, and the front it chose from
+            result = planned.to_dict()
+            queries.save_plan(session, spec.name, result.get("chosen") or {}, result.get("front") or [], job_id)
     console.print(f"job [bold]{job_id}[/bold] recorded ({cluster_shape(spec)}, provider {spec.provider.kind})")
     if detach:
         console.print("a running `orchestrator daemon` will drive it; follow with "
@@ -116,13 +123,15 @@ def _display(session: Session, job: Job, evs: list[Event]) -> Group:
         f"cost so far {money(summary['cost_usd'])}  revocations {summary['revocations']}  "
         f"replacements {summary['replacements']}  restarts {job.restarts}  "
         f"elapsed {duration(summary['wall_time_s'])}")
+    rates = queries.latest_worker_rates(session, job.id)
     rows = []
     for inst in job.instances:
         if inst.status == "deleted" and inst.end_reason in (None, "job_finished"):
             continue
+        rate = rates.get(inst.slot_index) if inst.role == "worker" and inst.status == "training" else None
         rows.append([inst.slot, inst.name, inst.gpu or "cpu", "spot" if inst.spot else "on-demand", inst.status,
-                     inst.end_reason or "", f"{inst.price_per_hour:.3f}"])
-    t: Table = table(None, ["slot", "instance", "gpu", "billing", "status", "end", "$/h"], rows)
+                     "" if rate is None else f"{rate:.1f}", inst.end_reason or "", f"{inst.price_per_hour:.3f}"])
+    t: Table = table(None, ["slot", "instance", "gpu", "billing", "status", "examples/s", "end", "$/h"], rows)
     recent = Text("\n".join(f"{time.strftime('%H:%M:%S', time.localtime(e.at))} {e.entity} {e.to_status}: "
                             f"{e.reason or ''}" for e in evs[-6:]))
     return Group(header, t, recent)

@@ -34,8 +34,8 @@ from orchestrator.transport.base import ProcState
 
 S = InstanceStatus
 REVOKED_GRACE_S = 60.0  # keep a revoked instance through its notice window so the chief can checkpoint
-CREATE_RETRY_S = 10.0
-CREATE_REISSUE_S = 15.0  # a REQUESTED instance not seen for this long gets its (idempotent) create again  # after every zone was out of capacity, wait before asking again
+CREATE_RETRY_S = 10.0  # after every zone was out of capacity, wait before asking again
+CREATE_REISSUE_S = 15.0  # a REQUESTED instance not seen for this long gets its (idempotent) create again
 MAX_CREATE_FAILURES = 5  # per slot, then the job fails: no capacity anywhere we may go
 EXTRA_RESTARTS = 5  # whole-cluster restarts allowed beyond max_replacements (process crashes)
 

@@ -71,10 +71,7 @@ def shard_sizes(sizes: Sequence[int], ps_count: int, strategy: Sharding | str = 
     else:
         order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
     for k, i in enumerate(order):
-        if strategy is Sharding.ROUND_ROBIN:
-            j = k % ps_count
-        else:
-            j = min(range(ps_count), key=lambda p: (load[p], p))
+        j = k % ps_count if strategy is Sharding.ROUND_ROBIN else min(range(ps_count), key=lambda p: (load[p], p))
         assignment[i] = j
         load[j] += sizes[i]
         count[j] += 1

@@ -29,6 +29,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 from google.oauth2 import service_account
 
+from orchestrator.catalog import load_catalog
 from orchestrator.providers.base import (
     LABEL_GENERATION,
     LABEL_INDEX,
@@ -53,16 +54,8 @@ from orchestrator.providers.base import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Catalog GPU key -> GCE accelerator type. The lead may replace this with a catalog lookup.
-GPU_ACCELERATORS: dict[str, str] = {
-    "k80": "nvidia-tesla-k80",
-    "p100": "nvidia-tesla-p100",
-    "v100": "nvidia-tesla-v100",
-    "t4": "nvidia-tesla-t4",
-    "l4": "nvidia-l4",
-    "a100": "nvidia-tesla-a100",
-    "h100": "nvidia-h100-80gb",
-}
+# Catalog GPU key -> GCE accelerator type (data/gpus.csv).
+GPU_ACCELERATORS: dict[str, str] = {g.key: g.gce_accelerator for g in load_catalog().gpus.values()}
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Metadata items the emulator adds so a provider can reach the emulated "host"; absent on real GCE.

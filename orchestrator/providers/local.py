@@ -7,6 +7,7 @@ GCE's shutdown script would), and after the notice window its processes are kill
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -70,10 +71,8 @@ class LocalProvider(Provider):
         d = self._dir(name)
         if not d.exists():
             return  # not found is success
-        try:
+        with contextlib.suppress(FileNotFoundError, ValueError):
             kill_group(int((d / "hypervisor.pid").read_text()))
-        except (FileNotFoundError, ValueError):
-            pass
         kill_all_in(d / "disk")
         # Keep a tombstone (notice and kill times) for benchmarks and post-mortems; the disk goes.
         tomb = self.root.parent / "deleted"

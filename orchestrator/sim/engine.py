@@ -14,7 +14,15 @@ Model, in the job's wall-clock seconds from the moment every instance is request
   ``shrink``: no replacement), at most ``max_replacements`` times in all;
 * losing a PS or the chief rolls training back to the last completed checkpoint and pauses it until
   the replacement is up (PS and chief are replaced under every policy, shrink included);
-* with ``enforce_limits`` the run stops (failed) when the budget is spent or the deadline passes.
+* with ``enforce_limits`` the run stops (failed) when the budget is spent or the deadline passes;
+* optional real-world delays (all 0 by default): ``startup_s`` from the moment every PS and the chief
+  are up (sync: the first worker) until training steps (task start, framework import, graph build), at
+  the start and again after each PS / chief replacement; ``rejoin_s`` from a replacement worker's
+  instance being up until it steps; ``notice_s`` that a revoked instance keeps being billed after its
+  revocation (the notice window until its deletion; it stops training at the revocation; this tail is
+  added to the run's cost at the end, not counted against the budget while it runs); and
+  ``teardown_s`` after the last step until every instance is deleted (final checkpoint, evaluation,
+  deletion), billed and part of the wall time of a finished run.
 
 Between membership changes the rate is constant, so progress (with its checkpoint stalls) is computed
 in closed form: a run costs a handful of events however many steps it has.
@@ -117,6 +125,10 @@ class SimCluster:
     # Deterministic revocations instead of a model: (slot, seconds) revokes the slot's first instance.
     schedule: tuple[tuple[str, float], ...] | None = None
     start_at: datetime | None = None  # calendar start (weekday/weekend hazard factor); None = weekday
+    startup_s: float = 0.0  # PS + chief up (sync: first worker up) -> training steps; again after a restart
+    rejoin_s: float = 0.0  # a replacement worker's instance up -> it steps
+    notice_s: float = 0.0  # a revoked instance is billed this long after its revocation
+    teardown_s: float = 0.0  # last step -> every instance deleted (finished runs)
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.slots]
@@ -132,6 +144,11 @@ class SimCluster:
             raise ValueError("train_steps and checkpoint_every must be positive")
         if self.checkpoint_cost_s < 0 or self.boot_delay_s < 0 or self.spot_extra_boot_s < 0:
             raise ValueError("checkpoint cost and boot delays must be >= 0")
+        delays = {"startup_s": self.startup_s, "rejoin_s": self.rejoin_s, "notice_s": self.notice_s,
+                  "teardown_s": self.teardown_s}
+        bad = [f"{k}={v}" for k, v in delays.items() if not 0 <= v < _INF]
+        if bad:
+            raise ValueError(f"delays must be finite and >= 0: {', '.join(bad)}")
 
     def slot_index(self, name: str) -> int:
         for i, s in enumerate(self.slots):
@@ -152,7 +169,7 @@ class SimCluster:
 @dataclass(frozen=True)
 class SimEvent:
     t: float
-    kind: str  # "ready" | "revoked" | "replace" | "lost" | "rollback" | "finished" | "failed"
+    kind: str  # "ready" | "revoked" | "replace" | "lost" | "rollback" | "teardown" | "finished" | "failed"
     slot: str = ""
     detail: str = ""
 
@@ -280,22 +297,36 @@ def replay(
     boot_delay_s: float,
     spot_extra_boot_s: float = 0.0,
     step_rates: Mapping[str, float] | None = None,
+    set_rates: Mapping[frozenset[str], float] | None = None,
+    checkpoint_cost_s: float | None = None,
+    startup_s: float = 0.0,
+    rejoin_s: float = 0.0,
+    notice_s: float = 0.0,
+    teardown_s: float = 0.0,
     record: bool = True,
 ) -> RunResult:
     """Re-run a finished job with its observed revocations (slot name, seconds after the job started).
 
     ``step_rates`` (slot name -> measured steps/s) replace the predicted ones; they are combined
     with the cluster's default rule (async: sum capped by the PS capacity, sync: slowest worker).
+    ``set_rates`` (frozenset of live worker slot names -> measured cluster steps/s) take precedence
+    for the sets of live workers they name (the default rule covers the others). The remaining
+    keywords override the cluster's delays (see ``SimCluster``) with measured ones.
     Scheduled revocations hit any instance in the slot, spot or not.
     """
     slots = cluster.slots
     rate_fn = cluster.rate_fn
+    names = {s.name for s in slots}
+    unknown = sorted(set(step_rates or {}) - names) + sorted(
+        {n for key in (set_rates or {}) for n in key} - names
+    )
+    if unknown:
+        raise KeyError(f"step rates for unknown slots {', '.join(unknown)}")
     if step_rates:
-        unknown = sorted(set(step_rates) - {s.name for s in slots})
-        if unknown:
-            raise KeyError(f"step rates for unknown slots {', '.join(unknown)}")
         slots = tuple(replace(s, step_rate=float(step_rates.get(s.name, s.step_rate))) for s in slots)
         rate_fn = None
+    if set_rates:
+        rate_fn = _set_rate_fn(replace(cluster, slots=slots, rate_fn=rate_fn), set_rates)
     c = replace(
         cluster,
         slots=slots,
@@ -303,8 +334,27 @@ def replay(
         boot_delay_s=boot_delay_s,
         spot_extra_boot_s=spot_extra_boot_s,
         schedule=tuple(schedule),
+        checkpoint_cost_s=cluster.checkpoint_cost_s if checkpoint_cost_s is None else checkpoint_cost_s,
+        startup_s=startup_s,
+        rejoin_s=rejoin_s,
+        notice_s=notice_s,
+        teardown_s=teardown_s,
     )
     return simulate(c, ScheduleLifetimes(c, schedule), record=record)
+
+
+def _set_rate_fn(cluster: SimCluster, set_rates: Mapping[frozenset[str], float]) -> RateFn:
+    """Measured rate of the live set when known, else the cluster's own rule."""
+    fallback = CompiledCluster(cluster)
+    rates = {frozenset(k): float(v) for k, v in set_rates.items()}
+
+    def rate(live: tuple[int, ...]) -> float:
+        key = frozenset(cluster.slots[i].name for i in live)
+        if key in rates:
+            return rates[key]
+        return fallback.rate(sum(1 << i for i in live))
+
+    return rate
 
 
 # ---------------------------------------------------------------- progress arithmetic
@@ -394,6 +444,8 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
     deadline = c.deadline_s if (enforce and c.deadline_s is not None) else _INF
     budget = c.budget_usd if enforce else None
     total = float(c.train_steps)
+    go_at = _INF  # training may step from then on (set when the cluster's critical part comes up)
+    tails: list[tuple[int, float, float]] = []  # (role index, price per s, revoked at): notice billing
 
     while True:
         t_mem = _INF
@@ -407,10 +459,11 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
                 continue
             if x < t_mem:
                 t_mem = x
-        running = crit_missing == 0
+        running = crit_missing == 0 and t >= go_at
+        t_go = go_at if crit_missing == 0 and go_at > t else _INF
         t_fin = t + time_to_finish(cc, steps, stall, rate) if running else _INF
         t_bud = t + (budget - cost) / burn if (budget is not None and burn > 0) else _INF
-        t_next = min(t_mem, t_fin, t_bud, deadline)
+        t_next = min(t_mem, t_go, t_fin, t_bud, deadline)
         if t_next == _INF:
             failure = FAIL_STALLED
             break
@@ -439,8 +492,12 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
                 if is_worker[i]:
                     live_mask |= 1 << i
                     changed = True
+                    if cc.n_critical == 0 and go_at == _INF:
+                        go_at = t + c.startup_s
                 else:
                     crit_missing -= 1
+                    if crit_missing == 0:
+                        go_at = t + c.startup_s
                 if record:
                     events.append(SimEvent(t, "ready", c.slots[i].name, f"gen {gen[i]}"))
             if death[i] > t:
@@ -448,6 +505,8 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
             revs += 1
             role_cost[cc.role_idx[i]] += price[i] * (t - req[i])
             burn -= price[i]
+            if c.notice_s > 0:
+                tails.append((cc.role_idx[i], price[i], t))
             if record:
                 events.append(
                     SimEvent(t, "revoked", c.slots[i].name, "while booting" if s == _BOOTING else "")
@@ -481,7 +540,7 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
             price[i] = cc.price_s[i] if sp else cc.od_price_s[i]
             zone[i] = c.slots[i].zone_for(g, c.rotate_zones)
             req[i] = t
-            ready[i] = t + cc.boot(sp)
+            ready[i] = t + cc.boot(sp) + (c.rejoin_s if is_worker[i] else 0.0)
             death[i] = t + src.lifetime(i, g, zone[i], sp, t)
             state[i] = _BOOTING
             burn += price[i]
@@ -496,9 +555,15 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
             failure = FAIL_WORKERS_LOST
             break
 
+    if finished and c.teardown_s > 0:
+        t += c.teardown_s  # every instance still held is billed until it is deleted
+        if record:
+            events.append(SimEvent(t, "teardown", "", f"{c.teardown_s:.1f} s after the last step"))
     for i in range(n):
         if state[i] != _GONE:
             role_cost[cc.role_idx[i]] += price[i] * (t - req[i])
+    for role, p_s, at in tails:
+        role_cost[role] += p_s * max(0.0, min(at + c.notice_s, t) - at)
     if record:
         events.append(SimEvent(t, "finished" if finished else "failed", "", failure or ""))
     cost_total = sum(role_cost)

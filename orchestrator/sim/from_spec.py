@@ -45,6 +45,11 @@ def model_size_mb(profile: str) -> float:
         return DEFAULT_MODEL_MB
 
 
+def local_boot_delay_s(provider: LocalProvider, facts: Mapping[str, float]) -> float:
+    """Wall seconds the local provider takes to boot an instance: the cloud boot delay / time_scale."""
+    return facts.get("replacement_boot_delay", 70.0) / provider.time_scale
+
+
 def cluster_from_spec(
     spec: JobSpec,
     *,
@@ -134,6 +139,11 @@ def cluster_from_spec(
             spot_slots = {s.name for s in sim_slots if s.spot}
             schedule = tuple((r.instance, r.at_s) for r in provider.schedule if r.instance in spot_slots)
     book_name = price_book or spec.pricing.book
+    boot_s = facts.get("replacement_boot_delay", 70.0)
+    spot_extra_s = facts.get("preemptible_extra_staging", 15.0)
+    if isinstance(provider, LocalProvider):
+        # The local provider boots every instance in boot_delay / time_scale wall seconds, spot or not.
+        boot_s, spot_extra_s = local_boot_delay_s(provider, facts), 0.0
     return SimCluster(
         slots=tuple(sim_slots),
         train_steps=training.train_steps,
@@ -147,8 +157,8 @@ def cluster_from_spec(
         max_replacements=spec.policy.max_replacements,
         budget_usd=spec.policy.budget_usd,
         deadline_s=spec.policy.deadline,
-        boot_delay_s=facts.get("replacement_boot_delay", 70.0),
-        spot_extra_boot_s=facts.get("preemptible_extra_staging", 15.0),
+        boot_delay_s=boot_s,
+        spot_extra_boot_s=spot_extra_s,
         preemptible=(book_name in PREEMPTIBLE_BOOKS) if preemptible is None else preemptible,
         name=spec.name,
         model_mb=mb,

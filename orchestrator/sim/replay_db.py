@@ -1,13 +1,35 @@
-"""Replay a finished job from the results DB: its observed revocations, boot delays and step rates.
+"""Replay a finished job from the results DB: its observed revocations, delays and step rates.
 
 ``replay_job`` returns the simulated outcome next to the measured one, so the simulator can be
-checked against reality (``orchestrator simulate --replay JOB_ID``).
+checked against reality (``orchestrator simulate --replay JOB_ID``). Everything the simulation is
+given comes from the job's own rows (times relative to the job's start, ``jobs.started_at``):
+
+* revocations: each revoked instance's slot at ``revoked_at`` (the notice; its replacement is
+  requested then); ``notice_s``: median ``deleted_at - revoked_at`` of revoked instances (billed);
+* ``boot_delay_s``: median ``ready_at - requested_at`` (request to reachable with the job files);
+* step rates: the chief's ``kind='step'`` rows, one every ``log_every`` steps. Each logging window
+  (between two consecutive rows, minus the periodic checkpoints written in it) gives cluster steps/s
+  for the set of workers that stepped in it (their ``kind='worker'`` rows); windows across a training
+  restart are skipped. Sets never observed fall back to the sum (async) or minimum (sync) of the
+  workers' own rates (1 / mean per-worker ``step_time_s``);
+* ``checkpoint_cost_s``: mean seconds of the periodic checkpoints (``kind='checkpoint'`` rows);
+* ``startup_s``: from the instances being up to the first training step (task start, TensorFlow
+  import, connecting, graph build): the first step row's time, less the time its steps take at the
+  measured rate, less the boot delay;
+* ``rejoin_s``: from a replacement worker's instance being up to its first step (its server starting
+  and the chief reconnecting): its first window with steps after a window without (the revoked
+  instance drains first), taken at the window's midpoint, less its request time and the boot delay;
+* ``teardown_s``: the last step row to ``jobs.ended_at`` (final checkpoint, evaluation, deletion).
+
+Measured wall time is ``ended_at - started_at`` (as in ``job_summary``), measured cost the ledger.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -17,10 +39,116 @@ from sqlalchemy.orm import Session
 from orchestrator.catalog import load_catalog
 from orchestrator.errors import UserError
 from orchestrator.sim.engine import RunResult, replay
-from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
-from orchestrator.spec import SpecError, validate_spec
+from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec, local_boot_delay_s
+from orchestrator.spec import LocalProvider, SpecError, validate_spec
+from orchestrator.store.models import Event, Instance, Job, Metric
 
 REVOKED_REASONS = frozenset({"preempted", "lost"})
+RESTART_NOTES = frozenset({"restart", "resumed"})
+
+
+@dataclass
+class Measured:
+    """What the job's metric rows say about its training speed and delays (see the module docstring)."""
+
+    worker_rates: dict[str, float] = field(default_factory=dict)  # slot -> steps/s on its own
+    set_rates: dict[frozenset[str], float] = field(default_factory=dict)  # live workers -> cluster steps/s
+    checkpoint_cost_s: float | None = None
+    startup_s: float = 0.0
+    rejoin_s: float = 0.0
+    teardown_s: float = 0.0
+    first_step_at: float | None = None  # seconds after the start
+    last_step_at: float | None = None
+
+
+def _slot(worker: int) -> str:
+    return f"worker-{worker}"
+
+
+def measure(
+    session: Session, job: Job, instances: Sequence[Instance], t0: float, boot_s: float
+) -> Measured:
+    """Step rates and delays of ``job`` from its metric and event rows (times relative to ``t0``)."""
+    m = Measured()
+    rows = session.execute(
+        select(Metric.kind, Metric.worker, Metric.step, Metric.step_time_s, Metric.at)
+        .where(Metric.job_id == job.id, Metric.kind.in_(("step", "worker", "checkpoint")))
+        .order_by(Metric.at, Metric.id)
+    ).all()
+    steps: list[tuple[int, float]] = []  # (step, at) of the cluster rows
+    stepped: dict[tuple[int, float], set[int]] = defaultdict(set)  # row -> workers that stepped in it
+    times: dict[int, list[float]] = defaultdict(list)
+    ckpts: list[tuple[int, float, float]] = []  # periodic: (step, at, seconds)
+    every = max(1, int(yaml.safe_load(job.spec_yaml).get("training", {}).get("checkpoint_every") or 1))
+
+    def periodic(step: int) -> bool:  # the notice and final checkpoints are not in the simulation's model
+        return 0 < step < job.train_steps and step % every == 0
+
+    for kind, worker, step, step_time, at in rows:
+        if kind == "step":
+            steps.append((int(step), float(at)))
+        elif kind == "worker" and worker is not None and worker >= 0 and step_time and step_time > 0:
+            stepped[(int(step), float(at))].add(int(worker))
+            times[int(worker)].append(float(step_time))
+        elif kind == "checkpoint" and step_time is not None and periodic(int(step)):
+            ckpts.append((int(step), float(at), float(step_time)))
+    m.worker_rates = {_slot(w): 1.0 / statistics.fmean(v) for w, v in times.items()}
+    if ckpts:
+        m.checkpoint_cost_s = statistics.fmean(c[2] for c in ckpts)
+    if not steps:
+        return m
+    restarts = [
+        float(at)
+        for at in session.scalars(
+            select(Event.at).where(Event.job_id == job.id, Event.entity == "note",
+                                   Event.to_status.in_(sorted(RESTART_NOTES)))
+        )
+    ]
+
+    # Cluster steps/s per set of stepping workers, from consecutive step rows.
+    done: dict[frozenset[str], float] = defaultdict(float)
+    spent: dict[frozenset[str], float] = defaultdict(float)
+    window_s: dict[tuple[int, float], float] = {}
+    for (s0, a0), (s1, a1) in zip(steps, steps[1:], strict=False):
+        if s1 <= s0 or any(a0 < r <= a1 for r in restarts):
+            continue
+        window_s[(s1, a1)] = a1 - a0
+        who = frozenset(_slot(w) for w in stepped.get((s1, a1), ()))
+        if not who:
+            continue
+        done[who] += s1 - s0
+        spent[who] += a1 - a0 - sum(c[2] for c in ckpts if a0 < c[1] <= a1)
+    m.set_rates = {k: done[k] / spent[k] for k in done if spent[k] > 0}
+
+    # Startup: the first row's steps at the measured rate of its workers end at the row's time.
+    s1, a1 = steps[0]
+    first_set = frozenset(_slot(w) for w in stepped.get((s1, a1), ()))
+    rate = m.set_rates.get(first_set) or sum(m.worker_rates.get(w, 0.0) for w in first_set)
+    m.first_step_at = a1 - t0
+    m.last_step_at = steps[-1][1] - t0
+    if rate > 0:
+        m.startup_s = max(0.0, m.first_step_at - s1 / rate - boot_s)
+    if job.ended_at is not None:
+        m.teardown_s = max(0.0, job.ended_at - steps[-1][1])
+
+    # Rejoin: a replacement worker's first window with steps after one without (the old one drained).
+    rejoins = []
+    for inst in instances:
+        if inst.role != "worker" or inst.generation == 0 or inst.end_reason == "create_failed":
+            continue
+        gap = False
+        for s, a in steps:
+            if a <= inst.requested_at:
+                continue
+            if inst.slot_index not in stepped.get((s, a), ()):
+                gap = True
+            elif gap:
+                joined = a - window_s.get((s, a), 0.0) / 2
+                rejoins.append(joined - inst.requested_at - boot_s)
+                break
+    if rejoins:
+        m.rejoin_s = max(0.0, statistics.median(rejoins))
+    return m
 
 
 def _result_dict(r: RunResult) -> dict[str, Any]:
@@ -40,7 +168,6 @@ def _result_dict(r: RunResult) -> dict[str, Any]:
 def replay_job(session: Session, job_id: str) -> dict[str, Any]:
     """Simulate job ``job_id`` (id or name) with what the DB recorded; returns measured vs simulated."""
     from orchestrator.store import queries
-    from orchestrator.store.models import Metric
 
     job = queries.get_job(session, job_id)
     if job is None:
@@ -52,31 +179,30 @@ def replay_job(session: Session, job_id: str) -> dict[str, Any]:
     instances = queries.job_instances(session, job.id)
     if not instances:
         raise UserError(f"job {job.id} has no recorded instances; nothing to replay")
-    t0 = min([i.requested_at for i in instances] + [job.created_at])
+    t0 = job.started_at if job.started_at is not None else min(i.requested_at for i in instances)
 
     schedule: list[tuple[str, float]] = []
+    notices: list[float] = []
     for inst in instances:
         revoked = inst.revoked_at is not None or (inst.end_reason or "") in REVOKED_REASONS
         if revoked:
             at = inst.revoked_at if inst.revoked_at is not None else inst.deleted_at
             if at is not None:
                 schedule.append((inst.slot, at - t0))
+                if inst.deleted_at is not None:
+                    notices.append(inst.deleted_at - at)
     schedule.sort(key=lambda x: x[1])
+    notice_s = max(0.0, statistics.median(notices)) if notices else 0.0
 
     boots = [i.ready_at - i.requested_at for i in instances if i.ready_at is not None]
     facts = load_catalog().facts
-    boot_delay = statistics.median(boots) if boots else facts.get("replacement_boot_delay", 70.0)
-
-    times: dict[int, list[float]] = defaultdict(list)
-    rows = session.execute(
-        select(Metric.worker, Metric.step_time_s).where(
-            Metric.job_id == job.id, Metric.kind == "worker", Metric.step_time_s.is_not(None)
-        )
-    ).all()
-    for worker, step_time in rows:
-        if worker is not None and worker >= 0 and step_time and step_time > 0:
-            times[int(worker)].append(float(step_time))
-    step_rates = {f"worker-{w}": 1.0 / statistics.fmean(v) for w, v in times.items()}
+    if boots:
+        boot_delay = statistics.median(boots)
+    elif isinstance(spec.provider, LocalProvider):
+        boot_delay = local_boot_delay_s(spec.provider, facts)
+    else:
+        boot_delay = facts.get("replacement_boot_delay", 70.0)
+    got = measure(session, job, instances, t0, boot_delay)
 
     try:
         cluster = cluster_from_spec(spec, price_book=job.price_book or None)
@@ -84,8 +210,20 @@ def replay_job(session: Session, job_id: str) -> dict[str, Any]:
         raise UserError(str(exc)) from None
     known = {s.name for s in cluster.slots}
     schedule = [(slot, at) for slot, at in schedule if slot in known]
-    step_rates = {k: v for k, v in step_rates.items() if k in known}
-    sim = replay(cluster, schedule, boot_delay_s=boot_delay, step_rates=step_rates or None)
+    step_rates = {k: v for k, v in got.worker_rates.items() if k in known}
+    set_rates = {k: v for k, v in got.set_rates.items() if k <= known}
+    sim = replay(
+        cluster,
+        schedule,
+        boot_delay_s=boot_delay,
+        step_rates=step_rates or None,
+        set_rates=set_rates or None,
+        checkpoint_cost_s=got.checkpoint_cost_s,
+        startup_s=got.startup_s,
+        rejoin_s=got.rejoin_s,
+        notice_s=notice_s,
+        teardown_s=got.teardown_s,
+    )
 
     cost = queries.job_cost(session, job.id)
     measured: dict[str, Any] = {
@@ -99,6 +237,8 @@ def replay_job(session: Session, job_id: str) -> dict[str, Any]:
         "revocations": len(schedule),
         "replacements": sum(1 for i in instances if i.generation > 0),
         "steps_done": job.final_step,
+        "first_step_at_s": got.first_step_at,
+        "last_step_at_s": got.last_step_at,
         "status": job.outcome or job.status,
     }
     return {
@@ -106,8 +246,20 @@ def replay_job(session: Session, job_id: str) -> dict[str, Any]:
         "spec": spec.name,
         "schedule": [{"slot": s, "at_s": at} for s, at in schedule],
         "boot_delay_s": boot_delay,
+        "delays": {
+            "startup_s": got.startup_s,
+            "rejoin_s": got.rejoin_s,
+            "notice_s": notice_s,
+            "teardown_s": got.teardown_s,
+            "checkpoint_cost_s": sim_checkpoint_cost(cluster.checkpoint_cost_s, got.checkpoint_cost_s),
+        },
         "step_rates": step_rates,
+        "set_rates": dict(sorted((",".join(sorted(k)), v) for k, v in set_rates.items())),
         "measured": measured,
         "simulated": _result_dict(sim),
         "events": [{"t": e.t, "kind": e.kind, "slot": e.slot, "detail": e.detail} for e in sim.events],
     }
+
+
+def sim_checkpoint_cost(default: float, measured: float | None) -> float:
+    return default if measured is None else measured

@@ -172,10 +172,7 @@ class RevocationModel:
             for zone, (zt, ze) in zones.items():
                 expected = float(np.sum(dist.cum_hazard(zt)))
                 d = int(ze.sum())
-                if math.isfinite(expected):
-                    mult = (d + ZONE_PRIOR_STRENGTH) / (expected + ZONE_PRIOR_STRENGTH)
-                else:
-                    mult = 1.0
+                mult = (d + ZONE_PRIOR_STRENGTH) / (expected + ZONE_PRIOR_STRENGTH) if math.isfinite(expected) else 1.0
                 adj[zone] = _ZoneAdjust(mult, d, expected, len(zt))
             fit.zone_adjust[kind] = adj
         return fit

@@ -14,7 +14,7 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage
+from google.cloud import storage  # type: ignore[attr-defined]
 
 from orchestrator.storage.base import JobStorage
 

@@ -8,13 +8,13 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from alembic import command
 from orchestrator.paths import alembic_dir, user_dir
 
 ENV_URL = "ORCHESTRATOR_DB_URL"

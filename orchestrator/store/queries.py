@@ -157,6 +157,18 @@ def latest_step(session: Session, job_id: str) -> tuple[int, float | None]:
     return (int(row[0]), row[1]) if row else (0, None)
 
 
+def latest_worker_rates(session: Session, job_id: str) -> dict[int, float]:
+    """Each worker slot's examples/s in its most recent metrics window."""
+    newest = (select(Metric.worker, func.max(Metric.at).label("at"))
+              .where(Metric.job_id == job_id, Metric.kind == "worker").group_by(Metric.worker).subquery())
+    rows = session.execute(
+        select(Metric.worker, Metric.examples_per_s).join(
+            newest, (Metric.worker == newest.c.worker) & (Metric.at == newest.c.at))
+        .where(Metric.job_id == job_id, Metric.kind == "worker")
+    ).all()
+    return {int(w): float(e or 0.0) for w, e in rows}
+
+
 def step_time_measurements(session: Session) -> list[dict[str, Any]]:
     """Measured per-worker step times of finished jobs: rows with model, gpu, batch, step_time_s."""
     rows = session.execute(

@@ -81,7 +81,7 @@ INSTANCE_TIMEOUT_S: dict[InstanceStatus, float] = {
     _S.REQUESTED: 180.0,
     _S.PROVISIONING: 900.0,
     _S.READY: 300.0,
-    _S.DELETING: 300.0,
+    _S.DELETING: 30.0,  # a delete that failed outright is asked again this soon
 }
 
 

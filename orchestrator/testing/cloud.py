@@ -85,9 +85,9 @@ class EmulatedCloud:
 
             blob = ast.literal_eval(script.split(marker, 1)[1].split(")", 1)[0])
             from google.auth.credentials import AnonymousCredentials
-            from google.cloud import storage
+            from google.cloud import storage  # type: ignore[attr-defined]
 
-            client = storage.Client(project="test", credentials=AnonymousCredentials())
+            client = storage.Client(project="test", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
             client.bucket(self.gcs.bucket).blob(blob).upload_from_string(str(time.time()))
 
     def _gone(self, inst: dict[str, Any]) -> None:

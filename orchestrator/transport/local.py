@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -30,10 +31,8 @@ def pid_alive(pid: int) -> bool:
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     """Kill the process group led by ``pid`` (and ``pid`` itself, should it have left the group)."""
     for kill in (os.killpg, os.kill):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def kill_all_in(workdir: Path) -> int:

@@ -73,3 +73,25 @@ def test_sync_cifar_pickle_data_dir_and_resume(make_cluster: MakeCluster, tmp_pa
     res = c.result()
     assert res["step"] == 160 and res["eval_examples"] == 200 and res["accuracy"] > 0.5, res
     assert [m["step"] for m in c.metrics("eval")] == [100, 160]
+
+
+def test_odd_batch_with_default_threads_does_not_crash(tmp_path: Path) -> None:
+    """Regression: TF 2.21's oneDNN CPU kernels crashed on batch 15 with several intra-op threads (the
+    cluster fixture caps threads at 1, which hid it); jobs/train.py turns oneDNN off."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    jobs = Path(__file__).resolve().parents[2] / "jobs"
+    (tmp_path / "task.json").write_text(json.dumps({
+        "job_id": "odd", "instance": "odd-worker-0-0", "mode": "sync", "role": "worker", "index": 0,
+        "cluster": {"worker": ["127.0.0.1:0"]}, "storage": str(tmp_path / "storage"),
+        "training": {"hparam_set": "resnet_tiny", "train_steps": 12, "batch_per_worker": [15], "log_every": 4,
+                     "checkpoint_every": 1000},
+    }))
+    env = {k: v for k, v in os.environ.items() if k not in ("TFJOB_THREADS", "TF_ENABLE_ONEDNN_OPTS")}
+    out = subprocess.run([sys.executable, str(jobs / "train.py"), "--task", "task.json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert json.loads((tmp_path / "storage" / "result.json").read_text())["step"] == 12
