@@ -68,3 +68,14 @@ def test_status_on_empty_db(tmp_path: Path) -> None:
     out = run("--db", f"sqlite:///{tmp_path}/y.db", "status")
     assert out.returncode == 0, out.stderr
     assert "jobs" in out.stdout
+
+
+def test_launch_refuses_a_cluster_over_budget_before_creating_anything(tmp_path: Path) -> None:
+    spec = tmp_path / "big.yaml"
+    spec.write_text("name: over-budget\nprovider: {kind: gce, project: my-project-1, zones: [us-central1-a]}\n"
+                    "storage: gs://my-bucket/p\ntraining: {hparam_set: resnet_cifar_56, train_steps: 640000}\n"
+                    "cluster:\n  workers: [{gpu: v100, count: 8, spot: false, zone: us-central1-a}]\n"
+                    "policy: {budget_usd: 1}\n")
+    out = run("launch", str(spec), env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"})
+    assert out.returncode == 2 and "policy.budget_usd" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x.db").exists()

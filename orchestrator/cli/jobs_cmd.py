@@ -34,6 +34,20 @@ def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
     return spec.with_cluster(result.chosen.to_cluster()), result
 
 
+def check_budget(spec: JobSpec) -> None:
+    """Refuse, before anything is created, a cluster the cost model says cannot finish within the budget."""
+    if spec.policy.budget_usd is None:
+        return
+    from orchestrator.costmodel import plan
+
+    est = plan(spec).chosen
+    if est is not None and est.cost_usd > spec.policy.budget_usd:
+        raise UserError(f"policy.budget_usd: this cluster is predicted to cost {money(est.cost_usd)} "
+                        f"({duration(est.time_s)} of training) but the budget is {money(spec.policy.budget_usd)}",
+                        hint="raise the budget, use spot or fewer/cheaper GPUs, or fewer train_steps "
+                             "(`orchestrator plan` shows the options)")
+
+
 def print_dry_run(spec: JobSpec, planned: PlanResult | None) -> None:
     from orchestrator.slots import cluster_shape, expand, price_book_for
 
@@ -75,6 +89,7 @@ def launch(
     if dry_run:
         print_dry_run(spec, planned)
         return
+    check_budget(spec)
     from orchestrator.control.launcher import launch_job
 
     launch_job(spec, planned, detach=detach, poll_s=poll, quiet=quiet)

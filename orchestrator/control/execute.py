@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from orchestrator.catalog import region_of
 from orchestrator.control.actions import (
     Action,
     CreateInstance,
@@ -194,7 +195,10 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
     if shared is not None:
         # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
         metadata["notice-file"] = str(shared / NOTICES / name)
+    exhausted_regions: set[str] = set()  # a regional quota is spent: its other zones cannot help
     for zone in action.zones:
+        if region_of(zone) in exhausted_regions:
+            continue
         request = InstanceRequest(
             name=name, job_id=ctx.job.id, role=slot.role, index=slot.index, generation=action.generation, zone=zone,
             machine_type=slot.machine_type, spot=action.spot, gpu=slot.gpu, gpu_count=1 if slot.gpu else 0,
@@ -206,9 +210,13 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
             ctx.backend.provider.create(request)
         except (CapacityError, QuotaError) as exc:
             last_error = exc
-            kind = "stockout" if isinstance(exc, CapacityError) else "quota"
-            queries.note(s, ctx.job.id, kind, f"{zone}: {exc.message}; trying the next allowed zone",
-                         instance_id=inst.id)
+            if isinstance(exc, QuotaError):
+                exhausted_regions.add(exc.region or region_of(zone))
+                why = f"{zone}: quota {exc.metric or '?'} exhausted in {exc.region}: {exc.message}; next region"
+                queries.note(s, ctx.job.id, "quota", why, instance_id=inst.id)
+            else:
+                queries.note(s, ctx.job.id, "stockout", f"{zone}: {exc.message}; trying the next allowed zone",
+                             instance_id=inst.id)
             s.commit()
             continue
         except TransientError as exc:
