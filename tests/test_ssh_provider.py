@@ -131,6 +131,9 @@ def test_assignment_matches_gpu_and_is_idempotent(inventory: Path, sshd: Sshd, t
     assert ep.key_path is not None and ep.key_path.endswith("id_ed25519")
     assert p.list(["other-job"]) == []
 
+    # The ledger bills an on-prem host at its inventory price, not a cloud price book's.
+    assert (p.price_per_hour(worker.name), p.price_per_hour(ps.name), p.price_per_hour("unknown")) == (0.5, 0.0, None)
+
     # A second controller (another provider object) sees the same assignments.
     assert {o.name for o in SshInventoryProvider(inventory).list()} == {worker.name, ps.name}
 

@@ -38,6 +38,7 @@ from orchestrator.providers.base import (
     ProviderError,
     QuotaError,
     Role,
+    SupportsOwnPricing,
     TransientError,
     instance_name,
 )
@@ -223,6 +224,11 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
             queries.note(s, ctx.job.id, "provider_error", f"{zone}: {exc.message} (will retry)", instance_id=inst.id)
             s.commit()
             return  # REQUESTED stays; the reconciler asks again
+        provider = ctx.backend.provider
+        if isinstance(provider, SupportsOwnPricing):
+            own = provider.price_per_hour(name)
+            if own is not None:
+                inst.price_per_hour = own  # e.g. an on-prem host's price from the inventory, not a price book
         if zone != inst.zone:
             queries.note(s, ctx.job.id, "zone_fallback", f"{name} created in {zone} instead of {inst.zone}",
                          instance_id=inst.id)

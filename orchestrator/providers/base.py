@@ -168,6 +168,13 @@ class SupportsFirewall(abc.ABC):
     def ensure_cluster_firewall(self, network_tag: str, ports: str) -> None: ...
 
 
+class SupportsOwnPricing(abc.ABC):
+    """Optional capability: the provider knows what an instance costs once placed (an inventory's price)."""
+
+    @abc.abstractmethod
+    def price_per_hour(self, name: str) -> float | None: ...
+
+
 class SupportsImages(abc.ABC):
     """Optional capability: make a boot image from an instance's disk (``orchestrator image bake``)."""
 

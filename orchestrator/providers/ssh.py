@@ -43,6 +43,7 @@ from orchestrator.providers.base import (
     ObservedState,
     Provider,
     Role,
+    SupportsOwnPricing,
 )
 from orchestrator.spec import FieldError, SpecError
 from orchestrator.transport.base import Endpoint, TransportError
@@ -187,7 +188,7 @@ class _State:
 # ---------------------------------------------------------------- provider
 
 
-class SshInventoryProvider(Provider):
+class SshInventoryProvider(Provider, SupportsOwnPricing):
     name = "ssh"
 
     def __init__(self, inventory: str | Path, *, state_path: Path | None = None,
@@ -283,6 +284,12 @@ class SshInventoryProvider(Provider):
                 "labels": request.all_labels(), "created_at": time.time(),
             }
         log.info("assigned %s to host %s (%s)", request.name, host.name, host.host)
+
+    def price_per_hour(self, name: str) -> float | None:
+        """The assigned host's ``price_per_hour`` from the inventory (what the ledger bills)."""
+        assignment = self._state.read()["assignments"].get(name)
+        host = self._hosts().host(assignment["host"]) if assignment else None
+        return None if host is None else host.price_per_hour
 
     def delete(self, name: str, zone: str) -> None:
         with self._state.update() as st:
