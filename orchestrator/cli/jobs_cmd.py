@@ -5,19 +5,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 
-from orchestrator.cli.render import console, duration, money, pct, table, when
+from orchestrator.cli.render import console, duration, err_console, money, pct, table, when
 from orchestrator.errors import UserError
-from orchestrator.spec import JobSpec, load_spec
+from orchestrator.spec import GceProvider, JobSpec, load_spec
 
 if TYPE_CHECKING:
     from orchestrator.costmodel import PlanResult
+    from orchestrator.quotas import Quotas
 
 
 def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
@@ -48,6 +51,57 @@ def check_budget(spec: JobSpec) -> None:
                              "(`orchestrator plan` shows the options)")
 
 
+def read_spec_quotas(spec: JobSpec) -> tuple[dict[str, dict[str, float]], dict[str, Quotas]] | None:
+    """A gce spec's quota needs per region and those regions' quotas (one regions.get each); else None.
+
+    A failure to *read* quotas (network, permissions) never blocks: it is one warning line, and the
+    create-time QUOTA_EXCEEDED handling still applies.
+    """
+    if not isinstance(spec.provider, GceProvider):
+        return None
+    from orchestrator.control.backends import backend_for
+    from orchestrator.providers.base import ProviderError
+    from orchestrator.providers.gce import GceProvider as GceApi
+    from orchestrator.quotas import quota_needs, read_quotas
+    from orchestrator.slots import expand
+
+    needs = quota_needs(expand(spec))
+    if not _explicit_gce_credentials(spec.provider):
+        # Without configured credentials, Application Default Credentials would probe the GCE metadata
+        # server; skip rather than reach for the network on a machine that may have none.
+        err_console.print("[dim]GCE quotas not pre-checked: no credentials configured (provider.credentials, "
+                          "GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)[/dim]",
+                          soft_wrap=True)
+        return None
+    try:
+        provider = backend_for(spec).provider
+        assert isinstance(provider, GceApi)
+        return needs, read_quotas(provider, needs)
+    except ProviderError as exc:
+        err_console.print(f"[yellow]warning:[/yellow] could not read GCE quotas, not pre-checked ({escape(str(exc))})",
+                          soft_wrap=True)
+        return None
+
+
+def _explicit_gce_credentials(provider: GceProvider) -> bool:
+    if provider.api_endpoint or provider.credentials or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return True
+    config = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    return (config / "application_default_credentials.json").exists()
+
+
+def check_quotas(spec: JobSpec) -> None:
+    """Refuse, before anything is created, a gce cluster that needs more quota than the project has free."""
+    found = read_spec_quotas(spec)
+    if found is None:
+        return
+    from orchestrator.quotas import quota_problems
+
+    problems = quota_problems(*found)
+    if problems:
+        raise UserError(f"not enough GCE quota ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
+
+
 def print_dry_run(spec: JobSpec, planned: PlanResult | None) -> None:
     from orchestrator.slots import cluster_shape, expand, price_book_for
 
@@ -74,6 +128,15 @@ def print_dry_run(spec: JobSpec, planned: PlanResult | None) -> None:
         console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
     if spec.policy.budget_usd:
         console.print(f"budget: {money(spec.policy.budget_usd)}")
+    found = read_spec_quotas(spec)
+    if found is not None:
+        from orchestrator.quotas import headroom, quota_problems
+
+        console.print(table("GCE quota headroom", ["region", "metric", "needs", "free", "limit", ""],
+                            [[h.scope, h.metric, f"{h.need:g}", f"{h.free:g}", f"{h.limit:g}",
+                              "ok" if h.ok else "[red]NOT ENOUGH[/red]"] for h in headroom(*found)]))
+        if quota_problems(*found):
+            console.print("[red]launch would be refused: not enough GCE quota (see above)[/red]")
     console.print("[green]spec is valid; nothing was created (dry run)[/green]")
 
 
@@ -90,6 +153,7 @@ def launch(
         print_dry_run(spec, planned)
         return
     check_budget(spec)
+    check_quotas(spec)
     from orchestrator.control.launcher import launch_job
 
     launch_job(spec, planned, detach=detach, poll_s=poll, quiet=quiet)

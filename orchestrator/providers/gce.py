@@ -203,18 +203,52 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         self._global_ops = compute_v1.GlobalOperationsClient(**kwargs)
         self._firewalls = compute_v1.FirewallsClient(**kwargs)
         self._images = compute_v1.ImagesClient(**kwargs)
+        self._regions = compute_v1.RegionsClient(**kwargs)
+        self._projects = compute_v1.ProjectsClient(**kwargs)
 
     def __repr__(self) -> str:
         return f"GceProvider(project={self.project!r})"
 
     def close(self) -> None:
-        for client in (self._instances, self._zone_ops, self._global_ops, self._firewalls, self._images):
+        for client in (
+            self._instances,
+            self._zone_ops,
+            self._global_ops,
+            self._firewalls,
+            self._images,
+            self._regions,
+            self._projects,
+        ):
             client.transport.close()  # type: ignore[no-untyped-call]
 
     def _image_url(self, image: str) -> str:
         if image.startswith(("projects/", "https://", "global/")):
             return image
         return f"projects/{self.project}/global/images/{image.removeprefix('images/')}"
+
+    # ------------------------------------------------------------------ quotas
+
+    def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of one region (``regions.get``); an unknown region is an InvalidRequestError."""
+        found = self._call(
+            f"read the quotas of region {region}",
+            partial(
+                self._regions.get,
+                project=self.project,
+                region=region,
+                retry=None,
+                timeout=self.retry.request_timeout_s,
+            ),
+        )
+        return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
+
+    def project_quotas(self) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of the project's global quotas (``projects.get``), e.g. GPUS_ALL_REGIONS."""
+        found = self._call(
+            "read the project's global quotas",
+            partial(self._projects.get, project=self.project, retry=None, timeout=self.retry.request_timeout_s),
+        )
+        return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
 
     # ------------------------------------------------------------------ Provider
 

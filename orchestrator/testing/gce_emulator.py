@@ -14,7 +14,8 @@ As a process (the URL is the first line on stdout; SIGTERM / SIGINT stop it)::
 Paths are the real API's (``/compute/v1/projects/{project}/...``); the control API lives under
 ``/_emulator/...`` (see ``_control``). Endpoint names used for call counters, faults and latency are
 the API method ids without the ``compute.`` prefix, e.g. ``instances.insert``,
-``instances.aggregatedList``, ``zoneOperations.wait``, ``firewalls.get``, ``images.insert``.
+``instances.aggregatedList``, ``zoneOperations.wait``, ``firewalls.get``, ``images.insert``,
+``regions.get`` / ``projects.get`` (their ``quotas``: configured limits and current usage).
 Latency and fault delays are real seconds (they model the network); lifecycle delays are emulated.
 """
 
@@ -62,6 +63,10 @@ def _route(
     """(endpoint name, action) for a REST call under ``/compute/v1/projects/{project}/``."""
     rid = query.get("requestId") or None
     match method, list(segs):
+        case "GET", []:
+            return "projects.get", lambda: state.get_project(project)
+        case "GET", ["regions", region]:
+            return "regions.get", lambda: state.get_region(project, region)
         case "GET", ["zones"]:
             return "zones.list", lambda: state.list_zones(project, query)
         case "GET", ["zones", zone]:

@@ -389,14 +389,27 @@ class GceState:
             demand[("global", "GPUS_ALL_REGIONS")] = float(gpu_count)
         return demand
 
-    def _quota_problem(
-        self, project: str, zone: str, spot: bool, cpus: int, gpu: str | None, gpu_count: int
-    ) -> str | None:
-        demand = self._demand(zone, spot, cpus, gpu, gpu_count)
+    def _usage(self, project: str) -> Counter[tuple[str, str]]:
+        """(region or "global", metric) -> what the project's instances in QUOTA_STATUSES hold."""
         usage: Counter[tuple[str, str]] = Counter()
         for inst in self._instances.values():
             if inst.project == project and inst.status in QUOTA_STATUSES:
                 usage.update(self._demand(inst.zone, inst.spot, inst.cpus, inst.gpu, inst.gpu_count))
+        return usage
+
+    def _quota_items(self, project: str, scope: str) -> list[dict[str, Any]]:
+        """The ``quotas`` field of a Region (or Project, scope "global"): configured limits and usage."""
+        usage = self._usage(project)
+        return [
+            {"metric": metric, "limit": float(limit), "usage": float(usage[(scope, metric)])}
+            for metric, limit in sorted(self.config.quotas.get(scope, {}).items())
+        ]
+
+    def _quota_problem(
+        self, project: str, zone: str, spot: bool, cpus: int, gpu: str | None, gpu_count: int
+    ) -> str | None:
+        demand = self._demand(zone, spot, cpus, gpu, gpu_count)
+        usage = self._usage(project)
         for (scope, metric), amount in sorted(demand.items()):
             limit = self.config.quotas.get(scope, {}).get(metric)
             if limit is not None and usage[(scope, metric)] + amount > limit:
@@ -750,6 +763,33 @@ class GceState:
             if zone not in self.config.zones:
                 raise not_found(f"projects/{project}/zones/{zone}")
             return self._zone_body(project, zone)
+
+    def get_region(self, project: str, region: str) -> dict[str, Any]:
+        """regions.get: a Region with its quotas (limit and current usage), as GCE reports them."""
+        with self.lock:
+            zones = [z for z in self.config.zones if region_of(z) == region]
+            if not zones:
+                raise not_found(f"projects/{project}/regions/{region}")
+            return {
+                "kind": "compute#region",
+                "id": str(abs(hash(region)) % 10**6),
+                "name": region,
+                "status": "UP",
+                "zones": [link(project, f"zones/{z}") for z in zones],
+                "quotas": self._quota_items(project, region),
+                "selfLink": link(project, f"regions/{region}"),
+            }
+
+    def get_project(self, project: str) -> dict[str, Any]:
+        """projects.get: the project's global quotas (e.g. GPUS_ALL_REGIONS)."""
+        with self.lock:
+            return {
+                "kind": "compute#project",
+                "id": str(abs(hash(project)) % 10**6),
+                "name": project,
+                "quotas": self._quota_items(project, "global"),
+                "selfLink": link(project, "").rstrip("/"),
+            }
 
     def _zone_body(self, project: str, zone: str) -> dict[str, Any]:
         return {
