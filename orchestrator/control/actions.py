@@ -61,12 +61,5 @@ class SetJobStatus:
     outcome: JobStatus | None = None
 
 
-@dataclass(frozen=True)
-class Note:
-    what: str
-    reason: str
-    name: str | None = None
-
-
 Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
-          | SetJobStatus | Note)
+          | SetJobStatus)

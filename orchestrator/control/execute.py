@@ -19,7 +19,6 @@ from orchestrator.control.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
-    Note,
     PrepareInstance,
     RestartTraining,
     SetInstanceStatus,
@@ -166,9 +165,6 @@ def _one(ctx: JobContext, action: Action) -> None:
             s.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
             ctx.backend.provider.delete(name, inst.zone)
             queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted")
-            s.commit()
-        case Note(what=what, reason=reason, name=name):
-            queries.note(s, ctx.job.id, what, reason, instance_id=_instance(ctx, name).id if name else None)
             s.commit()
 
 

@@ -38,7 +38,10 @@ def find_orphans() -> list[tuple[Backend, ObservedInstance]]:
     The cloud is listed before the DB is read: a job is always recorded before its first instance is
     created, so an instance that shows up in the list belongs to a job the later DB read already sees.
     """
-    listed = [(backend, inst) for backend in _backends() for inst in backend.provider.list(None)]
+    # Backends may share what they list (local jobs with different time scales share one folder); an
+    # instance name is unique, so each instance is counted once.
+    by_name = {inst.name: (backend, inst) for backend in _backends() for inst in backend.provider.list(None)}
+    listed = list(by_name.values())
     if not listed:
         return []
     with open_session() as session:
