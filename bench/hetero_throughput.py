@@ -2,10 +2,10 @@
 
 Prints:
   1. each emulated GPU type's standalone examples/s and the measured speed ratio (vs K80), next to the
-     ratio the emulation is built from (the cost model on ResNet-32, batch 128);
+     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.emulation);
   2. a 3-speed cluster's examples/s relative to the sum of its workers' standalone examples/s, for
      async parameter-server training, and for synchronous training with an equal split and with the
-     cost-model split (proportional to the emulated speeds).
+     split proportional to the emulated (measured) speeds.
 
     python bench/hetero_throughput.py [--steps 300] [--k80-step 0.4]
 """
@@ -64,8 +64,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--k80-step", type=float, default=0.4, help="emulated K80 seconds per step at batch 32")
     args = ap.parse_args()
-    from orchestrator.costmodel import relative_speed
-    from orchestrator.slots import EMULATED_MODEL, worker_batches
+    from orchestrator.emulation import emulated_step_s
+    from orchestrator.slots import worker_batches
     from orchestrator.spec import validate_spec
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
@@ -77,7 +77,7 @@ def main() -> None:
     print(f"  {'gpu':5} {'examples/s':>11} {'measured ratio':>15} {'emulated ratio':>15}")
     for g in GPUS:
         print(f"  {g:5} {alone[g]:11.1f} {alone[g] / alone['k80']:15.2f} "
-              f"{relative_speed(EMULATED_MODEL, g, 128):15.2f}")
+              f"{emulated_step_s('k80', 128, 1.0) / emulated_step_s(g, 128, 1.0):15.2f}")
     total = sum(alone.values())
     split = worker_batches(validate_spec({
         "name": "x", "provider": {"kind": "local"}, "training": {"mode": "sync", "global_batch": 96},
@@ -85,7 +85,7 @@ def main() -> None:
     runs = [
         ("async PS (batch 32 each)", "async", "batch_per_worker: 32"),
         ("sync, equal split [32, 32, 32]", "sync", "batch_per_worker: 32"),
-        (f"sync, cost-model split {split}", "sync", "global_batch: 96"),
+        (f"sync, speed-proportional split {split}", "sync", "global_batch: 96"),
     ]
     print(f"3-speed cluster (k80 + p100 + v100) vs the sum of standalone examples/s ({total:.1f}):")
     for label, mode, batch in runs:

@@ -30,7 +30,7 @@ def bench_spec(mixed: bool) -> dict[str, object]:
             "batch_per_worker": 128,
         },
         "search": {
-            "gpus": ["k80", "p100", "v100"],
+            "gpus": ["t4", "l4", "v100"],  # GCE retired the K80 and P100: today's GPUs
             "min_workers": 1,
             "max_workers": 8,
             "max_ps": 3,
@@ -39,7 +39,7 @@ def bench_spec(mixed: bool) -> dict[str, object]:
             "objective": "cost",
         },
         "policy": {"budget_usd": 60, "deadline": "24h"},
-        "pricing": {"book": "2019-02"},
+        "pricing": {"book": "2026-11"},
     }
 
 

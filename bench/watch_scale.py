@@ -35,9 +35,9 @@ training: {{job: command, command: "sleep 1", train_steps: 100}}
 cluster:
   parameter_servers: {{count: 1, machine_type: n1-standard-4, zone: {ZONE}}}
   chief: {{machine_type: n1-standard-4, zone: {ZONE}}}
-  workers: [{{gpu: k80, count: {workers}, spot: true, zone: {ZONE}}}]
+  workers: [{{gpu: t4, count: {workers}, spot: true, zone: {ZONE}}}]
 policy: {{on_revocation: replace, max_replacements: 4}}
-pricing: {{book: 2019-02}}
+pricing: {{book: 2026-11}}
 """
 
 

@@ -61,8 +61,9 @@ def quota_needs(slots: Iterable[Slot], catalog: Catalog | None = None) -> dict[s
         if slot.machine_type in cat.machine_types:  # an unknown machine type: its vCPUs are not checked
             add(region, f"{prefix}CPUS", cat.machine_type(slot.machine_type).vcpus)
         if slot.gpu:
-            add(region, gpu_quota_metric(cat.gpu(slot.gpu).gce_accelerator, preemptible=slot.spot), 1)
-            add(GLOBAL, "GPUS_ALL_REGIONS", 1)
+            # An accelerator-optimized type (a3-highgpu-2g) holds its fixed GPU count.
+            add(region, gpu_quota_metric(cat.gpu(slot.gpu).gce_accelerator, preemptible=slot.spot), slot.gpu_count)
+            add(GLOBAL, "GPUS_ALL_REGIONS", slot.gpu_count)
     return needs
 
 

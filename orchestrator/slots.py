@@ -6,24 +6,13 @@ with the next generation, so names stay deterministic: ``<job>-worker-2-1``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.providers.base import Role
 from orchestrator.spec import LOCAL_ZONE, Chief, GceProvider, JobSpec, LocalProvider, ParameterServers, TrainingMode
 
 DEFAULT_BATCH = 128
-EMULATED_MODEL, EMULATED_BATCH = "resnet_cifar_32", 128  # what local GPUs emulate: the 2019 study's workload
-
-
-def emulation_reference_batch(spec: JobSpec) -> float:
-    """The per-worker batch a local worker maps to the emulated workload's batch of 128."""
-    training = spec.training
-    if training.batch_per_worker:
-        return float(training.batch_per_worker)
-    if training.global_batch and spec.worker_count:
-        return training.global_batch / spec.worker_count
-    return float(EMULATED_BATCH)
 
 
 @dataclass(frozen=True)
@@ -39,6 +28,8 @@ class Slot:
     group: int = -1  # index of the worker group in the spec
     on_demand_price_per_hour: float = 0.0  # what a fallback-on-demand replacement costs
     zones: tuple[str, ...] = ()  # where to create it, in order: a stockout moves on to the next
+    gpu_count: int = 1  # GPUs on the instance: an accelerator-optimized type's fixed count (a3-highgpu-2g: 2)
+    flex_start: bool = False  # workers only: provisioning: flex_start (GCE Dynamic Workload Scheduler)
 
     def price(self, spot: bool) -> float:
         """Hourly price as requested: the slot's own, or on-demand for a fallback replacement."""
@@ -80,10 +71,12 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
         from orchestrator.costmodel import split_batch  # the planner's split: fast GPUs get more
 
         if isinstance(spec.provider, LocalProvider):
-            # A local worker at batch b emulates the study's workload at 128·b/reference (driver.emulation):
-            # split in that workload's batches with the cost model, then map back to the real global batch.
-            emulated = split_batch(EMULATED_MODEL, gpus, EMULATED_BATCH * len(gpus))
-            return proportional_split(training.global_batch, [float(e) for e in emulated])
+            # Emulated GPUs step at measured speeds (orchestrator.emulation), not the cost model's: split
+            # the global batch in proportion to those speeds.
+            from orchestrator.emulation import REFERENCE_BATCH, emulated_step_s
+
+            speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
+            return proportional_split(training.global_batch, speeds)
         return list(split_batch(training.profile_name, gpus, training.global_batch))
     share, rest = divmod(training.global_batch, len(gpus))
     return [share + (1 if i < rest else 0) for i in range(len(gpus))]
@@ -108,15 +101,21 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
     prices = price_book_for(spec, cat, book)
     cluster = spec.pinned
     cloud = isinstance(spec.provider, GceProvider)
+    disk = stopped_disk_usd_per_hour(spec, cat)
+
     def cpu_slot(role: Role, index: int, cfg: ParameterServers | Chief) -> Slot:
         machine = cfg.machine_type if cloud else "local"
         zones = _zones(spec, cfg.zone, None, cat)
-        return Slot(role, index, None, machine, zones[0], cfg.spot, prices.instance_price(machine, None, 0, cfg.spot),
-                    on_demand_price_per_hour=prices.instance_price(machine, None, 0, False), zones=zones)
+        return Slot(role, index, None, machine, zones[0], cfg.spot,
+                    prices.instance_price(machine, None, 0, cfg.spot) + disk,
+                    on_demand_price_per_hour=prices.instance_price(machine, None, 0, False) + disk, zones=zones)
 
     slots = [cpu_slot(Role.PS, i, cluster.parameter_servers) for i in range(spec.ps_count)]
     if spec.mode == TrainingMode.ASYNC:
-        slots.append(cpu_slot(Role.CHIEF, 0, cluster.chief))
+        chief = cpu_slot(Role.CHIEF, 0, cluster.chief)
+        if cluster.chief.on_worker0:  # the study's setup: on worker 0's VM, billed there
+            chief = replace(chief, spot=False, price_per_hour=0.0, on_demand_price_per_hour=0.0)
+        slots.append(chief)
     batches = worker_batches(spec, cat)
     index = 0
     for g, group in enumerate(cluster.workers):
@@ -132,15 +131,29 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
                     machine,
                     zones[0],
                     group.spot,
-                    prices.instance_price(machine, gpu.key, 1, group.spot),
+                    prices.instance_price(machine, gpu.key, 1, group.spot) + disk,
                     batches[index],
                     g,
-                    on_demand_price_per_hour=prices.instance_price(machine, gpu.key, 1, False),
+                    on_demand_price_per_hour=prices.instance_price(machine, gpu.key, 1, False) + disk,
                     zones=zones,
+                    gpu_count=cat.gpus_per_instance(machine),
+                    flex_start=group.provisioning == "flex_start",
                 )
             )
             index += 1
     return slots
+
+
+BOOT_DISK_GB = 50  # GceProvider's default boot disk (pd-balanced)
+
+
+def stopped_disk_usd_per_hour(spec: JobSpec, catalog: Catalog) -> float:
+    """With termination_action STOP a preempted VM keeps its boot disk (billed until deleted): the
+    ledger bills every gce instance its disk on top. DELETE (the default) leaves no disk behind."""
+    provider = spec.provider
+    if not isinstance(provider, GceProvider) or provider.termination_action != "STOP":
+        return 0.0
+    return round(BOOT_DISK_GB * catalog.fact("pd_balanced_usd_per_gb_month") / 730.0, 6)
 
 
 def cluster_shape(spec: JobSpec) -> str:
@@ -148,7 +161,7 @@ def cluster_shape(spec: JobSpec) -> str:
     cluster = spec.pinned
     parts = [f"{spec.ps_count}ps"] if spec.ps_count else []
     if spec.mode == TrainingMode.ASYNC:
-        parts.append("chief")
+        parts.append("chief@worker0" if cluster.chief.on_worker0 else "chief")
     for g in cluster.workers:
         parts.append(f"{g.count}x{g.gpu}{'(spot)' if g.spot else ''}")
     return "+".join(parts)

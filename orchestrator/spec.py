@@ -7,11 +7,12 @@ created before the whole spec validates.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,16 +25,36 @@ from pydantic import (
 )
 
 from orchestrator.catalog import Catalog, CatalogError, load_catalog
+from orchestrator.offerings import flex_start_message, machine_type_message, retired_message
+from orchestrator.specfile import (
+    MAX_CANDIDATES,
+    YamlFileError,
+    folder_problem,
+    pushed_file_problem,
+    read_yaml_file,
+    resolve_under,
+    search_size,
+    short,
+)
+from orchestrator.torch_spec import command_problem, env_problem
 
 LOCAL_ZONE = "local"
 _NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_LONG_QUOTED = re.compile(r"'([^']{61,})'")
 
 
 class FieldError(BaseModel):
     path: str
     message: str
+
+    @field_validator("path", "message")
+    @classmethod
+    def _one_short_line(cls, v: str) -> str:
+        # Whatever echoes a user's value, the message stays one line and a long value is cut to 60 chars + '…'.
+        v = _LONG_QUOTED.sub(lambda m: f"'{short(m.group(1))}'", v)
+        return " ".join(v.splitlines()) if len(v) <= 2000 else " ".join(v[:2000].splitlines()) + "…"
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
@@ -59,15 +80,44 @@ def parse_duration(value: str | float | int) -> float:
     else:
         match = _DURATION_RE.match(value)
         if not match:
-            raise ValueError(f"'{value}' is not a duration; use e.g. '6h', '90m', '45s' or a number of seconds")
+            raise ValueError(f"'{short(value)}' is not a duration; use e.g. '6h', '90m', '45s' or a number of seconds")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if not 0 < seconds < 1e9:
         raise ValueError("a duration must be positive and finite")
     return seconds
 
 
+def _is_number_type(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and all(a in (int, float) for a in args)
+    return False
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan anywhere; no string of a novel's length in any field.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=10_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, data: Any) -> Any:
+        # Pydantic's lax mode reads YAML `true` as 1: `count: true` would launch one worker without a word.
+        if isinstance(data, dict):
+            for name, v in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if isinstance(v, bool) and field is not None and _is_number_type(field.annotation):
+                    raise _NotANumber(name)
+        return data
+
+
+class _NotANumber(ValueError):
+    """A true/false where a number belongs; ``field`` completes the error's path."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__("expected a number, not true/false")
+        self.field = field
 
 
 # ---------------------------------------------------------------- provider
@@ -83,26 +133,27 @@ class ScheduledRevocation(_Strict):
     """Revoke a slot's instance at ``at_s``; the k-th entry naming a slot applies to its k-th instance."""
 
     instance: str = Field(description="slot name such as 'worker-2', 'ps-0' or 'chief-0'")
-    at_s: float = Field(gt=0, description="seconds of wall time after the job starts")
+    at_s: float = Field(gt=0, le=1e9, description="seconds of wall time after the job starts")
 
     @field_validator("instance")
     @classmethod
     def _slot(cls, v: str) -> str:
         if not re.fullmatch(r"(ps|chief|worker)-\d+", v):
-            raise ValueError(f"'{v}' is not a slot; use 'worker-<i>', 'ps-<i>' or 'chief-0'")
+            raise ValueError(f"'{short(v)}' is not a slot; use 'worker-<i>', 'ps-<i>' or 'chief-0'")
         return v
 
 
 class LocalProvider(_Strict):
     kind: Literal["local"] = "local"
     # One real second stands for `time_scale` seconds of cloud time (lifetimes, notice window, boot delay).
-    time_scale: float = Field(default=60.0, gt=0)
+    # Bounded: 1e-300 would stretch a 70 s boot past the age of the universe (a hang, not an error).
+    time_scale: float = Field(default=60.0, ge=0.01, le=100_000)
     revocations: RevocationMode = RevocationMode.MODEL
     schedule: list[ScheduledRevocation] = Field(default_factory=list)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     # Emulated GPU speed: seconds of sleep per step for the slowest GPU in the catalog (K80); faster
     # types sleep proportionally less (ratio from the cost model, which uses the catalog specs).
-    emulation_k80_step_s: float = Field(default=0.3, ge=0)
+    emulation_k80_step_s: float = Field(default=0.3, ge=0, le=60)
     base_port: int = Field(default=0, ge=0, le=65000, description="0 = pick free ports")
 
     @model_validator(mode="after")
@@ -126,6 +177,9 @@ class GceProvider(_Strict):
     network: str = "global/networks/default"
     api_endpoint: str | None = Field(default=None, description="Compute API endpoint (emulator, tests)")
     ssh_user: str = "orchestrator"
+    # What GCE does to a preempted (or time-limited) spot VM: DELETE (default: nothing left billing) or STOP
+    # (the stopped VM keeps its boot disk, billed until the controller deletes it; the ledger prices the disk).
+    termination_action: Literal["DELETE", "STOP"] = "DELETE"
 
 
 ProviderSpec = Annotated[LocalProvider | SshProvider | GceProvider, Field(discriminator="kind")]
@@ -145,18 +199,33 @@ class BuiltinTraining(_Strict):
     hparam_set: Literal["resnet_tiny", "resnet_cifar_15", "resnet_cifar_32", "resnet_cifar_56"] = "resnet_cifar_32"
     problem: Literal["image_cifar10"] = "image_cifar10"
     data_dir: str | None = Field(default=None, description="CIFAR-10 python-pickle folder; default: offline digits")
+    # tensorflow: the 2019 study's job (jobs/tfjob); pytorch: elastic DDP under torchrun (jobs/torchjob).
+    framework: Literal["tensorflow", "pytorch"] = "tensorflow"
+    min_workers: int | None = Field(default=None, ge=1, le=256, description="pytorch: fewest nodes that train on")
     mode: TrainingMode = TrainingMode.ASYNC
     train_steps: int = Field(default=64000, gt=0, le=10_000_000)
     batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
     global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
-    checkpoint_every: int = Field(default=1000, gt=0)
-    eval_every: int = Field(default=0, ge=0)
-    log_every: int = Field(default=10, gt=0)
+    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
+    eval_every: int = Field(default=0, ge=0, le=10_000_000)
+    log_every: int = Field(default=10, gt=0, le=10_000_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pytorch_is_sync(cls, data: Any) -> Any:
+        # DDP is synchronous: for framework: pytorch, mode defaults to sync (and async is refused below).
+        if isinstance(data, dict) and data.get("framework") == "pytorch" and "mode" not in data:
+            return {**data, "mode": "sync"}
+        return data
 
     @model_validator(mode="after")
     def _batch(self) -> BuiltinTraining:
         if self.batch_per_worker is not None and self.global_batch is not None:
             raise ValueError("give batch_per_worker or global_batch, not both")
+        if self.framework == "pytorch" and self.mode == TrainingMode.ASYNC:
+            raise ValueError("framework: pytorch trains with synchronous DDP; use mode: sync (or leave mode out)")
+        if self.framework == "tensorflow" and self.min_workers is not None:
+            raise ValueError("min_workers is for framework: pytorch (elastic training); drop it")
         return self
 
     @property
@@ -169,12 +238,12 @@ class CommandTraining(_Strict):
     command: str = Field(min_length=1, description="run on every instance; TF_CONFIG and TASK_JSON are set")
     files: list[Path] = Field(default_factory=list, description="files/folders pushed to every instance")
     mode: TrainingMode = TrainingMode.ASYNC
-    train_steps: int = Field(default=1000, gt=0)
-    batch_per_worker: int | None = Field(default=None, gt=0)
-    global_batch: int | None = Field(default=None, gt=0)
-    checkpoint_every: int = Field(default=1000, gt=0)
-    eval_every: int = Field(default=0, ge=0)
-    log_every: int = Field(default=10, gt=0)
+    train_steps: int = Field(default=1000, gt=0, le=10_000_000)
+    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
+    global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
+    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
+    eval_every: int = Field(default=0, ge=0, le=10_000_000)
+    log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
 
     @property
@@ -182,15 +251,81 @@ class CommandTraining(_Strict):
         return self.hparam_set
 
 
+class SecretRef(_Strict):
+    """A secret the script gets as environment variable ``name``: read at task start, never stored."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+                            description="variable of the controller's environment; default: name")
+    file: Path | None = Field(default=None, description="file holding the value (trailing newline dropped)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"name": data}  # `- HF_TOKEN`: from the controller's environment variable HF_TOKEN
+        if isinstance(data, dict) and "value" in data:
+            raise ValueError("a secret's value never goes in the spec (it is stored); use env: VAR or file: PATH")
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if self.env is not None and self.file is not None:
+            raise ValueError("give env or file, not both")
+        return self
+
+
+class RunTraining(_Strict):
+    """The user's own command under torchrun on every node (``run:``, PyTorch only)."""
+
+    job: Literal["run"] = "run"
+    framework: Literal["pytorch"] = "pytorch"
+    run: str = Field(min_length=1, description="argv, split like a shell would (no shell): python train.py --lr 0.1")
+    setup: str | None = Field(default=None, min_length=1, description="run once per node before torchrun")
+    files: list[Path] = Field(default_factory=list, description="files/folders pushed to every instance")
+    env: dict[str, str] = Field(default_factory=dict, description="environment for the script (not secret)")
+    secrets: list[SecretRef] = Field(default_factory=list)
+    mode: Literal[TrainingMode.SYNC] = TrainingMode.SYNC
+    min_workers: int | None = Field(default=None, ge=1, le=256)
+    train_steps: int = Field(default=1000, gt=0, le=10_000_000)
+    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
+    global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
+    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
+    eval_every: int = Field(default=0, ge=0, le=10_000_000)
+    log_every: int = Field(default=10, gt=0, le=10_000_000)
+    hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
+
+    @field_validator("run", "setup")
+    @classmethod
+    def _argv(cls, v: str | None) -> str | None:
+        problem = command_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        problem = env_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @property
+    def profile_name(self) -> str:
+        return self.hparam_set
+
+
 def _training_kind(value: Any) -> str:
-    # `job:` may be omitted: the built-in ResNet/CIFAR job is the default.
+    # `job:` may be omitted: the built-in ResNet/CIFAR job is the default; a `run:` command means job: run.
     if isinstance(value, dict):
-        return str(value.get("job", "resnet-cifar"))
+        return str(value.get("job", "run" if "run" in value else "resnet-cifar"))
     return str(getattr(value, "job", "resnet-cifar"))
 
 
 TrainingSpec = Annotated[
-    Annotated[BuiltinTraining, Tag("resnet-cifar")] | Annotated[CommandTraining, Tag("command")],
+    Annotated[BuiltinTraining, Tag("resnet-cifar")] | Annotated[CommandTraining, Tag("command")]
+    | Annotated[RunTraining, Tag("run")],
     Discriminator(_training_kind),
 ]
 
@@ -209,6 +344,9 @@ class Chief(_Strict):
     machine_type: str = "n1-standard-4"
     spot: bool = False
     zone: str | None = None
+    # The ICAC'19 setup: the async chief runs on worker 0's VM, so it has no VM (and no bill) of its own
+    # and worker 0's revocation stops it. Local provider, plan and simulate (a gce launch: not yet).
+    on_worker0: bool = False
 
 
 class WorkerGroup(_Strict):
@@ -217,12 +355,27 @@ class WorkerGroup(_Strict):
     spot: bool = True
     zone: str | None = None
     machine_type: str | None = None  # default: the GPU's usual host type from the catalog
-    batch: int | None = Field(default=None, gt=0, description="per-worker batch, overrides training")
+    batch: int | None = Field(default=None, gt=0, le=65536, description="per-worker batch, overrides training")
+    # flex_start: GCE Dynamic Workload Scheduler (A2/A3/A4 only): waits for capacity, then runs without preemption.
+    provisioning: Literal["flex_start"] | None = None
 
     @field_validator("gpu")
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flex_start_is_not_spot(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("provisioning") == "flex_start" and "spot" not in data:
+            return {**data, "spot": False}
+        return data
+
+    @model_validator(mode="after")
+    def _flex_start_spot(self) -> WorkerGroup:
+        if self.provisioning == "flex_start" and self.spot:
+            raise ValueError("provisioning: flex_start VMs are not spot VMs; drop spot: true (or the provisioning)")
+        return self
 
 
 class Cluster(_Strict):
@@ -266,8 +419,8 @@ class OnRevocation(StrEnum):
 
 class Policy(_Strict):
     on_revocation: OnRevocation = OnRevocation.REPLACE
-    max_replacements: int = Field(default=20, ge=0)
-    budget_usd: float | None = Field(default=None, gt=0)
+    max_replacements: int = Field(default=20, ge=0, le=10_000)
+    budget_usd: float | None = Field(default=None, gt=0, le=10_000_000)
     deadline: float | None = Field(default=None, description="e.g. '6h', '90m', or seconds")
 
     @field_validator("deadline", mode="before")
@@ -277,8 +430,8 @@ class Policy(_Strict):
 
 
 class PriceOverride(_Strict):
-    on_demand: float = Field(ge=0)
-    spot: float = Field(ge=0)
+    on_demand: float = Field(ge=0, le=10_000)
+    spot: float = Field(ge=0, le=10_000)
 
 
 class Pricing(_Strict):
@@ -304,7 +457,7 @@ class JobSpec(_Strict):
     def _name(cls, v: str) -> str:
         if not _NAME_RE.match(v):
             raise ValueError(
-                f"'{v}' is not a valid job name; use 1-32 lowercase letters, digits and '-', "
+                f"'{short(v)}' is not a valid job name; use 1-32 lowercase letters, digits and '-', "
                 "starting with a letter (it becomes part of every instance name)"
             )
         return v
@@ -312,11 +465,26 @@ class JobSpec(_Strict):
     @field_validator("storage")
     @classmethod
     def _storage(cls, v: str) -> str:
-        if v.startswith("gs://") and not re.fullmatch(r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?", v):
-            raise ValueError(f"'{v}' is not a valid gs:// URL; use gs://bucket/prefix")
+        if v.startswith("gs://") and not re.fullmatch(r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\x00-\x1f]*)?", v):
+            raise ValueError(f"'{short(v)}' is not a valid gs:// URL; use gs://bucket/prefix")
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", v) and not v.startswith("gs://"):
+            raise ValueError(f"'{short(v)}': only a local folder or gs://bucket/prefix is supported")
+        if any(c < " " for c in v):
+            raise ValueError("control characters (newline, NUL, ...) are not allowed in a path")
         if not v.strip():
             raise ValueError("give a local directory or gs://bucket/prefix")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_book(cls, data: Any) -> Any:
+        # No pricing.book: "current" (2026-11), except a local/ssh spec whose GPUs only the 2019-02 book
+        # prices (K80, P100: the 2019 study's GPUs, kept for the local provider and the simulator).
+        pricing = data.get("pricing") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(pricing or {}, dict) or "book" in (pricing or {}):
+            return data  # a pricing that is not a mapping is reported by validation, not a TypeError here
+        book = _default_book_for(data)
+        return data if book is None else {**data, "pricing": {**(data.get("pricing") or {}), "book": book}}
 
     @model_validator(mode="after")
     def _cluster_or_search(self) -> JobSpec:
@@ -350,6 +518,28 @@ class JobSpec(_Strict):
     @property
     def worker_count(self) -> int:
         return sum(g.count for g in self.cluster.workers) if self.cluster else 0
+
+
+def _default_book_for(data: dict[Any, Any]) -> str | None:
+    """'2019-02' for a local/ssh spec whose GPUs are priced there but not in the current book, else None."""
+    provider = data.get("provider")
+    kind = provider.get("kind", "local") if isinstance(provider, dict) else "local"
+    cluster, search = data.get("cluster"), data.get("search")
+    groups = cluster.get("workers") if isinstance(cluster, dict) else None
+    gpus = [g.get("gpu") for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+    if isinstance(search, dict) and isinstance(search.get("gpus"), list):
+        gpus += search["gpus"]
+    keys = {g.strip().lower() for g in gpus if isinstance(g, str)}
+    if kind not in ("local", "ssh") or not keys:
+        return None
+    catalog = load_catalog()
+    old, current = catalog.price_book(LEGACY_BOOK), catalog.price_book("current")
+    if keys <= set(old.gpus) and not keys <= set(current.gpus):
+        return LEGACY_BOOK
+    return None
+
+
+LEGACY_BOOK = "2019-02"  # the ICAC'19 study's prices: K80 / P100 / V100 whole VMs
 
 
 # ---------------------------------------------------------------- semantic checks against the catalog
@@ -417,6 +607,8 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
                         path=f"search.gpus[{i}]", message=f"'{key}' is not a GPU type; known: {', '.join(catalog.gpus)}"
                     )
                 )
+            elif cloud and book is not None and (gone := retired_message(catalog, key, book)):
+                errors.append(FieldError(path=f"search.gpus[{i}]", message=gone))
         for i, z in enumerate(spec.search.zones):
             zone_known(f"search.zones[{i}]", z)
     if spec.cluster is None:
@@ -426,7 +618,11 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
     if spec.ps_count > 0:
         ps = cluster.parameter_servers
         cpu_roles.append(("cluster.parameter_servers", ps.machine_type, ps.zone, ps.spot))
-    if spec.mode == TrainingMode.ASYNC:
+    if spec.mode == TrainingMode.ASYNC and cluster.chief.on_worker0 and cloud:
+        errors.append(FieldError(path="cluster.chief.on_worker0", message=(
+            "a gce launch cannot co-locate the chief with worker 0 yet; use it with the local provider, "
+            "or drop it (the chief then gets its own VM)")))
+    if spec.mode == TrainingMode.ASYNC and not cluster.chief.on_worker0:
         ch = cluster.chief
         cpu_roles.append(("cluster.chief", ch.machine_type, ch.zone, ch.spot))
     for path, machine, zone, spot in cpu_roles:
@@ -448,6 +644,15 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
         machine = group.machine_type or gpu.default_machine_type
         if group.machine_type is not None:
             machine_ok(f"{path}.machine_type", group.machine_type)
+        if cloud and book is not None and (gone := retired_message(catalog, gpu.key, book)):
+            errors.append(FieldError(path=f"{path}.gpu", message=gone))
+            continue
+        if cloud and (wrong := machine_type_message(catalog, gpu.key, group.machine_type)):
+            errors.append(FieldError(path=f"{path}.machine_type", message=wrong))
+            continue
+        if group.provisioning == "flex_start" and (not cloud or flex_start_message(machine)):
+            why = flex_start_message(machine) or "provisioning: flex_start needs provider kind: gce"
+            errors.append(FieldError(path=f"{path}.provisioning", message=why))
         zone_known(f"{path}.zone", group.zone)
         offered = catalog.zones_for(gpu.key)
         if group.zone and group.zone != LOCAL_ZONE and group.zone in catalog.all_zones() and group.zone not in offered:
@@ -521,7 +726,7 @@ def _check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
 
 # ---------------------------------------------------------------- loading
 
-_UNIONS = {"provider": {"local", "ssh", "gce"}, "training": {"resnet-cifar", "command"}}
+_UNIONS = {"provider": {"local", "ssh", "gce"}, "training": {"resnet-cifar", "command", "run"}}
 
 
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
@@ -532,9 +737,9 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
         elif i > 0 and loc[i - 1] in _UNIONS and part in _UNIONS[str(loc[i - 1])]:
             continue  # the union member pydantic tried: a tag, not a field the user wrote
         elif not re.fullmatch(r"[A-Za-z0-9_-]+", part):
-            out += f"[{part!r}]"  # a key the user wrote with odd characters: quote it, keep one line
+            out += f"[{short(part)!r}]"  # a key the user wrote with odd characters: quote it, keep one line
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{short(part)}" if out else short(part)
     return out
 
 
@@ -544,6 +749,10 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
         msg = str(err.get("msg", "invalid"))
         msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         kind = err.get("type", "")
+        loc = tuple(err.get("loc", ()))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, _NotANumber):
+            loc = (*loc, cause.field)
         if kind == "extra_forbidden":
             msg = "unknown field; check the spelling (see README: job spec)"
         elif kind == "missing":
@@ -553,7 +762,7 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
             msg = f"{ctx.get('tag')!r} is not one of: {ctx.get('expected_tags')}"
         elif kind == "union_tag_not_found":
             msg = "say which kind: " + str((err.get("ctx") or {}).get("discriminator", ""))
-        out.append(FieldError(path=_loc_to_path(tuple(err.get("loc", ()))), message=msg))
+        out.append(FieldError(path=_loc_to_path(loc), message=msg))
     return out
 
 
@@ -565,20 +774,74 @@ def validate_spec(data: Any, catalog: Catalog | None = None, source: str = "") -
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_pydantic_errors(exc), source) from None
-    errors = _check_against_catalog(spec, catalog or load_catalog())
+    catalog = catalog or load_catalog()
+    errors = _check_against_catalog(spec, catalog) + _search_too_big(spec, catalog)
     if errors:
         raise SpecError(errors, source)
     return spec
 
 
+def _search_too_big(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
+    # A search of 11 GPU types x 256 mixed workers would keep `plan` and `launch` busy for days.
+    s = spec.search
+    if s is None or spec.cluster is not None:
+        return []
+    zones = s.zones or (spec.provider.zones if isinstance(spec.provider, GceProvider) else [])
+    if not zones and isinstance(spec.provider, GceProvider):
+        zones = sorted({z for g in s.gpus if g in catalog.gpus for z in catalog.zones_for(g)})
+    ps = s.max_ps if spec.mode == TrainingMode.ASYNC else 1
+    size = search_size(len(set(s.gpus)), s.min_workers, s.max_workers, s.mixed, len(zones), len(set(s.spot)), ps)
+    if size <= MAX_CANDIDATES:
+        return []
+    return [FieldError(path="search", message=f"about {size:,} candidate clusters (GPU types x workers x zones x "
+                       f"spot x parameter servers); the planner takes at most {MAX_CANDIDATES:,}: lower "
+                       "max_workers or max_ps, list fewer gpus or zones, or set mixed: false")]
+
+
 def load_spec(path: str | Path, catalog: Catalog | None = None) -> JobSpec:
+    """Read, parse and validate a spec file, including the local paths it names (nothing is created).
+
+    Relative ``files:`` and ``provider.inventory`` are taken from the spec's folder and stored absolute,
+    so a daemon started elsewhere finds them.
+    """
     p = Path(path)
+    source = short(str(p), 200)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SpecError([FieldError(path="", message=f"cannot read {p}: {exc.strerror}")], str(p)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError([FieldError(path="", message=f"not valid YAML: {exc}")], str(p)) from None
-    return validate_spec(data, catalog, source=str(p))
+        data = read_yaml_file(p, "job spec")
+    except YamlFileError as exc:
+        raise SpecError([FieldError(path="", message=str(exc))], source) from None
+    spec = validate_spec(data, catalog, source=source)
+    spec, errors = _local_paths(spec, p.absolute().parent)
+    if errors:
+        raise SpecError(errors, source)
+    return spec
+
+
+def _local_paths(spec: JobSpec, base: Path) -> tuple[JobSpec, list[FieldError]]:
+    """Check the local folders and files a spec names; absolute ``files:`` / inventory paths in the copy."""
+    errors: list[FieldError] = []
+    if not spec.storage.startswith("gs://"):
+        problem = folder_problem(Path(spec.storage).expanduser().absolute())
+        if problem:
+            errors.append(FieldError(path="storage", message=problem))
+    update: dict[str, Any] = {}
+    if isinstance(spec.provider, SshProvider):
+        inventory = resolve_under(base, spec.provider.inventory)
+        try:
+            read_yaml_file(inventory, "inventory")
+        except YamlFileError as exc:
+            errors.append(FieldError(path="provider.inventory", message=str(exc)))
+        update["provider"] = spec.provider.model_copy(update={"inventory": inventory})
+    if isinstance(spec.training, CommandTraining | RunTraining):
+        names: dict[str, int] = {}
+        for i, f in enumerate(spec.training.files):
+            problem = pushed_file_problem(base, f)
+            name = resolve_under(base, f).name
+            if problem is None and name in names:
+                problem = f"'{short(name)}' is also files[{names[name]}]; both would land as {short(name)}"
+            names.setdefault(name, i)
+            if problem:
+                errors.append(FieldError(path=f"training.files[{i}]", message=problem))
+        files = [resolve_under(base, f) for f in spec.training.files]
+        update["training"] = spec.training.model_copy(update={"files": files})
+    return (spec.model_copy(update=update) if update else spec), errors

@@ -24,7 +24,7 @@ def test_one_ps_plateaus_and_a_second_lifts_it() -> None:
     one, two = rates(1), rates(2)
     # Linear at first: every worker adds its own rate.
     assert one[1] == pytest.approx(2 * one[0], rel=1e-6)
-    assert all(b >= a for a, b in zip(one[:5], one[1:6], strict=True))
+    assert all(b >= 0.97 * a for a, b in zip(one[:5], one[1:6], strict=True))  # incast: a slight dip
     # Then flat at the PS capacity: adding workers no longer helps (at most within the incast penalty).
     cap = ps_capacity_steps_per_s("resnet_cifar_32", 1, PS, 12)
     assert one[-1] <= ps_capacity_steps_per_s("resnet_cifar_32", 1, PS, 1) + 1e-9

@@ -33,8 +33,8 @@ def search_spec(**over: Any) -> dict[str, Any]:
             "train_steps": 64000,
             "batch_per_worker": 128,
         },
-        "search": {"gpus": ["k80", "p100", "v100"], "min_workers": 1, "max_workers": 8, "max_ps": 3},
-        "pricing": {"book": "2019-02"},
+        "search": {"gpus": ["t4", "l4", "v100"], "min_workers": 1, "max_workers": 8, "max_ps": 3},
+        "pricing": {"book": "2026-11"},  # K80 and P100 are retired from GCE: today's GPUs
     }
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(doc.get(key), dict):
@@ -64,7 +64,7 @@ def test_front_is_pareto_and_chosen_is_cheapest(searched: PlanResult) -> None:
 
 def test_candidates_cover_the_space(searched: PlanResult) -> None:
     labels = {c.label for c in searched.candidates}
-    assert any("1x k80 + 1x p100 + 1x v100" in label for label in labels)  # mixed triples
+    assert any("1x t4 + 1x l4 + 1x v100" in label for label in labels)  # mixed triples
     assert {c.ps_count for c in searched.candidates} == {1, 2, 3}
     assert {c.spot for c in searched.candidates} == {True, False}
     # V100 is not offered in us-east1-c: no candidate puts one there.
@@ -104,24 +104,24 @@ def test_planner_respects_memory_caps() -> None:
             "train_steps": 1000,
             "global_batch": 300,
         },
-        search={"gpus": ["k80", "v100"], "min_workers": 1, "max_workers": 4, "mixed": True},
+        search={"gpus": ["t4", "v100"], "min_workers": 1, "max_workers": 4, "mixed": True},
     )
     doc["training"].pop("batch_per_worker", None)
     result = plan(validate_spec(doc))
-    caps = {g: max_batch("vgg16", g) for g in ("k80", "v100")}
-    assert caps["k80"] < 300
+    caps = {g: max_batch("vgg16", g) for g in ("t4", "v100")}
+    assert caps["t4"] < 300
     for c in result.candidates:
         if c.feasible:
             assert sum(c.batches) == 300
             assert all(w.batch <= caps[w.gpu] for w in c.workers)
-        elif len(c.workers) == 1 and c.gpus == ["k80"]:
+        elif len(c.workers) == 1 and c.gpus == ["t4"]:
             assert any("memory" in r for r in c.reasons)
     assert result.chosen is not None and result.chosen.ps_count == 0
 
 
 def test_revocation_overhead_and_risk() -> None:
     result = plan(
-        validate_spec(search_spec(search={"gpus": ["k80"], "min_workers": 4, "max_workers": 4, "max_ps": 1}))
+        validate_spec(search_spec(search={"gpus": ["t4"], "min_workers": 4, "max_workers": 4, "max_ps": 1}))
     )
     spot = [c for c in result.candidates if c.spot]
     on_demand = [c for c in result.candidates if not c.spot]
@@ -141,7 +141,7 @@ def test_scorer_hook_replaces_the_analytic_model() -> None:
             t = candidate.base_time_s * 2
             return Score(t, candidate.hourly_usd * t / 3600, 0.0, t / 2)
 
-    result = plan(validate_spec(search_spec(search={"gpus": ["p100"], "max_workers": 2})), scorer=Flat())
+    result = plan(validate_spec(search_spec(search={"gpus": ["t4"], "max_workers": 2})), scorer=Flat())
     assert len(calls) == len(result.candidates)
     assert all(c.time_s == pytest.approx(2 * c.base_time_s) for c in result.candidates)
 
@@ -190,12 +190,17 @@ def test_cli_model_and_plan_commands(
     out = runner.invoke(app, ["calibrate", "--measurements", str(csv), "--out", str(cal), "--name", "t"])
     assert out.exit_code == 0, out.output
     assert json.loads(cal.read_text())["name"] == "t" and "leave-one-GPU-out" in out.output
+    one = tmp_path / "one.csv"
+    one.write_text("gpu,runtime,model,batch,step_ms,source\nh100,pytorch-eager,resnet_cifar_32,128,13.4,test\n")
+    out = runner.invoke(app, ["calibrate", str(one)])
+    assert out.exit_code == 0 and "warning: pytorch-eager: 1 measured point(s) for 5 parameters" in out.output
     out = runner.invoke(app, ["validate", "--measurements", str(csv), "--json"])
     assert out.exit_code == 0 and "per_gpu" in json.loads(out.output)
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump(search_spec(search={"gpus": ["k80", "v100"], "max_workers": 3})))
+    spec.write_text(yaml.safe_dump(search_spec(search={"gpus": ["t4", "v100"], "max_workers": 3})))
     plan_command(spec, True, 3, str(cal))
     doc = json.loads(capsys.readouterr().out)
     assert doc["calibration"] == "t" and doc["chosen"]["cluster"]["workers"] and len(doc["runner_ups"]) == 3
     plan_command(spec, False, 3, None)
-    assert "chosen" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "chosen" in text and "measured points" in text  # which calibration, how many points behind it

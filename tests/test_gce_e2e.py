@@ -34,18 +34,18 @@ cluster:
   parameter_servers: {{count: 1, machine_type: n1-standard-4, zone: us-central1-c}}
   chief: {{machine_type: n1-standard-4, zone: us-central1-c}}
   workers:
-    - {{gpu: k80, count: 1, spot: true, zone: us-central1-c}}
-    - {{gpu: p100, count: 1, spot: true, zone: us-central1-c}}
+    - {{gpu: t4, count: 1, spot: true, zone: us-central1-c}}
+    - {{gpu: l4, count: 1, spot: true, zone: us-central1-c}}
     - {{gpu: v100, count: 1, spot: true, zone: us-central1-c}}
 policy: {{on_revocation: replace, max_replacements: 4, deadline: 20m}}
-pricing: {{book: 2019-02}}
+pricing: {{book: 2026-11}}
 """
 
 
 def test_gce_job_with_stockout_and_preemption(tmp_path: Path) -> None:
     with EmulatedCloud(tmp_path / "cloud") as cloud:
         assert cloud.compute is not None
-        cloud.compute.set_stockout("us-central1-c", gpu="nvidia-tesla-k80")  # K80 must fail over
+        cloud.compute.set_stockout("us-central1-c", gpu="nvidia-tesla-t4")  # T4 must fail over
         db_url = f"sqlite:///{tmp_path}/results.db"
         env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": db_url,
                "COLUMNS": "200"}
@@ -75,7 +75,7 @@ def test_gce_job_with_stockout_and_preemption(tmp_path: Path) -> None:
         with engine.connect() as conn:
             summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
             notes = [r[0] for r in conn.execute(text("SELECT reason FROM events WHERE entity = 'note'"))]
-            k80_zone = conn.execute(text("SELECT zone FROM instances WHERE gpu = 'k80'")).scalar()
+            t4_zone = conn.execute(text("SELECT zone FROM instances WHERE gpu = 't4'")).scalar()
             revoked = conn.execute(text("SELECT name FROM instances WHERE end_reason = 'preempted'")).scalars().all()
             bad_ledger = conn.execute(text(
                 "SELECT COUNT(*) FROM instances i JOIN ledger l ON l.instance_id = i.id WHERE i.end_reason <> "
@@ -85,7 +85,7 @@ def test_gce_job_with_stockout_and_preemption(tmp_path: Path) -> None:
         assert summary["status"] == "succeeded", (summary, out[-3000:])
         assert summary["accuracy"] is not None and summary["accuracy"] > 0.3
         assert revoked == [victim] and summary["replacements"] >= 1
-        assert k80_zone == "us-central1-a"  # the spec's next allowed zone offering K80
+        assert t4_zone == "us-central1-a"  # the spec's next allowed zone offering T4
         assert any("ZONE_RESOURCE_POOL_EXHAUSTED" in n or "us-central1-c" in n for n in notes if n)
         assert bad_ledger == 0 and undeleted == 0
         snap = cloud.compute.snapshot()

@@ -82,7 +82,7 @@ def instance(
     name: str,
     zone: str = Z,
     *,
-    gpu: str | None = "nvidia-tesla-k80",
+    gpu: str | None = "nvidia-tesla-t4",
     count: int = 1,
     spot: bool = True,
     labels: dict[str, str] | None = None,
@@ -159,7 +159,7 @@ def test_lifecycle_fields_and_hooks(tmp_path: Path) -> None:
         assert got.labels["orch-job"] == "j" and got.label_fingerprint and got.creation_timestamp
         assert got.scheduling.provisioning_model == "SPOT" and got.scheduling.preemptible
         assert got.scheduling.instance_termination_action == "STOP"
-        assert got.guest_accelerators[0].accelerator_type.endswith("/acceleratorTypes/nvidia-tesla-k80")
+        assert got.guest_accelerators[0].accelerator_type.endswith("/acceleratorTypes/nvidia-tesla-t4")
         nic = got.network_interfaces[0]
         assert nic.network_i_p == "127.0.0.1" and nic.access_configs[0].nat_i_p == "127.0.0.1"
         items = {i.key: i.value for i in got.metadata.items}
@@ -234,22 +234,22 @@ def test_aggregated_list_label_filters_and_paging(emu: GceEmulator, api: Clients
 
 
 def test_stockout_is_an_operation_error(emu: GceEmulator, api: Clients) -> None:
-    emu.set_stockout(Z, gpu="nvidia-tesla-k80")
+    emu.set_stockout(Z, gpu="nvidia-tesla-t4")
     op = api.wait(api.insert(instance("s-0")))
     assert op.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     assert f"zones/{Z}" in op.error.errors[0].message and op.http_error_status_code == 503
     with pytest.raises(gexc.NotFound):
         api.get("s-0")
-    assert not api.wait(api.insert(instance("s-1", gpu="nvidia-tesla-t4"))).error.errors
+    assert not api.wait(api.insert(instance("s-1", gpu=None, machine="g2-standard-4"))).error.errors  # L4s
     assert not api.wait(api.insert(instance("s-2", Z2)), Z2).error.errors
 
 
 def test_quota_as_operation_error_and_as_http_403(emu: GceEmulator, api: Clients) -> None:
-    emu.set_quota("us-central1", "PREEMPTIBLE_NVIDIA_K80_GPUS", 4)
+    emu.set_quota("us-central1", "PREEMPTIBLE_NVIDIA_T4_GPUS", 4)
     assert not api.wait(api.insert(instance("q-0", count=4))).error.errors
     op = api.wait(api.insert(instance("q-1", Z2, count=1)), Z2)
     assert op.error.errors[0].code == "QUOTA_EXCEEDED"
-    assert "Quota 'PREEMPTIBLE_NVIDIA_K80_GPUS' exceeded." in op.error.errors[0].message
+    assert "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded." in op.error.errors[0].message
     assert "Limit: 4.0 in region us-central1." in op.error.errors[0].message
     assert not api.wait(api.insert(instance("q-2", count=1, spot=False))).error.errors  # on-demand quota
     emu.configure(quota_errors_as_http=True)
@@ -259,9 +259,9 @@ def test_quota_as_operation_error_and_as_http_403(emu: GceEmulator, api: Clients
 
 
 def test_invalid_requests_fail_synchronously(emu: GceEmulator, api: Clients) -> None:
-    emu.configure(accelerators={Z: ["nvidia-tesla-t4"]})
     with pytest.raises(gexc.BadRequest, match="Accelerator type 'nvidia-tesla-k80' does not exist"):
-        api.insert(instance("bad-0"))
+        api.insert(instance("bad-0", gpu="nvidia-tesla-k80"))  # retired: the emulator models GCE in 2026
+    emu.configure(accelerators={Z: ["nvidia-tesla-t4"]})
     bad = instance("bad-1", gpu="nvidia-tesla-t4")
     bad.scheduling = c.Scheduling(on_host_maintenance="MIGRATE")
     with pytest.raises(gexc.BadRequest, match="live migration"):
@@ -460,3 +460,35 @@ def test_filter_expressions(expr: str, expected: bool) -> None:
 def test_bad_filters_are_rejected(expr: str) -> None:
     with pytest.raises(FilterError):
         compile_filter(expr)
+
+
+def test_accelerator_optimized_types_time_limits_and_flex_start(emu: GceEmulator, api: Clients) -> None:
+    a3 = instance("a3-0", gpu=None, machine="a3-highgpu-2g", action="DELETE")
+    a3.scheduling.max_run_duration = c.Duration(seconds=3600)
+    api.wait(api.insert(a3))
+    got = emu.instance("a3-0")
+    assert got is not None and got["scheduling"]["maxRunDuration"] == {"seconds": "3600"}
+    assert emu.state.get_instance(P, Z, "a3-0")["scheduling"]["provisioningModel"] == "SPOT"
+    both = instance("a3-1", gpu="nvidia-h100-80gb", machine="a3-highgpu-2g", count=2)
+    with pytest.raises(gexc.BadRequest, match="comes with its GPUs attached"):
+        api.insert(both)
+    limited = instance("lim-0", spot=False)
+    limited.scheduling.max_run_duration = c.Duration(seconds=3600)
+    with pytest.raises(gexc.BadRequest, match="instanceTerminationAction"):
+        api.insert(limited)  # GCE asks what to do at the limit
+    flex = instance("flex-0", gpu=None, machine="g2-standard-4", spot=False)
+    flex.scheduling.provisioning_model = "FLEX_START"
+    flex.scheduling.max_run_duration = c.Duration(seconds=3600)
+    flex.scheduling.instance_termination_action = "DELETE"
+    with pytest.raises(gexc.BadRequest, match="FLEX_START is not supported"):
+        api.insert(flex)
+    flex.machine_type = f"zones/{Z}/machineTypes/a2-highgpu-1g"
+    flex.scheduling.max_run_duration = c.Duration(seconds=8 * 86400)
+    with pytest.raises(gexc.BadRequest, match="maxRunDuration"):
+        api.insert(flex)  # flex-start VMs run at most 7 days
+    flex.scheduling.max_run_duration = c.Duration(seconds=3600)
+    api.wait(api.insert(flex))
+    # The limit is the cloud's own: with no controller, the VM goes at maxRunDuration.
+    until(lambda: (emu.instance("a3-0") or {}).get("status") == "RUNNING")
+    emu.advance(3601)
+    until(lambda: emu.instance("a3-0") is None)

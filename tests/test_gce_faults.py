@@ -78,9 +78,9 @@ storage: {storage}
 training: {{job: command, command: "sleep 600", mode: sync, train_steps: 100}}
 cluster:
   parameter_servers: {{count: 0}}
-  workers: [{{gpu: k80, count: 2, spot: true, zone: {Z1}}}]
+  workers: [{{gpu: t4, count: 2, spot: true, zone: {Z1}}}]
 policy: {{on_revocation: replace, max_replacements: 4}}
-pricing: {{book: 2019-02}}
+pricing: {{book: 2026-11}}
 """))
 
 
@@ -138,6 +138,10 @@ def test_5xx_and_timeouts_on_every_endpoint_the_provider_calls(cloud: EmulatedCl
         assert vms(cloud) == Counter(statuses(job).keys())
         snap = emu.snapshot()
         assert snap["instances_created"] == 2
+        for name in statuses(job):  # what the controller's creates carry: SPOT, DELETE, a cloud-side limit
+            scheduling = (emu.instance(name) or {})["scheduling"]
+            assert scheduling["provisioningModel"] == "SPOT" and scheduling["instanceTerminationAction"] == "DELETE"
+            assert scheduling["maxRunDuration"] == {"seconds": str(7 * 86400)}  # no deadline/budget: 7 days
         calls = snap["calls"]
         # Retries are bounded and nothing is asked twice beyond them: the injected 3 failures per endpoint.
         assert calls["instances.insert"] == 2 + 3  # the lost answer's retry reuses the requestId: no 2nd VM
@@ -232,7 +236,7 @@ def test_a_duplicated_insert_makes_one_vm(
         inst = job.instances[0]
         backend.provider.create(InstanceRequest(name=inst.name, job_id=job_id, role=Role.WORKER, index=0,
                                                 generation=0, zone=inst.zone, machine_type=inst.machine_type,
-                                                spot=True, gpu="k80", gpu_count=1))
+                                                spot=True, gpu="t4", gpu_count=1))
         assert vms(cloud) == Counter(statuses(job).keys())
         assert emu.snapshot()["instances_created"] == 2
         monkeypatch.setattr(driver, "execute", execute)
@@ -246,8 +250,8 @@ def test_a_vm_created_by_a_controller_killed_before_recording_it_is_adopted(
     emu = compute(cloud)
     spec = make_spec(cloud, tmp_path / "runs")
     backend = quick_backend(spec)
-    if stockout:  # the first allowed zone is out of K80s: the dying controller had moved on to the next
-        emu.set_stockout(Z1, gpu="nvidia-tesla-k80")
+    if stockout:  # the first allowed zone is out of T4s: the dying controller had moved on to the next
+        emu.set_stockout(Z1, gpu="nvidia-tesla-t4")
     # The dying controller sends the insert and is killed while it waits for the operation.
     dying = GceProvider(PROJECT, api_endpoint=cloud.url, retry=replace(QUICK, operation_timeout_s=0.3))
     emu.configure(boot_delay_s=60.0, operation_wait_max_s=0.1)  # its VM is still booting at the next pass

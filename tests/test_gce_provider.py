@@ -65,7 +65,7 @@ def req(
     gen: int = 0,
     zone: str = Z,
     *,
-    gpu: str | None = "k80",
+    gpu: str | None = "t4",
     count: int = 1,
     spot: bool = True,
     machine: str = "n1-standard-4",
@@ -112,12 +112,12 @@ def test_create_sends_the_right_instance_and_list_reads_it_back(
         "orch-gen": "0",
     }
     assert body["scheduling"]["provisioningModel"] == "SPOT"
-    assert body["scheduling"]["instanceTerminationAction"] == "STOP"
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"  # nothing left billing after a preemption
     assert (
         body["scheduling"]["onHostMaintenance"] == "TERMINATE" and not body["scheduling"]["automaticRestart"]
     )
     assert body["guestAccelerators"][0]["acceleratorType"].endswith(
-        f"zones/{Z}/acceleratorTypes/nvidia-tesla-k80"
+        f"zones/{Z}/acceleratorTypes/nvidia-tesla-t4"
     )
     assert body["tags"]["items"] == ["orch-c1"]
     meta = {i["key"]: i["value"] for i in body["metadata"]["items"]}
@@ -131,7 +131,7 @@ def test_create_sends_the_right_instance_and_list_reads_it_back(
     observed = {o.name: o for o in gce.list()}
     worker = observed["job-worker-0-0"]
     assert worker.state == ObservedState.RUNNING and worker.role == Role.WORKER and worker.generation == 0
-    assert worker.gpu == "k80" and worker.spot and not worker.preempted and worker.zone == Z
+    assert worker.gpu == "t4" and worker.spot and not worker.preempted and worker.zone == Z
     assert worker.host == "127.0.0.1" and worker.ssh_port == 2222
     assert worker.workdir == str(tmp_path / "job-worker-0-0") and worker.provider_id
     assert observed["job-ps-0-3"].generation == 3 and observed["job-ps-0-3"].gpu is None
@@ -192,18 +192,18 @@ def test_slow_operations_are_polled_until_done(emu: GceEmulator, gce: GceProvide
 
 
 def test_stockout_raises_capacity_error_with_zone(emu: GceEmulator, gce: GceProvider) -> None:
-    emu.set_stockout(Z, gpu="nvidia-tesla-k80", provisioning="spot")
+    emu.set_stockout(Z, gpu="nvidia-tesla-t4", provisioning="spot")
     with pytest.raises(CapacityError) as err:
         gce.create(req())
     assert (
         err.value.zone == Z
-        and err.value.resource == "k80"
+        and err.value.resource == "t4"
         and "ZONE_RESOURCE_POOL_EXHAUSTED" in str(err.value)
     )
     assert emu.instance("job-worker-0-0") is None
     gce.create(req(zone=Z2))  # next zone works; same name, fresh requestId
     gce.create(req(index=1, spot=False))  # the stockout is spot-only
-    emu.set_stockout(Z, gpu="nvidia-tesla-k80", provisioning="spot", enabled=False)
+    emu.set_stockout(Z, gpu="nvidia-tesla-t4", provisioning="spot", enabled=False)
     gce.create(req(index=2))
 
 
@@ -212,11 +212,11 @@ def test_quota_raises_quota_error_naming_the_metric(
     emu: GceEmulator, gce: GceProvider, as_http: bool
 ) -> None:
     emu.configure(quota_errors_as_http=as_http)
-    emu.set_quota("us-central1", "PREEMPTIBLE_NVIDIA_K80_GPUS", 4)
+    emu.set_quota("us-central1", "PREEMPTIBLE_NVIDIA_T4_GPUS", 4)
     gce.create(req(count=4))
     with pytest.raises(QuotaError) as err:
         gce.create(req(index=1, zone=Z2))
-    assert err.value.metric == "PREEMPTIBLE_NVIDIA_K80_GPUS" and err.value.region == "us-central1"
+    assert err.value.metric == "PREEMPTIBLE_NVIDIA_T4_GPUS" and err.value.region == "us-central1"
     assert err.value.zone == Z2 and not err.value.retryable
     emu.set_quota("global", "GPUS_ALL_REGIONS", 4)
     with pytest.raises(QuotaError) as err:
@@ -225,8 +225,8 @@ def test_quota_raises_quota_error_naming_the_metric(
 
 
 def test_invalid_requests(emu: GceEmulator, gce: GceProvider) -> None:
-    emu.configure(accelerators={Z: ["nvidia-tesla-t4"]})
-    with pytest.raises(InvalidRequestError, match="nvidia-tesla-k80"):
+    emu.configure(accelerators={Z: ["nvidia-l4"]})
+    with pytest.raises(InvalidRequestError, match="nvidia-tesla-t4"):
         gce.create(req())
     with pytest.raises(InvalidRequestError, match="unknown GPU"):
         gce.create(req(gpu="tpu9"))
@@ -330,7 +330,9 @@ def test_timeouts_are_retried_and_a_lost_insert_response_never_creates_twice(
     emu.clear_faults()
 
 
-def test_preemption_is_visible_as_stopping_then_terminated(emu: GceEmulator, gce: GceProvider) -> None:
+def test_preemption_is_visible_as_stopping_then_terminated(emu: GceEmulator) -> None:
+    # termination_action STOP: the preempted VM stays TERMINATED (its disk billed) until deleted.
+    gce = GceProvider(P, api_endpoint=emu.url, retry=QUICK_RETRY, network_tag="orch-c1", termination_action="STOP")
     gce.create(req())
     gce.create(req(index=1, spot=False))
     emu.configure(preempt_delay_s=30.0)
@@ -344,6 +346,13 @@ def test_preemption_is_visible_as_stopping_then_terminated(emu: GceEmulator, gce
     assert terminated.preempted and terminated.host == "127.0.0.1"  # no external IP when stopped
     gce.delete("job-worker-0-0", Z)
     assert [o.name for o in gce.list()] == ["job-worker-1-0"]
+    gce.close()
+
+
+def test_preempted_spot_vm_is_deleted_by_default(emu: GceEmulator, gce: GceProvider) -> None:
+    gce.create(req())
+    emu.preempt("job-worker-0-0")
+    until(lambda: gce.list(["job"]) == [])  # DELETE: nothing of it is left billing
 
 
 def test_unreachable_zone_fails_the_list_instead_of_hiding_instances(
@@ -390,3 +399,67 @@ def test_create_image_from_an_instance_and_boot_from_it(emu: GceEmulator, gce: G
     missing = GceProvider(P, api_endpoint=emu.url, retry=QUICK_RETRY, image="images/nope")
     with pytest.raises(InvalidRequestError, match="nope"):
         missing.create(req("run2"))
+
+
+def test_accelerator_optimized_type_brings_its_gpus_and_a_time_limit(emu: GceEmulator, gce: GceProvider) -> None:
+    request = req(gpu="h100", count=2, machine="a3-highgpu-2g")
+    gce.create(InstanceRequest(**{**request.__dict__, "max_run_s": 3600}))
+    body = found(emu.instance("job-worker-0-0"))
+    assert "guestAccelerators" not in body  # GCE attaches an A3's GPUs itself
+    scheduling = body["scheduling"]
+    assert scheduling["provisioningModel"] == "SPOT" and scheduling["instanceTerminationAction"] == "DELETE"
+    assert scheduling["maxRunDuration"] == {"seconds": "3600"}
+    worker = gce.list(["job"])[0]
+    assert worker.spot and worker.zone == Z
+
+
+def test_time_limit_makes_the_cloud_delete_the_vm_itself(emu: GceEmulator, gce: GceProvider) -> None:
+    request = req(gpu="l4", machine="g2-standard-4")
+    gce.create(InstanceRequest(**{**request.__dict__, "max_run_s": 120}))
+    until(lambda: [o.state for o in gce.list(["job"])] == [ObservedState.RUNNING])
+    emu.advance(121)  # no controller acts: GCE's own maxRunDuration ends the VM
+    until(lambda: gce.list(["job"]) == [])
+
+
+def test_flex_start_is_for_a2_a3_a4_only(emu: GceEmulator, gce: GceProvider) -> None:
+    flex = req(gpu="a100", machine="a2-highgpu-1g", spot=False)
+    gce.create(InstanceRequest(**{**flex.__dict__, "flex_start": True, "max_run_s": 7200}))
+    scheduling = found(emu.instance("job-worker-0-0"))["scheduling"]
+    assert scheduling["provisioningModel"] == "FLEX_START" and scheduling["instanceTerminationAction"] == "DELETE"
+    bad = req(index=1, gpu="l4", machine="g2-standard-4", spot=False)
+    with pytest.raises(InvalidRequestError, match="FLEX_START"):
+        gce.create(InstanceRequest(**{**bad.__dict__, "flex_start": True, "max_run_s": 7200}))
+
+
+def test_user_caused_cloud_errors_are_user_errors_naming_the_fix(emu: GceEmulator, gce: GceProvider) -> None:
+    from orchestrator.errors import UserError
+    from orchestrator.providers.gce import GceCredentialsError, GcePermissionError, GceProjectError
+
+    emu.inject_fault(endpoint="instances.insert", status=403)
+    with pytest.raises(GcePermissionError, match="roles/compute.instanceAdmin.v1") as denied:
+        gce.create(req())
+    assert isinstance(denied.value, UserError) and "\n" not in str(denied.value)
+    emu.inject_fault(endpoint="instances.insert", status=401)
+    with pytest.raises(GceCredentialsError, match="gcloud auth application-default login"):
+        gce.create(req(index=1))
+    with pytest.raises(GceCredentialsError, match="cannot load service-account key file"):
+        GceProvider(P, credentials="/nonexistent/key.json")
+    emu.inject_fault(endpoint="instances.insert", status=404, reason="notFound",
+                     message=f"The resource 'projects/{P}' was not found")
+    with pytest.raises(GceProjectError, match="compute.googleapis.com"):
+        gce.create(req(index=2))
+
+
+def test_cloud_deadline_bounds_spend_even_without_a_controller() -> None:
+    from orchestrator.providers.gce_requests import DEFAULT_MAX_RUN_S, cloud_max_run_s
+
+    # Deadline 2 h, 30 min gone: the VM may run what is left plus a 10 min teardown grace.
+    assert cloud_max_run_s(deadline_s=7200, elapsed_s=1800, budget_usd=None, spent_usd=0,
+                           cluster_usd_per_hour=4.0) == 5400 + 600
+    # $10 budget, $4 spent, the cluster costs $4/h: every VM stops within 1.5 h, so at most $6 more.
+    assert cloud_max_run_s(deadline_s=None, elapsed_s=0, budget_usd=10, spent_usd=4,
+                           cluster_usd_per_hour=4.0) == 5400
+    assert cloud_max_run_s(deadline_s=None, elapsed_s=0, budget_usd=None, spent_usd=0,
+                           cluster_usd_per_hour=4.0) == DEFAULT_MAX_RUN_S
+    assert cloud_max_run_s(deadline_s=60, elapsed_s=10_000, budget_usd=1, spent_usd=5,
+                           cluster_usd_per_hour=4.0) == 60  # never below GCE's minimum

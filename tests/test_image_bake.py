@@ -142,8 +142,12 @@ def test_refusals_cost_nothing(emu: GceEmulator, spec: Path, tmp_path: Path) -> 
     local = write_spec(tmp_path / "local.yaml", {"kind": "local"})
     with pytest.raises(UserError, match="provider.kind: gce"):
         bake_image(role="worker", gpu="v100", spec_path=local)
-    with pytest.raises(UserError, match="K80"):
+    with pytest.raises(UserError, match="K80") as k80:
         bake_image(role="worker", gpu="k80", spec_path=spec)
+    assert k80.value.hint is not None and "k80" not in k80.value.hint and "l4" in k80.value.hint
+    with pytest.raises(UserError, match="retired from Compute Engine 2026-09-15") as p100:
+        bake_image(role="worker", gpu="p100", spec_path=spec)  # suggests only GPUs GCE sells today
+    assert p100.value.hint is not None and "p100" not in p100.value.hint and "h100" in p100.value.hint
     with pytest.raises(UserError, match="--gpu"):
         bake_image(role="worker", gpu=None, spec_path=spec)
     with pytest.raises(UserError, match="CPU-only"):

@@ -3,6 +3,7 @@ emulator through the real client, and `orchestrator launch` refusing (exit 2) a 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def emu(tmp_path: Path) -> Iterator[GceEmulator]:
     emulator = GceEmulator({
         "boot_delay_s": 0.05, "op_delay_s": 0.02, "delete_delay_s": 0.02, "operation_wait_max_s": 5.0,
         "ssh_port": 2222, "workdir_root": str(tmp_path / "emu"),
-        "quotas": {"us-central1": {"CPUS": 24, "PREEMPTIBLE_NVIDIA_K80_GPUS": 2, "INSTANCES": 10},
+        "quotas": {"us-central1": {"CPUS": 24, "PREEMPTIBLE_NVIDIA_T4_GPUS": 2, "INSTANCES": 10},
                    "global": {"GPUS_ALL_REGIONS": 2}},
     })
     emulator.start()
@@ -93,16 +94,16 @@ def test_region_quotas_report_limits_and_usage(emu: GceEmulator) -> None:
     gce = GceProvider(P, api_endpoint=emu.url, retry=QUICK)
     try:
         assert gce.region_quotas("us-central1") == {
-            "CPUS": (24.0, 0.0), "INSTANCES": (10.0, 0.0), "PREEMPTIBLE_NVIDIA_K80_GPUS": (2.0, 0.0)}
+            "CPUS": (24.0, 0.0), "INSTANCES": (10.0, 0.0), "PREEMPTIBLE_NVIDIA_T4_GPUS": (2.0, 0.0)}
         assert gce.region_quotas("us-west1") == {}  # no limits configured there
         assert gce.project_quotas() == {"GPUS_ALL_REGIONS": (2.0, 0.0)}
         gce.create(InstanceRequest(name=instance_name("job", Role.WORKER, 0, 0), job_id="job", role=Role.WORKER,
                                    index=0, generation=0, zone="us-central1-c", machine_type="n1-standard-4",
-                                   spot=True, gpu="k80", gpu_count=1))
-        # The same accounting the emulator uses for QUOTA_EXCEEDED: spot K80 -> PREEMPTIBLE_*, CPUS (no
+                                   spot=True, gpu="t4", gpu_count=1))
+        # The same accounting the emulator uses for QUOTA_EXCEEDED: spot T4 -> PREEMPTIBLE_*, CPUS (no
         # PREEMPTIBLE_CPUS quota), one instance, one GPU globally.
         assert gce.region_quotas("us-central1") == {
-            "CPUS": (24.0, 4.0), "INSTANCES": (10.0, 1.0), "PREEMPTIBLE_NVIDIA_K80_GPUS": (2.0, 1.0)}
+            "CPUS": (24.0, 4.0), "INSTANCES": (10.0, 1.0), "PREEMPTIBLE_NVIDIA_T4_GPUS": (2.0, 1.0)}
         assert gce.project_quotas() == {"GPUS_ALL_REGIONS": (2.0, 1.0)}
         with pytest.raises(InvalidRequestError, match="HTTP 404"):
             gce.region_quotas("mars-north1")
@@ -126,7 +127,7 @@ cluster:
   parameter_servers: {{count: 1, machine_type: n1-standard-4, zone: us-central1-c}}
   chief: {{machine_type: n1-standard-4, zone: us-central1-c}}
   workers:
-    - {{gpu: k80, count: {workers}, spot: true, zone: us-central1-c}}
+    - {{gpu: t4, count: {workers}, spot: true, zone: us-central1-c}}
 """
 
 
@@ -142,7 +143,7 @@ def test_launch_over_quota_exits_2_and_creates_nothing(emu: GceEmulator, tmp_pat
     out = run("launch", str(path), tmp_path=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     err = " ".join(out.stderr.split())
-    assert "needs 4 PREEMPTIBLE_NVIDIA_K80_GPUS in us-central1 but only 2 of 2 are free" in err
+    assert "needs 4 PREEMPTIBLE_NVIDIA_T4_GPUS in us-central1 but only 2 of 2 are free" in err
     assert "needs 4 GPUS_ALL_REGIONS in all regions but only 2 of 2 are free" in err
     assert "CPUS" not in err.replace("NVIDIA", "")  # 6 x 4 vCPUs = 24: within quota
     snap = emu.snapshot()
@@ -156,14 +157,15 @@ def test_dry_run_shows_headroom_and_survives_unreadable_quotas(emu: GceEmulator,
     path.write_text(spec_text(emu.url, workers=2))
     out = run("launch", "--dry-run", str(path), tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "GCE quota headroom" in out.stdout
-    assert "PREEMPTIBLE_NVIDIA_K80_GPUS" in out.stdout and "GPUS_ALL_REGIONS" in out.stdout
-    assert "NOT ENOUGH" not in out.stdout and "would be refused" not in out.stdout
+    dry = json.loads(out.stdout)  # a gce dry run: the Compute API requests, and the quota headroom, as JSON
+    metrics = {h["metric"]: h for h in dry["quota_headroom"]}
+    assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in metrics and "GPUS_ALL_REGIONS" in metrics
+    assert all(h["ok"] for h in metrics.values()) and dry["launch_would_be_refused"] is False
     # A permission failure while reading quotas is a warning, not a refusal.
     emu.inject_fault("regions.get", status=403, count=None)
     out = run("launch", "--dry-run", str(path), tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "could not read GCE quotas" in out.stderr and "GCE quota headroom" not in out.stdout
+    assert "could not read GCE quotas" in out.stderr and "quota_headroom" not in json.loads(out.stdout)
     assert emu.snapshot()["instances_created"] == 0
 
 

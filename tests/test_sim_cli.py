@@ -12,8 +12,8 @@ from orchestrator.cli.simulate_cmd import simulate_command
 from orchestrator.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
-K80 = REPO / "examples" / "gce-k80x4-spot.yaml"
-HETERO = REPO / "examples" / "gce-hetero-multizone.yaml"
+K80 = REPO / "examples" / "reproduce-icac19.yaml"  # the 2019 GPUs: local provider / simulator, 2019-02 book
+HETERO = REPO / "examples" / "gce-mixed-t4-l4-a100.yaml"  # today's GCE GPUs, 2026-11 book
 
 
 def run(capsys: pytest.CaptureFixture[str], specs: list[Path], **kw: object) -> str:
@@ -26,6 +26,7 @@ def run(capsys: pytest.CaptureFixture[str], specs: list[Path], **kw: object) -> 
         "plot": None,
         "fit": False,
         "replay": None,
+        "cloud": True,  # reproduce-icac19 is a local spec: simulate the 2019 cloud cluster it emulates
     }
     args.update(kw)
     simulate_command(specs, **args)  # type: ignore[arg-type]
@@ -34,14 +35,16 @@ def run(capsys: pytest.CaptureFixture[str], specs: list[Path], **kw: object) -> 
 
 def test_json_for_one_and_several_specs(capsys: pytest.CaptureFixture[str]) -> None:
     one = json.loads(run(capsys, [K80], json_out=True))
-    assert one["spec"] == "k80x4-spot" and one["runs"] == 200
+    assert one["spec"] == "reproduce-icac19" and one["runs"] == 200
     for key in ("time_s", "cost_usd"):
         assert set(one[key]) == {"mean", "p10", "p50", "p90"}
     assert one["preemptible_24h_cap"] is True
     assert 0.0 <= one["p_miss_deadline"] <= 1.0 and 0.0 <= one["p_over_budget"] <= 1.0
-    both = json.loads(run(capsys, [K80, HETERO], json_out=True, price_book="current"))
-    assert [s["spec"] for s in both] == ["k80x4-spot", "hetero-3zone"]
-    assert both[0]["preemptible_24h_cap"] is False  # today's spot VMs: no 24 h cap
+    both = json.loads(run(capsys, [K80, HETERO], json_out=True))
+    assert [s["spec"] for s in both] == ["reproduce-icac19", "mixed-t4-l4-a100"]
+    assert both[1]["preemptible_24h_cap"] is False  # today's spot VMs: no 24 h cap
+    assert "fitted to its own rows" in both[0]["revocation_model_by_gpu"]["k80"]
+    assert "not in gce-preemptible-lifetimes-2019.csv" in both[1]["revocation_model_by_gpu"]["l4"]
     again = json.loads(run(capsys, [K80], json_out=True))
     assert again == one  # same seed, same numbers
 
@@ -49,7 +52,8 @@ def test_json_for_one_and_several_specs(capsys: pytest.CaptureFixture[str]) -> N
 def test_table_plot_and_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     png = tmp_path / "cdf.png"
     out = run(capsys, [K80, HETERO], plot=png, fit=True)
-    assert "k80x4-spot" in out and "hetero-3zone" in out and "P(miss deadline)" in out
+    assert "reproduce-icac19" in out and "mixed-t4-l4-a100" in out and "P(miss deadline)" in out
+    assert "revocation model for l4: not in" in out and "no 24 h cap" in out
     assert "bathtub" in out and "us-central1-c" in out  # the fit tables
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -17,7 +17,7 @@ GOOD: dict[str, Any] = {
     "provider": {"kind": "gce", "project": "my-project", "zones": ["us-central1-c", "us-west1-b"]},
     "training": {"job": "resnet-cifar", "train_steps": 1000},
     "cluster": {
-        "workers": [{"gpu": "k80", "count": 2, "zone": "us-central1-c"}, {"gpu": "p100", "zone": "us-west1-b"}]
+        "workers": [{"gpu": "t4", "count": 2, "zone": "us-central1-c"}, {"gpu": "v100", "zone": "us-west1-b"}]
     },
 }
 
@@ -44,7 +44,8 @@ def test_unknown_gpu_names_field_and_choices() -> None:
     doc = copy.deepcopy(GOOD)
     doc["cluster"]["workers"][1]["gpu"] = "v200"
     assert errors_of(doc) == [
-        "cluster.workers[1].gpu: 'v200' is not a GPU type; known: k80, p100, v100, t4, l4, a100, h100"
+        "cluster.workers[1].gpu: 'v200' is not a GPU type; known: k80, p100, v100, t4, l4, rtx-pro-6000, a100, "
+        "a100-80gb, h100, h200, b200"
     ]
 
 
@@ -53,7 +54,7 @@ def test_gpu_not_offered_in_zone() -> None:
     doc["provider"]["zones"].append("europe-west4-a")
     doc["cluster"]["workers"][0]["zone"] = "europe-west4-a"
     (msg,) = errors_of(doc)
-    assert msg.startswith("cluster.workers[0]: nvidia-tesla-k80 is not offered in zone europe-west4-a; it is in: ")
+    assert msg.startswith("cluster.workers[0]: nvidia-tesla-t4 is not offered in zone europe-west4-a; it is in: ")
     assert "us-central1-c" in msg
 
 
@@ -88,13 +89,14 @@ def test_price_missing_in_book() -> None:
     doc = copy.deepcopy(GOOD)
     doc["provider"]["zones"] = ["us-central1-a"]
     doc["cluster"] = {"workers": [{"gpu": "a100", "zone": "us-central1-a", "machine_type": "a2-highgpu-1g"}]}
+    validate_spec(doc)  # the current book (2026-11) prices the whole a2-highgpu-1g
+    doc["pricing"] = {"book": "2019-02"}
     assert any(
-        m.startswith("cluster.workers[0].gpu: price book 'current' has no price for GPU 'a100'") for m in errors_of(doc)
+        m.startswith("cluster.workers[0].gpu: price book '2019-02' has no price for machine type 'a2-highgpu-1g'")
+        for m in errors_of(doc)
     )
-    doc["pricing"] = {
-        "overrides": {"a100": {"on_demand": 2.93, "spot": 0.88}, "a2-highgpu-1g": {"on_demand": 0.74, "spot": 0.22}}
-    }
-    validate_spec(doc)
+    doc["pricing"]["overrides"] = {"a100": {"on_demand": 2.93, "spot": 0.88}}
+    validate_spec(doc)  # the README's override example: a per-GPU price for the whole A2 machine type
 
 
 def test_durations() -> None:
@@ -200,3 +202,75 @@ def test_arbitrary_documents_give_only_clean_errors(doc: Any) -> None:
         validate_spec(doc)
     except SpecError as exc:
         assert exc.errors and all(e.message for e in exc.errors)
+
+
+# ---------------------------------------------------------------- what GCE sells today
+
+
+def gce_doc(*workers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "today",
+        "provider": {"kind": "gce", "project": "my-project", "zones": ["us-central1-a", "us-central1-c"]},
+        "training": {"job": "resnet-cifar", "train_steps": 1000, "mode": "sync"},
+        "cluster": {"parameter_servers": {"count": 0}, "workers": list(workers)},
+        **extra,
+    }
+
+
+def test_gce_refuses_retired_gpus_naming_field_date_and_current_prices() -> None:
+    (msg,) = errors_of(gce_doc({"gpu": "k80", "count": 4, "zone": "us-central1-c"}))
+    assert msg.startswith("cluster.workers[0].gpu: nvidia-tesla-k80 was retired from Compute Engine 2024-05-01")
+    assert "t4: $0.175/h spot, $0.35/h on-demand" in msg and "l4: $0.2818/h spot" in msg
+    (msg,) = errors_of(gce_doc({"gpu": "p100", "zone": "us-central1-c"}))
+    assert "retired from Compute Engine 2026-09-15" in msg
+    search = gce_doc({"gpu": "l4"})
+    del search["cluster"]
+    search["search"] = {"gpus": ["l4", "k80"]}
+    (msg,) = errors_of(search)
+    assert msg.startswith("search.gpus[1]: nvidia-tesla-k80 was retired")
+
+
+def test_local_provider_keeps_the_2019_gpus_with_the_2019_book() -> None:
+    spec = validate_spec({"name": "study", "cluster": {"workers": [{"gpu": "k80", "count": 4}, {"gpu": "p100"}]}})
+    assert spec.pricing.book == "2019-02"  # the default for the 2019 study's GPUs off GCE
+    spec = validate_spec({"name": "today", "cluster": {"workers": [{"gpu": "l4"}]}})
+    assert spec.pricing.book == "current"
+
+
+def test_machine_type_shapes() -> None:
+    spec = validate_spec(gce_doc({"gpu": "h100", "machine_type": "a3-highgpu-2g", "count": 2, "zone": "us-central1-a"}))
+    from orchestrator.slots import expand
+
+    workers = [s for s in expand(spec) if s.gpu]
+    assert [(s.machine_type, s.gpu_count) for s in workers] == [("a3-highgpu-2g", 2)] * 2
+    assert workers[0].price_per_hour == pytest.approx(6.70753)  # the whole machine type, spot
+    (msg,) = errors_of(gce_doc({"gpu": "a100", "machine_type": "a3-highgpu-2g", "zone": "us-central1-a"}))
+    assert msg.startswith("cluster.workers[0].machine_type: a3-highgpu-2g comes with 2 x h100, not a100")
+    (msg,) = errors_of(gce_doc({"gpu": "l4", "machine_type": "n1-standard-8", "zone": "us-central1-a"}))
+    assert "l4 is sold only with its accelerator-optimized machine types" in msg and "g2-standard-4 (1 GPU)" in msg
+
+
+def test_flex_start_is_for_a2_a3_a4_only() -> None:
+    spec = validate_spec(gce_doc({"gpu": "h100", "provisioning": "flex_start", "zone": "us-central1-a"}))
+    assert spec.pinned.workers[0].spot is False  # flex-start VMs are not spot
+    (msg,) = errors_of(gce_doc({"gpu": "l4", "provisioning": "flex_start", "zone": "us-central1-a"}))
+    assert msg.startswith("cluster.workers[0].provisioning: provisioning: flex_start is for A2/A3/A4")
+    assert any("not spot VMs" in m for m in errors_of(gce_doc({"gpu": "h100", "provisioning": "flex_start",
+                                                               "spot": True, "zone": "us-central1-a"})))
+    local = {"name": "x", "cluster": {"workers": [{"gpu": "h100", "provisioning": "flex_start"}]}}
+    assert any("needs provider kind: gce" in m for m in errors_of(local))
+
+
+def test_termination_action() -> None:
+    doc = gce_doc({"gpu": "l4", "zone": "us-central1-a"})
+    assert validate_spec(doc).provider.termination_action == "DELETE"  # type: ignore[union-attr]
+    from orchestrator.slots import expand
+
+    deleted = expand(validate_spec(doc))
+    doc["provider"]["termination_action"] = "STOP"
+    stopped = expand(validate_spec(doc))
+    # STOP keeps a preempted VM's 50 GB boot disk (billed until deleted): the ledger's hourly price counts it.
+    for a, b in zip(deleted, stopped, strict=True):
+        assert b.price_per_hour - a.price_per_hour == pytest.approx(50 * 0.10 / 730, abs=1e-6)
+    doc["provider"]["termination_action"] = "KEEP"
+    assert any(m.startswith("provider.termination_action:") for m in errors_of(doc))

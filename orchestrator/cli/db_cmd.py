@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from orchestrator.cli.render import console
+from orchestrator.errors import UserError
 from orchestrator.store import db
 
 app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy URL via --db / ORCHESTRATOR_DB_URL).")
@@ -13,8 +14,13 @@ app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy 
 @app.command("upgrade")
 def upgrade(revision: str = typer.Argument("head", help="target revision")) -> None:
     """Apply migrations (the CLI also does this on first use)."""
+    from alembic.util.exc import CommandError  # alembic takes ~0.5 s to import; only these verbs need it
+
     url = db.default_url()
-    db.upgrade(url, revision)
+    try:
+        db.upgrade(url, revision)
+    except CommandError as exc:  # an unknown revision: alembic's own words, one line
+        raise UserError(f"revision: {exc}", hint="`orchestrator db current` shows the head revision") from None
     console.print(f"database {db.get_engine(url).url.render_as_string(hide_password=True)} at revision "
                   f"{db.current_revision(url)}")
 
@@ -31,5 +37,10 @@ def current() -> None:
 @app.command("downgrade")
 def downgrade(revision: str = typer.Argument(..., help="target revision, e.g. base")) -> None:
     """Roll migrations back (drops data)."""
-    db.downgrade(db.default_url(), revision)
+    from alembic.util.exc import CommandError
+
+    try:
+        db.downgrade(db.default_url(), revision)
+    except CommandError as exc:
+        raise UserError(f"revision: {exc}", hint="`orchestrator db current` shows them; base = empty") from None
     console.print(f"at revision {db.current_revision(db.default_url()) or 'base'}")

@@ -19,6 +19,8 @@ from orchestrator.errors import UserError
 from orchestrator.spec import GceProvider, JobSpec, load_spec
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from orchestrator.costmodel import PlanResult
     from orchestrator.quotas import Quotas
 
@@ -148,12 +150,32 @@ def launch(
     quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
 ) -> None:
     """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy."""
+    from orchestrator.control.launcher import preflight
+
     spec, planned = resolve_spec(spec_path)
+    preflight(spec)  # the SSH inventory's content, also for a dry run
+    if dry_run and isinstance(spec.provider, GceProvider):
+        # The exact Compute API requests a launch would send (instances, firewall rules, disks), as JSON.
+        from orchestrator.control.gce_dry_run import gce_dry_run
+
+        out = gce_dry_run(spec)
+        if (found := read_spec_quotas(spec)) is not None:  # regions.get / projects.get: reads, not requests
+            from orchestrator.quotas import headroom, quota_problems
+
+            out["quota_headroom"] = [{"scope": h.scope, "metric": h.metric, "needs": h.need, "free": h.free,
+                                      "limit": h.limit, "ok": h.ok} for h in headroom(*found)]
+            out["launch_would_be_refused"] = bool(quota_problems(*found))
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
     if dry_run:
         print_dry_run(spec, planned)
         return
     check_budget(spec)
     check_quotas(spec)
+    from orchestrator.torch_spec import secret_problems
+
+    if problems := secret_problems(spec):  # read again when each task starts; values are never stored
+        raise UserError("; ".join(problems) + "; nothing was created")
     from orchestrator.control.launcher import launch_job
 
     launch_job(spec, planned, detach=detach, poll_s=poll, quiet=quiet)
@@ -162,8 +184,13 @@ def launch(
 def status(
     job: str | None = typer.Argument(None, help="job id or name; all jobs if omitted"),
     json_out: bool = typer.Option(False, "--json"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="follow the job until it ends (live view in a terminal, "
+                               "else event and progress lines)"),
 ) -> None:
     """One job (with its instances and recent events) or every job."""
+    if watch:
+        _watch(job)
+        return
     from orchestrator.store import queries
     from orchestrator.store.db import open_session
 
@@ -212,12 +239,10 @@ def logs(
     job: str = typer.Argument(..., help="job id or name"),
     instance: str | None = typer.Option(None, "--instance", help="slot such as worker-1, or an instance name"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
-    lines: int = typer.Option(50, "--lines", "-n"),
+    lines: int = typer.Option(50, "--lines", "-n", help="training-metric lines to show (every event is shown)"),
 ) -> None:
-    """Print the job's metrics/events, or one instance's process log."""
-    from orchestrator.control.logs import print_logs
-
-    print_logs(job, instance=instance, follow=follow, lines=lines)
+    """Print the job's events (naming each instance) and training metrics, or one instance's process log."""
+    _logs(job, instance, follow, lines)
 
 
 def cancel(job: str = typer.Argument(..., help="job id or name")) -> None:
@@ -230,6 +255,8 @@ def cancel(job: str = typer.Argument(..., help="job id or name")) -> None:
 def report(
     jobs: list[str] = typer.Argument(None, help="job ids or names; all jobs if omitted"),
     fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+    plot: Path | None = typer.Option(None, "--plot", help="also draw the job's timeline, cost and throughput to "
+                                     "this .png or .svg (one job)"),
 ) -> None:
     """Cost (by role), wall time, accuracy, revocations and replacements per job."""
     from orchestrator.store import queries
@@ -237,6 +264,7 @@ def report(
 
     if fmt not in {"table", "csv", "json"}:
         raise UserError(f"--format: '{fmt}' is not one of table, csv, json")
+    _check_plot_args(plot, jobs)
     with open_session() as session:
         ids: list[str] = []
         for ref in jobs or []:
@@ -245,6 +273,11 @@ def report(
                 raise UserError(f"no job '{ref}'; `orchestrator status` lists them")
             ids.append(found.id)
         rows: list[dict[str, Any]] = queries.job_summaries(session, ids or None)
+        if plot is not None:
+            _write_plot(session, ids[0], plot)
+        from orchestrator.cli.torch_report import training_section
+
+        training = training_section(session, rows) if fmt == "table" else []
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
             "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
             "revocations", "replacements", "restarts"]
@@ -257,11 +290,44 @@ def report(
         writer.writerows(rows)
         sys.stdout.write(buf.getvalue())
     else:
-        console.print(table(f"report ({time.strftime('%Y-%m-%d %H:%M')})",
-                            ["job", "status", "cluster", "book", "steps", "accuracy", "wall time", "cost",
-                             "workers", "ps", "chief", "revoked", "replaced", "restarts"],
-                            [[r["job_id"], r["status"], r["cluster_shape"], r["price_book"],
-                              f"{r['final_step'] or 0}/{r['train_steps']}", pct(r["accuracy"]),
-                              duration(r["wall_time_s"]), money(r["cost_usd"]), money(r["worker_cost_usd"]),
-                              money(r["ps_cost_usd"]), money(r["chief_cost_usd"]), r["revocations"],
-                              r["replacements"], r["restarts"]] for r in rows]))
+        from orchestrator.cli.render import print_report
+
+        print_report(rows, title=f"report ({time.strftime('%Y-%m-%d %H:%M')})")
+        if training:  # framework, world-size timeline (PyTorch elastic), examples/s, accuracy, cost
+            sys.stdout.write("training:\n" + "".join(f"  {line}\n" for line in training))
+
+
+def _watch(job: str | None) -> None:
+    if job is None:
+        raise UserError("--watch needs a job: `orchestrator status JOB --watch`")
+    from orchestrator.cli.progress import follow_job
+
+    follow_job(job, watch_live=True, metrics=True, lines=30, follow=True)
+
+
+def _logs(job: str, instance: str | None, follow: bool, lines: int) -> None:
+    if instance is None:
+        from orchestrator.cli.progress import follow_job
+
+        follow_job(job, watch_live=False, metrics=True, lines=lines, follow=follow)
+        return
+    from orchestrator.cli.instance_logs import print_instance_log
+
+    print_instance_log(job, instance, follow=follow, lines=lines)
+
+
+def _check_plot_args(plot: Path | None, jobs: list[str] | None) -> None:
+    if plot is None:
+        return
+    from orchestrator.cli.plots import format_for
+
+    format_for(plot)
+    if len(jobs or []) != 1:
+        raise UserError("--plot draws one job: `orchestrator report JOB --plot FILE.png`")
+
+
+def _write_plot(session: Session, job_id: str, path: Path) -> None:
+    from orchestrator.cli.plots import write_plot
+
+    write_plot(session, job_id, path)
+    err_console.print(f"plot written to {path}", highlight=False)

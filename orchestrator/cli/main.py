@@ -6,14 +6,17 @@ import os
 import sys
 from pathlib import Path
 
-import click
+import sqlalchemy.exc
 import typer
+import typer.core
+from rich.markup import escape
 
 from orchestrator import __version__
 from orchestrator.catalog import CatalogError
-from orchestrator.cli import catalog_cmd, db_cmd, jobs_cmd
+from orchestrator.cli import catalog_cmd, dashboard, db_cmd, jobs_cmd
 from orchestrator.cli.render import err_console
 from orchestrator.errors import UserError
+from orchestrator.providers.ssh import InventoryError
 from orchestrator.spec import SpecError
 from orchestrator.store.db import ENV_URL
 
@@ -26,14 +29,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    # Eager: runs while parsing, so `orchestrator --version` needs no command after it.
+    if value:
+        print(f"orchestrator {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     db: str | None = typer.Option(None, "--db", help=f"SQLAlchemy URL of the results DB (or ${ENV_URL})"),
-    version: bool = typer.Option(False, "--version", help="print the version"),
+    version: bool = typer.Option(False, "--version", help="print the version and exit", is_eager=True,
+                                 callback=_print_version),
 ) -> None:
-    if version:
-        print(__version__)
-        raise typer.Exit(0)
     if db:
         os.environ[ENV_URL] = db
 
@@ -71,11 +79,14 @@ def simulate(
     plot: Path | None = typer.Option(None, "--plot", help="write CDFs of time and cost to this PNG"),
     fit: bool = typer.Option(False, "--fit", help="print the fitted revocation models and their goodness of fit"),
     replay: str | None = typer.Option(None, "--replay", help="replay a finished job's revocations; sim vs measured"),
+    calibration: str | None = typer.Option(None, "--calibration", help="cost-model calibration ID (DB) or JSON"),
+    cloud: bool = typer.Option(False, "--cloud", help="a local spec: simulate the cloud cluster it emulates"),
 ) -> None:
     """What would this cluster cost and how long would it take, under real revocation traces?"""
     from orchestrator.cli.simulate_cmd import simulate_command
 
-    simulate_command(list(specs or []), runs, seed, price_book, trace, json_out, plot, fit, replay)
+    simulate_command(list(specs or []), runs, seed, price_book, trace, json_out, plot, fit, replay,
+                     calibration=calibration, cloud=cloud)
 
 
 @app.command("daemon")
@@ -83,11 +94,12 @@ def daemon(
     interval: float = typer.Option(2.0, "--interval", help="seconds between reconcile passes"),
     gc_every: float = typer.Option(300.0, "--gc-every", help="seconds between orphan sweeps"),
     once: bool = typer.Option(False, "--once", help="run one pass and exit"),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", help="serve Prometheus metrics on this port"),
 ) -> None:
     """Watch every active job: detect revocations, replace, resume, tear down. Survives restarts."""
     from orchestrator.control.daemon import run_daemon
 
-    run_daemon(interval_s=interval, gc_every_s=gc_every, once=once)
+    run_daemon(interval_s=interval, gc_every_s=gc_every, once=once, metrics_port=metrics_port)
 
 
 @app.command("gc")
@@ -99,6 +111,7 @@ def gc(yes: bool = typer.Option(False, "--yes", help="delete them (default: only
 
 
 app.command("catalog")(catalog_cmd.catalog_command)
+app.command("dashboard")(dashboard.dashboard_command)
 app.add_typer(db_cmd.app, name="db")
 
 
@@ -112,40 +125,98 @@ def _register_groups() -> None:
     app.add_typer(image_cmd.app, name="image", help="Bake worker / parameter-server boot images (GCE).")
 
 
+def _click_exception() -> type[Exception]:
+    """The ClickException class of the click that typer runs on, without importing click ourselves.
+
+    typer >= 0.2x vendors click as ``typer._click`` (and no longer depends on click); older typer
+    imports the click package. Both are reachable from typer.core, so whichever the lock installs works.
+    """
+    for name in ("_click", "click"):
+        found = getattr(getattr(typer.core, name, None), "ClickException", None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            return found
+    return _NeverRaised
+
+
+class _NeverRaised(Exception):
+    """Stands in for ClickException if typer ever stops exposing one (then typer's own Exit still works)."""
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "…"
+
+
+def _usage_error(exc: Exception) -> int:
+    """Print a click usage error as one line naming the command's --help; return its exit code."""
+    code = getattr(exc, "exit_code", 2)
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `orchestrator` or group: show the help
+        err_console.print(exc.format_message() if hasattr(exc, "format_message") else str(exc),
+                          highlight=False, markup=False)
+        return int(code) if isinstance(code, int) else 2
+    where = getattr(ctx, "command_path", None) or "orchestrator"
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    err_console.print(f"{where}: error: {_one_line(message)} (see '{where} --help')", highlight=False, markup=False,
+                      soft_wrap=True)
+    return int(code) if isinstance(code, int) else 2
+
+
 def _print_spec_error(exc: SpecError) -> None:
-    where = f" in {exc.source}" if exc.source else ""
-    err_console.print(f"[bold red]error:[/bold red] the job spec{where} is invalid "
-                      f"({len(exc.errors)} problem{'s' if len(exc.errors) != 1 else ''}):", highlight=False)
-    for e in exc.errors:
-        err_console.print(f"  {e}", highlight=False, markup=False)
+    what = "SSH inventory" if isinstance(exc, InventoryError) else "job spec"
+    if len(exc.errors) == 1 and not exc.errors[0].path:  # the file as a whole (unreadable, not a mapping)
+        msg = exc.errors[0].message
+        text = msg if exc.source and exc.source in msg else f"{what} {exc.source}: {msg}"
+        err_console.print(f"error: {text}; nothing was created", highlight=False, markup=False, soft_wrap=True)
+        return
+    where = f" in {escape(exc.source)}" if exc.source else ""
+    err_console.print(f"[bold red]error:[/bold red] the {what}{where} is invalid "
+                      f"({len(exc.errors)} problem{'s' if len(exc.errors) != 1 else ''}):", highlight=False,
+                      soft_wrap=True)
+    for e in exc.errors:  # one line each, however narrow the terminal
+        err_console.print(f"  {e}", highlight=False, markup=False, soft_wrap=True)
     err_console.print("nothing was created.", highlight=False)
 
 
 def main() -> None:
     _register_groups()
     command = typer.main.get_command(app)
+    click_exception = _click_exception()
     try:
         rv = command.main(args=sys.argv[1:], prog_name="orchestrator", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("aborted")
         sys.exit(130)
     except SpecError as exc:
         _print_spec_error(exc)
         sys.exit(2)
     except (UserError, CatalogError) as exc:
-        err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
-        hint = getattr(exc, "hint", None)
-        if hint:
-            err_console.print(f"hint: {hint}", highlight=False)
+        _print_user_error(exc)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except sqlalchemy.exc.ArgumentError:  # the URL itself is never echoed: it may hold a password
+        err_console.print(f"error: cannot parse the results-DB URL given by --db or ${ENV_URL}; use e.g. "
+                          "sqlite:////abs/path/orchestrator.db or postgresql://user@host:5432/db", highlight=False,
+                          markup=False, soft_wrap=True)
+        sys.exit(2)
+    except sqlalchemy.exc.OperationalError as exc:
+        reason = _one_line(str(exc.orig) if exc.orig is not None else str(exc), 200)
+        err_console.print(f"error: the results DB is unreachable ({reason}); check --db / ${ENV_URL} and that the "
+                          "server is running", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(1)
+    except click_exception as exc:
+        sys.exit(_usage_error(exc))
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _print_user_error(exc: Exception) -> None:
+    # One line: what is wrong, then the fix. Multi-line details (a quota table) keep their own lines.
+    hint = getattr(exc, "hint", None)
+    text = str(exc) + (f" — fix: {hint}" if hint else "")
+    err_console.print(f"[bold red]error:[/bold red] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

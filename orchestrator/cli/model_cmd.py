@@ -16,18 +16,18 @@ from orchestrator.costmodel import (
     DEFAULT_CALIBRATION,
     MODEL_NAMES,
     Calibration,
+    Efficiency,
     Measurement,
     UnknownModelError,
-    fit_calibration,
     get_profile,
     leave_one_gpu_out,
     load_calibration,
     load_measurements,
     max_batch,
 )
+from orchestrator.costmodel.calibration import fit_report, measurements_from_dicts
 from orchestrator.costmodel.calibration import mape as in_sample_mape
-from orchestrator.costmodel.calibration import measurements_from_dicts
-from orchestrator.costmodel.compute import layer_times, step_fn
+from orchestrator.costmodel.compute import layer_times, runtime_key, step_fn
 from orchestrator.costmodel.memory import memory_bytes, usable_bytes
 from orchestrator.errors import UserError
 
@@ -64,6 +64,47 @@ def resolve_calibration(ref: str | None) -> Calibration | None:
         return load_calibration(path)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def latest_calibration() -> Calibration | None:
+    """The newest calibration stored in the results DB (jobs refine it), or None."""
+    try:
+        from sqlalchemy import select
+
+        from orchestrator.store.db import open_session
+        from orchestrator.store.models import Calibration as Row
+
+        with open_session() as session:
+            row = session.execute(select(Row).order_by(Row.created_at.desc()).limit(1)).scalar_one_or_none()
+            if row is None:
+                return None
+            calib = Calibration.from_dict(json.loads(row.params))
+            return calib.with_meta(name=f"{calib.name} (DB id {row.id})")
+    except Exception:  # noqa: BLE001 - no DB yet, or an old row: plan with the priors
+        return None
+
+
+def _with_local_host(calib: Calibration) -> Calibration:
+    """Add this host's CPU step, start-up and teardown fitted on the DB's finished local jobs."""
+    from dataclasses import replace
+
+    from orchestrator.costmodel.accounting import fit_local_host
+    from orchestrator.store.db import open_session
+    from orchestrator.store.queries import local_run_timings
+
+    with open_session() as session:
+        runs = local_run_timings(session)
+    try:
+        host = fit_local_host(runs)
+    except ValueError as exc:
+        console.print(f"warning: {escape(str(exc))}")
+        return calib
+    console.print(
+        f"local host from {host['jobs']:.0f} finished local job(s): CPU step {host['cpu_step_s']:.3f} s "
+        f"(resnet_cifar_15, batch 32, uncontended), start-up {host['startup_s']:.1f} s, "
+        f"teardown {host['teardown_s']:.1f} s"
+    )
+    return replace(calib, local_host=host)
 
 
 def _measurements(path: Path | None, from_db: bool) -> list[Measurement]:
@@ -110,16 +151,14 @@ def _ms(seconds: float) -> str:
 
 
 def _calibration_rows(calib: Calibration) -> list[list[Any]]:
-    rows: list[list[Any]] = [
-        [
-            "(default)",
-            f"{calib.default.eff_compute:.3f}",
-            f"{calib.default.eff_memory:.3f}",
-            _ms(calib.default.overhead_s),
-        ]
-    ]
-    for gpu, e in sorted(calib.per_gpu.items()):
-        rows.append([gpu, f"{e.eff_compute:.3f}", f"{e.eff_memory:.3f}", _ms(e.overhead_s)])
+    def row(key: str, e: Efficiency) -> list[Any]:
+        hb = "prior" if e.half_batch is None else f"{e.half_batch:.0f}"
+        return [key, f"{e.eff_compute:.3f}", f"{e.eff_memory:.3f}", _ms(e.overhead_s),
+                f"{e.overhead_per_layer_s * 1e6:.1f}", hb]
+
+    rows = [row("(default)", calib.default)]
+    for key, e in sorted(calib.per_gpu.items()):
+        rows.append(row(f"{key} ({calib.points.get(key, 0)})", e))
     return rows
 
 
@@ -128,6 +167,9 @@ def _calibration_rows(calib: Calibration) -> list[list[Any]]:
 
 @app.command("calibrate")
 def calibrate(
+    file: Path | None = typer.Argument(
+        None, help="measurement CSV (or folder of CSVs, e.g. data/measurements): gpu,runtime,model,batch,step_ms,..."
+    ),
     measurements: Path | None = typer.Option(
         None, "--measurements", help="CSV: model,gpu,batch,step_time_s[,...]"
     ),
@@ -140,18 +182,36 @@ def calibrate(
     ),
     save: bool = typer.Option(False, "--save", help="store it in the results DB (always with --from-db)"),
 ) -> None:
-    """Fit compute efficiencies (and network constants) to measured step times by least squares."""
+    """Fit the step-time model (per GPU x runtime x model) and network constants to measured points."""
+    measurements = measurements or file
     rows = _measurements(measurements, from_db)
     label = name or time.strftime("calibration-%Y%m%d-%H%M%S")
     source = ", ".join(
         s for s in (str(measurements) if measurements else "", "results DB" if from_db else "") if s
     )
+    if any(m.emulated for m in rows) and not all(m.emulated for m in rows):
+        real = [m for m in rows if not m.emulated]
+        console.print(f"warning: {len(rows) - len(real)} step times of emulated (local) GPUs left out: they "
+                      "calibrate nothing real")
+        rows = real
+    base = None
+    if from_db and not all(m.emulated for m in rows):  # jobs refine the newest stored (or shipped) calibration
+        base = latest_calibration() or DEFAULT_CALIBRATION
+        if base.emulated:
+            base = DEFAULT_CALIBRATION
+        console.print(f"refining calibration {escape(base.name)}")
     try:
-        calib = fit_calibration(rows, name=label)
+        report = fit_report(rows, name=label, base=base)
+        calib = report.calibration
         gpus = {load_catalog().gpu(m.gpu).key for m in rows if m.is_compute}
         validation = leave_one_gpu_out(rows) if len(gpus) >= 2 else None
     except (ValueError, CatalogError, UnknownModelError) as exc:
         raise UserError(str(exc)) from None
+    for w in report.warnings:
+        console.print(f"warning: {escape(w)}")
+    if calib.emulated:
+        console.print("note: fitted on emulated (local provider) GPUs: stored apart, never used to plan real GPUs")
+        calib = _with_local_host(calib) if from_db else calib
     err = validation.mape if validation else None
     calib = calib.with_meta(source=f"{calib.source} (from {source})", mape=err)
     if out is not None:
@@ -166,7 +226,7 @@ def calibrate(
     console.print(
         table(
             f"calibration {escape(label)}: {escape(calib.source)}",
-            ["GPU", "eff_compute", "eff_memory", "overhead ms"],
+            ["key (points)", "eff_compute", "eff_memory", "overhead ms", "per layer us", "half batch"],
             _calibration_rows(calib),
         )
     )
@@ -195,6 +255,8 @@ def predict(
     gpu: str = typer.Option(..., "--gpu", help="catalog GPU key (k80, p100, v100, t4, l4, a100, h100)"),
     batch: int = typer.Option(..., "--batch", min=1, help="per-worker batch"),
     calibration: str | None = typer.Option(None, "--calibration", help="calibration ID (DB) or JSON file"),
+    runtime: str = typer.Option("tf1-graph", "--runtime", help="tf1-graph, keras-xla, pytorch-eager, torch-compile"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32 or bf16"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Predict one worker's compute step time (and whether the batch fits the GPU's memory)."""
@@ -202,7 +264,7 @@ def predict(
     calib = resolve_calibration(calibration) or DEFAULT_CALIBRATION
     cat = load_catalog()
     g = cat.gpu(gpu)
-    t = step_fn(model, g.key, calib, cat).at(float(batch))
+    t = step_fn(model, g.key, calib, cat, runtime, precision).at(float(batch))
     comp, mem = layer_times(model, g.key, batch, calib, cat)
     result = {
         "model": model,
@@ -211,7 +273,7 @@ def predict(
         "step_time_s": t,
         "steps_per_s": 1.0 / t,
         "examples_per_s": batch / t,
-        "calibration": calib.name,
+        "calibration": calib.describe(g.key, runtime_key(runtime, precision), model),
         "compute_bound_layers": int((comp >= mem).sum()),
         "layers": len(comp),
         "memory_gb": memory_bytes(model, batch) / 1e9,
@@ -225,7 +287,7 @@ def predict(
     console.print(
         f"{model} on {g.key} at batch {batch}: [bold]{_ms(t)} ms[/bold] a step "
         f"({result['steps_per_s']:.2f} steps/s, {result['examples_per_s']:.0f} examples/s; "
-        f"calibration {calib.name})"
+        f"calibration {result['calibration']})"
     )
     console.print(
         f"{result['compute_bound_layers']} of {result['layers']} layers compute-bound; memory "
@@ -345,8 +407,8 @@ def profile(
     )
     if times is not None:
         total = float(sum(max(float(a), float(b)) for a, b in zip(times[0], times[1], strict=True)))
-        over = DEFAULT_CALIBRATION.for_gpu(gpu or "").overhead_s
+        fn = step_fn(model, gpu or "", DEFAULT_CALIBRATION)
         console.print(
-            f"step on {gpu} at batch {batch}: {total * 1e3:.2f} ms of layers + {over * 1e3:.1f} ms overhead"
-            f" (default calibration)"
+            f"step on {gpu} at batch {batch}: {fn.at(batch) * 1e3:.2f} ms = smooth max of {total * 1e3:.2f} ms of "
+            f"GPU layers and {fn.host_s * 1e3:.1f} ms of host overhead (calibration {DEFAULT_CALIBRATION.name})"
         )

@@ -9,11 +9,11 @@ from typing import Any
 
 import typer
 
-from orchestrator.cli.model_cmd import resolve_calibration
+from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.costmodel import Candidate, PlanResult, UnknownModelError, plan
 from orchestrator.errors import UserError
-from orchestrator.spec import load_spec
+from orchestrator.spec import LocalProvider, load_spec
 
 
 def _time(c: Candidate) -> str:
@@ -126,14 +126,18 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
 def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
     """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON)."""
     spec = load_spec(spec_path)
-    calib = resolve_calibration(calibration)
+    calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
+    if calib is not None and calib.emulated and not isinstance(spec.provider, LocalProvider):
+        console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
+                      "planning real GPUs with the shipped one (data/calibration.json) instead")
+        calib = None
     try:
         result = plan(spec, calibration=calib)
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
     if json_out:
         print(json.dumps(result.to_dict(top=top), indent=2))
-        if result.chosen is None:
+        if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
             raise typer.Exit(1)
         return
     limits = []
@@ -153,10 +157,6 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     front = {id(c) for c in result.front}
     if result.chosen is not None:
         _print_chosen(result.chosen, result)
-        if not result.chosen.feasible:
-            console.print(
-                "[red]the pinned cluster breaks a constraint:[/red] " + "; ".join(result.chosen.reasons)
-            )
     runner_ups = result.runner_ups(top)
     if runner_ups:
         console.print(
@@ -174,6 +174,9 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
                 [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)],
             )
         )
+    if result.chosen is not None and not result.chosen.feasible:
+        raise UserError(f"the pinned cluster breaks a constraint: {'; '.join(result.chosen.reasons)}",
+                        hint="raise policy.budget_usd / policy.deadline, or change the cluster")
     if result.chosen is None:
         miss = result.best_infeasible
         raise UserError(

@@ -52,6 +52,15 @@ class RestartTraining:
     """Stop every task; they start again (the chief resumes from the latest checkpoint)."""
 
     reason: str
+    fatal: bool = False  # a task exited with the payload's fatal code: counted, one retry only
+
+
+@dataclass(frozen=True)
+class RecordLogTail:
+    """Keep the last lines of an instance's task log as an event (why a job failed)."""
+
+    name: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -62,4 +71,4 @@ class SetJobStatus:
 
 
 Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
-          | SetJobStatus)
+          | SetJobStatus | RecordLogTail)

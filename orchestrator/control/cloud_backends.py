@@ -42,7 +42,8 @@ def gce_backend(key: str, spec: GceSpec) -> Backend:
 
     emulated = spec.api_endpoint is not None
     provider = GceProvider(spec.project, credentials=spec.credentials, api_endpoint=spec.api_endpoint,
-                           image=spec.image, network=spec.network, network_tag=NETWORK_TAG)
+                           image=spec.image, network=spec.network, network_tag=NETWORK_TAG,
+                           termination_action=spec.termination_action)
     transport = SshTransport()
 
     def endpoint(observed: ObservedInstance) -> Endpoint:

@@ -1,38 +1,138 @@
-"""`orchestrator daemon`: drive every active job, sweep orphans; safe to kill at any line and restart."""
+"""`orchestrator daemon`: drive every active job, sweep orphans; safe to kill at any line and restart.
+
+Its log says what it does to jobs, one line per action (the scheduler's own tick lines are off).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import secrets
+import socket
 import time
+from pathlib import Path
+from typing import IO
 
 from orchestrator.control.driver import run_pass
-from orchestrator.control.launcher import owner_id
-from orchestrator.store.db import open_session
+from orchestrator.control.metrics import pass_metrics
+from orchestrator.control.metrics import serve as serve_metrics
+from orchestrator.errors import UserError
+from orchestrator.paths import user_dir
+from orchestrator.store.db import default_url, open_session
 
 log = logging.getLogger("orchestrator.daemon")
+ENV_ID = "ORCHESTRATOR_DAEMON_ID"
+_held: list[IO[str]] = []  # lock files held for the life of the process
 
 
-def tick(owner: str) -> None:
-    with open_session() as session:
-        run_pass(session, owner)
+THREADS = 8  # providers driven at once; a slow cloud holds up only its own jobs
+
+
+def tick(owner: str, threads: int = THREADS) -> None:
+    with open_session() as session, pass_metrics(session):  # pass duration, revocation latencies
+        run_pass(session, owner, threads=threads)
 
 
 def sweep() -> None:
-    from orchestrator.control.gc import find_orphans
+    from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
 
     try:
-        for backend, orphan in find_orphans():
-            log.warning("deleting orphan %s (%s)", orphan.name, orphan.job_id)
+        unchecked: dict[str, str] = {}
+        for backend, orphan in find_orphans(unchecked):
+            log.warning("job %s instance %s: deleting orphan", orphan.job_id, orphan.name)
             backend.provider.delete(orphan.name, orphan.zone)
+            with open_session() as session:
+                mark_deleted(session, orphan.name, "deleted by the orphan sweep")
+        for why, where in unchecked.items():
+            log.warning("orphan sweep could not check %s: %s", where, why)
+        for problem in finish_pending_deletes():
+            log.warning("pending delete not done: %s", problem)
     except Exception:
         log.exception("orphan sweep failed; next sweep tries again")
 
 
-def run_daemon(*, interval_s: float, gc_every_s: float, once: bool) -> None:
+def _lock(path: Path) -> IO[str] | None:
+    fh = path.open("a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    _held.append(fh)
+    return fh
+
+
+def sqlite_guard(url: str) -> None:
+    """SQLite is the single-daemon default: a second daemon on the same file is refused, clearly."""
+    if not url.startswith("sqlite:///"):
+        return
+    db = Path(url.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fh = _lock(db.with_name(db.name + ".daemon-lock"))
+    if fh is None:
+        holder = db.with_name(db.name + ".daemon-lock").read_text().strip() or "another process"
+        raise UserError(f"another daemon ({holder}) already drives {db}; SQLite takes one daemon. For several "
+                        "daemons sharing the jobs, use PostgreSQL: ORCHESTRATOR_DB_URL=postgresql://...")
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()}")
+    fh.flush()
+
+
+def daemon_running(url: str) -> bool:
+    """Is a daemon driving this database now? (SQLite: its lock is held; PostgreSQL: it holds a live lease.)"""
+    if url.startswith("sqlite:///"):
+        db = Path(url.removeprefix("sqlite:///"))
+        lock = db.with_name(db.name + ".daemon-lock")
+        if not lock.exists():
+            return False
+        with lock.open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+    from sqlalchemy import select
+
+    from orchestrator.store.models import Job
+
+    with open_session(url) as session:
+        return session.scalar(select(Job.id).where(Job.lease_owner.like("daemon-%"),
+                                                   Job.lease_until > time.time()).limit(1)) is not None
+
+
+def daemon_id() -> str:
+    """Stable across restarts (hostname + an id persisted under the home), so a daemon restarted after
+    `kill -9` takes its own leases back at once instead of waiting for them to expire."""
+    if os.environ.get(ENV_ID):
+        return os.environ[ENV_ID][:64]
+    home = user_dir()
+    for n in range(64):  # a second daemon on this home (PostgreSQL) takes the next free slot
+        path = home / f"daemon-{n}.id"
+        fh = _lock(path)
+        if fh is None:
+            continue
+        fh.seek(0)
+        ident = fh.read().strip()
+        if not ident:
+            ident = secrets.token_hex(4)
+            fh.write(ident)
+            fh.flush()
+        return f"daemon-{socket.gethostname()}-{ident}"[:64]
+    raise UserError(f"64 daemons already run from {home}")
+
+
+def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port: int | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    owner = owner_id("daemon")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # no "Running job tick" every pass
+    sqlite_guard(default_url())
+    if metrics_port is not None:
+        serve_metrics(metrics_port)
+    owner = daemon_id()
     if once:
-        tick(owner)
+        tick(owner, threads=0)  # one whole pass, waited for
         return
     from apscheduler.schedulers.blocking import BlockingScheduler
 

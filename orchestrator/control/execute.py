@@ -14,18 +14,22 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from orchestrator.catalog import region_of
+from orchestrator.control import torch_task
 from orchestrator.control.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
     PrepareInstance,
+    RecordLogTail,
     RestartTraining,
     SetInstanceStatus,
     SetJobStatus,
     StartTask,
 )
 from orchestrator.control.backends import Backend
+from orchestrator.control.billing import provider_end_time
+from orchestrator.control.blocks import block_for, blocked, provider_key
+from orchestrator.control.keep_logs import keep_log
 from orchestrator.control.revocations import revoke_after_s
 from orchestrator.paths import jobs_dir
 from orchestrator.providers.base import (
@@ -41,13 +45,16 @@ from orchestrator.providers.base import (
     TransientError,
     instance_name,
 )
+from orchestrator.providers.local import progress_clock_for
 from orchestrator.slots import Slot
-from orchestrator.spec import BuiltinTraining, CommandTraining, JobSpec, LocalProvider, TrainingMode
+from orchestrator.spec import BuiltinTraining, CommandTraining, GceProvider, JobSpec, LocalProvider, TrainingMode
 from orchestrator.storage.base import NOTICES, JobStorage
 from orchestrator.store import queries
-from orchestrator.store.models import Instance, Job
+from orchestrator.store.models import Block, Instance, Job
 from orchestrator.store.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.transport.base import Endpoint, ProcState, TransportError
+from orchestrator.transport.local import UnsafePathError
 
 log = logging.getLogger(__name__)
 TASK = "task"  # the process name of the training task on every instance
@@ -71,6 +78,7 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
     for action in actions:
         try:
             _one(ctx, action)
+            log_action(ctx.job.id, action)
         except ProviderError as exc:
             # One failed call must not stop the pass; the next pass sees the world and tries again.
             ctx.session.rollback()
@@ -81,8 +89,11 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
                 return
         except (TransportError, TimeoutError) as exc:
             ctx.session.rollback()
-            queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}")
+            queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}"[:500])
             ctx.session.commit()
+            if isinstance(exc, UnsafePathError):  # the job's files can never be pushed as listed
+                _fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
+                return
 
 
 def _fail_job(ctx: JobContext, reason: str) -> None:
@@ -118,7 +129,8 @@ def _one(ctx: JobContext, action: Action) -> None:
             inst = _instance(ctx, name)
             if end_reason is not None and inst.end_reason is None:
                 inst.end_reason = end_reason.value
-            queries.switch_status(s, inst, status, reason)
+            until = provider_end_time(ctx.backend.provider, name) if status == InstanceStatus.DELETED else None
+            queries.switch_status(s, inst, status, reason, billed_until=until)
             s.commit()
         case CreateInstance():
             _create(ctx, action)
@@ -143,13 +155,21 @@ def _one(ctx: JobContext, action: Action) -> None:
                                    "storage", "--interval", "1"] + ([] if writes else ["--pull-only"]),
                         ctx.backend.task_env)
             t.write(ep, "task.json", json.dumps(_task_config(ctx, inst), indent=1))
-            t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), ctx.backend.task_env)
+            try:  # the spec's env: and secrets (read now, never stored) for the payload's process only
+                env = {**ctx.backend.task_env, **payload_env(ctx.spec)}
+            except SecretError as exc:
+                _fail_job(ctx, str(exc))
+                return
+            t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), env)
             if inst.status != InstanceStatus.TRAINING:
                 queries.switch_status(s, inst, InstanceStatus.TRAINING, reason)
             else:
                 queries.note(s, ctx.job.id, "task_restarted", reason, instance_id=inst.id)
             s.commit()
-        case RestartTraining(reason=reason):
+        case RecordLogTail(name=name, reason=reason):
+            _record_log_tail(ctx, name, reason)
+        case RestartTraining(reason=reason, fatal=fatal):
+            ctx.job.fatal_exits += 1 if fatal else 0
             for inst in ctx.job.instances:
                 if inst.status == InstanceStatus.TRAINING and inst.name in ctx.observed:
                     ctx.backend.transport.stop(ctx.backend.endpoint(ctx.observed[inst.name]), TASK)
@@ -163,9 +183,57 @@ def _one(ctx: JobContext, action: Action) -> None:
                 inst.end_reason = end_reason.value
             queries.switch_status(s, inst, InstanceStatus.DELETING, reason)
             s.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
+            keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
             ctx.backend.provider.delete(name, inst.zone)
-            queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted")
+            queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted",
+                                  billed_until=provider_end_time(ctx.backend.provider, name))
             s.commit()
+
+
+def log_action(job_id: str, action: Action) -> None:
+    """The daemon's log: one line per action on a job, naming the job and the instance."""
+    match action:
+        case SetInstanceStatus(name=name, status=status, reason=reason):
+            log.info("job %s instance %s: %s (%s)", job_id, name, status.value, reason)
+        case DeleteInstance(name=name, reason=reason):
+            log.info("job %s instance %s: deleted (%s)", job_id, name, reason)
+        case StartTask(name=name, reason=reason):
+            log.info("job %s instance %s: task started (%s)", job_id, name, reason)
+        case RestartTraining(reason=reason):
+            log.info("job %s: training restarted (%s)", job_id, reason)
+        case SetJobStatus(status=status, reason=reason, outcome=outcome):
+            tail = f" -> {outcome.value}" if outcome is not None else ""
+            log.info("job %s: %s%s (%s)", job_id, status.value, tail, reason)
+        case RecordLogTail(name=name):
+            log.info("job %s instance %s: log tail kept", job_id, name)
+        case PrepareInstance(name=name):
+            log.info("job %s instance %s: ready (files pushed)", job_id, name)
+
+
+def _cloud_deadline(ctx: JobContext, slot: Slot, now: float) -> int | None:
+    """The VM's cloud-side time limit from what is left of the job's deadline and budget (see gce_requests)."""
+    if ctx.spec.provider.kind != "gce":
+        return None
+    from orchestrator.providers.gce_requests import cloud_max_run_s  # pulls google-cloud-compute: gce only
+
+    job = ctx.job
+    spent = queries.job_cost(ctx.session, job.id)["total"] if job.budget_usd is not None else 0.0
+    return cloud_max_run_s(deadline_s=job.deadline_s, elapsed_s=now - (job.started_at or now),
+                           budget_usd=job.budget_usd, spent_usd=spent,
+                           cluster_usd_per_hour=sum(s.price_per_hour for s in ctx.slots), flex_start=slot.flex_start)
+
+
+def _record_log_tail(ctx: JobContext, name: str, reason: str, lines: int = 20) -> None:
+    observed = ctx.observed.get(name)
+    try:
+        data = ctx.backend.transport.read_log(ctx.backend.endpoint(observed), TASK) if observed else b""
+    except (TransportError, OSError) as exc:
+        data = f"(log unreadable: {exc})".encode()
+    tail = "\n".join(data.decode(errors="replace").splitlines()[-lines:]) or "(empty log)"
+    inst = _instance(ctx, name)
+    queries.note(ctx.session, ctx.job.id, "log_tail", f"{reason}; last lines of {name}:\n{tail}"[-500:],
+                 instance_id=inst.id)
+    ctx.session.commit()
 
 
 def _create(ctx: JobContext, action: CreateInstance) -> None:
@@ -192,28 +260,33 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
     if shared is not None:
         # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
         metadata["notice-file"] = str(shared / NOTICES / name)
-    exhausted_regions: set[str] = set()  # a regional quota is spent: its other zones cannot help
+    metadata.update(progress_clock_for(ctx.spec, ctx.slots, ctx.emulation_sleep))  # local: seeded runs repeat
+    blocks = _blocks(ctx)
+    skipped: list[str] = []
     for zone in action.zones:
-        if region_of(zone) in exhausted_regions:
+        why_blocked = blocked(blocks, zone, slot.gpu)
+        if why_blocked is not None:  # a stockout or quota seen earlier (this pass or another job's)
+            skipped.append(f"{zone}: {why_blocked}")
             continue
         request = InstanceRequest(
             name=name, job_id=ctx.job.id, role=slot.role, index=slot.index, generation=action.generation, zone=zone,
-            machine_type=slot.machine_type, spot=action.spot, gpu=slot.gpu, gpu_count=1 if slot.gpu else 0,
+            machine_type=slot.machine_type, spot=action.spot, gpu=slot.gpu, gpu_count=slot.gpu_count if slot.gpu else 0,
             price_per_hour=inst.price_per_hour,
             metadata=metadata,
             revoke_after_s=_revoke_after(ctx, slot, action, now),
+            max_run_s=_cloud_deadline(ctx, slot, now), flex_start=slot.flex_start and not action.spot,
         )
         try:
             ctx.backend.provider.create(request)
         except (CapacityError, QuotaError) as exc:
             last_error = exc
             if isinstance(exc, QuotaError):
-                exhausted_regions.add(exc.region or region_of(zone))
                 why = f"{zone}: quota {exc.metric or '?'} exhausted in {exc.region}: {exc.message}; next region"
                 queries.note(s, ctx.job.id, "quota", why, instance_id=inst.id)
             else:
                 queries.note(s, ctx.job.id, "stockout", f"{zone}: {exc.message}; trying the next allowed zone",
                              instance_id=inst.id)
+            _remember_block(ctx, blocks, exc, zone, slot.gpu)
             s.commit()
             continue
         except TransientError as exc:
@@ -231,11 +304,31 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
             inst.zone = zone
         queries.switch_status(s, inst, InstanceStatus.PROVISIONING, "create accepted")
         s.commit()
+        log.info("job %s instance %s: %s in %s (%s)", ctx.job.id, name,
+                 "replaced" if action.generation > 0 else "created", zone, action.reason)
         return
     inst.end_reason = EndReason.CREATE_FAILED.value
-    msg = last_error.message if last_error else "no zone to try"
-    queries.switch_status(s, inst, InstanceStatus.FAILED, f"every allowed zone refused: {msg}")
+    msg = "; ".join(([last_error.message] if last_error else []) + skipped) or "no zone to try"
+    queries.switch_status(s, inst, InstanceStatus.FAILED, f"every allowed zone refused: {msg}"[:500])
     s.commit()
+    log.warning("job %s instance %s: create failed in every allowed zone: %s", ctx.job.id, name, msg)
+
+
+def _blocks(ctx: JobContext) -> list[Block]:
+    """Blocks apply to clouds (GCE); an inventory's hosts free up as jobs end, so ssh and local keep none."""
+    if not isinstance(ctx.spec.provider, GceProvider):
+        return []
+    return queries.active_blocks(ctx.session, provider_key(ctx.spec))
+
+
+def _remember_block(ctx: JobContext, blocks: list[Block], exc: CapacityError | QuotaError, zone: str,
+                    gpu: str | None) -> None:
+    if not isinstance(ctx.spec.provider, GceProvider):
+        return
+    scope, location, resource, ttl = block_for(exc, zone, gpu)
+    blocks.append(queries.add_block(ctx.session, provider_key(ctx.spec), scope, location, resource, exc.message, ttl))
+    log.warning("job %s: %s %s blocked for %s for %.0fs: %s", ctx.job.id, scope, location, resource, ttl,
+                exc.message)
 
 
 def _revoke_after(ctx: JobContext, slot: Slot, action: CreateInstance, now: float) -> float | None:
@@ -252,11 +345,15 @@ def _push_files(ctx: JobContext, ep: Endpoint) -> None:
             ctx.backend.transport.put(ep, path, path.name)
     else:
         ctx.backend.transport.put(ep, jobs_dir(), "jobs")
+        for path in torch_task.push_paths(ctx.spec):  # run: the user's script beside jobs/
+            ctx.backend.transport.put(ep, path, path.name)
 
 
 def _task_argv(spec: JobSpec, python: str) -> list[str]:
     if isinstance(spec.training, CommandTraining):
         return ["/bin/sh", "-c", spec.training.command]
+    if is_pytorch(spec):
+        return torch_task.node_argv(python)
     return [python, "jobs/train.py", "--task", "task.json"]
 
 
@@ -308,7 +405,8 @@ def _task_config(ctx: JobContext, inst: Instance) -> dict[str, object]:
     training = spec.training
     batches = [s.batch or 128 for s in ctx.slots if s.role == Role.WORKER]
     storage = ctx.storage.local_path()
-    return {
+    extra = torch_task.torch_fields(ctx, inst, sum(batches)) if is_pytorch(spec) else {}
+    return extra | {
         "job_id": ctx.job.id,
         "instance": inst.name,
         "mode": spec.mode.value,

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestrator.catalog import CatalogError, load_catalog
+from orchestrator.catalog import CURRENT_BOOK, CatalogError, load_catalog
 from orchestrator.cli.render import console
 from orchestrator.errors import UserError
+from orchestrator.offerings import retired_message
 from orchestrator.paths import _bundled
 from orchestrator.providers.base import (
     CapacityError,
@@ -108,16 +109,18 @@ def plan_bake(
         if not gpu:
             raise UserError("a worker image is built for one GPU type: give --gpu (e.g. --gpu v100)")
         gpu = gpu.lower()
+        current = ", ".join(catalog.current_gpus())  # only what GCE sells today (data/gpu_lifecycle.csv)
         if gpu in _UNSUPPORTED_GPUS:
             raise UserError(
                 f"cannot bake a worker image for {gpu}: {_UNSUPPORTED_GPUS[gpu]}",
-                hint="bake for p100, v100, t4, l4, a100 or h100; images/README.md says what a legacy "
-                "K80 image would need",
+                hint=f"bake for one of: {current}; images/README.md says what a legacy K80 image would need",
             )
         try:
             info = catalog.gpu(gpu)
         except CatalogError as exc:
-            raise UserError(str(exc)) from None
+            raise UserError(str(exc), hint=f"GPUs GCE sells today: {current}") from None
+        if (gone := retired_message(catalog, gpu, catalog.price_book(CURRENT_BOOK))) is not None:
+            raise UserError(f"cannot bake a worker image for {gpu}: {gone}", hint=f"bake for one of: {current}")
         offered = catalog.zones_for(gpu)
         zones = [z for z in spec_zones if z in offered]
         if not zones:

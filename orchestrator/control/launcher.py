@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import time
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
-from rich.console import Group
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 from sqlalchemy.orm import Session
 
-from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.cli.progress import LineFollower, emit, live_view
+from orchestrator.cli.render import console, duration, money, pct
 from orchestrator.control.driver import release, run_pass, spec_to_yaml
 from orchestrator.errors import UserError
+from orchestrator.providers.ssh import load_inventory
 from orchestrator.slots import cluster_shape
-from orchestrator.spec import JobSpec
+from orchestrator.spec import JobSpec, SshProvider
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Job
@@ -54,7 +55,14 @@ def owner_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}"[:64]
 
 
+def preflight(spec: JobSpec) -> None:
+    """Provider checks that need more than the spec (the SSH inventory's content); raises before any row exists."""
+    if isinstance(spec.provider, SshProvider):
+        load_inventory(spec.provider.inventory)
+
+
 def launch_job(spec: JobSpec, planned: PlanResult | None, *, detach: bool, poll_s: float, quiet: bool) -> str:
+    preflight(spec)  # validation is complete before the job row: a refusal leaves nothing behind
     with open_session() as session:
         job = create_job(session, spec)
         job_id = job.id
@@ -70,12 +78,60 @@ def launch_job(spec: JobSpec, planned: PlanResult | None, *, detach: bool, poll_
     return job_id
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`, a stopping service): handled like Ctrl-C, never an orphaned instance."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
 def drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> None:
+    """Drive the job here until it ends. Ctrl-C or SIGTERM cancels it: a running daemon gets the teardown
+    (handed over), else it is done here; either way the launch then exits non-zero (130 / 143)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (embedded use): SIGTERM keeps its handler
+        previous = None
+    try:
+        code = _drive_foreground(job_id, poll_s=poll_s, quiet=quiet)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if code:
+        raise SystemExit(code)
+
+
+def _cancel_on_signal(session: Session, owner: str, job_id: str, exc: KeyboardInterrupt) -> bool:
+    """Mark the job cancelled; True when a running daemon takes the teardown over (the launch may go)."""
+    from orchestrator.control.daemon import daemon_running
+    from orchestrator.store.db import default_url
+
+    what = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+    job = session.get(Job, job_id)
+    if job is not None:
+        job.cancel_requested = True
+        job.retry_at = None
+        session.commit()
+    if daemon_running(default_url()):
+        release(session, owner, [job_id])
+        console.print(f"{what}: cancel recorded; handed over: the running `orchestrator daemon` tears down every "
+                      f"instance (follow with `orchestrator status {job_id}`)", highlight=False, markup=False)
+        return True
+    console.print(f"{what}: cancelling: tearing down every instance here before exiting (again to leave it to "
+                  "`orchestrator daemon` / `orchestrator cancel`)", highlight=False, markup=False)
+    return False
+
+
+def _drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> int:
     owner = owner_id("launch")
-    seen_events = 0
     cancelled = False
+    code = 0
     with open_session() as session:
-        live = None if quiet else Live(console=console, refresh_per_second=2, transient=False)
+        # Not a terminal (piped, CI, nohup): event lines plus a progress line every N s instead of a live view.
+        live = None if quiet or not console.is_terminal else Live(console=console, refresh_per_second=2,
+                                                                  transient=False)
+        follower = LineFollower(job_id, steps=False)  # steps: in the progress line; every one: `logs -f`
         if live is not None:
             live.start()
         try:
@@ -87,54 +143,28 @@ def drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> None:
                     assert job is not None
                     evs = queries.events(session, job_id)
                     if live is not None:
-                        live.update(_display(session, job, evs))
+                        live.update(live_view(session, job, evs))
                     else:
-                        for e in evs[seen_events:]:
-                            console.print(f"{time.strftime('%H:%M:%S', time.localtime(e.at))} {e.entity:8} "
-                                          f"{e.from_status or '':12} -> {e.to_status:14} {e.reason or ''}",
-                                          highlight=False, markup=False)
-                    seen_events = len(evs)
+                        emit(follower.poll(session, job))
                     if job.status in FINAL_JOB:
                         break
                     time.sleep(poll_s)
-                except KeyboardInterrupt:
+                except KeyboardInterrupt as exc:
+                    session.rollback()
+                    code = 143 if isinstance(exc, Terminated) else 130
                     if cancelled:
                         console.print("leaving the teardown to `orchestrator daemon` / `orchestrator cancel`")
                         release(session, owner, [job_id])
-                        return
+                        return code
                     cancelled = True
-                    job = session.get(Job, job_id)
-                    if job is not None:
-                        job.cancel_requested = True
-                        session.commit()
-                    console.print("cancelling: tearing down every instance (Ctrl-C again to leave it to the daemon)")
+                    if _cancel_on_signal(session, owner, job_id, exc):
+                        return code
         finally:
             if live is not None:
                 live.stop()
         release(session, owner, [job_id])
         _final_report(session, job_id)
-
-
-def _display(session: Session, job: Job, evs: list[Event]) -> Group:
-    summary = queries.job_summaries(session, [job.id])[0]
-    step, eps = queries.latest_step(session, job.id)
-    header = Text.from_markup(
-        f"[bold]{job.id}[/bold]  {job.status}  step {step}/{job.train_steps}  {eps or 0:.1f} examples/s  "
-        f"cost so far {money(summary['cost_usd'])}  revocations {summary['revocations']}  "
-        f"replacements {summary['replacements']}  restarts {job.restarts}  "
-        f"elapsed {duration(summary['wall_time_s'])}")
-    rates = queries.latest_worker_rates(session, job.id)
-    rows = []
-    for inst in job.instances:
-        if inst.status == "deleted" and inst.end_reason in (None, "job_finished"):
-            continue
-        rate = rates.get(inst.slot_index) if inst.role == "worker" and inst.status == "training" else None
-        rows.append([inst.slot, inst.name, inst.gpu or "cpu", "spot" if inst.spot else "on-demand", inst.status,
-                     "" if rate is None else f"{rate:.1f}", inst.end_reason or "", f"{inst.price_per_hour:.3f}"])
-    t: Table = table(None, ["slot", "instance", "gpu", "billing", "status", "examples/s", "end", "$/h"], rows)
-    recent = Text("\n".join(f"{time.strftime('%H:%M:%S', time.localtime(e.at))} {e.entity} {e.to_status}: "
-                            f"{e.reason or ''}" for e in evs[-6:]))
-    return Group(header, t, recent)
+    return code
 
 
 def _final_report(session: Session, job_id: str) -> None:
@@ -159,6 +189,7 @@ def cancel_job(job_ref: str, wait_s: float = 120.0) -> None:
             console.print(f"{job.id} is already {job.status}")
             return
         job.cancel_requested = True
+        job.retry_at = None  # a job backing off after failed passes is driven at once
         session.commit()
         job_id = job.id
         owner = owner_id("cancel")
@@ -172,5 +203,24 @@ def cancel_job(job_ref: str, wait_s: float = 120.0) -> None:
                 break
             time.sleep(0.5)
         release(session, owner, [job_id])
-        cost = queries.job_cost(session, job_id)["total"]
-        console.print(f"{job_id}: {job.status}; ledger closed at {money(cost)}")
+        _report_cancel(session, job_id)
+
+
+def _report_cancel(session: Session, job_id: str) -> None:
+    from orchestrator.control.gc import finish_pending_deletes
+
+    problems = finish_pending_deletes([job_id])
+    session.expire_all()
+    job = session.get(Job, job_id)
+    assert job is not None
+    cost = queries.job_cost(session, job_id)["total"]
+    if job.status not in FINAL_JOB:
+        console.print(f"{job_id}: cancel recorded, still {job.status} (last error: {job.last_error or 'none'}); "
+                      "its driver finishes the teardown", highlight=False, markup=False)
+        return
+    pending = [i.name for i in job.instances if i.status == "deleting"]
+    console.print(f"{job_id}: {job.status}; ledger at {money(cost)}", highlight=False, markup=False)
+    if pending:
+        console.print(f"{len(pending)} instance(s) could not be reached to delete ({'; '.join(problems) or 'pending'}"
+                      f"): {', '.join(pending)}; the daemon's sweep and `orchestrator gc --yes` delete them when "
+                      "the provider can be reached", highlight=False, markup=False)

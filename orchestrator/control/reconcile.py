@@ -14,13 +14,17 @@ from orchestrator.control.actions import (
     CreateInstance,
     DeleteInstance,
     PrepareInstance,
+    RecordLogTail,
     RestartTraining,
     SetInstanceStatus,
     SetJobStatus,
     StartTask,
 )
+from orchestrator.control.blocks import prefer_unblocked
+from orchestrator.control.exits import EXIT_FATAL, FATAL_RETRIES, Exit, classify
 from orchestrator.control.state import InstanceView, JobView, Observation
 from orchestrator.providers.base import ObservedState, Role
+from orchestrator.slots import Slot
 from orchestrator.spec import OnRevocation, TrainingMode
 from orchestrator.store.status import (
     FINAL_JOB,
@@ -30,7 +34,7 @@ from orchestrator.store.status import (
     InstanceStatus,
     JobStatus,
 )
-from orchestrator.transport.base import ProcState
+from orchestrator.transport.base import ProcState, ProcStatus
 
 S = InstanceStatus
 REVOKED_GRACE_S = 60.0  # keep a revoked instance through its notice window so the chief can checkpoint
@@ -121,11 +125,15 @@ def reconcile(job: JobView, obs: Observation, now: float) -> list[Action]:
     replacements = sum(1 for i in job.instances if i.generation > 0 and i.end_reason != EndReason.CREATE_FAILED)
     shrunk: set[str] = set()
     for slot in job.slots:
+
+        def avoid(zones: tuple[str, ...], slot: Slot = slot) -> tuple[str, ...]:
+            return prefer_unblocked(zones, obs.failed_zones.get(slot.name, ()))  # persisted blocks last
+
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
         if any(status[i.name] in LIVE_INSTANCE for i in insts):
             continue
         if not insts:
-            acts.append(CreateInstance(slot, 0, slot.spot, slot.zones, None, "initial"))
+            acts.append(CreateInstance(slot, 0, slot.spot, avoid(slot.zones), None, "initial"))
             continue
         last = insts[-1]
         failures = sum(1 for i in insts if i.end_reason == EndReason.CREATE_FAILED)
@@ -135,7 +143,7 @@ def reconcile(job: JobView, obs: Observation, now: float) -> list[Action]:
                                      f"zone after {failures} tries ({last.zone})", JobStatus.FAILED)]
             if now - last.updated_at < CREATE_RETRY_S:
                 continue
-            acts.append(CreateInstance(slot, last.generation + 1, last.spot, slot.zones, last.port,
+            acts.append(CreateInstance(slot, last.generation + 1, last.spot, avoid(slot.zones), last.port,
                                        f"retry after create failure of {last.name}"))
             continue
         was_preempted = last.end_reason == EndReason.PREEMPTED
@@ -150,15 +158,17 @@ def reconcile(job: JobView, obs: Observation, now: float) -> list[Action]:
         why = f"replaces {last.name} ({last.end_reason or status[last.name].value})"
         if spot != last.spot:
             why += ", on-demand fallback"
-        acts.append(CreateInstance(slot, last.generation + 1, spot, zones, last.port, why))
+        acts.append(CreateInstance(slot, last.generation + 1, spot, avoid(zones), last.port, why))
         replacements += 1
     worker_slots = [s for s in job.slots if s.role == Role.WORKER]
     if worker_slots and all(s.name in shrunk for s in worker_slots):
         return acts + [SetJobStatus(JobStatus.TEARING_DOWN, "every worker was revoked and policy is shrink",
                                     JobStatus.FAILED)]
 
-    # 3. Training tasks.
+    # 3. Training tasks (an exit code may end the job).
     acts += _tasks(job, obs, status, lost, shrunk)
+    if any(isinstance(a, SetJobStatus) and a.status == JobStatus.TEARING_DOWN for a in acts):
+        return acts
 
     # 4. The job's own status.
     training = _training_now(job, status, shrunk, acts)
@@ -174,6 +184,9 @@ def reconcile(job: JobView, obs: Observation, now: float) -> list[Action]:
 def _decide_end(job: JobView, obs: Observation, now: float) -> SetJobStatus | None:
     if job.cancel_requested:
         return SetJobStatus(JobStatus.TEARING_DOWN, "cancelled by the user", JobStatus.CANCELLED)
+    if obs.payload_error is not None:
+        return SetJobStatus(JobStatus.TEARING_DOWN, f"the payload's output is unusable: {obs.payload_error}",
+                            JobStatus.FAILED)
     if obs.result is not None:
         acc = obs.result.get("accuracy")
         tail = f", accuracy {acc:.4f}" if isinstance(acc, int | float) else ""
@@ -201,8 +214,13 @@ def _tasks(job: JobView, obs: Observation, status: dict[str, InstanceStatus], lo
         return []
     training = [i for i in _live(job, status) if status[i.name] == S.TRAINING]
     proc = {i.name: obs.procs.get(i.name) for i in training}
-    exited = {n: p for n, p in proc.items() if p is not None and p.state != ProcState.RUNNING}
+    ended = {n: p for n, p in proc.items() if p is not None and p.state == ProcState.EXITED}
     by_name = {i.name: i for i in training}
+    verdict = _exit_verdict(job, by_name, ended)
+    if verdict is not None:
+        return verdict
+    # A task that exited 0 is done: it is never started again (only the writer's exit ends the job).
+    exited = {n: p for n, p in ended.items() if classify(p.exit_code) != Exit.DONE}
     restart_reason: str | None = None
     if job.mode == TrainingMode.ASYNC:
         critical_lost = [why for slot, why in lost.items() if not slot.startswith("worker-")]
@@ -218,7 +236,7 @@ def _tasks(job: JobView, obs: Observation, status: dict[str, InstanceStatus], lo
                 # The chief's cluster spec names each worker's address; a new VM has a new one.
                 restart_reason = f"{', '.join(moved)} came back at a new address"
     else:
-        if lost:
+        if lost and (not job.elastic or job.rdzv_slot in lost):  # elastic: torchrun shrinks the world
             restart_reason = "lost " + ", ".join(sorted(lost.values()))
         for name, p in exited.items():
             if restart_reason is None:
@@ -246,9 +264,37 @@ def _tasks(job: JobView, obs: Observation, status: dict[str, InstanceStatus], lo
     else:
         wanted = [s for s in job.slots if s.role == Role.WORKER and s.name not in shrunk]
         live_workers = [i for i in _live(job, status, Role.WORKER)]
-        if len(live_workers) == len(wanted) and all(status[i.name] == S.READY for i in live_workers):
+        if job.elastic and any(status[i.name] == S.TRAINING for i in live_workers):
+            acts += [StartTask(i.name, "joins the elastic world at the next rendezvous") for i in live_workers
+                     if status[i.name] == S.READY]
+        elif len(live_workers) == len(wanted) and all(status[i.name] == S.READY for i in live_workers):
             acts += [StartTask(i.name, "every worker is ready; start synchronous training") for i in live_workers]
     return acts
+
+
+def _is_writer(job: JobView, inst: InstanceView) -> bool:
+    """The task whose end is the job's end: the async chief, or sync worker 0."""
+    if job.mode == TrainingMode.ASYNC:
+        return inst.role == Role.CHIEF
+    return inst.role == Role.WORKER and inst.index == 0
+
+
+def _exit_verdict(job: JobView, by_name: dict[str, InstanceView], ended: dict[str, ProcStatus]) -> list[Action] | None:
+    """Exit codes that decide: the writer's 0 ends the job; the fatal code gets one retry, then fails it."""
+    for name, p in ended.items():
+        inst = by_name[name]
+        if classify(p.exit_code) == Exit.DONE and _is_writer(job, inst):
+            return [SetJobStatus(JobStatus.TEARING_DOWN, f"the {inst.slot} task exited 0: training finished",
+                                 JobStatus.SUCCEEDED)]
+    fatal = [by_name[n] for n, p in ended.items() if classify(p.exit_code) == Exit.FATAL]
+    if not fatal:
+        return None
+    why = f"the {fatal[0].slot} task exited with code {EXIT_FATAL} (fatal: bad input)"
+    if job.fatal_exits >= FATAL_RETRIES:
+        return [RecordLogTail(fatal[0].name, why),
+                SetJobStatus(JobStatus.TEARING_DOWN, f"{why}, again after {job.fatal_exits} retry; "
+                             "see the log_tail event", JobStatus.FAILED)]
+    return [RestartTraining(f"{why}; retrying once", fatal=True)]
 
 
 def _training_now(job: JobView, status: dict[str, InstanceStatus], shrunk: set[str], acts: list[Action]) -> bool:

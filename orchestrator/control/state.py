@@ -51,6 +51,11 @@ class JobView:
     cancel_requested: bool = False
     zones: tuple[str, ...] = ()  # allowed zones, in fallback order (cloud providers)
     stable_addresses: bool = True  # a replacement keeps its slot's address (local, emulator)
+    fatal_exits: int = 0  # task exits with the payload's "bad input" code so far (one retry, then FAILED)
+    # PyTorch under torchrun: survivors re-form the world themselves (no whole-cluster restart on a lost
+    # worker) and a ready replacement joins the running world at once. rdzv_slot hosts the rendezvous.
+    elastic: bool = False
+    rdzv_slot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,3 +65,4 @@ class Observation:
     notices: frozenset[str] = frozenset()  # instance names with a preemption notice in storage
     result: dict[str, Any] | None = None  # result.json, once training ended
     failed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)  # slot -> zones without capacity
+    payload_error: str | None = None  # result.json exists but cannot be used (untrusted payload output)

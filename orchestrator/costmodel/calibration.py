@@ -1,27 +1,23 @@
-"""Fit the compute (and optionally network) efficiencies to measured step times; validate the fit.
+"""Fit the step-time model to measured step times (per GPU x runtime), within physical bounds.
 
-Measurements CSV (header row, one measurement a row; extra columns are ignored)::
+Measurement files (CSV, header row; extra columns ignored). The project's format, as in
+``data/measurements/*.csv``::
 
-    model,gpu,batch,step_time_s,ps_count,workers,steps_per_s,ps_machine_type
-    resnet_cifar_32,k80,128,0.212,,,,
-    resnet_cifar_32,k80,128,,1,4,15.3,n1-standard-4
+    gpu,framework,runtime,model,depth,batch,precision,step_ms,peak_gb,source,method
+    h100,pytorch,pytorch-eager,resnet_cifar_32,32,128,fp32,13.411,0.507,shared/measurements,...
 
-* ``model``: a profile name (``resnet_tiny``, ``resnet_cifar_15/32/56``, ``vgg16``, ``transformer_base``)
-* ``gpu``: a catalog GPU key (``k80``, ``p100``, ...)
-* ``batch``: the per-worker batch
-* ``step_time_s``: one worker's compute step time in seconds (no parameter-server wait: a single-worker
-  run with a local PS, or the job's own per-step compute timer). Rows with it fit the compute model.
-* optional ``ps_count``, ``workers``, ``steps_per_s`` (and ``ps_machine_type``, default n1-standard-4):
-  the global steps/s of an async cluster of ``workers`` identical workers. Rows with these fit the
-  network constants (``NetParams.net_efficiency`` and ``ps_cpu_per_variable_s``).
+and the older short one: ``model,gpu,batch,step_time_s`` (runtime ``tf1-graph``). Optional
+``ps_count,workers,steps_per_s[,ps_machine_type]`` describe an async cluster's measured global rate
+and calibrate the network constants. ``emulated`` (1/0) marks the local provider's emulated GPUs.
 
-Fit: residuals are relative, ``log(predicted / measured)``, parameters are fitted in log space with
-``scipy.optimize.least_squares`` (a few starting points; the roofline's max() makes the loss piecewise
-smooth). First one shared ``(eff_compute, eff_memory, overhead_s)`` over every row: the default for GPUs
-without data, so one measured GPU predicts the others from their datasheet specs. Then, for each GPU
-with at least ``MIN_ROWS_PER_GPU`` rows, its own triple, weakly pulled towards the shared one so that
-parameters the data do not constrain (say, memory efficiency when every layer is compute-bound) stay
-sensible. Validation: leave one GPU type out, fit on the rest, predict it; report the MAPE.
+Fit: residuals are relative, ``log(predicted / measured)``, over the parameters' logs
+``(eff_compute, eff_memory, overhead_s, overhead_per_layer_s, half_batch)``, bounded so that the
+efficiencies stay <= 1 (a fit can never claim more than the datasheet) and the overheads >= 0. Each
+parameter is pulled towards its prior (the runtime's ``RUNTIME_PRIORS``, or for a GPU the fit shared
+by every GPU of that runtime) with weight ``PRIOR_WEIGHT``: with fewer points than parameters the
+data move what they constrain and the priors keep the rest, and :func:`fit_calibration` says so in
+its ``warnings``. Levels: ``*/runtime`` over every GPU of a runtime, then ``gpu/runtime`` for each
+GPU with points, then ``gpu/runtime/model`` where a model has ``MIN_MODEL_POINTS`` or more.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +34,22 @@ from scipy.optimize import least_squares
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.costmodel.compute import (
-    TRAINING_FACTOR,
-    WEIGHT_TRAFFIC_FACTOR,
+    DEFAULT_RUNTIME,
     Calibration,
     Efficiency,
     FloatArray,
     NetParams,
     build_step_fn,
     layer_arrays,
+    prior_for,
+    runtime_key,
 )
 
-MIN_ROWS_PER_GPU = 3
-PRIOR_WEIGHT = 0.05  # pull of a per-GPU parameter towards the shared one, per log unit
-_STARTS = ((0.35, 0.6, 0.005), (0.15, 0.3, 0.02), (0.7, 0.9, 0.001))
+N_PARAMS = 5
+PRIOR_WEIGHT = 0.15  # pull of each parameter towards its prior, per log unit
+MIN_MODEL_POINTS = 3
+_LO = np.log(np.array([1e-3, 1e-3, 1e-6, 1e-8, 0.5]))
+_HI = np.log(np.array([1.0, 1.0, 10.0, 1e-2, 1e5]))
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,20 @@ class Measurement:
     workers: int | None = None
     steps_per_s: float | None = None
     ps_machine_type: str | None = None
+    runtime: str = DEFAULT_RUNTIME
+    precision: str = "fp32"
+    peak_gb: float | None = None
+    source: str = ""
+    method: str = ""
+    emulated: bool = False
+
+    @property
+    def key(self) -> str:
+        return runtime_key(self.runtime, self.precision)
 
     @property
     def is_compute(self) -> bool:
-        return self.step_time_s is not None and self.step_time_s > 0
+        return self.step_time_s is not None and self.step_time_s > 0 and not self.is_cluster
 
     @property
     def is_cluster(self) -> bool:
@@ -89,33 +98,44 @@ class Measurement:
         model, gpu, batch = opt("model"), opt("gpu"), integer("batch")
         if model is None or gpu is None or batch is None:
             raise ValueError(f"a measurement needs model, gpu and batch: {dict(row)}")
+        step_ms = num("step_ms")
+        step_s = num("step_time_s") if step_ms is None else step_ms / 1e3
         m = cls(
             model,
             gpu.lower(),
             batch,
-            num("step_time_s"),
+            step_s,
             integer("ps_count"),
             integer("workers"),
             num("steps_per_s"),
             opt("ps_machine_type"),
+            opt("runtime") or DEFAULT_RUNTIME,
+            opt("precision") or "fp32",
+            num("peak_gb"),
+            opt("source") or "",
+            opt("method") or "",
+            (opt("emulated") or "0").lower() in ("1", "true", "yes"),
         )
         if not (m.is_compute or m.is_cluster):
             raise ValueError(
-                f"a measurement needs step_time_s, or ps_count + workers + steps_per_s: {dict(row)}"
+                f"a measurement needs step_ms (or step_time_s), or ps_count + workers + steps_per_s: {dict(row)}"
             )
         return m
 
 
 def load_measurements(path: str | Path) -> list[Measurement]:
+    """Rows of one CSV file, or of every ``*.csv`` in a folder (``data/measurements``)."""
     p = Path(path)
-    with p.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    files = sorted(p.glob("*.csv")) if p.is_dir() else [p]
     out = []
-    for i, row in enumerate(rows, start=2):
-        try:
-            out.append(Measurement.from_row(row))
-        except ValueError as exc:
-            raise ValueError(f"{p}:{i}: {exc}") from None
+    for f in files:
+        with f.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        for i, row in enumerate(rows, start=2):
+            try:
+                out.append(Measurement.from_row(row))
+            except ValueError as exc:
+                raise ValueError(f"{f}:{i}: {exc}") from None
     return out
 
 
@@ -126,90 +146,127 @@ def measurements_from_dicts(rows: Iterable[Mapping[str, Any]]) -> list[Measureme
 # ---------------------------------------------------------------- fitting
 
 
-def _to_x(e: Efficiency) -> FloatArray:
-    return np.log(np.array([e.eff_compute, e.eff_memory, max(e.overhead_s, 1e-6)], dtype=np.float64))
+def _to_x(e: Efficiency, half_batch: float) -> FloatArray:
+    v = [e.eff_compute, e.eff_memory, max(e.overhead_s, 1e-6), max(e.overhead_per_layer_s, 1e-8), half_batch]
+    return np.clip(np.log(np.array(v, dtype=np.float64)), _LO + 1e-9, _HI - 1e-9)
 
 
 def _from_x(x: FloatArray) -> Efficiency:
-    ec, em, ov = np.exp(x)
-    return Efficiency(float(ec), float(em), float(ov))
+    ec, em, ov, ol, hb = (float(v) for v in np.exp(x))
+    return Efficiency(min(ec, 1.0), min(em, 1.0), ov, ol, hb)
 
 
-_LO = np.log(np.array([1e-3, 1e-3, 1e-6]))
-_HI = np.log(np.array([1.5, 1.5, 10.0]))
+def predict(m: Measurement, calibration: Calibration, catalog: Catalog | None = None) -> float:
+    cat = catalog or load_catalog()
+    g = cat.gpu(m.gpu)
+    eff = calibration.for_gpu(g.key, m.key, m.model)
+    return build_step_fn(layer_arrays(m.model), g, eff, m.precision).at(float(m.batch))
 
 
-@dataclass(frozen=True)
-class _Group:
-    """Rows of one (model, GPU): per-layer work scaled by the GPU's peaks, and the measured batches."""
+def _fit_one(rows: Sequence[Measurement], prior: Efficiency, catalog: Catalog) -> Efficiency:
+    """One parameter set for these rows (one runtime key; one GPU or all), pulled towards ``prior``."""
+    gpus = {m.gpu: catalog.gpu(m.gpu) for m in rows}
+    hb0 = float(np.exp(np.mean([np.log(prior.half_batch_for(g)) for g in gpus.values()])))
+    x_prior = _to_x(prior, hb0)
+    measured = np.array([float(m.step_time_s or 0.0) for m in rows])
+    # Across GPUs the half-occupancy batch stays per GPU (the prior's scaling with peak FLOP/s).
+    shared_hb = prior.half_batch is None and len(gpus) > 1
 
-    compute: FloatArray  # layers x rows: seconds at eff_compute = 1
-    memory: FloatArray  # layers x rows: seconds at eff_memory = 1
-    measured: FloatArray  # rows
-
-
-def _groups(rows: Sequence[Measurement], catalog: Catalog) -> list[_Group]:
-    by_key: dict[tuple[str, str], list[Measurement]] = {}
-    for r in rows:
-        by_key.setdefault((r.model, catalog.gpu(r.gpu).key), []).append(r)
-    out = []
-    for (model, gpu), members in by_key.items():
-        a = layer_arrays(model)
-        g = catalog.gpu(gpu)
-        b = np.array([float(m.batch) for m in members])
-        compute = TRAINING_FACTOR * np.outer(a.flops, b) / (g.fp32_tflops * 1e12)
-        memory = (
-            TRAINING_FACTOR * np.outer(a.act_bytes, b) + WEIGHT_TRAFFIC_FACTOR * a.weight_bytes[:, None]
-        ) / (g.memory_bw_gbs * 1e9)
-        measured = np.array([float(m.step_time_s or 0.0) for m in members])
-        out.append(_Group(compute, memory, measured))
-    return out
-
-
-def _model_and_jac(groups: Sequence[_Group], x: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Residuals log(pred / measured) and their Jacobian w.r.t. x = log(eff_compute, eff_memory, overhead)."""
-    ec, em, ov = np.exp(x)
-    res, jac = [], []
-    for grp in groups:
-        c = grp.compute / ec
-        m = grp.memory / em
-        bound = c >= m
-        t = ov + np.where(bound, c, m).sum(axis=0)
-        res.append(np.log(t / grp.measured))
-        d_ec = -np.where(bound, c, 0.0).sum(axis=0) / t
-        d_em = -np.where(bound, 0.0, m).sum(axis=0) / t
-        d_ov = np.full_like(t, ov) / t
-        jac.append(np.stack([d_ec, d_em, d_ov], axis=1))
-    return np.concatenate(res), np.concatenate(jac, axis=0)
-
-
-def _fit_triple(rows: Sequence[Measurement], catalog: Catalog, prior: Efficiency | None) -> Efficiency:
-    groups = _groups(rows, catalog)
-    prior_x = _to_x(prior) if prior is not None else None
+    def eff_of(x: FloatArray) -> Efficiency:
+        eff = _from_x(x)
+        return replace(eff, half_batch=None) if shared_hb else eff
 
     def fun(x: FloatArray) -> FloatArray:
-        res, _ = _model_and_jac(groups, x)
-        if prior_x is not None:
-            res = np.concatenate([res, PRIOR_WEIGHT * (x - prior_x)])
-        return res
+        eff = eff_of(x)
+        res = [
+            math.log(build_step_fn(layer_arrays(m.model), gpus[m.gpu], eff, m.precision).at(float(m.batch)) / t)
+            for m, t in zip(rows, measured, strict=True)
+        ]
+        return np.concatenate([np.array(res), PRIOR_WEIGHT * (x - x_prior)])
 
-    def jac(x: FloatArray) -> FloatArray:
-        _, j = _model_and_jac(groups, x)
-        if prior_x is not None:
-            j = np.concatenate([j, PRIOR_WEIGHT * np.eye(3)], axis=0)
-        return j
+    sol = least_squares(fun, x_prior, bounds=(_LO, _HI), diff_step=1e-3)
+    return eff_of(np.asarray(sol.x, dtype=np.float64))
 
-    starts = [np.clip(_to_x(Efficiency(*s)), _LO + 1e-9, _HI - 1e-9) for s in _STARTS]
-    if prior_x is not None:
-        starts.insert(0, np.clip(prior_x, _LO + 1e-9, _HI - 1e-9))
-    best: tuple[float, FloatArray] | None = None
-    for x0 in starts:
-        sol = least_squares(fun, x0, jac=jac, bounds=(_LO, _HI), x_scale=1.0)
-        cost = float(sol.cost)
-        if best is None or cost < best[0]:
-            best = (cost, np.asarray(sol.x, dtype=np.float64))
-    assert best is not None
-    return _from_x(best[1])
+
+@dataclass
+class FitReport:
+    calibration: Calibration
+    warnings: list[str] = field(default_factory=list)
+
+
+def fit_report(
+    measurements: Sequence[Measurement],
+    name: str = "fitted",
+    source: str = "",
+    catalog: Catalog | None = None,
+    base: Calibration | None = None,
+) -> FitReport:
+    """Fit every runtime key, GPU and (with enough points) model present; warn where priors fill in."""
+    cat = catalog or load_catalog()
+    compute_rows = [m for m in measurements if m.is_compute]
+    cluster_rows = [m for m in measurements if m.is_cluster]
+    if not compute_rows and not cluster_rows:
+        raise ValueError("no step-time measurements (rows with model, gpu, batch, step_ms) to fit")
+    kinds = {m.emulated for m in measurements}
+    if len(kinds) > 1:
+        raise ValueError("emulated (local provider) and real GPU measurements cannot be fitted together")
+    warnings: list[str] = []
+    per: dict[str, Efficiency] = dict(base.per_gpu) if base else {}
+    points: dict[str, int] = dict(base.points) if base else {}
+    by_key: dict[str, list[Measurement]] = {}
+    for m in compute_rows:
+        cat.gpu(m.gpu)  # unknown GPU -> CatalogError naming the known ones
+        by_key.setdefault(m.key, []).append(m)
+    for key, rows in sorted(by_key.items()):
+        shared = _fit_one(rows, per.get(f"*/{key}", prior_for(key)), cat)
+        per[f"*/{key}"], points[f"*/{key}"] = shared, points.get(f"*/{key}", 0) + len(rows)
+        if len(rows) < N_PARAMS:
+            warnings.append(
+                f"{key}: {len(rows)} measured point(s) for {N_PARAMS} parameters: the step-time model keeps "
+                f"its priors where the data say nothing (RUNTIME_PRIORS['{key.split('+')[0]}'])"
+            )
+        by_gpu: dict[str, list[Measurement]] = {}
+        for m in rows:
+            by_gpu.setdefault(cat.gpu(m.gpu).key, []).append(m)
+        for gpu, grows in sorted(by_gpu.items()):
+            prior = per.get(f"{gpu}/{key}", shared)  # refining a stored calibration starts from its fit
+            own = _fit_one(grows, prior, cat) if (len(by_gpu) > 1 or base) else shared
+            per[f"{gpu}/{key}"], points[f"{gpu}/{key}"] = own, points.get(f"{gpu}/{key}", 0) + len(grows)
+            by_model: dict[str, list[Measurement]] = {}
+            for m in grows:
+                by_model.setdefault(m.model, []).append(m)
+            for model, mrows in by_model.items():
+                if len(mrows) >= MIN_MODEL_POINTS and (len(by_model) > 1 or base):
+                    mkey = f"{gpu}/{key}/{model}"
+                    per[mkey] = _fit_one(mrows, per.get(mkey, own), cat)
+                    points[mkey] = points.get(mkey, 0) + len(mrows)
+    default = per.get(f"*/{DEFAULT_RUNTIME}", base.default if base else prior_for(DEFAULT_RUNTIME))
+    keys = ", ".join(f"{k} ({len(r)})" for k, r in sorted(by_key.items()))
+    calib = Calibration(
+        default,
+        per,
+        base.net if base else NetParams(),
+        name,
+        source or f"least squares on {len(compute_rows)} step times: {keys}",
+        points=points,
+        emulated=kinds == {True},
+    )
+    if cluster_rows:
+        calib = replace(calib, net=_fit_net(cluster_rows, calib, cat),
+                        source=calib.source + f"; network from {len(cluster_rows)} cluster rows")
+        if len(cluster_rows) < 2:
+            warnings.append("network: one cluster row for 2 parameters: the other keeps its default")
+    return FitReport(calib, warnings)
+
+
+def fit_calibration(
+    measurements: Sequence[Measurement],
+    name: str = "fitted",
+    source: str = "",
+    catalog: Catalog | None = None,
+) -> Calibration:
+    """Least-squares fit (see the module docstring); :func:`fit_report` also returns the warnings."""
+    return fit_report(measurements, name, source, catalog).calibration
 
 
 def _fit_net(rows: Sequence[Measurement], calib: Calibration, catalog: Catalog) -> NetParams:
@@ -221,19 +278,13 @@ def _fit_net(rows: Sequence[Measurement], calib: Calibration, catalog: Catalog) 
         return replace(base, net_efficiency=float(np.exp(x[0])), ps_cpu_per_variable_s=float(np.exp(x[1])))
 
     def fun(x: FloatArray) -> FloatArray:
-        trial = Calibration(calib.default, calib.per_gpu, net_of(x))
+        trial = replace(calib, net=net_of(x))
         res = []
         for r in rows:
             assert r.workers is not None and r.ps_count is not None and r.steps_per_s is not None
             pred = cluster_rate(
-                r.model,
-                [r.gpu] * r.workers,
-                [r.batch] * r.workers,
-                r.ps_count,
-                r.ps_machine_type or "n1-standard-4",
-                "async",
-                trial,
-                catalog,
+                r.model, [r.gpu] * r.workers, [r.batch] * r.workers, r.ps_count,
+                r.ps_machine_type or "n1-standard-4", "async", trial, catalog,
             )
             res.append(math.log(pred / r.steps_per_s))
         prior = PRIOR_WEIGHT * (x - np.log([base.net_efficiency, base.ps_cpu_per_variable_s]))
@@ -244,58 +295,11 @@ def _fit_net(rows: Sequence[Measurement], calib: Calibration, catalog: Catalog) 
     return net_of(np.asarray(sol.x, dtype=np.float64))
 
 
-def fit_calibration(
-    measurements: Sequence[Measurement],
-    name: str = "fitted",
-    source: str = "",
-    catalog: Catalog | None = None,
-) -> Calibration:
-    """Least-squares fit of the efficiencies (shared default + per measured GPU) and network constants."""
-    cat = catalog or load_catalog()
-    compute_rows = [m for m in measurements if m.is_compute]
-    cluster_rows = [m for m in measurements if m.is_cluster]
-    if not compute_rows:
-        raise ValueError("no step-time measurements (rows with model, gpu, batch, step_time_s) to fit")
-    for m in compute_rows:
-        cat.gpu(m.gpu)  # unknown GPU -> CatalogError naming the known ones
-    shared = _fit_triple(compute_rows, cat, prior=None)
-    per_gpu: dict[str, Efficiency] = {}
-    by_gpu: dict[str, list[Measurement]] = {}
-    for m in compute_rows:
-        by_gpu.setdefault(cat.gpu(m.gpu).key, []).append(m)
-    for gpu, rows in sorted(by_gpu.items()):
-        if len(rows) >= MIN_ROWS_PER_GPU:
-            per_gpu[gpu] = _fit_triple(rows, cat, prior=shared)
-    gpus = ", ".join(f"{g} ({len(r)})" for g, r in sorted(by_gpu.items()))
-    calib = Calibration(
-        shared,
-        per_gpu,
-        NetParams(),
-        name,
-        source or f"least squares on {len(compute_rows)} step times: {gpus}",
-    )
-    if cluster_rows:
-        calib = Calibration(
-            shared,
-            per_gpu,
-            _fit_net(cluster_rows, calib, cat),
-            calib.name,
-            calib.source + f"; network from {len(cluster_rows)} cluster rows",
-        )
-    return calib
-
-
-def predict(m: Measurement, calibration: Calibration, catalog: Catalog | None = None) -> float:
-    cat = catalog or load_catalog()
-    g = cat.gpu(m.gpu)
-    return build_step_fn(layer_arrays(m.model), g, calibration.for_gpu(g.key)).at(float(m.batch))
-
-
 def mape(rows: Sequence[Measurement], calibration: Calibration, catalog: Catalog | None = None) -> float:
     errs = [
         abs(predict(m, calibration, catalog) - m.step_time_s) / m.step_time_s
         for m in rows
-        if m.step_time_s is not None and m.step_time_s > 0
+        if m.step_time_s is not None and m.step_time_s > 0 and m.is_compute
     ]
     return float(np.mean(errs)) if errs else float("nan")
 
@@ -339,9 +343,7 @@ def leave_one_gpu_out(measurements: Sequence[Measurement], catalog: Catalog | No
         train = [m for m in rows if cat.gpu(m.gpu).key != gpu]
         test = [m for m in rows if cat.gpu(m.gpu).key == gpu]
         calib = fit_calibration(train, catalog=cat)
-        errs = [
-            abs(predict(m, calib, cat) - float(m.step_time_s or 0)) / float(m.step_time_s or 1) for m in test
-        ]
+        errs = [abs(predict(m, calib, cat) - float(m.step_time_s or 0)) / float(m.step_time_s or 1) for m in test]
         all_errs += errs
         per.append(GpuValidation(gpu, len(test), float(np.mean(errs)), float(np.max(errs))))
     in_sample = mape(rows, fit_calibration(rows, catalog=cat), cat)

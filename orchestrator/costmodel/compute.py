@@ -1,19 +1,27 @@
-"""Compute model: a worker's step time from the layer profile and the GPU's specs (a per-layer roofline).
+"""Compute model: one worker's step time from the layer profile, the GPU's specs and the runtime.
 
-    step(m, g, b) = overhead_g + sum_l max( 3 * F_l * b / (eff_compute_g * peak_flops_g),
-                                            bytes_l(b) / (eff_memory_g * bandwidth_g) )
-    bytes_l(b)    = 3 * b * (read_l + write_l) + 3 * weight_l
+Real GPUs show two regimes (data/measurements: eager ResNet-32 on an H100 takes ~13 ms a step from
+batch 32 to 512, then 20.6 ms at 1024 and 38.5 ms at 2048):
 
-``F_l`` is the layer's forward FLOPs per example; forward + backward is ~3x the forward work (the
-backward pass computes the input and the weight gradients), for FLOPs and for activation traffic
-alike; weights are read in the forward and the backward pass and their gradient is written once.
-Peak FLOP/s is the datasheet FP32 figure (TensorFlow trains in FP32 by default); bandwidth is the
-datasheet memory bandwidth. The efficiencies and the per-step overhead (input pipeline, kernel
-launches, session run) are what calibration fits.
+    host(m)    = overhead_s + overhead_per_layer_s * layers(m)          # framework / kernel launches
+    gpu(m,g,b) = sum_l max( c_l * (b + half_batch),  m_l * b + w_l )    # occupancy-limited roofline
+    c_l = 3 F_l / (eff_compute * peak_g),  m_l = 3 A_l / (eff_memory * bw_g),  w_l = 3 W_l / (eff_memory * bw_g)
+    step       = (host^P + gpu^P)^(1/P)                                  # the host launches while the GPU runs
 
-As a function of ``b`` each term is the maximum of two linear functions, so the step time is convex,
-piecewise linear and strictly increasing in the batch: :class:`StepTimeFn` keeps it as sorted
-breakpoints, which makes tables of step times over every batch size cheap (the batch split uses them).
+* ``host``: the per-step runtime overhead: a fixed part (session run / Python step, optimizer launch)
+  and a part per layer (each layer launches kernels forward and backward). It depends on the framework
+  and runtime (TF1 graph, Keras/XLA, PyTorch eager, torch.compile), which is why the runtime is a
+  calibration dimension.
+* per-example compute that saturates with occupancy: a layer's arithmetic at batch ``b`` runs at
+  ``eff_compute * peak * b / (b + half_batch)``, i.e. a small batch leaves most of the GPU idle;
+  ``half_batch`` is the batch at which half the GPU is busy (bigger GPUs need bigger batches).
+* memory-bound layers (batch norm, ReLU, adds) move their activations and weights at ``eff_memory`` of
+  the datasheet bandwidth; forward + backward is ~3x the forward work for FLOPs and traffic alike.
+* the two overlap (the host enqueues kernels asynchronously), so the step is a smooth maximum; the
+  exponent ``P`` = 8 keeps the blend within ~9% of a hard max where the two are equal.
+
+Efficiencies are fractions of the datasheet (``<= 1``, enforced); calibration fits them per GPU x
+runtime (x model, for jobs). Communication (PS / all-reduce) is in ``comm.py``; memory in ``memory.py``.
 """
 
 from __future__ import annotations
@@ -35,46 +43,94 @@ FloatArray = npt.NDArray[np.float64]
 
 TRAINING_FACTOR = 3.0  # forward + backward ~= 3x forward (FLOPs and activation traffic)
 WEIGHT_TRAFFIC_FACTOR = 3.0  # weights read forward and backward, gradient written once
+SMOOTH_MAX_P = 8.0
+HALF_BATCH_PER_TFLOP = 2.5  # ASSUMPTION (prior): parallel work needed to fill a GPU grows with its peak
+DEFAULT_RUNTIME = "tf1-graph"  # the project's TensorFlow PS job
+RUNTIMES = ("tf1-graph", "keras-xla", "pytorch-eager", "torch-compile")
+
+
+def runtime_key(runtime: str, precision: str = "fp32") -> str:
+    """Calibration key of a runtime and precision: ``pytorch-eager`` or ``pytorch-eager+bf16``."""
+    p = precision.lower().split("-")[0]
+    return runtime if p in ("", "fp32", "tf32") else f"{runtime}+{p}"
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fraction of the datasheet peak reached, and a fixed per-step overhead, for one GPU family."""
+    """Fitted constants of one GPU x runtime: fractions of the datasheet peaks, and the host overhead."""
 
     eff_compute: float
     eff_memory: float
     overhead_s: float
+    overhead_per_layer_s: float = 0.0
+    half_batch: float | None = None  # None: the prior, HALF_BATCH_PER_TFLOP x the GPU's FP32 TFLOP/s
 
     def __post_init__(self) -> None:
-        if not (0 < self.eff_compute <= 1.5 and 0 < self.eff_memory <= 1.5 and self.overhead_s >= 0):
-            raise ValueError(f"implausible efficiency {self}: efficiencies in (0, 1.5], overhead >= 0")
+        if not (0 < self.eff_compute <= 1 and 0 < self.eff_memory <= 1):
+            raise ValueError(f"implausible efficiency {self}: efficiencies must be in (0, 1]")
+        if self.overhead_s < 0 or self.overhead_per_layer_s < 0 or (self.half_batch or 0) < 0:
+            raise ValueError(f"implausible efficiency {self}: overheads and half_batch must be >= 0")
 
-    def to_dict(self) -> dict[str, float]:
-        return {"eff_compute": self.eff_compute, "eff_memory": self.eff_memory, "overhead_s": self.overhead_s}
+    def half_batch_for(self, gpu: Gpu) -> float:
+        return HALF_BATCH_PER_TFLOP * gpu.fp32_tflops if self.half_batch is None else self.half_batch
+
+    def host_s(self, layers: int) -> float:
+        return self.overhead_s + self.overhead_per_layer_s * layers
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {
+            "eff_compute": self.eff_compute,
+            "eff_memory": self.eff_memory,
+            "overhead_s": self.overhead_s,
+            "overhead_per_layer_s": self.overhead_per_layer_s,
+            "half_batch": self.half_batch,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Efficiency:
-        return cls(float(d["eff_compute"]), float(d["eff_memory"]), float(d["overhead_s"]))
+        hb = d.get("half_batch")
+        return cls(
+            float(d["eff_compute"]),
+            float(d["eff_memory"]),
+            float(d["overhead_s"]),
+            float(d.get("overhead_per_layer_s") or 0.0),
+            None if hb is None else float(hb),
+        )
 
 
-# ASSUMPTION, used when no measurements exist: TensorFlow FP32 training of small CNNs reaches about a
-# third of the datasheet FLOP/s and ~60% of the memory bandwidth, plus ~5 ms of per-step overhead.
-DEFAULT_EFFICIENCY = Efficiency(eff_compute=0.35, eff_memory=0.6, overhead_s=0.005)
+# PRIORS, used where no measurement constrains a parameter. Physical reasoning, not fits: a kernel
+# launch costs ~5-10 us of host time and a training step launches ~8 kernels a layer (forward,
+# backward, optimizer) in eager PyTorch; TF1's executor dispatches ops at ~10 us each but runs a
+# session call (feed, fetch, PS round trips) of a few ms; XLA fuses most element-wise layers; FP32
+# training of small CNNs reaches ~40% of the datasheet FLOP/s and ~60% of the bandwidth.
+RUNTIME_PRIORS: dict[str, Efficiency] = {
+    "tf1-graph": Efficiency(0.4, 0.6, 0.005, 40e-6),
+    "keras-xla": Efficiency(0.4, 0.6, 0.002, 10e-6),
+    "pytorch-eager": Efficiency(0.4, 0.6, 0.002, 80e-6),
+    "torch-compile": Efficiency(0.4, 0.6, 0.004, 80e-6),
+}
+DEFAULT_EFFICIENCY = RUNTIME_PRIORS[DEFAULT_RUNTIME]
+
+
+def prior_for(key: str) -> Efficiency:
+    """The prior of a runtime key (``+bf16`` variants start from their FP32 runtime's)."""
+    return RUNTIME_PRIORS.get(key.split("+")[0], DEFAULT_EFFICIENCY)
 
 
 @dataclass(frozen=True)
 class NetParams:
     """Communication-model constants (see ``comm.py``); calibrated from cluster measurements if given.
 
-    ASSUMPTIONS (defaults): gRPC reaches 70% of a NIC's nominal egress; each push or pull round trip
-    costs a worker 0.5 ms; the PS spends 20 us of CPU per variable per request (TF sends one tensor per
-    RPC); every additional concurrent worker costs the PS 1% of its network efficiency (incast). A round
-    trip between zones adds 0.5 ms, between regions of one continent 25 ms, between continents 100 ms.
+    Defaults: gRPC reaches 70% of a NIC's nominal egress; each push or pull round trip costs a worker
+    0.5 ms; the PS spends 49 us of CPU per variable per request (TF sends one tensor per RPC; fitted to
+    the ICAC'19 study's measured 1-PS ceiling of ~45 steps/s for ResNet-32, data/measurements); every
+    additional concurrent worker costs the PS 1% of its network efficiency (incast). A round trip
+    between zones adds 0.5 ms, between regions of one continent 25 ms, between continents 100 ms.
     """
 
     net_efficiency: float = 0.7
     request_latency_s: float = 0.5e-3
-    ps_cpu_per_variable_s: float = 20e-6
+    ps_cpu_per_variable_s: float = 49e-6
     incast_penalty: float = 0.01
     cross_zone_rtt_s: float = 0.5e-3
     cross_region_rtt_s: float = 0.025
@@ -99,26 +155,44 @@ class NetParams:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiencies per GPU family where measurements exist, and a shared default for the others."""
+    """Fitted efficiencies by key, most specific first: ``gpu/runtime/model``, ``gpu/runtime``,
+    ``*/runtime``, ``gpu`` (older files), then the runtime's prior (``default`` for the TF job)."""
 
     default: Efficiency = DEFAULT_EFFICIENCY
     per_gpu: Mapping[str, Efficiency] = field(default_factory=dict)
     net: NetParams = field(default_factory=NetParams)
-    name: str = "builtin-default"
-    source: str = "assumed defaults (eff_compute 0.35, eff_memory 0.6, overhead 5 ms); no measurements"
-    mape: float | None = None  # leave-one-GPU-out validation error of the fit, if known
+    name: str = "builtin-priors"
+    source: str = "runtime priors (no measurements): see orchestrator/costmodel/compute.py RUNTIME_PRIORS"
+    mape: float | None = None  # held-out error of the fit, if known
+    points: Mapping[str, int] = field(default_factory=dict)  # measured points behind each key
+    emulated: bool = False  # fitted on the local provider's emulated GPUs: never used for real ones
+    local_host: Mapping[str, float] = field(default_factory=dict)  # this host's figures fitted on local jobs
 
-    def for_gpu(self, gpu: str) -> Efficiency:
-        return self.per_gpu.get(gpu.lower(), self.default)
+    def lookup(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> tuple[str, Efficiency]:
+        g = gpu.lower()
+        keys = ([f"{g}/{runtime}/{model}"] if model else []) + [f"{g}/{runtime}", f"*/{runtime}"]
+        if runtime == DEFAULT_RUNTIME:
+            keys.append(g)
+        for k in keys:
+            if k in self.per_gpu:
+                return k, self.per_gpu[k]
+        if runtime == DEFAULT_RUNTIME:
+            return "default", self.default
+        return f"prior:{runtime}", prior_for(runtime)
+
+    def for_gpu(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> Efficiency:
+        return self.lookup(gpu, runtime, model)[1]
+
+    def describe(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> str:
+        key, _ = self.lookup(gpu, runtime, model)
+        n = self.points.get(key)
+        return f"{self.name}, key {key}" + (f" ({n} measured points)" if n else " (priors, no measured point)")
 
     def with_meta(
         self, name: str | None = None, source: str | None = None, mape: float | None = None
     ) -> Calibration:
         return replace(
-            self,
-            name=name or self.name,
-            source=source or self.source,
-            mape=self.mape if mape is None else mape,
+            self, name=name or self.name, source=source or self.source, mape=self.mape if mape is None else mape
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,8 +200,11 @@ class Calibration:
             "name": self.name,
             "source": self.source,
             "mape": self.mape,
+            "emulated": self.emulated,
             "default": self.default.to_dict(),
             "per_gpu": {k: v.to_dict() for k, v in sorted(self.per_gpu.items())},
+            "points": dict(sorted(self.points.items())),
+            "local_host": dict(self.local_host),
             "net": self.net.to_dict(),
         }
 
@@ -142,6 +219,9 @@ class Calibration:
             name=str(d.get("name", "unnamed")),
             source=str(d.get("source", "")),
             mape=None if mape is None else float(mape),
+            points={str(k): int(v) for k, v in (d.get("points") or {}).items()},
+            emulated=bool(d.get("emulated", False)),
+            local_host={str(k): float(v) for k, v in (d.get("local_host") or {}).items()},
         )
 
     def to_json(self) -> str:
@@ -155,7 +235,22 @@ class Calibration:
         path.write_text(self.to_json() + "\n")
 
 
-DEFAULT_CALIBRATION = Calibration()
+PRIORS_ONLY = Calibration()
+
+
+def _default_calibration() -> Calibration:
+    """data/calibration.json: the fit to every real point in data/measurements (regenerate with
+    ``orchestrator model calibrate data/measurements --name measured --out data/calibration.json``);
+    the runtime priors if it is missing or unreadable."""
+    from orchestrator.paths import data_dir
+
+    try:
+        return Calibration.from_json((data_dir() / "calibration.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return PRIORS_ONLY
+
+
+DEFAULT_CALIBRATION = _default_calibration()
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -180,6 +275,10 @@ class LayerArrays:
     act_bytes: FloatArray  # read + write
     weight_bytes: FloatArray
 
+    @property
+    def layers(self) -> int:
+        return len(self.flops)
+
 
 @functools.cache
 def layer_arrays(model: str) -> LayerArrays:
@@ -191,67 +290,77 @@ def layer_arrays(model: str) -> LayerArrays:
     )
 
 
+def _peaks(gpu: Gpu, precision: str) -> tuple[float, float]:
+    """(FLOP/s, bytes/s scale) of a precision: 16-bit uses the tensor peak and moves half the bytes."""
+    if precision.lower().startswith(("bf16", "fp16")) and gpu.fp16_tflops > 0:
+        return gpu.fp16_tflops * 1e12, 2.0
+    return gpu.fp32_tflops * 1e12, 1.0
+
+
 @dataclass(frozen=True)
 class StepTimeFn:
-    """t(b) = overhead + sum_l max(c_l b, m_l b + w_l) as sorted breakpoints (vectorised, exact)."""
+    """t(b) = smooth max(host, sum_l max(c_l (b + h), m_l b + w_l)), vectorised over batches."""
 
-    overhead_s: float
-    breakpoints: FloatArray  # sorted; layer k is compute-bound for b >= breakpoints[k]
-    slope_after: FloatArray  # len = len(breakpoints) + 1: total slope with the first j layers compute-bound
-    intercept_after: FloatArray
+    host_s: float
+    c: FloatArray
+    m: FloatArray
+    w: FloatArray
+    half_batch: float
+
+    def gpu_s(self, batch: npt.ArrayLike) -> FloatArray:
+        b = np.atleast_1d(np.asarray(batch, dtype=np.float64))
+        comp = np.outer(b + self.half_batch, self.c)
+        mem = np.outer(b, self.m) + self.w
+        return np.asarray(np.maximum(comp, mem).sum(axis=1), dtype=np.float64)
 
     def __call__(self, batch: npt.ArrayLike) -> FloatArray:
-        b = np.asarray(batch, dtype=np.float64)
-        j = np.searchsorted(self.breakpoints, b, side="right")
-        return np.asarray(
-            self.overhead_s + self.slope_after[j] * b + self.intercept_after[j], dtype=np.float64
-        )
+        g = self.gpu_s(batch)
+        return np.asarray((self.host_s**SMOOTH_MAX_P + g**SMOOTH_MAX_P) ** (1 / SMOOTH_MAX_P), dtype=np.float64)
 
     def at(self, batch: float) -> float:
-        return float(self(batch))
+        return float(self(batch)[0])
 
     def table(self, max_batch: int) -> FloatArray:
         """Step times for batches 1..max_batch (index i holds batch i + 1)."""
         return self(np.arange(1, max_batch + 1, dtype=np.float64))
 
 
-def build_step_fn(arrays: LayerArrays, gpu: Gpu, eff: Efficiency) -> StepTimeFn:
-    peak = eff.eff_compute * gpu.fp32_tflops * 1e12
-    bw = eff.eff_memory * gpu.memory_bw_gbs * 1e9
-    c = TRAINING_FACTOR * arrays.flops / peak
+def build_step_fn(arrays: LayerArrays, gpu: Gpu, eff: Efficiency, precision: str = "fp32") -> StepTimeFn:
+    flops, byte_scale = _peaks(gpu, precision)
+    bw = eff.eff_memory * gpu.memory_bw_gbs * 1e9 * byte_scale
+    c = TRAINING_FACTOR * arrays.flops / (eff.eff_compute * flops)
     m = TRAINING_FACTOR * arrays.act_bytes / bw
     w = WEIGHT_TRAFFIC_FACTOR * arrays.weight_bytes / bw
-    # max(c b, m b + w): memory-bound below w / (c - m) when c > m, memory-bound for every b otherwise.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bp = np.where(c > m, w / (c - m), np.inf)
-    order = np.argsort(bp, kind="stable")
-    bp, c, m, w = bp[order], c[order], m[order], w[order]
-    n = len(bp)
-    slope = np.empty(n + 1)
-    intercept = np.empty(n + 1)
-    c_prefix = np.concatenate([[0.0], np.cumsum(c)])
-    m_suffix = np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]])
-    w_suffix = np.concatenate([np.cumsum(w[::-1])[::-1], [0.0]])
-    slope[:] = c_prefix + m_suffix
-    intercept[:] = w_suffix
-    return StepTimeFn(eff.overhead_s, bp, slope, intercept)
+    return StepTimeFn(eff.host_s(arrays.layers), c, m, w, eff.half_batch_for(gpu))
 
 
 def step_fn(
-    model: str, gpu: str, calibration: Calibration | None = None, catalog: Catalog | None = None
+    model: str,
+    gpu: str,
+    calibration: Calibration | None = None,
+    catalog: Catalog | None = None,
+    runtime: str = DEFAULT_RUNTIME,
+    precision: str = "fp32",
 ) -> StepTimeFn:
     cat = catalog or load_catalog()
     g = cat.gpu(gpu)
-    return build_step_fn(layer_arrays(model), g, (calibration or DEFAULT_CALIBRATION).for_gpu(g.key))
+    eff = (calibration or DEFAULT_CALIBRATION).for_gpu(g.key, runtime_key(runtime, precision), model)
+    return build_step_fn(layer_arrays(model), g, eff, precision)
 
 
 def step_time(
-    model: str, gpu: str, batch: int, calibration: Calibration | None = None, catalog: Catalog | None = None
+    model: str,
+    gpu: str,
+    batch: int,
+    calibration: Calibration | None = None,
+    catalog: Catalog | None = None,
+    runtime: str = DEFAULT_RUNTIME,
+    precision: str = "fp32",
 ) -> float:
     """Compute-only step time in seconds (no parameter-server or all-reduce traffic)."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    return step_fn(model, gpu, calibration, catalog).at(float(batch))
+    return step_fn(model, gpu, calibration, catalog, runtime, precision).at(float(batch))
 
 
 def layer_times(
@@ -260,10 +369,5 @@ def layer_times(
     """Per-layer (compute seconds, memory seconds) of one training step, in profile order."""
     cat = catalog or load_catalog()
     g = cat.gpu(gpu)
-    eff = (calibration or DEFAULT_CALIBRATION).for_gpu(g.key)
-    a = layer_arrays(model)
-    comp = TRAINING_FACTOR * a.flops * batch / (eff.eff_compute * g.fp32_tflops * 1e12)
-    mem = (TRAINING_FACTOR * a.act_bytes * batch + WEIGHT_TRAFFIC_FACTOR * a.weight_bytes) / (
-        eff.eff_memory * g.memory_bw_gbs * 1e9
-    )
-    return comp, mem
+    fn = step_fn(model, g.key, calibration, cat)
+    return fn.c * (batch + fn.half_batch), fn.m * batch + fn.w

@@ -26,6 +26,7 @@ class MemoryParams:
     framework_reserve_bytes: float = 0.5 * GIB
     usable_fraction: float = 0.92
     optimizer_slots: int = 1  # momentum
+    activation_fraction: float = 1.0  # share of the profile's saved activations a runtime really keeps
 
 
 DEFAULT_MEMORY = MemoryParams()
@@ -44,8 +45,17 @@ class MemoryNeed:
 def memory_need(model: str, params: MemoryParams = DEFAULT_MEMORY) -> MemoryNeed:
     prof = get_profile(model)
     fixed = prof.param_bytes * (2 + params.optimizer_slots)
-    per_example = prof.activation_bytes + 2 * prof.peak_layer_bytes
+    per_example = params.activation_fraction * prof.activation_bytes + 2 * prof.peak_layer_bytes
     return MemoryNeed(float(fixed), float(per_example))
+
+
+def fit_activation_fraction(model: str, batch: int, measured_bytes: float) -> MemoryParams:
+    """The activation fraction that makes one measured peak exact (in-place ReLU, fused ops and freed
+    buffers keep less than every layer output); a measured point, not a constant."""
+    base = memory_need(model, MemoryParams(activation_fraction=0.0))
+    prof = get_profile(model)
+    frac = (measured_bytes - base.at(batch)) / (batch * prof.activation_bytes)
+    return MemoryParams(activation_fraction=min(1.0, max(0.05, frac)))
 
 
 def usable_bytes(gpu: str, catalog: Catalog | None = None, params: MemoryParams = DEFAULT_MEMORY) -> float:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from orchestrator.catalog import Catalog, CatalogError, PriceBook, load_catalog
+from orchestrator.costmodel.accounting import local_worker_steps, run_accounting
 from orchestrator.costmodel.cluster import ClusterEstimate, estimate_from_compute
 from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, StepTimeFn, step_fn
 from orchestrator.costmodel.memory import max_batch
@@ -45,6 +46,7 @@ from orchestrator.spec import (
     Cluster,
     GceProvider,
     JobSpec,
+    LocalProvider,
     ParameterServers,
     TrainingMode,
     WorkerGroup,
@@ -95,7 +97,7 @@ class Candidate:
     ps_machine_type: str
     ps_spot: bool
     ps_zone: str | None
-    chief_machine_type: str | None  # None in sync mode (worker 0 is the chief)
+    chief_machine_type: str | None  # None in sync mode, or async with the chief on worker 0 (no VM)
     chief_spot: bool
     chief_zone: str | None
     steps_per_s: float
@@ -149,7 +151,10 @@ class Candidate:
     def label(self) -> str:
         counts: dict[str, int] = {}
         for w in self.workers:
-            counts[w.gpu] = counts.get(w.gpu, 0) + 1
+            # A multi-GPU machine type names its shape: 2x h100 (a3-highgpu-4g) is 8 H100s.
+            multi = load_catalog().gpus_per_instance(w.machine_type) > 1
+            shown = f"{w.gpu} ({w.machine_type})" if multi else w.gpu
+            counts[shown] = counts.get(shown, 0) + 1
         gpus = " + ".join(f"{n}x {g}" for g, n in counts.items())
         ps = f", {self.ps_count} PS" if self.ps_count else ""
         where = f", {self.zone}" if self.zone else ""
@@ -211,6 +216,7 @@ class Candidate:
             machine_type=self.chief_machine_type or Chief().machine_type,
             spot=self.chief_spot,
             zone=self.chief_zone,
+            on_worker0=self.mode == "async" and self.chief_machine_type is None,
         )
         return Cluster(parameter_servers=ps, chief=chief, workers=groups)
 
@@ -324,6 +330,7 @@ class PlanContext:
     train_steps: int
     checkpoint_every: int
     replacement_delay_s: float
+    time_scale: float = 1.0  # local provider: cloud seconds per wall second (hazards run that much faster)
 
 
 class Scorer(Protocol):
@@ -349,13 +356,14 @@ class AnalyticScorer:
         loss = 0.0  # seconds of progress lost per second of run time
         hazard = 0.0
         assumed = False
-        for w in candidate.workers:
+        chief_on_w0 = candidate.mode == "async" and candidate.chief_machine_type is None
+        for i, w in enumerate(candidate.workers):
             if not w.spot:
                 continue
-            lam = context.rates.hazard_per_s(w.gpu, w.zone)
+            lam = context.rates.hazard_per_s(w.gpu, w.zone) * context.time_scale
             assumed = assumed or context.rates.assumed(w.gpu)
             hazard += lam
-            if candidate.mode == "sync":
+            if candidate.mode == "sync" or (chief_on_w0 and i == 0):  # worker 0 takes the chief down
                 loss += lam * stall
             else:
                 without = min(own_total - w.steps_per_s, candidate.ps_capacity)
@@ -366,7 +374,7 @@ class AnalyticScorer:
             cpu_roles.append((candidate.chief_spot, candidate.chief_zone))
         for spot, zone in cpu_roles:
             if spot:
-                lam = context.rates.hazard_per_s(None, zone)
+                lam = context.rates.hazard_per_s(None, zone) * context.time_scale
                 hazard += lam
                 loss += lam * stall
         if loss >= 1.0:
@@ -465,6 +473,7 @@ class _Evaluator:
         self.mode = str(TrainingMode(spec.mode))
         self.cloud = isinstance(spec.provider, GceProvider)
         self.train_steps = spec.training.train_steps
+        self.accounting = run_accounting(spec, catalog, calibration)  # boot, checkpoints, teardown: as the sim
         self._fns: dict[str, StepTimeFn] = {}
         self._caps: dict[str, int] = {}
         self._batches: dict[tuple[tuple[str, int | None], ...], tuple[list[int], str | None]] = {}
@@ -480,6 +489,9 @@ class _Evaluator:
         if gpu not in self._caps:
             self._caps[gpu] = max_batch(self.model, gpu, self.catalog)
         return self._caps[gpu]
+
+    def gpus_per_instance(self, machine: str) -> int:
+        return self.catalog.gpus_per_instance(machine) if self.cloud else 1
 
     def price(self, machine: str, gpu: str | None, spot: bool) -> float | str:
         """USD/h, or the reason it has no price."""
@@ -571,7 +583,10 @@ class _Evaluator:
         )
         est = self._estimates.get(key)
         if est is None:
-            compute_s = [self.fn(g).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
+            if isinstance(self.spec.provider, LocalProvider):  # emulated GPUs: host CPU + measured curves
+                compute_s = local_worker_steps(self.spec, gpus, batches, self.calibration)
+            else:
+                compute_s = [self.fn(g).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
             est = estimate_from_compute(
                 self.model,
                 compute_s,
@@ -589,20 +604,30 @@ class _Evaluator:
 
     def evaluate(self, layout: _Layout) -> Candidate:
         slots = layout.workers
-        gpus = tuple(s.gpu for s in slots)
         machines = tuple(s.machine_type or self.catalog.gpu(s.gpu).default_machine_type for s in slots)
+        # A machine type with k GPUs (a3-highgpu-2g) is one instance, priced once, that trains as k
+        # GPU-workers (one process per GPU): the estimate sees k copies, each at the per-GPU batch.
+        owner = [i for i, m in enumerate(machines) for _ in range(self.gpus_per_instance(m))]
+        gpus = tuple(slots[i].gpu for i in owner)
         if layout.pinned:
-            batches, err = self.pinned_batches()
+            # Batches are per GPU; a global batch the controller splits per instance is shared by its GPUs.
+            per_slot, err = self.pinned_batches()
+            split = self.spec.training.global_batch is not None
+            batches = [max(1, per_slot[i] // self.gpus_per_instance(machines[i])) if split else per_slot[i]
+                       for i in owner]
         else:
-            batches, err = self.batches([(s.gpu, s.batch) for s in slots])
-        zones = tuple(s.zone for s in slots)
+            batches, err = self.batches([(slots[i].gpu, slots[i].batch) for i in owner])
+        zones = tuple(slots[i].zone for i in owner)
         est = self.estimate(
-            gpus, tuple(batches), machines, layout.ps_count, layout.ps_machine_type, zones, layout.ps_zone
+            gpus, tuple(batches), tuple(machines[i] for i in owner), layout.ps_count, layout.ps_machine_type,
+            zones, layout.ps_zone,
         )
         reasons: list[str] = [err] if err else []
         hourly = 0.0
         workers = []
-        for i, (s, m, b) in enumerate(zip(slots, machines, batches, strict=True)):
+        for i, (s, m) in enumerate(zip(slots, machines, strict=True)):
+            copies = [j for j, o in enumerate(owner) if o == i]
+            first, b = copies[0], batches[copies[0]]
             p = self.price(m, s.gpu, s.spot)
             if isinstance(p, str):
                 reasons.append(p)
@@ -615,10 +640,10 @@ class _Evaluator:
                     s.spot,
                     s.zone,
                     m,
-                    est.compute_s[i],
-                    est.comm_s[i],
-                    est.worker_steps_per_s[i],
-                    est.shares[i],
+                    est.compute_s[first],
+                    est.comm_s[first],
+                    sum(est.worker_steps_per_s[j] for j in copies),
+                    sum(est.shares[j] for j in copies),
                     self.cap(s.gpu),
                     p,
                 )
@@ -647,7 +672,9 @@ class _Evaluator:
             ps_capacity=est.ps_capacity,
             ps_load=est.ps_load,
             bottleneck=est.bottleneck,
-            base_time_s=self.train_steps / rate if rate > 0 else math.inf,
+            base_time_s=self.accounting.failure_free_s(
+                self.train_steps, self.spec.training.checkpoint_every, rate,
+                layout.ps_spot or layout.chief_spot or all(s.spot for s in slots)),
             hourly_usd=hourly,
             feasible=not reasons,
             reasons=tuple(dict.fromkeys(reasons)),
@@ -671,7 +698,7 @@ def _layouts(spec: JobSpec, catalog: Catalog) -> Iterator[_Layout]:
             ps.machine_type,
             ps.spot,
             _pinned_zone(spec, catalog, ps.zone, None),
-            ch.machine_type if is_async else None,
+            ch.machine_type if is_async and not ch.on_worker0 else None,
             ch.spot,
             _pinned_zone(spec, catalog, ch.zone, None),
             pinned=True,
@@ -688,8 +715,7 @@ def _layouts(spec: JobSpec, catalog: Catalog) -> Iterator[_Layout]:
         for zone in zones:
             if not _offered(catalog, types, zone):
                 continue
-            for spot in search.spot:
-                slots = tuple(_Slot(g, spot, zone, None, None) for g in worker_set)
+            for slots in _shapes(spec, catalog, worker_set, zone, search.spot):
                 for n_ps in ps_counts:
                     yield _Layout(
                         slots,
@@ -701,6 +727,22 @@ def _layouts(spec: JobSpec, catalog: Catalog) -> Iterator[_Layout]:
                         chief_default.spot,
                         zone,
                     )
+
+
+def _shapes(
+    spec: JobSpec, catalog: Catalog, worker_set: tuple[str, ...], zone: str | None, spots: Sequence[bool]
+) -> Iterator[tuple[_Slot, ...]]:
+    """The workers as one instance per GPU (the GPU's default type) and, on gce, packed into each
+    accelerator-optimized type whose fixed GPU count divides them (8 x H100 = 4 x a3-highgpu-2g)."""
+    packings: list[tuple[str | None, int]] = [(None, 1)]
+    if isinstance(spec.provider, GceProvider) and len(set(worker_set)) == 1:
+        gpu = worker_set[0]
+        default = catalog.gpu(gpu).default_machine_type
+        packings += [(m.name, m.gpu_count) for m in catalog.machine_types_for(gpu)
+                     if m.name != default and m.gpu_count > 1 and len(worker_set) % m.gpu_count == 0]
+    for spot in spots:
+        for machine, k in packings:
+            yield tuple(_Slot(g, spot, zone, machine, None) for g in worker_set[::k])
 
 
 def pareto_front(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -754,12 +796,18 @@ def score_candidates(
     return out
 
 
-def plan_context(spec: JobSpec, catalog: Catalog | None = None) -> PlanContext:
+def plan_context(
+    spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None
+) -> PlanContext:
     from orchestrator.slots import price_book_for  # the controller's pricing, overrides included
 
     cat = catalog or load_catalog()
     book = price_book_for(spec, cat)
     delay = cat.facts.get("replacement_boot_delay", DEFAULT_REPLACEMENT_DELAY_S)
+    scale = 1.0
+    if isinstance(spec.provider, LocalProvider):  # wall seconds: boot / time_scale, then the task's start-up
+        acc = run_accounting(spec, cat, calibration)
+        delay, scale = acc.boot_s + acc.startup_s, spec.provider.time_scale
     return PlanContext(
         spec,
         cat,
@@ -768,7 +816,20 @@ def plan_context(spec: JobSpec, catalog: Catalog | None = None) -> PlanContext:
         spec.training.train_steps,
         spec.training.checkpoint_every,
         delay,
+        scale,
     )
+
+
+def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) -> str:
+    """Which calibration (and how many measured points) stands behind each GPU's step time."""
+    if isinstance(spec.provider, LocalProvider):
+        src = (f"calibration {calib.name} (fitted on {calib.local_host.get('jobs', 0):.0f} local jobs)"
+               if calib.local_host else "data/local_host.csv")
+        return (f"step times: this host's measured CPU step and start-up ({src}) + the emulated GPUs' measured "
+                "curves (orchestrator.emulation); no GPU calibration")
+    gpus = dict.fromkeys(best.gpus if best else [])
+    model = spec.training.profile_name
+    return "calibration: " + "; ".join(f"{g}: {calib.describe(g, model=model)}" for g in gpus)
 
 
 def plan(
@@ -779,7 +840,7 @@ def plan(
 ) -> PlanResult:
     """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring."""
     started = time.perf_counter()
-    context = plan_context(spec, catalog)
+    context = plan_context(spec, catalog, calibration)
     cat = context.catalog
     calib = calibration or DEFAULT_CALIBRATION
     ev = _Evaluator(spec, cat, calib, context.book)
@@ -788,6 +849,10 @@ def plan(
     if not base:
         notes.append("no candidate: no allowed zone offers the GPU types searched")
     policy = spec.policy
+    if scorer is None and isinstance(spec.provider, LocalProvider) and spec.cluster is not None:
+        from orchestrator.sim.from_spec import LocalRunScorer  # the local run, as `simulate` plays it
+
+        scorer = LocalRunScorer(spec, calib)
     scored = score_candidates(base, context, scorer or AnalyticScorer(), policy.budget_usd, policy.deadline)
     objective = spec.search.objective if spec.search is not None else "cost"
     scored.sort(key=_objective_key(objective))
@@ -803,6 +868,7 @@ def plan(
     best_infeasible = best if chosen is None else None
     if best is not None and best.risk_assumed:
         notes.append("no revocation data for some GPU types: their risk is the mean of the measured types")
+    notes.append(calibration_note(spec, calib, best))
     return PlanResult(
         model=ev.model,
         mode=ev.mode,

@@ -54,6 +54,10 @@ class InstanceRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     # Local provider only: seconds after creation at which the emulated cloud revokes this instance.
     revoke_after_s: float | None = None
+    # Cloud-side deadline: the cloud stops/deletes the VM itself after this many seconds (GCE
+    # scheduling.maxRunDuration), so spend stays bounded even if every controller is dead.
+    max_run_s: int | None = None
+    flex_start: bool = False  # GCE Dynamic Workload Scheduler (provisioningModel=FLEX_START); not spot
 
     def all_labels(self) -> dict[str, str]:
         base = {

@@ -29,7 +29,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 from google.oauth2 import service_account
 
-from orchestrator.catalog import load_catalog
+from orchestrator.errors import UserError
 from orchestrator.providers.base import (
     LABEL_GENERATION,
     LABEL_INDEX,
@@ -50,14 +50,21 @@ from orchestrator.providers.base import (
     SupportsImages,
     TransientError,
 )
+from orchestrator.providers.gce_requests import (
+    CLOUD_PLATFORM_SCOPE,
+    DEFAULT_IMAGE,
+    GPU_ACCELERATORS,
+    GceRequestSettings,
+    accelerator_type,
+    bundled_machine_types,
+    firewall_rules,
+    image_url,
+    instance_resource,
+)
 
+__all__ = ["CLOUD_PLATFORM_SCOPE", "DEFAULT_IMAGE", "GPU_ACCELERATORS", "GceProvider", "accelerator_type"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Catalog GPU key -> GCE accelerator type (data/gpus.csv).
-GPU_ACCELERATORS: dict[str, str] = {g.key: g.gce_accelerator for g in load_catalog().gpus.values()}
-DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Metadata items the emulator adds so a provider can reach the emulated "host"; absent on real GCE.
 EMULATOR_SSH_PORT_KEY = "emulator-ssh-port"
 EMULATOR_WORKDIR_KEY = "emulator-workdir"
@@ -81,7 +88,6 @@ _QUOTA_RE = re.compile(
     r"Quota '(?P<metric>[A-Za-z0-9_]+)' exceeded\.\s*Limit:\s*[\d.]+\s*"
     r"(?:in region (?P<region>[a-z0-9-]+)|globally)?"
 )
-_PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
 # 400/403 reasons that mean "not now" rather than "never".
 _RETRYABLE_REASONS = {"resourceNotReady", "rateLimitExceeded", "userRateLimitExceeded", "backendError"}
 _RETRYABLE_OP_CODES = {
@@ -112,13 +118,22 @@ def _last(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def accelerator_type(gpu: str) -> str:
-    """Catalog key (``k80``) -> GCE accelerator type; full GCE names pass through."""
-    if gpu in GPU_ACCELERATORS:
-        return GPU_ACCELERATORS[gpu]
-    if gpu.startswith("nvidia-"):
-        return gpu
-    raise InvalidRequestError(f"unknown GPU {gpu!r}; known: {', '.join(sorted(GPU_ACCELERATORS))}")
+class GceCredentialsError(AuthError, UserError):
+    """No usable Google credentials (none found, a bad key file, or rejected): the message says how to log in."""
+
+
+class GcePermissionError(AuthError, UserError):
+    """The credentials work but lack a permission on the project (HTTP 403): the message names the role."""
+
+
+class GceProjectError(InvalidRequestError, UserError):
+    """The project does not exist or the Compute API is not enabled in it: the message says what to check."""
+
+
+_PROJECT_HINT = (
+    "check provider.project ({project}): it must be an existing project id (not its name or number) with the "
+    "Compute Engine API enabled (`gcloud services enable compute.googleapis.com --project {project}`)"
+)
 
 
 def _load_credentials(
@@ -136,7 +151,7 @@ def _load_credentials(
             return loaded
         except (OSError, ValueError, auth_exc.GoogleAuthError) as exc:
             # Only the exception type: a parse error message could quote the key file.
-            raise AuthError(
+            raise GceCredentialsError(
                 f"cannot load service-account key file {path} ({type(exc).__name__}); "
                 + _AUTH_HINT.format(project=project)
             ) from None
@@ -145,7 +160,7 @@ def _load_credentials(
     try:
         creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
     except auth_exc.DefaultCredentialsError:
-        raise AuthError("no Google credentials found: " + _AUTH_HINT.format(project=project)) from None
+        raise GceCredentialsError("no Google credentials found: " + _AUTH_HINT.format(project=project)) from None
     return creds
 
 
@@ -171,6 +186,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         service_account_email: str | None = "default",
         scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,),
         ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",),
+        termination_action: str = "DELETE",
         retry: RetrySettings | None = None,
         page_size: int = 500,
     ) -> None:
@@ -179,19 +195,19 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         ``image``: a public image (``projects/debian-cloud/global/images/family/debian-12``) or one of
         this project's (``images/<name>``, ``images/family/<family>``, ``global/images/...``).
         ``use_internal_ip``: report ``networkIP`` as the host even when the VM has an external IP.
+        ``termination_action``: what GCE does to a preempted or time-limited spot VM (DELETE or STOP).
         """
         self.project = project
-        self.image = self._image_url(image)
+        self.settings = GceRequestSettings(
+            project=project, image=image, network=network, subnetwork=subnetwork, network_tag=network_tag,
+            external_ip=external_ip, disk_size_gb=disk_size_gb, disk_type=disk_type,
+            service_account_email=service_account_email, scopes=tuple(scopes),
+            ssh_source_ranges=tuple(ssh_source_ranges), termination_action=termination_action,
+            bundled=bundled_machine_types(),
+        )
+        self.image = image_url(project, image)
         self.network = network
-        self.subnetwork = subnetwork
-        self.network_tag = network_tag
-        self.external_ip = external_ip
         self.use_internal_ip = use_internal_ip
-        self.disk_size_gb = disk_size_gb
-        self.disk_type = disk_type
-        self.service_account_email = service_account_email
-        self.scopes = list(scopes)
-        self.ssh_source_ranges = list(ssh_source_ranges)
         self.retry = retry or RetrySettings()
         self.page_size = page_size
         # The credentials go to the clients only: never kept on self, never logged.
@@ -220,11 +236,6 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             self._projects,
         ):
             client.transport.close()  # type: ignore[no-untyped-call]
-
-    def _image_url(self, image: str) -> str:
-        if image.startswith(("projects/", "https://", "global/")):
-            return image
-        return f"projects/{self.project}/global/images/{image.removeprefix('images/')}"
 
     # ------------------------------------------------------------------ quotas
 
@@ -255,7 +266,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
     def create(self, request: InstanceRequest) -> None:
         zone = request.zone
         resource = request.gpu or request.machine_type
-        instance = self._instance_resource(request)
+        instance = instance_resource(request, self.settings)
         # One requestId per create(): the retries below reuse it, so a retried insert whose first try
         # did reach GCE never creates twice. Not derived from the name alone, because GCE replays the
         # original (possibly failed) operation for a known requestId: a later create after a stockout,
@@ -354,30 +365,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         """Open ``ports`` (e.g. ``"2222-2230,8470"``) only between VMs carrying ``network_tag`` (the TF
         gRPC ports have no authentication), and ssh from ``ssh_source_ranges``. Two rules, because
         sourceTags and sourceRanges in one rule are OR-ed by GCE."""
-        port_list = [p.strip().removeprefix("tcp:") for p in ports.split(",") if p.strip()]
-        if not port_list or not all(_PORTS_RE.match(p) for p in port_list):
-            raise InvalidRequestError(f"bad port list {ports!r}; expected e.g. '2222-2230,8470'")
-        internal = compute_v1.Firewall(
-            name=f"{network_tag[:54]}-internal",
-            network=self.network,
-            direction="INGRESS",
-            priority=1000,
-            description="orchestrator: cluster ports, only between the cluster's VMs (no authentication)",
-            allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=port_list)],
-            source_tags=[network_tag],
-            target_tags=[network_tag],
-        )
-        ssh = compute_v1.Firewall(
-            name=f"{network_tag[:58]}-ssh",
-            network=self.network,
-            direction="INGRESS",
-            priority=1000,
-            description="orchestrator: ssh to the cluster's VMs",
-            allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
-            source_ranges=self.ssh_source_ranges,
-            target_tags=[network_tag],
-        )
-        for rule in (internal, ssh):
+        for rule in firewall_rules(self.settings, network_tag, ports):
             self._ensure_firewall(rule)
 
     def _ensure_firewall(self, rule: compute_v1.Firewall) -> None:
@@ -478,63 +466,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         if (error := self._operation_error(self._wait(op, what), what)) is not None:
             raise error
 
-    # ------------------------------------------------------------------ building requests
-
-    def _instance_resource(self, request: InstanceRequest) -> compute_v1.Instance:
-        zone = request.zone
-        if bool(request.gpu) != (request.gpu_count > 0):
-            raise InvalidRequestError(
-                f"{request.name}: gpu={request.gpu!r} with gpu_count={request.gpu_count}", zone=zone
-            )
-        scheduling = compute_v1.Scheduling()
-        if request.gpu or request.spot:
-            scheduling.on_host_maintenance = "TERMINATE"  # GPUs cannot live-migrate; spot cannot either
-        if request.spot:
-            scheduling.provisioning_model = "SPOT"
-            scheduling.instance_termination_action = "STOP"  # keep the disk; the controller deletes
-            scheduling.automatic_restart = False
-        else:
-            scheduling.automatic_restart = True
-        nic = compute_v1.NetworkInterface(network=self.network)
-        if self.subnetwork:
-            nic.subnetwork = self.subnetwork
-        if self.external_ip:
-            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-        instance = compute_v1.Instance(
-            name=request.name,
-            machine_type=f"zones/{zone}/machineTypes/{request.machine_type}",
-            labels=request.all_labels(),
-            scheduling=scheduling,
-            network_interfaces=[nic],
-            disks=[
-                compute_v1.AttachedDisk(
-                    boot=True,
-                    auto_delete=True,
-                    initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        source_image=self.image,
-                        disk_size_gb=self.disk_size_gb,
-                        disk_type=f"zones/{zone}/diskTypes/{self.disk_type}",
-                    ),
-                )
-            ],
-            metadata=compute_v1.Metadata(
-                items=[compute_v1.Items(key=k, value=v) for k, v in sorted(request.metadata.items())]
-            ),
-        )
-        if request.gpu:
-            instance.guest_accelerators = [
-                compute_v1.AcceleratorConfig(
-                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator_type(request.gpu)}",
-                    accelerator_count=request.gpu_count,
-                )
-            ]
-        if self.network_tag:
-            instance.tags = compute_v1.Tags(items=[self.network_tag])
-        if self.service_account_email:
-            instance.service_accounts = [
-                compute_v1.ServiceAccount(email=self.service_account_email, scopes=self.scopes)
-            ]
-        return instance
+    # ------------------------------------------------------------------ observing
 
     def _observe(self, inst: compute_v1.Instance) -> ObservedInstance | None:
         labels = dict(inst.labels)
@@ -630,7 +562,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             return TransientError(f"{what}: {type(exc).__name__}: {exc}", zone=zone)
         if isinstance(exc, auth_exc.GoogleAuthError):
             # e.g. a 401 made google-auth refresh the token, and the refresh failed.
-            return AuthError(
+            return GceCredentialsError(
                 f"{what}: credentials rejected ({type(exc).__name__}): "
                 + _AUTH_HINT.format(project=self.project),
                 zone=zone,
@@ -649,9 +581,19 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             return self._quota_error(message, exc.message or "", zone)
         if code == 429 or code >= 500 or reasons & _RETRYABLE_REASONS:
             return TransientError(message, zone=zone)
-        if code in (401, 403):
-            return AuthError(f"{message}; " + _AUTH_HINT.format(project=self.project), zone=zone)
-        return InvalidRequestError(message, zone=zone)
+        return self._user_error(code, message, exc.message or "", zone) or InvalidRequestError(message, zone=zone)
+
+    def _user_error(self, code: int, message: str, text: str, zone: str | None) -> ProviderError | None:
+        """401 / 403 / unknown project: errors the user fixes, as one line that says how."""
+        if code == 401:
+            return GceCredentialsError(f"{message}; " + _AUTH_HINT.format(project=self.project), zone=zone)
+        if code == 404 and re.search(rf"projects/{re.escape(self.project)}'? (was )?not found", text):
+            return GceProjectError(f"{message}; " + _PROJECT_HINT.format(project=self.project), zone=zone)
+        if code == 403:
+            if "has not been used" in text or "is disabled" in text or "not found" in text.lower():
+                return GceProjectError(f"{message}; " + _PROJECT_HINT.format(project=self.project), zone=zone)
+            return GcePermissionError(f"{message}; " + _AUTH_HINT.format(project=self.project), zone=zone)
+        return None
 
     def _quota_error(self, message: str, text: str, zone: str | None, metric: str = "") -> QuotaError:
         m = _QUOTA_RE.search(text)
@@ -712,8 +654,8 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             )
             return self._quota_error(message, text, zone, metric=metric)
         status = op.http_error_status_code
-        if status in (401, 403):
-            return AuthError(f"{message}; " + _AUTH_HINT.format(project=self.project), zone=zone)
+        if (user := self._user_error(status, message, text, zone)) is not None:
+            return user
         if status == 429 or status >= 500 or set(codes) & _RETRYABLE_OP_CODES:
             return TransientError(message, zone=zone)
         return InvalidRequestError(message, zone=zone)

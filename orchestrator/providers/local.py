@@ -3,6 +3,13 @@
 Spot instances are revoked at the time the controller drew for them (``InstanceRequest.revoke_after_s``):
 the instance goes "stopping", a notice is written where the request's ``notice-file`` metadata says (as
 GCE's shutdown script would), and after the notice window its processes are killed.
+
+That time is measured on the job's *progress clock* when the request carries one (``progress-step-s``
+metadata: nominal wall seconds per global training step, from the emulated GPUs' step times): the
+instance is revoked when the job's ``metrics.jsonl`` reaches the step that lifetime stands for, not after
+so many wall seconds. A loaded machine trains more slowly but is revoked at the same steps, so a seed gives
+the same revocations run after run. A replacement's lifetime counts from the step its predecessor was
+revoked at (a deterministic chain), not from when the controller got round to creating it.
 """
 
 from __future__ import annotations
@@ -12,9 +19,9 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.providers.base import (
     LABEL_JOB,
@@ -23,9 +30,16 @@ from orchestrator.providers.base import (
     ObservedState,
     Provider,
     Role,
+    instance_name,
 )
+from orchestrator.storage.base import METRICS
 from orchestrator.transport.local import kill_all_in, kill_group, pid_alive, spawn_detached
 
+if TYPE_CHECKING:
+    from orchestrator.slots import Slot
+    from orchestrator.spec import JobSpec
+
+PROGRESS_STEP_S = "progress-step-s"
 NOTICE_MIN_S = 2.0  # wall seconds: a scaled 30 s window still leaves the chief time to checkpoint
 
 _STATES = {"provisioning": ObservedState.PENDING, "running": ObservedState.RUNNING,
@@ -60,12 +74,29 @@ class LocalProvider(Provider):
             "notice_files": [request.metadata["notice-file"]] if "notice-file" in request.metadata else [],
             "state": "provisioning", "preempted": False, "workdir": str(d / "disk"),
         }
+        if state["revoke_at"] is not None:
+            state.update(self._progress_clock(request))
         tmp = d / ".instance.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(d / "instance.json")
         pid = spawn_detached([sys.executable, "-m", "orchestrator.providers.local_host", str(d)], d,
                              _env_with_package())
         (d / "hypervisor.pid").write_text(str(pid))
+
+    def _progress_clock(self, request: InstanceRequest) -> dict[str, Any]:
+        """The step at which to revoke (see the module doc), or {} to stay on the wall clock."""
+        step_s = float(request.metadata.get(PROGRESS_STEP_S, 0) or 0)
+        notice = request.metadata.get("notice-file")
+        if step_s <= 0 or not notice or request.revoke_after_s is None:
+            return {}
+        metrics = Path(notice).parent.parent / METRICS  # the job's storage: <storage>/notices/<name>
+        base = progress_step(metrics)
+        if request.generation > 0:
+            prev = self.history(instance_name(request.job_id, request.role, request.index, request.generation - 1))
+            if prev is not None and prev.get("revoke_at_step") is not None:
+                base = int(prev["revoke_at_step"])
+        return {"metrics_file": str(metrics), "progress_step_s": step_s, "base_step": base,
+                "revoke_at_step": base + max(1, round(request.revoke_after_s / step_s))}
 
     def delete(self, name: str, zone: str) -> None:
         d = self._dir(name)
@@ -116,6 +147,58 @@ class LocalProvider(Provider):
             except (OSError, json.JSONDecodeError):
                 continue
         return None
+
+
+def _steps(data: bytes) -> list[int]:
+    out = []
+    for line in data.splitlines():
+        if b'"step"' not in line:
+            continue
+        try:
+            out.append(int(json.loads(line).get("step", 0)))
+        except (ValueError, TypeError, AttributeError):
+            continue  # a line being written right now
+    return out
+
+
+def max_step(data: bytes) -> int:
+    """The highest ``step`` in these metrics.jsonl lines (0 if none)."""
+    return max(_steps(data), default=0)
+
+
+def first_step_at_least(data: bytes, target: int) -> int | None:
+    """The first logged step at or past ``target``, in file order: when the progress clock struck, however
+    late the reader looked."""
+    return next((s for s in _steps(data) if s >= target), None)
+
+
+def progress_step(metrics: Path) -> int:
+    """The job's training step so far, from its metrics.jsonl (0 before the first line)."""
+    try:
+        return max_step(metrics.read_bytes())
+    except OSError:
+        return 0
+
+
+def progress_clock_for(spec: JobSpec, slots: Sequence[Slot], step_sleep: Callable[[str | None, int], float]
+                       ) -> dict[str, str]:
+    """Create-request metadata that puts a local job's drawn (``model``) revocations on its progress clock.
+
+    ``progress-step-s``: nominal wall seconds per global step, from the workers' emulated step times
+    (async: their rates add up; sync: the slowest sets the pace). An explicit ``schedule`` stays in wall
+    seconds after the job's start, as the spec says; without GPU emulation there is no nominal pace.
+    """
+    from orchestrator.spec import LocalProvider as LocalSpec
+    from orchestrator.spec import RevocationMode, TrainingMode
+
+    if not isinstance(spec.provider, LocalSpec) or spec.provider.revocations != RevocationMode.MODEL:
+        return {}
+    times = [step_sleep(s.gpu, s.batch or 128) for s in slots if s.role == Role.WORKER]
+    times = [t for t in times if t > 0]
+    if not times:
+        return {}
+    step_s = max(times) if spec.mode == TrainingMode.SYNC else 1.0 / sum(1.0 / t for t in times)
+    return {PROGRESS_STEP_S: f"{step_s:.6f}"}
 
 
 def _hypervisor_alive(d: Path) -> bool:

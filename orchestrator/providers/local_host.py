@@ -22,6 +22,28 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def wait_for_step(metrics: Path, target: int, poll_s: float = 0.1) -> int:
+    """Block until the job's metrics reach step ``target`` (its progress clock); returns the first logged step
+    at or past it."""
+    from orchestrator.providers.local import first_step_at_least
+
+    offset = 0
+    while True:
+        time.sleep(poll_s)
+        try:
+            with metrics.open("rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except OSError:
+            continue  # no metrics yet: training has not started, the clock stands
+        end = data.rfind(b"\n")  # whole lines only: the chief may be half-way through one
+        if end >= 0:
+            found = first_step_at_least(data[: end + 1], target)
+            if found is not None:
+                return found
+            offset += end + 1
+
+
 def run(instance_dir: Path) -> None:
     state_path = instance_dir / "instance.json"
     state: dict[str, Any] = json.loads(state_path.read_text())
@@ -35,7 +57,10 @@ def run(instance_dir: Path) -> None:
     if revoke_at is None:
         while True:  # lives until the provider deletes the instance
             time.sleep(3600)
-    time.sleep(max(0.0, revoke_at - time.time()))
+    if state.get("revoke_at_step") is not None:
+        state["notice_step"] = wait_for_step(Path(state["metrics_file"]), int(state["revoke_at_step"]))
+    else:
+        time.sleep(max(0.0, revoke_at - time.time()))
     # Like GCE: ACPI soft-off, the shutdown script reports a notice, hard off after the window.
     state["state"] = "stopping"
     state["preempted"] = True

@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.catalog import Catalog, load_catalog
@@ -46,6 +45,7 @@ from orchestrator.providers.base import (
     SupportsOwnPricing,
 )
 from orchestrator.spec import FieldError, SpecError
+from orchestrator.specfile import YamlFileError, read_yaml_file
 from orchestrator.transport.base import Endpoint, TransportError
 from orchestrator.transport.ssh import SshTransport
 
@@ -103,14 +103,10 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 def load_inventory(path: str | Path, catalog: Catalog | None = None) -> Inventory:
     path = Path(path).expanduser()
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InventoryError([FieldError(path="", message=f"cannot read inventory {path}: {e.strerror}")],
-                             str(path)) from None
-    except yaml.YAMLError as e:
-        raise InventoryError([FieldError(path="", message=f"inventory {path} is not valid YAML: {e}")],
-                             str(path)) from None
+    try:  # a directory, device, non-UTF-8 file, duplicate key or 100k-deep nesting: one clear line
+        raw = read_yaml_file(path, "inventory")
+    except YamlFileError as e:
+        raise InventoryError([FieldError(path="", message=str(e))], str(path)) from None
     try:
         inv = Inventory.model_validate(raw if raw is not None else {})
     except ValidationError as e:

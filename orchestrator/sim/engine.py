@@ -78,6 +78,7 @@ class SimSlot:
     step_rate: float = 0.0  # steps/s this worker achieves on its own (workers only)
     batch: int = 0
     replacement_zones: tuple[str, ...] = ()  # tried in order after ``zone`` when rotate_zones
+    hosts_chief: bool = False  # a worker whose VM also runs the chief (ICAC'19 setup): its loss stops training
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -87,7 +88,7 @@ class SimSlot:
 
     @property
     def critical(self) -> bool:
-        return self.role != ROLE_WORKER
+        return self.role != ROLE_WORKER or self.hosts_chief
 
     @property
     def od_price(self) -> float:
@@ -129,6 +130,10 @@ class SimCluster:
     rejoin_s: float = 0.0  # a replacement worker's instance up -> it steps
     notice_s: float = 0.0  # a revoked instance is billed this long after its revocation
     teardown_s: float = 0.0  # last step -> every instance deleted (finished runs)
+    time_scale: float = 1.0  # cloud seconds per simulated second (local provider): model lifetimes shrink
+    # Deterministic lifetimes (slot index, generation) -> seconds from request, e.g. the local provider's
+    # seeded draws; every Monte Carlo run then replays them.
+    lifetime_fn: Callable[[int, int], float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.slots]
@@ -142,6 +147,8 @@ class SimCluster:
             raise ValueError(f"mode '{self.mode}' is not async or sync")
         if self.train_steps <= 0 or self.checkpoint_every <= 0:
             raise ValueError("train_steps and checkpoint_every must be positive")
+        if not self.time_scale > 0:
+            raise ValueError("time_scale must be > 0")
         if self.checkpoint_cost_s < 0 or self.boot_delay_s < 0 or self.spot_extra_boot_s < 0:
             raise ValueError("checkpoint cost and boot delays must be >= 0")
         delays = {"startup_s": self.startup_s, "rejoin_s": self.rejoin_s, "notice_s": self.notice_s,
@@ -201,6 +208,16 @@ class NoRevocations:
         return _INF
 
 
+class FixedLifetimes:
+    """``cluster.lifetime_fn`` as a lifetime source (spot instances only)."""
+
+    def __init__(self, fn: Callable[[int, int], float]) -> None:
+        self.fn = fn
+
+    def lifetime(self, slot: int, generation: int, zone: str | None, spot: bool, t_request: float) -> float:
+        return self.fn(slot, generation) if spot else _INF
+
+
 class ScheduleLifetimes:
     """Deterministic revocations: each (slot name, time) revokes whatever instance holds the slot then
     (spot or not). With ``first_generation_only`` only a slot's first instance is revoked and its
@@ -244,7 +261,8 @@ class CompiledCluster:
         self.price_s = [s.price_per_hour / 3600.0 for s in slots]
         self.od_price_s = [s.od_price / 3600.0 for s in slots]
         self.zone = [s.zone_for(0, False) for s in slots]
-        self.n_critical = sum(1 for s in slots if s.critical)
+        self.critical = [s.critical for s in slots]
+        self.n_critical = sum(self.critical)
         self.n_workers = sum(self.is_worker)
         self.boundaries = math.ceil(cluster.train_steps / cluster.checkpoint_every) - 1  # checkpoints below T
         self._rates: dict[int, float] = {}
@@ -494,7 +512,7 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
                     changed = True
                     if cc.n_critical == 0 and go_at == _INF:
                         go_at = t + c.startup_s
-                else:
+                if cc.critical[i]:
                     crit_missing -= 1
                     if crit_missing == 0:
                         go_at = t + c.startup_s
@@ -515,7 +533,7 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
                 if is_worker[i]:
                     live_mask &= ~(1 << i)
                     changed = True
-                else:
+                if cc.critical[i]:
                     crit_missing += 1
                     if crit_missing == 1:
                         lost += steps - last_ckpt
@@ -525,13 +543,13 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
                             )
                         steps = last_ckpt
                         stall = 0.0
-            if (is_worker[i] and policy == POLICY_SHRINK) or repl >= max_repl:
+            if (is_worker[i] and not cc.critical[i] and policy == POLICY_SHRINK) or repl >= max_repl:
                 state[i] = _GONE
                 if record:
                     events.append(SimEvent(t, "lost", c.slots[i].name, "not replaced"))
                 if is_worker[i]:
                     workers_alive -= 1
-                else:
+                if cc.critical[i]:
                     failure = FAIL_NO_REPLACEMENT
                 continue
             repl += 1

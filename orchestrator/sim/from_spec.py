@@ -7,12 +7,15 @@ the engine works (with explicit step rates) without it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import Catalog, load_catalog
 from orchestrator.sim.engine import RateFn, SimCluster, SimSlot
 from orchestrator.spec import Cluster, GceProvider, JobSpec, LocalProvider, RevocationMode, TrainingMode
+
+if TYPE_CHECKING:
+    from orchestrator.slots import Slot
 
 DEFAULT_MODEL_MB = 2.0
 PREEMPTIBLE_BOOKS = frozenset({"2019-02"})  # books from the era of 24 h-capped preemptible VMs
@@ -61,6 +64,7 @@ def cluster_from_spec(
     preemptible: bool | None = None,
     model_mb: float | None = None,
     calibration: object | None = None,
+    as_cloud: bool = False,
 ) -> SimCluster:
     """Build the simulation of ``spec``'s pinned cluster (or ``cluster``).
 
@@ -68,6 +72,11 @@ def cluster_from_spec(
     cluster rate is then the async/sync default rule with ``ps_capacity_steps_per_s`` (default:
     unlimited). ``preemptible`` (24 h cap on spot VMs) defaults to True for the 2019-02 price book
     (that era's preemptible VMs) and False otherwise (today's spot VMs have no cap).
+
+    A local spec is simulated as the local run it will be (this host's CPU step plus the emulated GPUs'
+    measured curves, boot / time_scale, lifetimes / time_scale, no 24 h cap, as the local provider draws
+    them); ``as_cloud`` simulates instead the cloud cluster it emulates (cost-model step rates, cloud boot,
+    checkpoint and lifetimes; the ICAC'19 reproduction).
     """
     from orchestrator.slots import expand, price_book_for
 
@@ -87,8 +96,22 @@ def cluster_from_spec(
     cloud = isinstance(spec.provider, GceProvider)
     allowed = spec.provider.zones if isinstance(spec.provider, GceProvider) else []
 
-    cm = None if step_rates is not None else _costmodel()
+    from orchestrator.costmodel.accounting import local_worker_steps, run_accounting
+    from orchestrator.costmodel.compute import Calibration
+
+    local = isinstance(spec.provider, LocalProvider) and not as_cloud
+    cm = None if (step_rates is not None or local) else _costmodel()
+    if local and step_rates is None:  # emulated GPUs: this host's CPU step + the measured curves
+        workers = [s for s in slots if s.gpu is not None]
+        calib = calibration if isinstance(calibration, Calibration) else None
+        steps = local_worker_steps(spec, [s.gpu or "" for s in workers], [s.batch or 0 for s in workers], calib)
+        step_rates = {}
+        for s, t in zip(workers, steps, strict=True):
+            step_rates.setdefault(s.gpu or "", 1.0 / t)
     sim_slots: list[SimSlot] = []
+    on_w0 = spec.mode == TrainingMode.ASYNC and spec.pinned.chief.on_worker0
+    if on_w0:  # the chief lives on worker 0's VM: no slot of its own, worker 0 is critical
+        slots = [s for s in slots if s.role.value != "chief"]
     for s in slots:
         od_price = book.instance_price(s.machine_type, s.gpu, 1 if s.gpu else 0, False)
         rate = 0.0
@@ -119,12 +142,14 @@ def cluster_from_spec(
                 step_rate=rate,
                 batch=batch,
                 replacement_zones=alt,
+                hosts_chief=on_w0 and s.role.value == "worker" and s.index == 0,
             )
         )
 
     rate_fn: RateFn | None = None
     if cm is not None:
-        rate_fn = _cost_model_rate_fn(cm, spec, sim_slots, calibration)
+        machines = {s.name: s.machine_type for s in slots}
+        rate_fn = _cost_model_rate_fn(cm, spec, sim_slots, calibration, machines, cat)
 
     facts = cat.facts
     mb = model_mb if model_mb is not None else model_size_mb(profile)
@@ -139,11 +164,11 @@ def cluster_from_spec(
             spot_slots = {s.name for s in sim_slots if s.spot}
             schedule = tuple((r.instance, r.at_s) for r in provider.schedule if r.instance in spot_slots)
     book_name = price_book or spec.pricing.book
-    boot_s = facts.get("replacement_boot_delay", 70.0)
-    spot_extra_s = facts.get("preemptible_extra_staging", 15.0)
-    if isinstance(provider, LocalProvider):
-        # The local provider boots every instance in boot_delay / time_scale wall seconds, spot or not.
-        boot_s, spot_extra_s = local_boot_delay_s(provider, facts), 0.0
+    calib = calibration if isinstance(calibration, Calibration) else None
+    acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
+    lifetime_fn = None
+    if local and isinstance(provider, LocalProvider) and provider.revocations == RevocationMode.MODEL:
+        lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s)
     return SimCluster(
         slots=tuple(sim_slots),
         train_steps=training.train_steps,
@@ -151,42 +176,118 @@ def cluster_from_spec(
         ps_capacity_steps_per_s=ps_capacity_steps_per_s if ps_capacity_steps_per_s is not None else math.inf,
         rate_fn=rate_fn,
         checkpoint_every=training.checkpoint_every,
-        checkpoint_cost_s=facts.get("checkpoint_write_base", 3.75)
+        checkpoint_cost_s=acc.checkpoint_s if model_mb is None else facts.get("checkpoint_write_base", 3.75)
         + facts.get("checkpoint_write_per_mb", 0.02) * mb,
         policy=spec.policy.on_revocation.value,
         max_replacements=spec.policy.max_replacements,
         budget_usd=spec.policy.budget_usd,
         deadline_s=spec.policy.deadline,
-        boot_delay_s=boot_s,
-        spot_extra_boot_s=spot_extra_s,
-        preemptible=(book_name in PREEMPTIBLE_BOOKS) if preemptible is None else preemptible,
+        boot_delay_s=acc.boot_s,
+        spot_extra_boot_s=acc.spot_extra_boot_s,
+        startup_s=acc.startup_s,
+        rejoin_s=acc.startup_s if local else 0.0,  # a local replacement task starts TensorFlow again
+        teardown_s=acc.teardown_s,
+        # The local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale.
+        preemptible=(book_name in PREEMPTIBLE_BOOKS and not local) if preemptible is None else preemptible,
+        time_scale=provider.time_scale if local and isinstance(provider, LocalProvider) else 1.0,
         name=spec.name,
         model_mb=mb,
         schedule=schedule,
+        lifetime_fn=lifetime_fn,
     )
 
 
-def _cost_model_rate_fn(cm: Any, spec: JobSpec, slots: list[SimSlot], calibration: object | None) -> RateFn:
-    """Cluster steps/s for a set of live workers, from the cost model (memoised by the live GPU mix)."""
+def _seeded_lifetimes(
+    spec: JobSpec, slots: Sequence[Slot], sim_slots: Sequence[SimSlot], until_training_s: float
+) -> Callable[[int, int], float]:
+    """The local provider's own draws (``control.revocations``, seeded per job, slot and generation). It
+    revokes on the training-progress clock: after ``revoke_after_s x nominal steps/s`` steps (nominal =
+    the emulated sleeps alone); here that many steps at the simulated rate, after the instance is up and
+    its task is training."""
+    from orchestrator.control.revocations import revoke_after_s
+    from orchestrator.emulation import emulation_sleep
+    from orchestrator.providers.local import PROGRESS_STEP_S, progress_clock_for
+
+    step_s = float(progress_clock_for(spec, slots, emulation_sleep(spec)).get(PROGRESS_STEP_S, 0) or 0)
+    rates = [s.step_rate for s in sim_slots if s.role == "worker"]
+    rate = (min(rates) if spec.mode == TrainingMode.SYNC else sum(rates)) or 1.0
+    by_name = {s.name: s for s in slots}
+    provider = spec.provider
+    assert isinstance(provider, LocalProvider)
+
+    def lifetime(slot: int, generation: int) -> float:
+        s = by_name[sim_slots[slot].name]
+        after = revoke_after_s(provider, s.role, s.index, generation, s.gpu, "local", True, None, 0.0)
+        if after is None:
+            return math.inf
+        if step_s <= 0:  # no emulation: the provider stays on the wall clock
+            return after
+        return until_training_s + after / step_s / rate
+
+    return lifetime
+
+
+def _cost_model_rate_fn(
+    cm: Any, spec: JobSpec, slots: list[SimSlot], calibration: object | None, machines: Mapping[str, str],
+    catalog: Catalog,
+) -> RateFn:
+    """Cluster steps/s for a set of live workers, from the cost model as the planner computes it (the
+    workers' host machine types and the round trips between zones included; memoised by the live set)."""
+    from orchestrator.costmodel.cluster import estimate_from_compute
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn
+
+    calib = calibration if isinstance(calibration, Calibration) else DEFAULT_CALIBRATION
+    ps_zone = next((s.zone for s in slots if s.role == "ps"), None)
     profile = spec.training.profile_name
     mode = spec.mode.value
     ps_count = spec.ps_count
     ps_machine = spec.pinned.parameter_servers.machine_type
     global_batch = spec.training.global_batch
     resplit = global_batch is not None and spec.mode == TrainingMode.SYNC
-    cache: dict[tuple[tuple[str, int], ...], float] = {}
+    cache: dict[tuple[int, ...], float] = {}
+
+    spread = len({s.zone for s in slots}) > 1
 
     def rate(live: tuple[int, ...]) -> float:
-        pairs = tuple(sorted((slots[i].gpu or "", slots[i].batch) for i in live))
-        if pairs in cache:
-            return cache[pairs]
-        gpus = [g for g, _ in pairs]
+        key = tuple(sorted(live))
+        if key in cache:
+            return cache[key]
+        members = [slots[i] for i in key]
+        gpus = [s.gpu or "" for s in members]
         if resplit:
             batches = [int(b) for b in cm.split_batch(profile, gpus, global_batch, calibration)]
         else:
-            batches = [b for _, b in pairs]
-        value = float(cm.cluster_steps_per_s(profile, gpus, batches, ps_count, ps_machine, mode, calibration))
-        cache[pairs] = value
-        return value
+            batches = [s.batch for s in members]
+        compute = [step_fn(profile, g, calib, catalog).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
+        est = estimate_from_compute(
+            profile, compute, [machines[s.name] for s in members], ps_count, ps_machine, mode, calib, catalog,
+            worker_zones=[s.zone for s in members] if spread else None, ps_zone=ps_zone if spread else None,
+        )
+        cache[key] = est.steps_per_s
+        return est.steps_per_s
 
     return rate
+
+
+class LocalRunScorer:
+    """The planner's scorer for a pinned local spec: the simulated local run itself (the provider's seeded
+    revocations, or its schedule), so ``plan`` and ``simulate`` give the same answer for a local run."""
+
+    def __init__(self, spec: JobSpec, calibration: object | None = None) -> None:
+        from orchestrator.sim.engine import FixedLifetimes, NoRevocations, ScheduleLifetimes, simulate
+
+        cluster = cluster_from_spec(spec, calibration=calibration)
+        if cluster.schedule is not None:
+            source: Any = ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True)
+        elif cluster.lifetime_fn is not None:
+            source = FixedLifetimes(cluster.lifetime_fn)
+        else:
+            source = NoRevocations()
+        self.result = simulate(cluster, source)
+        self.base = simulate(cluster, NoRevocations())
+
+    def score(self, candidate: Any, context: Any) -> Any:
+        from orchestrator.costmodel.planner import Score
+
+        r = self.result
+        return Score(r.wall_time_s, r.cost_usd, float(r.revocations), r.wall_time_s - self.base.wall_time_s)

@@ -22,6 +22,7 @@ from orchestrator.sim.engine import (
     COST_KEYS,
     FAILURES,
     CompiledCluster,
+    FixedLifetimes,
     NoRevocations,
     RunResult,
     ScheduleLifetimes,
@@ -58,15 +59,17 @@ class _ModelLifetimes:
 
     def _draw(self, gpu: str | None, zone: str | None, n: int, t_request: float) -> FloatArray:
         start = self.cluster.start_at
-        return self.model.sample_lifetimes(
+        scale = self.cluster.time_scale  # lifetimes are cloud seconds; the local provider runs faster
+        cloud_s = self.model.sample_lifetimes(
             gpu,
             zone,
             n,
             self.rng,
             preemptible=self.cluster.preemptible,
             kind=self.kind,
-            start=None if start is None else start + timedelta(seconds=t_request),
+            start=None if start is None else start + timedelta(seconds=t_request * scale),
         )
+        return cloud_s / scale if scale != 1.0 else cloud_s
 
     def lifetime(self, slot: int, generation: int, zone: str | None, spot: bool, t_request: float) -> float:
         if not spot:
@@ -116,7 +119,8 @@ class MonteCarloResult:
             "spec": c.name,
             "runs": self.runs,
             "seed": self.seed,
-            "revocation_model": self.kind if c.schedule is None else "schedule",
+            "revocation_model": "schedule" if c.schedule is not None else (
+                "local provider's seeded draws" if c.lifetime_fn is not None else self.kind),
             "preemptible_24h_cap": c.preemptible,
             "policy": c.policy,
             "time_s": stats(self.time_s),
@@ -162,6 +166,8 @@ def run_monte_carlo(
     if cluster.schedule is not None:
         res = simulate(cc, ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True))
         results = [res] * runs
+    elif cluster.lifetime_fn is not None:  # the local provider's seeded draws: one outcome
+        results = [simulate(cc, FixedLifetimes(cluster.lifetime_fn))] * runs
     else:
         rev_model = model or load_revocation_model(trace)
         rng = np.random.default_rng(seed)

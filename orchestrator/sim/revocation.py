@@ -293,6 +293,16 @@ class RevocationModel:
         adj = fit.zone_adjust[kind].get(zone) if zone else None
         return fit.dists[kind], (adj.multiplier if adj else 1.0)
 
+    def coverage(self, gpu: str | None, kind: str = DEFAULT_KIND) -> str:
+        """Which revocation model an instance of ``gpu`` gets, in words (simulate prints it)."""
+        if gpu is None:
+            return f"cpu: Weibull through revocation_summary.csv ({kind} kinds use it too)"
+        if gpu.lower() in self._gpu and gpu.lower() != POOLED:
+            return f"{gpu}: {kind} fitted to its own rows of {self.trace.path.name}"
+        traced = "/".join(g.upper() for g in self.gpus())
+        return (f"{gpu}: not in {self.trace.path.name}; the {kind} model pooled over all its GPU types "
+                f"({traced}), zone multipliers where the zone is in the trace")
+
     def fits(self) -> list[FitSummary]:
         """Every fitted model: per GPU type (and ``all``) pooled, per zone, and the CPU model."""
         return list(self._fits)

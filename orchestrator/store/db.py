@@ -6,6 +6,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from alembic.config import Config
@@ -30,7 +31,22 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA database_list")
+    files = [row[2] for row in cur.fetchall() if row[2]]
     cur.close()
+    for path in files:
+        _owner_only(Path(path))
+
+
+def _owner_only(db: Path) -> None:
+    """The DB (jobs, specs, events) and its WAL are readable by their owner only; so is the home beside it."""
+    for path, mode in ((db, 0o600), (db.with_name(db.name + "-wal"), 0o600), (db.with_name(db.name + "-shm"), 0o600)):
+        with contextlib.suppress(OSError):
+            if path.exists() and path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+                path.chmod(mode)
+    with contextlib.suppress(OSError):
+        if db.parent.resolve() == user_dir().resolve() and db.parent.stat().st_mode & 0o077:
+            db.parent.chmod(0o700)
 
 
 @functools.cache

@@ -36,7 +36,16 @@ class Job(Base):
     # killed driver's job is picked up by the daemon.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[float | None] = mapped_column(Float)
+    # Drawn when a driver takes the job over; every write of a pass checks it (control/lease.py), so a
+    # driver that lost its lease changes nothing.
+    lease_token: Mapped[str | None] = mapped_column(String(32))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    fatal_exits: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # payload said "bad input"
+    # A pass over this job that raised: how often in a row, since when, and when to try again (backoff).
+    pass_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    failing_since: Mapped[float | None] = mapped_column(Float)
+    retry_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(String(500))
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
@@ -124,6 +133,21 @@ class LedgerEntry(Base):
     seconds: Mapped[float] = mapped_column(Float)
     price_per_hour: Mapped[float] = mapped_column(Float)
     usd: Mapped[float] = mapped_column(Float)
+
+
+class Block(Base):
+    """A place the provider said no to (zone stockout, region quota, a global GPU quota), until it expires."""
+
+    __tablename__ = "blocks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    provider: Mapped[str] = mapped_column(String(200), index=True)  # the backend key (project, endpoint)
+    scope: Mapped[str] = mapped_column(String(8))  # zone | region | global
+    location: Mapped[str] = mapped_column(String(64))  # the zone or region name; "global"
+    resource: Mapped[str] = mapped_column(String(64))  # GPU type or quota metric; "*" for any
+    reason: Mapped[str | None] = mapped_column(String(500))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
 
 
 class Plan(Base):

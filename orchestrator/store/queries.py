@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from orchestrator.store.models import Calibration, Event, Instance, Job, LedgerEntry, Metric, Plan
+from orchestrator.store.models import Block, Calibration, Event, Instance, Job, LedgerEntry, Metric, Plan
 from orchestrator.store.status import (
     INSTANCE_TRANSITIONS,
     JOB_TRANSITIONS,
@@ -27,11 +27,13 @@ def switch_status(
     reason: str | None = None,
     *,
     now: float | None = None,
+    billed_until: float | None = None,
 ) -> bool:
     """Change a job's or instance's status, check the transition table, write the event row.
 
     Returns False (and writes nothing) when the object already has that status, so that a
-    reconcile pass repeated after a crash is harmless.
+    reconcile pass repeated after a crash is harmless. ``billed_until``: for DELETED, when the provider
+    itself ended the instance (its deletion or preemption time), so the controller's downtime is not billed.
     """
     now = time.time() if now is None else now
     current = obj.status
@@ -62,8 +64,9 @@ def switch_status(
         elif new == InstanceStatus.REVOKED:
             obj.revoked_at = now
         elif new == InstanceStatus.DELETED:
-            obj.deleted_at = now
-            _close_ledger(session, obj, now)
+            end = now if billed_until is None else max(obj.requested_at, min(now, billed_until))
+            obj.deleted_at = end  # the provider's time where it told us, so the record and the bill agree
+            _close_ledger(session, obj, end)
         session.add(Event(job_id=obj.job_id, instance_id=obj.id, entity="instance", from_status=current,
                           to_status=new.value, reason=reason, at=now))
     obj.updated_at = now
@@ -140,6 +143,25 @@ def events(session: Session, job_id: str) -> list[Event]:
     return list(session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.at, Event.id)))
 
 
+# ---------------------------------------------------------------- capacity blocks
+
+
+def add_block(session: Session, provider: str, scope: str, location: str, resource: str, reason: str,
+              ttl_s: float, *, now: float | None = None) -> Block:
+    """Remember that the provider said no here (zone stockout, region or global quota) until it expires."""
+    now = time.time() if now is None else now
+    block = Block(provider=provider[:200], scope=scope, location=location[:64], resource=resource[:64],
+                  reason=reason[:500], created_at=now, expires_at=now + ttl_s)
+    session.add(block)
+    return block
+
+
+def active_blocks(session: Session, provider: str, now: float | None = None) -> list[Block]:
+    now = time.time() if now is None else now
+    return list(session.scalars(select(Block).where(Block.provider == provider[:200], Block.expires_at > now)
+                                .order_by(Block.created_at)))
+
+
 # ---------------------------------------------------------------- metrics
 
 
@@ -181,9 +203,12 @@ def step_time_measurements(session: Session) -> list[dict[str, Any]]:
 
     out = []
     for spec_yaml, gpu, batch, step_time, n in rows:
-        training = (yaml.safe_load(spec_yaml) or {}).get("training") or {}
+        doc = yaml.safe_load(spec_yaml) or {}
+        training = doc.get("training") or {}
+        local = ((doc.get("provider") or {}).get("kind") or "local") == "local"  # emulated GPUs: kept apart
         out.append({"model": training.get("hparam_set", "resnet_cifar_32"), "gpu": gpu, "batch": batch,
-                    "step_time_s": float(step_time), "samples": int(n)})
+                    "step_time_s": float(step_time), "samples": int(n), "emulated": int(local),
+                    "runtime": "tf1-graph", "source": "results DB (job step times)"})
     return out
 
 
@@ -212,3 +237,24 @@ def load_calibration(session: Session, calibration_id: int) -> dict[str, Any]:
         raise LookupError(f"no calibration with id {calibration_id}; see `orchestrator model calibrate`")
     params: dict[str, Any] = json.loads(row.params)
     return params
+
+
+def local_run_timings(session: Session) -> list[dict[str, Any]]:
+    """Finished local-provider jobs: spec, created / first step / last step / ended times, and each worker's
+    mean steady step time (after step 100) with its GPU and batch (the cost model's local host fit)."""
+    out = []
+    jobs = session.execute(select(Job).where(Job.provider == "local", Job.status == "succeeded")).scalars()
+    for job in jobs:
+        steps = session.execute(select(func.min(Metric.at), func.max(Metric.at)).where(
+            Metric.job_id == job.id, Metric.kind == "step")).one()
+        workers = session.execute(
+            select(Metric.worker, Metric.gpu, Metric.batch, func.avg(Metric.step_time_s))
+            .where(Metric.job_id == job.id, Metric.kind == "worker", Metric.step > 100,
+                   Metric.step_time_s.is_not(None))
+            .group_by(Metric.worker, Metric.gpu, Metric.batch)).all()
+        if steps[0] is None or job.ended_at is None or not workers:
+            continue
+        out.append({"spec_yaml": job.spec_yaml, "created_at": job.created_at, "first_step_at": float(steps[0]),
+                    "last_step_at": float(steps[1]), "ended_at": job.ended_at,
+                    "workers": [{"gpu": g, "batch": int(b or 0), "step_time_s": float(t)} for _, g, b, t in workers]})
+    return out

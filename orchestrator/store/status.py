@@ -58,7 +58,8 @@ JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 
 _S = InstanceStatus
 INSTANCE_TRANSITIONS: dict[InstanceStatus, frozenset[InstanceStatus]] = {
-    _S.REQUESTED: frozenset({_S.PROVISIONING, _S.READY, _S.FAILED, _S.REVOKED, _S.DELETING}),
+    # LOST: seen stopped or terminated before it ever ran, without a preemption (the create's VM died).
+    _S.REQUESTED: frozenset({_S.PROVISIONING, _S.READY, _S.FAILED, _S.REVOKED, _S.LOST, _S.DELETING}),
     _S.PROVISIONING: frozenset({_S.READY, _S.REVOKED, _S.LOST, _S.FAILED, _S.DELETING}),
     _S.READY: frozenset({_S.TRAINING, _S.REVOKED, _S.LOST, _S.DELETING}),
     _S.TRAINING: frozenset({_S.READY, _S.REVOKED, _S.LOST, _S.DELETING}),

@@ -29,19 +29,59 @@ DEFAULT_ZONES = [
     "us-east1-d",
     "us-west1-a",
     "us-west1-b",
+    "us-east4-a",
+    "us-east4-b",
+    "us-east4-c",
+    "us-east5-a",
+    "us-east5-b",
+    "us-south1-b",
+    "us-west3-b",
+    "us-west4-a",
     "europe-west1-b",
+    "europe-west1-c",
     "europe-west4-a",
+    "europe-west4-b",
+    "europe-west4-c",
     "asia-east1-a",
+    "asia-northeast1-a",
+    "asia-northeast1-b",
+    "asia-south1-b",
+    "asia-southeast1-a",
+    "asia-southeast1-b",
+    "asia-southeast1-c",
 ]
+# What GCE sells in 2026 (K80 retired 2024-05-01, P100 2026-09-15); configure `accelerators` for older zones.
 DEFAULT_ACCELERATORS = [
-    "nvidia-tesla-k80",
-    "nvidia-tesla-p100",
     "nvidia-tesla-v100",
     "nvidia-tesla-t4",
     "nvidia-l4",
+    "nvidia-rtx-pro-6000",
     "nvidia-tesla-a100",
+    "nvidia-a100-80gb",
     "nvidia-h100-80gb",
+    "nvidia-h100-mega-80gb",
+    "nvidia-h200-141gb",
+    "nvidia-b200",
 ]
+# Accelerator-optimized series: GCE attaches the GPUs itself (model per series, count per type).
+# series -> (accelerator type, vCPUs per GPU)
+ACCELERATOR_SERIES: dict[str, tuple[str, int]] = {
+    "a2-highgpu": ("nvidia-tesla-a100", 12),
+    "a2-megagpu": ("nvidia-tesla-a100", 6),
+    "a2-ultragpu": ("nvidia-a100-80gb", 12),
+    "a3-highgpu": ("nvidia-h100-80gb", 26),
+    "a3-edgegpu": ("nvidia-h100-80gb", 26),
+    "a3-megagpu": ("nvidia-h100-mega-80gb", 26),
+    "a3-ultragpu": ("nvidia-h200-141gb", 28),
+    "a4-highgpu": ("nvidia-b200", 28),
+}
+# G2 / G4 name their vCPUs; the GPU count follows from the size.
+_G_SERIES = {"g2-standard": "nvidia-l4", "g4-standard": "nvidia-rtx-pro-6000"}
+_G_COUNTS = {
+    "g2-standard": {4: 1, 8: 1, 12: 1, 16: 1, 24: 2, 32: 1, 48: 4, 96: 8},
+    "g4-standard": {48: 1, 96: 2, 192: 4, 384: 8},
+}
+FLEX_START_SERIES = ("a2", "a3", "a4")
 HOOK_EVENTS = ("running", "preempted", "terminated", "deleted")
 Hook = Callable[[dict[str, Any]], None]
 
@@ -137,7 +177,20 @@ def gpu_quota_metric(accelerator: str, preemptible: bool = False) -> str:
     return f"PREEMPTIBLE_{metric}" if preemptible else metric
 
 
+def bundled_gpus(machine_type: str) -> tuple[str, int] | None:
+    """(accelerator type, count) GCE attaches to an accelerator-optimized machine type, else None."""
+    series, _, size = machine_type.rpartition("-")
+    if series in ACCELERATOR_SERIES and size.endswith("g") and size[:-1].isdigit():
+        return ACCELERATOR_SERIES[series][0], int(size[:-1])
+    if series in _G_SERIES and size.isdigit() and int(size) in _G_COUNTS[series]:
+        return _G_SERIES[series], _G_COUNTS[series][int(size)]
+    return None
+
+
 def machine_vcpus(machine_type: str) -> int | None:
+    series, _, size = machine_type.rpartition("-")
+    if series in ACCELERATOR_SERIES and size.endswith("g") and size[:-1].isdigit():
+        return int(size[:-1]) * ACCELERATOR_SERIES[series][1]
     if machine_type in _SHARED_CORE:
         return _SHARED_CORE[machine_type]
     if m := _CUSTOM_RE.match(machine_type):
@@ -247,6 +300,7 @@ class InstanceRecord:
     gpu: str | None
     gpu_count: int
     cpus: int
+    max_run_s: float | None = None  # GCE ends the VM itself this long after it starts running
     busy_op: str | None = None  # insert/start/stop/delete in progress: other mutations get resourceNotReady
     boots: int = 0  # bumped at every boot and stop so stale timers recognise themselves
     deleting: bool = False
@@ -295,7 +349,21 @@ def build_instance(
                 "digits, '-' or '_' (at most 63 characters).",
             )
     gpu, gpu_count, accelerators = _accelerators(config, project, zone, req.get("guestAccelerators") or [])
-    scheduling = _scheduling(req.get("scheduling") or {}, gpu is not None)
+    if (bundled := bundled_gpus(machine)) is not None:
+        if accelerators:
+            raise invalid(
+                "resource.guestAccelerators",
+                accelerators[0]["acceleratorType"],
+                f"Machine type {machine} comes with its GPUs attached; do not specify guestAccelerators.",
+            )
+        if bundled[0] not in config.accelerators.get(zone, config.default_accelerators):
+            raise invalid(
+                "resource.machineType",
+                machine_url,
+                f"Machine type with name '{machine}' does not exist in zone '{zone}'.",
+            )
+        gpu, gpu_count = bundled
+    scheduling = _scheduling(req.get("scheduling") or {}, gpu is not None, machine)
     spot = scheduling["provisioningModel"] == "SPOT"
     disks = _disks(project, zone, name, req.get("disks") or [])
     self_link = link(project, f"zones/{zone}/instances/{name}")
@@ -349,6 +417,7 @@ def build_instance(
         zone,
         name,
         body,
+        max_run_s=_max_run_s(scheduling, stamp),
         spot=spot,
         legacy_preemptible=bool(scheduling["preemptible"]) and not spot,
         termination_action=scheduling.get("instanceTerminationAction", "STOP"),
@@ -390,10 +459,45 @@ def _accelerators(
     return gpu, total, out
 
 
-def _scheduling(req: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
+def _max_run_s(scheduling: dict[str, Any], stamp: str) -> float | None:
+    """Seconds from creation until GCE ends the VM itself (maxRunDuration or terminationTime)."""
+    if "maxRunDuration" in scheduling:
+        return float(scheduling["maxRunDuration"]["seconds"])
+    if "terminationTime" in scheduling:
+        end = datetime.fromisoformat(str(scheduling["terminationTime"]).replace("Z", "+00:00"))
+        return max(0.0, (end - datetime.fromisoformat(stamp)).total_seconds())
+    return None
+
+
+def _time_limit(req: dict[str, Any], model: str, out: dict[str, Any]) -> None:
+    """maxRunDuration / terminationTime as GCE validates them (one of them; an action with it)."""
+    duration, until = req.get("maxRunDuration"), req.get("terminationTime")
+    if duration is not None and until is not None:
+        raise invalid("resource.scheduling.terminationTime", until, "Specify maxRunDuration or terminationTime.")
+    if duration is not None:
+        seconds = int((duration or {}).get("seconds", 0))
+        limit = 7 * 86400 if model == "FLEX_START" else 120 * 86400
+        if not 30 <= seconds <= limit:
+            raise invalid("resource.scheduling.maxRunDuration.seconds", seconds, f"Must be in [30, {limit}].")
+        out["maxRunDuration"] = {"seconds": str(seconds)}
+    if until is not None:
+        try:
+            datetime.fromisoformat(str(until).replace("Z", "+00:00"))
+        except ValueError:
+            raise invalid("resource.scheduling.terminationTime", until, "Must be an RFC 3339 timestamp.") from None
+        out["terminationTime"] = str(until)
+    if model == "FLEX_START" and duration is None:
+        raise invalid("resource.scheduling.maxRunDuration", "", "FLEX_START instances require maxRunDuration.")
+
+
+def _scheduling(req: dict[str, Any], has_gpu: bool, machine: str = "") -> dict[str, Any]:
     model = req.get("provisioningModel") or "STANDARD"
-    if model not in ("STANDARD", "SPOT"):
+    if model not in ("STANDARD", "SPOT", "FLEX_START"):
         raise invalid("resource.scheduling.provisioningModel", model)
+    if model == "FLEX_START" and machine.split("-", 1)[0] not in FLEX_START_SERIES:
+        raise invalid(
+            "resource.scheduling.provisioningModel", model, f"FLEX_START is not supported for machine type {machine}."
+        )
     spot = model == "SPOT"
     preemptible = bool(req.get("preemptible", False)) or spot
     maintenance = req.get("onHostMaintenance") or ("TERMINATE" if preemptible else "MIGRATE")
@@ -418,14 +522,24 @@ def _scheduling(req: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
         "provisioningModel": model,
     }
     action = req.get("instanceTerminationAction")
-    if action and not spot:
+    limited = req.get("maxRunDuration") is not None or req.get("terminationTime") is not None
+    if action and not (spot or limited or model == "FLEX_START"):
         raise invalid(
-            "resource.scheduling.instanceTerminationAction", action, "Requires provisioningModel SPOT."
+            "resource.scheduling.instanceTerminationAction",
+            action,
+            "Requires provisioningModel SPOT or a time limit (maxRunDuration / terminationTime).",
         )
-    if spot:
+    if model == "FLEX_START" and (action or "DELETE") != "DELETE":
+        raise invalid("resource.scheduling.instanceTerminationAction", action, "FLEX_START instances are deleted.")
+    if limited and not action:
+        raise invalid(
+            "resource.scheduling.instanceTerminationAction", "", "Required with maxRunDuration or terminationTime."
+        )
+    if spot or action:
         if (action or "STOP") not in ("STOP", "DELETE"):
             raise invalid("resource.scheduling.instanceTerminationAction", action)
         out["instanceTerminationAction"] = action or "STOP"
+    _time_limit(req, model, out)
     return out
 
 

@@ -514,6 +514,8 @@ class GceState:
             self._emit("running", inst)
             if inst.legacy_preemptible:
                 self.after(self.config.preemptible_max_runtime_s, lambda: self._max_runtime(inst, boot))
+            if inst.max_run_s is not None:
+                self.after(inst.max_run_s, lambda: self._time_limit(inst, boot))
 
         self.after(self.config.boot_delay_s / 2, staging)
         self.after(self.config.boot_delay_s, running)
@@ -521,6 +523,20 @@ class GceState:
     def _max_runtime(self, inst: InstanceRecord, boot: int) -> None:
         if self._current(inst) and inst.boots == boot and inst.status == "RUNNING":
             self._preempt_locked(inst)
+
+    def _time_limit(self, inst: InstanceRecord, boot: int) -> None:
+        """maxRunDuration / terminationTime reached: GCE stops or deletes the VM itself (no preemption)."""
+        if not (self._current(inst) and inst.boots == boot and inst.status == "RUNNING" and not inst.deleting):
+            return
+        inst.body["status"] = "STOPPING"
+        inst.boots += 1
+        stop = inst.boots
+
+        def finish() -> None:
+            if self._current(inst) and inst.boots == stop and inst.status == "STOPPING" and not inst.deleting:
+                self._remove(inst) if inst.termination_action == "DELETE" else self._terminated(inst)
+
+        self.after(self.config.stop_delay_s, finish)
 
     def _preempt_locked(self, inst: InstanceRecord) -> str:
         op = self.new_op(

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.transport.base import Endpoint, ProcState, ProcStatus, Transport, wrapped_command
+from orchestrator.transport.base import Endpoint, ProcState, ProcStatus, Transport, TransportError, wrapped_command
 
 
 def pid_alive(pid: int) -> bool:
@@ -69,6 +69,36 @@ def _reap() -> None:
     _children[:] = [p for p in _children if p.poll() is None]
 
 
+# What a payload gets from the controller's environment: the basics a process needs and the knobs of the
+# numeric libraries, never the rest (cloud credentials, the DB URL with its password, tokens). A job's
+# own variables and secrets come by name from its spec (``env:`` / ``secrets:``).
+PASSED_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+                        "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "STORAGE_EMULATOR_HOST"})
+PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "TF_", "TORCH_", "PYTORCH_",
+                   "XLA_", "KMP_")
+
+
+def payload_base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)}
+
+
+class UnsafePathError(TransportError):
+    """A file to push would land outside the instance's work directory, or inside itself: never retried."""
+
+
+def safe_destination(workdir: Path, local: Path, remote_rel: str) -> Path:
+    """Where ``local`` goes under ``workdir``; refuses ``..``/absolute names and a folder copied into itself."""
+    root = workdir.resolve()
+    dest = (root / remote_rel).resolve()
+    if dest == root or not dest.is_relative_to(root):
+        raise UnsafePathError(f"{local} would be copied to {remote_rel!r}, outside the instance's work directory "
+                              f"{root}; list files by a name inside the job's folder")
+    source = local.resolve()
+    if local.is_dir() and (dest == source or dest.is_relative_to(source)):
+        raise UnsafePathError(f"copying the folder {source} to {dest} would copy it into itself")
+    return dest
+
+
 class LocalTransport(Transport):
     def wait_reachable(self, ep: Endpoint, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -78,7 +108,7 @@ class LocalTransport(Transport):
             time.sleep(0.05)
 
     def put(self, ep: Endpoint, local: Path, remote_rel: str) -> None:
-        dest = Path(ep.workdir) / remote_rel
+        dest = safe_destination(Path(ep.workdir), local, remote_rel)
         if local.is_dir():
             shutil.copytree(local, dest, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
@@ -98,7 +128,7 @@ class LocalTransport(Transport):
             return
         workdir = Path(ep.workdir)
         (workdir / "procs").mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, **ep.env, **(env or {})}
+        full_env = {**payload_base_env(), **ep.env, **(env or {})}
         pid = spawn_detached(["/bin/sh", "-c", wrapped_command(name, argv)], workdir, full_env)
         (workdir / "procs" / f"{name}.pid").write_text(str(pid))
 

@@ -18,6 +18,9 @@ Models (input, what one example is):
   CIFAR ResNets, 32x32x3 input, 10 classes): 3x3 stem conv (no bias) + BN + ReLU, three stages of basic
   blocks (3x3 convs without bias, BN after each) with a 1x1 projection conv + BN on the shortcut when
   the stride or width changes, global average pooling and a dense layer with bias.
+* ``resnet_cifar_20/110``: the same family at the depths measured on an H100 (data/measurements).
+* ``shake_shake_small`` / ``shake_shake_big``: Shake-Shake-26 2x32d / 2x96d (Gastaldi 2017: 2.9M / 26.2M
+  parameters), the ICAC'19 study's other CIFAR-10 models.
 * ``vgg16``: the **ImageNet** VGG-16 (configuration D, 224x224x3 input, 1000 classes, fc 4096-4096-1000,
   ReLU fused into the conv/dense layers; as ``keras.applications.VGG16``: 138,357,544 parameters).
 * ``transformer_base``: Vaswani et al. 2017 base (6+6 layers, d_model 512, d_ff 2048, 8 heads,
@@ -330,6 +333,11 @@ RESNET_SETS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "resnet_cifar_32": ((5, 5, 5), (16, 32, 64)),
     "resnet_cifar_56": ((9, 9, 9), (16, 32, 64)),
 }
+# Depths measured on real GPUs (data/measurements) that the TF job does not offer.
+MEASURED_RESNETS: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
+    "resnet_cifar_20": ((3, 3, 3), (16, 32, 64)),
+    "resnet_cifar_110": ((18, 18, 18), (16, 32, 64)),
+}
 
 
 def resnet_cifar(
@@ -373,6 +381,46 @@ def resnet_cifar(
         + ", 1x1 projection shortcuts, as jobs/tfjob/models.py"
     )
     return ModelProfile(name, desc, "one 32x32x3 image", input_shape, 128, tuple(layers))
+
+
+# ---------------------------------------------------------------- Shake-Shake (CIFAR)
+
+# Gastaldi 2017 ("Shake-Shake regularization", Table 1): Shake-Shake-26 2x32d has 2.9M parameters and
+# 2x96d 26.2M; the ICAC'19 study trained both ("small" and "big") beside the ResNets.
+SHAKE_SETS: dict[str, int] = {"shake_shake_small": 32, "shake_shake_big": 96}
+
+
+def _shake_branch(n: str, x: Shape, f: int, stride: int) -> list[Layer]:
+    out = [relu(f"{n}_relu1", x), conv2d(f"{n}_conv1", x, f, 3, stride, bias=False)]
+    y = out[-1].output_shape
+    out += [batch_norm(f"{n}_bn1", y), relu(f"{n}_relu2", y), conv2d(f"{n}_conv2", y, f, 3, 1, bias=False)]
+    return [*out, batch_norm(f"{n}_bn2", y)]
+
+
+def shake_shake(name: str, width: int, blocks: int = 4) -> ModelProfile:
+    """Shake-Shake-26 2x<width>d: 16-filter stem, three stages of ``blocks`` residual blocks with two
+    branches each (ReLU-conv3x3-BN-ReLU-conv3x3-BN), widths w/2w/4w; a widening shortcut is two
+    1x1 convs of half the width each, concatenated, then BN (Gastaldi 2017, sec. 2.2)."""
+    layers: list[Layer] = [conv2d("stem_conv", (32, 32, 3), 16, 3, 1, bias=False)]
+    x = layers[-1].output_shape
+    layers.append(batch_norm("stem_bn", x))
+    for stage, f in enumerate((width, 2 * width, 4 * width)):
+        for b in range(blocks):
+            stride = 2 if (stage > 0 and b == 0) else 1
+            n = f"s{stage}b{b}"
+            for branch in ("a", "b"):
+                layers += _shake_branch(f"{n}{branch}", x, f, stride)
+            y = layers[-1].output_shape
+            if stride != 1 or x[-1] != f:
+                layers += [conv2d(f"{n}_short{i}", x, f // 2, 1, stride, bias=False) for i in (1, 2)]
+                layers.append(batch_norm(f"{n}_short_bn", y))
+            layers.append(add(f"{n}_add", y))
+            x = y
+    layers += [relu("final_relu", x), global_avg_pool("gap", x)]
+    layers.append(dense("logits", layers[-1].output_shape, 10))
+    layers.append(softmax_xent("softmax_xent", layers[-1].output_shape))
+    return ModelProfile(name, f"Shake-Shake-26 2x{width}d for CIFAR-10 (Gastaldi 2017)", "one 32x32x3 image",
+                        (32, 32, 3), 128, tuple(layers))
 
 
 # ---------------------------------------------------------------- VGG-16 (ImageNet)
@@ -546,13 +594,15 @@ def transformer(
 
 def build_profiles() -> dict[str, ModelProfile]:
     """Every supported model, computed from the analytic descriptions above."""
-    out = {name: resnet_cifar(name, blocks, filters) for name, (blocks, filters) in RESNET_SETS.items()}
+    resnets = {**RESNET_SETS, **MEASURED_RESNETS}
+    out = {name: resnet_cifar(name, blocks, filters) for name, (blocks, filters) in resnets.items()}
+    out.update({name: shake_shake(name, width) for name, width in SHAKE_SETS.items()})
     out["vgg16"] = vgg16()
     out["transformer_base"] = transformer()
     return out
 
 
-MODEL_NAMES: tuple[str, ...] = (*RESNET_SETS, "vgg16", "transformer_base")
+MODEL_NAMES: tuple[str, ...] = (*RESNET_SETS, *MEASURED_RESNETS, *SHAKE_SETS, "vgg16", "transformer_base")
 
 
 def profiles_path() -> Path:

@@ -1,0 +1,36 @@
+"""Process helpers shared by the entry points (no torch import)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def log(msg: str) -> None:
+    print(f"[torchjob {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux).
+
+    torchrun starts each worker in a session of its own, so killing the agent's process group (a revoked
+    instance, a stopped task) would leave the workers running; with this they go with the agent.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def leave_with_agent() -> None:
+    """Kill this rank's torchrun agent, then exit: the node leaves the elastic world now, not at the kill."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

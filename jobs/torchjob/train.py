@@ -1,0 +1,218 @@
+"""The built-in job's training loop on one rank (see worker.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tfjob.data import load_split, normalize
+from tfjob.hparams import get_hparams
+from tfjob.reporting import MetricsWriter, NoticeWatcher, write_json_atomic
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from torchjob import ckpt
+from torchjob.model import param_groups, resnet, set_bn_group, weighted_loss
+from torchjob.runtime import leave_with_agent, log
+from torchjob.split import interpolate, offsets, proportional_split
+from torchjob.task import TorchTask
+
+WORLD_FILE = "torch_world.json"  # the last world rank 0 recorded, to tell a shrink from a grow
+EVENTS_FILE = "torch_events.jsonl"  # world changes and checkpoints on notice: the controller makes them events
+
+
+class WorldChange(RuntimeError):
+    """A node leaves (preemption notice): every rank exits so that torchrun re-forms the world."""
+
+
+def to_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(normalize(images)).permute(0, 3, 1, 2).contiguous()
+    return x, torch.from_numpy(labels.astype(np.int64))
+
+
+def global_indices(seed: int, step: int, n: int, global_batch: int) -> np.ndarray:
+    """The step's global batch: the same examples whatever the world size (a rank takes its slice)."""
+    return np.random.default_rng([seed, step]).permutation(n)[:global_batch]
+
+
+class Trainer:
+    def __init__(self, task: TorchTask) -> None:
+        self.task = task
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if dist.get_backend() == "nccl"
+                                   else "cpu")
+        if task.threads:
+            torch.set_num_threads(task.threads)
+        torch.manual_seed(task.seed)
+        set_bn_group(dist.new_group(backend=dist.get_backend()) if self.world > 1 else None)
+        # Who is where: each rank's slot (stable) and the planner's batch for it (its split weight).
+        me = (task.slot_index, task.planned_batch, task.instance)
+        peers: list[Any] = [None] * self.world
+        dist.all_gather_object(peers, me)
+        self.slots = [int(p[0]) for p in peers]
+        self.instances = [str(p[2]) for p in peers]
+        self.instance = task.instance
+        self.batches = proportional_split(task.global_batch, [float(p[1]) for p in peers])
+        self.batch = self.batches[self.rank]
+        self.offset = offsets(self.batches)[self.rank]
+        self.sleep_s = interpolate(task.sleep_table, self.batch)
+        model = resnet(task.hparam_set).to(self.device)
+        # Batch-norm buffers are equal on every rank already (global statistics): no per-forward broadcast.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self.model = DDP(model, broadcast_buffers=False)
+        hp = get_hparams(task.hparam_set)
+        self.base_lr = hp.scaled_lr(task.global_batch)
+        self.opt = torch.optim.SGD(param_groups(model, hp.weight_decay), lr=self.base_lr, momentum=hp.momentum,
+                                   nesterov=hp.nesterov)
+        self.metrics = MetricsWriter(task.storage / "metrics.jsonl") if self.rank == 0 else None
+        self.notices = NoticeWatcher(task.storage / "notices")
+        # A notice for a node of this world that came during the restart still counts: it must leave.
+        self.notices.seen -= set(self.instances)
+        self.stop_requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.stop_requested = True  # acted on at the next step, by every rank together (see _control)
+
+    def run(self) -> None:
+        task, t_start = self.task, time.monotonic()
+        step = ckpt.restore(task.checkpoint_dir, self.model, self.opt)
+        self._record_world(step, resumed=step > 0)
+        x_all, y_all = to_tensors(*load_split(task.data_dir, "train"))
+        window_t, window_steps, loss_sum = time.monotonic(), 0, torch.zeros(1, dtype=torch.float64)
+        self.model.train()
+        while step < task.train_steps:
+            self._control(step)
+            idx = global_indices(task.seed, step, len(y_all), task.global_batch)[self.offset: self.offset + self.batch]
+            x, y = x_all[idx].to(self.device), y_all[idx].to(self.device)
+            if task.data_dir and step % 2:
+                x = x.flip(3)  # the cheapest augmentation that keeps the step deterministic
+            self._set_lr(step)
+            loss = weighted_loss(self.model(x), y, task.global_batch, self.world)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            if self.sleep_s:
+                time.sleep(self.sleep_s)  # the emulated GPU's extra time for this rank's batch
+            step += 1
+            window_steps += 1
+            loss_sum += loss.detach().double().cpu() / self.world
+            if step % task.checkpoint_every == 0:
+                self._checkpoint(step, "periodic")
+            if step % task.log_every == 0 or step == task.train_steps:
+                self._log_step(step, loss_sum, window_steps, time.monotonic() - window_t)
+                window_t, window_steps, loss_sum = time.monotonic(), 0, torch.zeros(1, dtype=torch.float64)
+        self._checkpoint(step, "final")
+        if self.rank == 0:
+            self._evaluate(step, time.monotonic() - t_start)
+        dist.barrier()
+
+    def _set_lr(self, step: int) -> None:
+        lr = self.base_lr * 0.5 * (1 + math.cos(math.pi * step / self.task.train_steps))
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+    def _control(self, step: int) -> None:
+        """Once a step, one all-reduce makes the ranks agree on what rank 0 or torchrun asked for.
+
+        - A preemption notice (rank 0 polls them): every rank saves a checkpoint (DCP save is collective).
+          Then the world re-forms at once instead of at the kill: the noticed node's rank takes its torchrun
+          agent down with it, the others leave the worker group, and torchrun restarts it on the survivors,
+          which resume from this checkpoint (no step lost between the notice and the kill).
+        - SIGTERM from torchrun (a node is waiting to join: the world grows): save, then exit, so the grown
+          world resumes from this very step.
+        """
+        flags = torch.zeros(2 + self.world, device=self.device)
+        flags[1] = 1.0 if self.stop_requested else 0.0
+        if self.rank == 0:
+            noticed = set(self.notices.poll())
+            if noticed:
+                flags[0] = 1.0
+                for r, name in enumerate(self.instances):
+                    flags[2 + r] = 1.0 if name in noticed else 0.0
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0].item() > 0:
+            self._checkpoint(step, "notice")
+            leaving = [self.instances[r] for r in range(self.world) if flags[2 + r].item() > 0]
+            if leaving:
+                dist.barrier()
+                if self.instance in leaving:
+                    log(f"{self.instance} was noticed: leaving the world after the checkpoint at step {step}")
+                    leave_with_agent()
+                raise WorldChange(f"{', '.join(leaving)} leave after a preemption notice; re-forming the world")
+        if flags[1].item() > 0:
+            self._checkpoint(step, "rescale")
+            raise WorldChange(f"torchrun stops the worker group at step {step} (a node joins)")
+
+    def _checkpoint(self, step: int, reason: str) -> None:
+        seconds = ckpt.save(self.task.checkpoint_dir, self.model, self.opt, step)
+        if seconds is not None and self.metrics is not None:
+            self.metrics.write("checkpoint", step=step, reason=reason, seconds=round(seconds, 4),
+                               world_size=self.world)
+            if reason == "notice":
+                self._event("ckpt_on_notice", step=step, seconds=round(seconds, 4), world_size=self.world)
+            log(f"checkpoint at step {step} ({reason}) in {seconds:.3f}s")
+
+    def _log_step(self, step: int, loss_sum: torch.Tensor, steps: int, secs: float) -> None:
+        dist.all_reduce(loss_sum)  # each rank's (loss share / world): the sum is the global-batch mean loss
+        if self.metrics is None:
+            return
+        secs = max(secs, 1e-9)
+        workers = {str(slot): {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
+                               "step_time_s": round(secs / steps, 5) if steps else None}
+                   for slot, b in zip(self.slots, self.batches, strict=True)}
+        self.metrics.write("step", step=step, loss=round(float(loss_sum.item()) / max(steps, 1), 5),
+                           examples_per_s=round(self.task.global_batch * steps / secs, 3),
+                           steps_per_s=round(steps / secs, 4), window_s=round(secs, 4), world_size=self.world,
+                           workers=workers)
+
+    def _record_world(self, step: int, resumed: bool) -> None:
+        if self.metrics is None:
+            return
+        path = self.task.storage / WORLD_FILE
+        try:
+            previous = int(json.loads(path.read_text())["world_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            previous = 0
+        batches = {str(s): b for s, b in zip(self.slots, self.batches, strict=True)}
+        self.metrics.write("start", step=step, resumed=resumed, mode="sync", framework="pytorch",
+                           workers=self.world)
+        self.metrics.write("world", step=step, world_size=self.world, previous=previous, batches=batches,
+                           restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        write_json_atomic(path, {"world_size": self.world, "step": step, "batches": batches})
+        self._event("world", step=step, world_size=self.world, previous=previous, batches=batches)
+        log(f"world {previous} -> {self.world} at step {step}; batches by slot {batches}")
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        with open(self.task.storage / EVENTS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": kind, "t": round(time.time(), 3), **fields}, separators=(",", ":")) + "\n")
+
+    def _evaluate(self, step: int, train_seconds: float) -> None:
+        x, y = to_tensors(*load_split(self.task.data_dir, "test"))
+        module: nn.Module = self.model.module
+        module.eval()
+        correct, loss_sum = 0, 0.0
+        with torch.no_grad():
+            for i in range(0, len(y), 500):
+                logits = module(x[i: i + 500].to(self.device))
+                yb = y[i: i + 500].to(self.device)
+                correct += int((logits.argmax(1) == yb).sum())
+                loss_sum += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        n = len(y)
+        acc = correct / max(n, 1)
+        assert self.metrics is not None
+        self.metrics.write("eval", step=step, accuracy=round(acc, 5), loss=round(loss_sum / max(n, 1), 5), examples=n)
+        write_json_atomic(self.task.storage / "result.json", {
+            "step": step, "accuracy": acc, "loss": loss_sum / max(n, 1), "eval_examples": n,
+            "train_seconds": round(train_seconds, 3), "mode": "sync", "framework": "pytorch",
+            "world_size": self.world})
+        log(f"done: step {step}, accuracy {acc:.4f}")

@@ -1,0 +1,68 @@
+"""One rank of the built-in job: ResNet on CIFAR-10 / offline digits, synchronous DDP under torchrun.
+
+Started by ``torchrun`` (see node.py) as ``python worker.py --task task.json``. Every (re)start of the worker
+group reads the world from torchrun's environment, splits the fixed global batch over the ranks in the
+planner's proportions, resumes from the newest checkpoint, and rank 0 records the world size (a ``world``
+metrics line: the controller turns it into a shrink / grow event). A new preemption notice makes every rank
+save a checkpoint at once (collective), recorded with the seconds it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # jobs/ (torchrun runs this file directly)
+
+from torchjob import EXIT_BAD_TASK, EXIT_ERROR  # noqa: E402
+from torchjob.runtime import die_with_parent, log  # noqa: E402
+from torchjob.task import TaskError, load  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="worker.py")
+    parser.add_argument("--task", required=True)
+    args = parser.parse_args(argv)
+    die_with_parent()
+    try:
+        task = load(args.task)
+    except TaskError as e:
+        log(str(e))
+        return EXIT_BAD_TASK
+    import torch.distributed as dist
+
+    from torchjob.train import Trainer, WorldChange
+
+    backend = "nccl" if _cuda() else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))))
+    try:
+        Trainer(task).run()
+    except WorldChange as e:
+        log(str(e))
+        _exit_now(EXIT_ERROR)
+    except Exception:  # noqa: BLE001 - any failure: torchrun restarts the group (from the last checkpoint)
+        traceback.print_exc()
+        _exit_now(EXIT_ERROR)
+    _exit_now(0)
+    return 0
+
+
+def _exit_now(code: int) -> None:
+    """Exit without tearing the process group down: after a peer died, destroy_process_group can hang."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and os.environ.get("TORCHJOB_DEVICE", "") != "cpu"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

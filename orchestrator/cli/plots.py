@@ -1,0 +1,225 @@
+"""A job's run as pictures: instance timeline, cumulative cost against on-demand, throughput.
+
+``gather`` reads the rows once into plain data (the CLI and the dashboard share it); ``render`` draws
+with matplotlib's object API (no pyplot state, so the dashboard may draw from several threads).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.store import queries
+from orchestrator.store.models import Instance, Job, Metric
+
+FORMATS = {".png": "png", ".svg": "svg"}
+# One colour per GPU type in every plot (a P100 is the same green in each job's picture).
+GPU_COLOURS = {"k80": "#1f77b4", "p100": "#2ca02c", "v100": "#9467bd", "t4": "#ff7f0e", "p4": "#bcbd22",
+               "l4": "#8c564b", "a100": "#e377c2", "h100": "#17becf", "h200": "#d62728", "b200": "#7f7f7f"}
+SPARE_COLOURS = ["#aec7e8", "#98df8a", "#c5b0d5", "#ffbb78", "#c49c94", "#f7b6d2", "#9edae5", "#dbdb8d"]
+CPU_COLOUR = "#9e9e9e"
+
+
+@dataclass(frozen=True)
+class Bar:
+    slot: str
+    name: str
+    gpu: str | None
+    spot: bool
+    start: float  # seconds since the job started, like every time here
+    end: float
+    price_per_hour: float
+    on_demand_per_hour: float
+    revoked: float | None
+    notice: bool
+    replacement: bool
+
+
+@dataclass
+class PlotData:
+    job_id: str
+    status: str
+    start: float
+    end: float
+    bars: list[Bar] = field(default_factory=list)
+    checkpoints: list[tuple[float, int]] = field(default_factory=list)
+    notice_checkpoints: list[float] = field(default_factory=list)
+    throughput: list[tuple[float, float]] = field(default_factory=list)  # (t, examples/s of the cluster)
+    worker_rates: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    budget_usd: float | None = None
+
+    @property
+    def slots(self) -> list[str]:
+        order = {"ps": 0, "chief": 1, "worker": 2}
+        names = {b.slot for b in self.bars}
+        return sorted(names, key=lambda s: (order.get(s.rsplit("-", 1)[0], 3), int(s.rsplit("-", 1)[1])))
+
+
+def _on_demand_prices(job: Job) -> dict[str, float]:
+    """Each slot's on-demand hourly price from the job's own price book (empty if the spec no longer loads)."""
+    try:
+        from orchestrator.control.driver import job_spec
+        from orchestrator.slots import expand
+
+        return {s.name: s.on_demand_price_per_hour or s.price_per_hour
+                for s in expand(job_spec(job.spec_yaml), book=job.price_book)}
+    except Exception:  # noqa: BLE001 - an old spec the catalog no longer prices: the comparison line is left out
+        return {}
+
+
+def gather(session: Session, job_id: str, now: float | None = None) -> PlotData:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise LookupError(job_id)
+    now = time.time() if now is None else now
+    t0 = job.started_at or job.created_at
+    end = (job.ended_at or now) - t0
+    data = PlotData(job_id=job.id, status=job.status, start=t0, end=end, budget_usd=job.budget_usd)
+    on_demand = _on_demand_prices(job)
+    insts: list[Instance] = queries.job_instances(session, job_id)
+    noticed = {e.instance_id for e in queries.events(session, job_id)
+               if e.instance_id is not None and e.to_status == "revoked"
+               and any(w in (e.reason or "") for w in ("notice", "stopping"))}  # STOPPING: the ACPI soft-off
+    for i in insts:
+        if i.end_reason == "create_failed":
+            continue
+        stop = (i.deleted_at or now) - t0
+        data.bars.append(Bar(slot=i.slot, name=i.name, gpu=i.gpu, spot=i.spot, start=i.requested_at - t0,
+                             end=max(stop, i.requested_at - t0), price_per_hour=i.price_per_hour,
+                             on_demand_per_hour=on_demand.get(i.slot, i.price_per_hour),
+                             revoked=None if i.revoked_at is None else i.revoked_at - t0,
+                             notice=i.id in noticed, replacement=i.generation > 0))
+    for m in session.scalars(select(Metric).where(Metric.job_id == job_id).order_by(Metric.at)):
+        t = m.at - t0
+        if m.kind == "checkpoint":
+            data.checkpoints.append((t, m.step))
+        elif m.kind == "step" and m.examples_per_s is not None:
+            data.throughput.append((t, m.examples_per_s))
+        elif m.kind == "worker" and m.examples_per_s is not None:
+            data.worker_rates.setdefault(f"worker-{m.worker}", []).append((t, m.examples_per_s))
+    data.notice_checkpoints = [e.at - t0 for e in queries.events(session, job_id)
+                               if e.entity == "note" and e.to_status == "checkpoint"]
+    return data
+
+
+def cost_curves(data: PlotData, points: int = 400) -> tuple[list[float], list[float], list[float]]:
+    """Times, cumulative spend, and the same instance-hours at on-demand prices."""
+    end = max([data.end] + [b.end for b in data.bars])
+    ts = [end * k / (points - 1) for k in range(points)] if end > 0 else [0.0]
+    spent, od = [], []
+    for t in ts:
+        hours = [(max(0.0, min(t, b.end) - b.start) / 3600.0, b) for b in data.bars]
+        spent.append(sum(h * b.price_per_hour for h, b in hours))
+        od.append(sum(h * b.on_demand_per_hour for h, b in hours))
+    return ts, spent, od
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    if span_s > 3 * 3600:
+        return 3600.0, "hours"
+    if span_s > 600:
+        return 60.0, "minutes"
+    return 1.0, "seconds"
+
+
+def render(data: PlotData, fmt: str = "png") -> bytes:
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    fig = Figure(figsize=(11, 8.5), dpi=110, layout="constrained")
+    ax_tl, ax_cost, ax_tp = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
+    scale, unit = _time_unit(max([data.end] + [b.end for b in data.bars]))
+    slots = data.slots
+    gpus = sorted({b.gpu for b in data.bars if b.gpu})
+    spare = iter(SPARE_COLOURS * 4)
+    colour = {g: GPU_COLOURS.get(g.lower()) or next(spare) for g in gpus}
+    for b in data.bars:
+        y = slots.index(b.slot)
+        alive_end = b.end if b.revoked is None else b.revoked
+        ax_tl.barh(y, (alive_end - b.start) / scale, left=b.start / scale, height=0.6,
+                   color=colour.get(b.gpu or "", CPU_COLOUR), alpha=0.55 if b.spot else 0.95,
+                   hatch="///" if b.spot else None, edgecolor="black", linewidth=0.6)
+        if b.revoked is not None and b.end > b.revoked:  # billed until the delete is confirmed
+            ax_tl.barh(y, (b.end - b.revoked) / scale, left=b.revoked / scale, height=0.25, color="#bdbdbd",
+                       edgecolor="#616161", linewidth=0.5, zorder=3)  # over the replacement's bar
+        if b.replacement:  # below the bar, so it does not hide its predecessor's revocation mark
+            ax_tl.plot(b.start / scale, y + 0.42, marker="^", color="#2e7d32", markersize=9, zorder=4)
+        if b.revoked is not None:
+            ax_tl.plot(b.revoked / scale, y, marker="X", color="#c62828", markersize=11, zorder=5,
+                       markeredgecolor="white")
+            if b.notice:
+                ax_tl.plot(b.revoked / scale, y - 0.42, marker="v", color="#ef6c00", markersize=9, zorder=5)
+    for t, _step in data.checkpoints:
+        ax_tl.axvline(t / scale, color="#607d8b", linewidth=0.7, linestyle=":", zorder=1)
+    for t in data.notice_checkpoints:
+        ax_tl.axvline(t / scale, color="#ef6c00", linewidth=1.4, linestyle="--", zorder=2)
+    ax_tl.set_yticks(range(len(slots)), slots)
+    ax_tl.set_ylim(len(slots) - 0.35, -0.65)
+    ax_tl.set_title(f"{data.job_id} ({data.status}): instances by slot")
+    from matplotlib.lines import Line2D
+
+    handles: list[Patch | Line2D] = [Patch(facecolor=colour[g], edgecolor="black", label=g.upper()) for g in gpus]
+    if any(b.gpu is None for b in data.bars):
+        handles.append(Patch(facecolor=CPU_COLOUR, edgecolor="black", label="CPU (ps, chief)"))
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="spot"),
+                Patch(facecolor="white", edgecolor="black", label="on-demand")]
+    revoked = any(b.revoked is not None for b in data.bars)
+    marks: list[tuple[bool, Patch | Line2D]] = [
+             (revoked, Line2D([], [], marker="X", color="#c62828", linestyle="", label="revoked")),
+             (any(b.notice for b in data.bars),
+              Line2D([], [], marker="v", color="#ef6c00", linestyle="", label="preemption notice")),
+             (any(b.replacement for b in data.bars),
+              Line2D([], [], marker="^", color="#2e7d32", linestyle="", label="replacement created")),
+             (revoked, Patch(facecolor="#bdbdbd", edgecolor="#616161", label="revoked, billed until deleted")),
+             (bool(data.checkpoints), Line2D([], [], color="#607d8b", linestyle=":", label="checkpoint")),
+             (bool(data.notice_checkpoints),
+              Line2D([], [], color="#ef6c00", linestyle="--", label="checkpoint on notice"))]
+    handles += [h for shown, h in marks if shown]  # only what this picture has
+    ax_tl.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+    ts, spent, od = cost_curves(data)
+    xs = [t / scale for t in ts]
+    ax_cost.plot(xs, spent, color="#1565c0", label=f"spent (${spent[-1]:.4f})")
+    ax_cost.plot(xs, od, color="#6d4c41", linestyle="--", label=f"same hours on-demand (${od[-1]:.4f})")
+    ax_cost.fill_between(xs, spent, od, color="#a5d6a7", alpha=0.4, label="saved by spot")
+    ax_cost.set_ylabel("cumulative cost (USD)")
+    ax_cost.set_ylim(bottom=0)
+    ax_cost.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+    if data.throughput:
+        ax_tp.plot([t / scale for t, _ in data.throughput], [v for _, v in data.throughput], color="black",
+                   linewidth=1.4, label="cluster")
+    for name, pts in sorted(data.worker_rates.items()):
+        ax_tp.plot([t / scale for t, _ in pts], [v for _, v in pts], linewidth=0.8, alpha=0.8, label=name)
+    ax_tp.set_ylabel("examples / s")
+    ax_tp.set_ylim(bottom=0)
+    ax_tp.set_xlabel(f"{unit} since the job started")
+    ax_tp.set_xlim(left=0)
+    if data.throughput or data.worker_rates:
+        ax_tp.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    else:
+        ax_tp.text(0.5, 0.5, "no training metrics yet", transform=ax_tp.transAxes, ha="center", va="center")
+    for ax in (ax_tl, ax_cost, ax_tp):
+        ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
+    return buf.getvalue()
+
+
+def format_for(path: Path) -> str:
+    from orchestrator.errors import UserError
+
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise UserError(f"--plot: '{path}' must end in .png or .svg")
+    return fmt
+
+
+def write_plot(session: Session, job_id: str, path: Path) -> None:
+    fmt = format_for(path)
+    path.write_bytes(render(gather(session, job_id), fmt))

@@ -1,0 +1,59 @@
+"""`orchestrator report`'s per-job training section: framework, world-size timeline, examples/s,
+accuracy and cost, from the events and metrics the daemon stored (PyTorch world shrink / grow events)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from orchestrator.store.models import Event, Job, Metric
+
+_WORLD = re.compile(r"world (\d+) -> (\d+) at step (\d+)")
+
+
+def framework_of(spec_yaml: str) -> str:
+    try:
+        training = (yaml.safe_load(spec_yaml) or {}).get("training") or {}
+    except yaml.YAMLError:
+        return "?"
+    if training.get("job") == "command":
+        return "command"
+    if training.get("job") == "run" or "run" in training:
+        return "pytorch (run:)"
+    return str(training.get("framework", "tensorflow"))
+
+
+def world_timeline(session: Session, job_id: str) -> list[tuple[int, int]]:
+    """[(step, world size), ...] from the payload's world events (PyTorch); empty for other payloads."""
+    rows = session.scalars(select(Event).where(Event.job_id == job_id, Event.entity == "note",
+                                               Event.to_status.in_(("world", "shrink", "grow")))
+                           .order_by(Event.at, Event.id))
+    out: list[tuple[int, int]] = []
+    for ev in rows:
+        m = _WORLD.match(ev.reason or "")
+        if m:
+            out.append((int(m.group(3)), int(m.group(2))))
+    return out
+
+
+def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
+    """One line per job: framework, world sizes over steps, mean examples/s, accuracy, cost."""
+    lines = []
+    for r in rows:
+        job = session.get(Job, r["job_id"])
+        if job is None:
+            continue
+        eps = session.scalar(select(func.avg(Metric.examples_per_s)).where(
+            Metric.job_id == job.id, Metric.kind == "step", Metric.examples_per_s.is_not(None)))
+        timeline = world_timeline(session, job.id)
+        world = " → ".join(f"{w}@{s}" for s, w in timeline) or "—"
+        acc = f"{r['accuracy']:.4f}" if isinstance(r.get("accuracy"), int | float) else "—"
+        cost = f"${r['cost_usd']:.4f}" if isinstance(r.get("cost_usd"), int | float) else "—"
+        rate = f"{eps:.1f}" if eps is not None else "—"
+        lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}; "
+                     f"{rate} examples/s; accuracy {acc}; cost {cost}")
+    return lines

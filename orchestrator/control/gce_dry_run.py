@@ -1,0 +1,98 @@
+"""`launch --dry-run` for gce specs: the exact Compute API requests a launch would send, as JSON.
+
+The bodies come from ``providers.gce_requests`` — the functions ``GceProvider`` itself sends — with the
+settings ``cloud_backends.gce_backend`` gives the provider, so the dry run shows what the real launch
+sends. Nothing is sent: no client is built and no credentials are read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.catalog import load_catalog
+from orchestrator.control.cloud_backends import NETWORK_TAG, SHUTDOWN_SCRIPT, TF_PORTS
+from orchestrator.providers.base import InstanceRequest, instance_name
+from orchestrator.providers.gce_requests import (
+    GceRequestSettings,
+    bundled_machine_types,
+    cloud_max_run_s,
+    firewall_rules,
+    instance_resource,
+)
+from orchestrator.slots import Slot, cluster_shape, expand, price_book_for
+from orchestrator.spec import GceProvider, JobSpec
+from orchestrator.storage.base import NOTICES
+
+GB_MONTH_HOURS = 730.0  # GCE bills disks per GB-month; one month = 730 h
+
+
+def request_settings(spec: GceProvider) -> GceRequestSettings:
+    """The provider settings ``gce_backend`` builds a GceProvider with (tested to stay equal)."""
+    return GceRequestSettings(
+        project=spec.project, image=spec.image, network=spec.network, network_tag=NETWORK_TAG,
+        termination_action=spec.termination_action, bundled=bundled_machine_types(),
+    )
+
+
+def _metadata(spec: JobSpec, provider: GceProvider, name: str) -> dict[str, str]:
+    items = {"ssh-keys": f"{provider.ssh_user}:<the job's ed25519 public key, generated at launch>",
+             "block-project-ssh-keys": "true"}
+    if spec.storage.startswith("gs://"):
+        bucket, _, prefix = spec.storage.removeprefix("gs://").partition("/")
+        items["shutdown-script"] = SHUTDOWN_SCRIPT.format(bucket=bucket, blob=f"{prefix}/{NOTICES}/{name}")
+    return items
+
+
+def _request(spec: JobSpec, provider: GceProvider, job_id: str, slot: Slot, max_run_s: int) -> InstanceRequest:
+    name = instance_name(job_id, slot.role, slot.index, 0)
+    return InstanceRequest(
+        name=name, job_id=job_id, role=slot.role, index=slot.index, generation=0, zone=slot.zone,
+        machine_type=slot.machine_type, spot=slot.spot, gpu=slot.gpu, gpu_count=slot.gpu_count if slot.gpu else 0,
+        price_per_hour=slot.price_per_hour, metadata=_metadata(spec, provider, name), max_run_s=max_run_s,
+        flex_start=slot.flex_start and not slot.spot,
+    )
+
+
+def _json(message: Any) -> dict[str, Any]:
+    text = type(message).to_json(message, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+def gce_dry_run(spec: JobSpec, job_id: str | None = None) -> dict[str, Any]:
+    """Everything a launch of ``spec`` (a gce spec with a pinned cluster) would send, in order."""
+    provider = spec.provider
+    if not isinstance(provider, GceProvider):
+        raise ValueError("gce_dry_run needs a gce spec")
+    settings = request_settings(provider)
+    job_id = job_id or f"{spec.name}-dryrun"
+    slots = expand(spec)
+    hourly = sum(s.price_per_hour for s in slots)
+    policy = spec.policy
+    inserts, disks = [], []
+    disk_price = load_catalog().fact("pd_balanced_usd_per_gb_month")
+    for slot in slots:
+        max_run = cloud_max_run_s(deadline_s=policy.deadline, elapsed_s=0.0, budget_usd=policy.budget_usd,
+                                  spent_usd=0.0, cluster_usd_per_hour=hourly, flex_start=slot.flex_start)
+        body = instance_resource(_request(spec, provider, job_id, slot, max_run), settings)
+        inserts.append({"method": "POST", "path": f"projects/{provider.project}/zones/{slot.zone}/instances",
+                        "zone": slot.zone, "body": _json(body)})
+        kept = settings.termination_action == "STOP" and (slot.spot or body.scheduling.max_run_duration)
+        disks.append({
+            "instance": body.name, "zone": slot.zone, "type": settings.disk_type, "sizeGb": settings.disk_size_gb,
+            "created_with": "instances.insert (boot disk, autoDelete: true)",
+            "usd_per_hour": round(settings.disk_size_gb * disk_price / GB_MONTH_HOURS, 6),
+            "after_preemption_or_time_limit": "kept and billed until the controller deletes the VM" if kept
+            else "deleted with the VM",
+        })
+    firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": _json(rule)}
+                 for rule in firewall_rules(settings, NETWORK_TAG, TF_PORTS)]
+    return {
+        "dry_run": True, "requests_sent": 0, "project": provider.project,
+        "job_id": f"{job_id} (a launch uses <name>-<6 hex digits>)", "cluster": cluster_shape(spec),
+        "price_book": price_book_for(spec).name, "cluster_usd_per_hour": round(hourly, 6),
+        "termination_action": settings.termination_action,
+        "firewalls.insert": firewalls, "instances.insert": inserts, "disks": disks,
+    }
+

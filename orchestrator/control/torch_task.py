@@ -1,0 +1,121 @@
+"""The controller's side of the PyTorch payload (jobs/torchjob): task.json's ``torch`` section, the node
+command, where the elastic rendezvous lives, and the payload's world / checkpoint events into the DB.
+
+The c10d rendezvous store is hosted by the torchrun agent of one worker slot that is never revoked: the
+first on-demand worker (worker 0 when every worker is spot, a spec the docs advise against). Its address
+is that slot's current instance and port; a replacement keeps the port.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from orchestrator.providers.base import Role
+from orchestrator.slots import Slot
+from orchestrator.spec import JobSpec, LocalProvider
+from orchestrator.storage.base import JobStorage
+from orchestrator.store import queries
+from orchestrator.store.models import Event, Instance, Job
+from orchestrator.store.status import EndReason
+from orchestrator.torch_spec import argv, is_pytorch, is_run_job
+
+if TYPE_CHECKING:
+    from orchestrator.control.execute import JobContext
+
+EVENTS = "torch_events.jsonl"  # appended by the payload's rank 0: world changes, checkpoints on notice
+EVENT_KINDS = ("world", "shrink", "grow", "ckpt_on_notice")
+MAX_RESTARTS = 1000  # torchrun restarts of the worker group per node (each membership change is one)
+
+
+def rendezvous_slot(slots: tuple[Slot, ...] | list[Slot]) -> Slot | None:
+    workers = [s for s in slots if s.role == Role.WORKER]
+    return next((s for s in workers if not s.spot), workers[0] if workers else None)
+
+
+def torch_view(spec: JobSpec, slots: list[Slot]) -> dict[str, Any]:
+    """JobView fields for the reconciler (elastic world, rendezvous slot); empty for other payloads."""
+    if not is_pytorch(spec):
+        return {}
+    host = rendezvous_slot(slots)
+    return {"elastic": True, "rdzv_slot": host.name if host is not None else None}
+
+
+def node_argv(python: str) -> list[str]:
+    return [python, "jobs/torchjob/node.py", "--task", "task.json"]
+
+
+def _current(ctx: JobContext, slot: Slot) -> Instance | None:
+    insts = [i for i in ctx.job.instances if i.slot == slot.name and i.end_reason != EndReason.CREATE_FAILED.value]
+    return max(insts, key=lambda i: i.generation, default=None)
+
+
+def torch_fields(ctx: JobContext, inst: Instance, global_batch: int) -> dict[str, Any]:
+    """task.json additions for one node: ``gpu`` and the ``torch`` section (see jobs/torchjob/task.py)."""
+    spec = ctx.spec
+    host_slot = rendezvous_slot(ctx.slots)
+    host = _current(ctx, host_slot) if host_slot is not None else None
+    address = host.host if host is not None and host.host else "127.0.0.1"
+    port = host.port if host is not None and host.port else 29500
+    workers = [s for s in ctx.slots if s.role == Role.WORKER]
+    planned = inst.batch or 128
+    points = sorted({1, max(1, planned // 2), planned, planned * 2, global_batch})
+    training = spec.training
+    return {
+        "gpu": inst.gpu,
+        "torch": {
+            "rdzv_endpoint": f"{address}:{port}",
+            "is_rdzv_host": host_slot is not None and inst.slot == host_slot.name,
+            "min_nodes": min(getattr(training, "min_workers", None) or 1, len(workers)),
+            "max_nodes": len(workers),
+            "max_restarts": MAX_RESTARTS,
+            "threads": 1 if isinstance(spec.provider, LocalProvider) else None,
+            "sleep_table": [[b, ctx.emulation_sleep(inst.gpu, b)] for b in points],
+            "run": argv(getattr(training, "run", None)),
+            "setup": argv(getattr(training, "setup", None)),
+            "env": {},  # the spec's env: and secrets go to the process environment, not to this file
+        },
+    }
+
+
+def push_paths(spec: JobSpec) -> list[Any]:
+    """The user's files for a run: job (the payload's jobs/ goes too)."""
+    return list(getattr(spec.training, "files", [])) if is_run_job(spec) else []
+
+
+def ingest_events(session: Session, job: Job, storage: JobStorage) -> None:
+    """New lines of torch_events.jsonl become events; the count already recorded is the offset (idempotent)."""
+    data = storage.read_text(EVENTS)
+    if not data:
+        return
+    done = session.scalar(select(func.count()).select_from(Event).where(
+        Event.job_id == job.id, Event.entity == "note", Event.to_status.in_(EVENT_KINDS))) or 0
+    lines = [ln for ln in data.splitlines() if ln.strip()]
+    if data and not data.endswith("\n"):
+        lines = lines[:-1]  # being written
+    for line in lines[done:]:
+        what, reason, at = _event(line)
+        queries.note(session, job.id, what, reason, now=at)
+
+
+def _event(line: str) -> tuple[str, str, float | None]:
+    try:
+        rec = json.loads(line)
+        if not isinstance(rec, dict):
+            raise ValueError("not an object")
+        at = float(rec["t"])
+        step = int(rec["step"])
+        if rec.get("kind") == "ckpt_on_notice":
+            return ("ckpt_on_notice", f"checkpoint on a preemption notice at step {step}: saved in "
+                    f"{float(rec['seconds']):.3f} s by {int(rec['world_size'])} ranks (torch.distributed.checkpoint)",
+                    at)
+        world, previous = int(rec["world_size"]), int(rec["previous"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return "world", f"unreadable torch event line skipped: {str(exc)[:100]}", None
+    what = "shrink" if 0 < world < previous else "grow" if world > previous > 0 else "world"
+    batches = rec.get("batches")
+    tail = f"; batches by slot {json.dumps(batches, sort_keys=True)}" if isinstance(batches, dict) else ""
+    return what, f"world {previous} -> {world} at step {step}{tail}"[:500], at

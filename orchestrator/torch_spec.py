@@ -1,0 +1,101 @@
+"""What the PyTorch payload needs from a spec: framework, run:/setup: argv, env checks, secrets at task start.
+
+Secrets are references in the spec (an environment variable of the controller or a file), resolved only
+when a task starts and handed to its process environment: their values never reach the DB or task.json.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.spec import JobSpec, SecretRef
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by torchrun or by the orchestrator for every rank; a spec must not override them.
+RESERVED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PYTHONPATH", "PATH", "HOME"}
+
+
+class SecretError(ValueError):
+    """A secret the spec names cannot be read on the controller."""
+
+
+def command_problem(cmd: str | None) -> str | None:
+    if cmd is None:
+        return None
+    try:
+        argv = shlex.split(cmd)
+    except ValueError as exc:
+        return f"cannot split into arguments ({exc}); quote it as a shell would"
+    if not argv:
+        return "empty command"
+    if any(c < " " for c in cmd):
+        return "control characters (newline, ...) are not allowed; give one command (put more in a script)"
+    return None
+
+
+def env_problem(env: dict[str, str]) -> str | None:
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            return f"'{key[:60]}' is not an environment variable name (letters, digits, _)"
+        if key in RESERVED_ENV or key.startswith("ORCHESTRATOR_"):
+            return f"{key} is set by torchrun / the orchestrator; pick another name"
+        if "\x00" in value:
+            return f"{key}: NUL is not allowed in a value"
+    return None
+
+
+def is_pytorch(spec: JobSpec) -> bool:
+    return getattr(spec.training, "framework", "tensorflow") == "pytorch"
+
+
+def is_run_job(spec: JobSpec) -> bool:
+    return getattr(spec.training, "job", "") == "run"
+
+
+def exit_zero_is_done(spec: JobSpec) -> bool:
+    """The user's own command (run: or job: command) ends the job when it exits 0."""
+    return getattr(spec.training, "job", "") in ("run", "command")
+
+
+def argv(cmd: str | None) -> list[str] | None:
+    return shlex.split(cmd) if cmd else None
+
+
+def _secret_value(ref: SecretRef) -> str:
+    if ref.file is not None:
+        path = Path(ref.file).expanduser()
+        try:
+            return path.read_text().rstrip("\n")
+        except OSError as exc:
+            raise SecretError(f"training.secrets {ref.name}: cannot read {path}: {exc.strerror}") from None
+    var = ref.env or ref.name
+    if var not in os.environ:
+        raise SecretError(f"training.secrets {ref.name}: the controller's environment has no {var}; export it "
+                          "where the daemon / launch runs, or use file:")
+    return os.environ[var]
+
+
+def payload_env(spec: JobSpec) -> dict[str, str]:
+    """The spec's env: and the resolved secrets, for the task process (raises SecretError)."""
+    training = spec.training
+    env = dict(getattr(training, "env", {}) or {})
+    for ref in getattr(training, "secrets", []) or []:
+        env[ref.name] = _secret_value(ref)
+    return env
+
+
+def secret_problems(spec: JobSpec) -> list[str]:
+    """Every secret that cannot be read now (checked at launch, so a typo fails before anything is created)."""
+    out = []
+    for ref in getattr(spec.training, "secrets", []) or []:
+        try:
+            _secret_value(ref)
+        except SecretError as exc:
+            out.append(str(exc))
+    return out

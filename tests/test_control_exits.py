@@ -1,0 +1,101 @@
+"""Exit codes mean something (control/exits.py): 0 = done, never restarted; 2 = fatal (bad input), one retry
+then FAILED with the reason and the log tail; anything else is retried. Real local instances and processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+from e2e_helpers import processes_under, wait_until
+from test_control_poison import local_spec
+from test_reconcile import SLOTS, inst, job, observed
+
+from orchestrator.control.actions import RecordLogTail, RestartTraining, SetJobStatus, StartTask
+from orchestrator.control.driver import run_pass
+from orchestrator.control.launcher import create_job
+from orchestrator.control.reconcile import reconcile
+from orchestrator.control.state import Observation
+from orchestrator.paths import user_dir
+from orchestrator.spec import TrainingMode, validate_spec
+from orchestrator.store import queries
+from orchestrator.store.db import open_session
+from orchestrator.store.models import Job
+from orchestrator.store.status import FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.transport.base import ProcState, ProcStatus
+
+S = InstanceStatus
+NOW = 10_000.0
+
+
+def _run(tmp_path: Path, command: str, timeout: float = 60) -> tuple[Job, list[tuple[str, str, str]]]:
+    user_dir()
+    with open_session() as session:
+        job_id = create_job(session, validate_spec(yaml.safe_load(local_spec("exits", tmp_path / "runs",
+                                                                                command)))).id
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            run_pass(session, "test", [job_id])
+            session.expire_all()
+            job = session.get(Job, job_id)
+            assert job is not None
+            if job.status in FINAL_JOB:
+                break
+            time.sleep(0.1)
+        evs = [(e.entity, e.to_status, e.reason or "") for e in queries.events(session, job_id)]
+        return job, evs
+
+
+def test_a_command_that_exits_0_ends_succeeded_and_is_never_restarted(tmp_path: Path) -> None:
+    job, evs = _run(tmp_path, "echo done; exit 0")
+    assert job.status == JobStatus.SUCCEEDED.value, evs
+    assert "exited 0" in (job.status_reason or "") or any("exited 0" in r for _, _, r in evs)
+    assert job.restarts == 0
+    assert sum(1 for e, to, _ in evs if e == "instance" and to == "training") == 1  # started once
+    wait_until(lambda: processes_under(tmp_path) == [], timeout=10)
+
+
+def test_a_command_that_exits_with_the_fatal_code_fails_after_one_retry_with_its_log_tail(tmp_path: Path) -> None:
+    job, evs = _run(tmp_path, "echo 'bad input: data_dir /nope does not exist' >&2; exit 2")
+    assert job.status == JobStatus.FAILED.value, evs
+    assert job.restarts <= 1 and job.fatal_exits == 1
+    reasons = [r for e, to, r in evs if e == "job" and to == "tearing_down"]
+    assert reasons and "exited with code 2 (fatal: bad input)" in reasons[0]
+    tails = [r for _, to, r in evs if to == "log_tail"]
+    assert tails and "bad input: data_dir /nope does not exist" in tails[0]
+    wait_until(lambda: processes_under(tmp_path) == [], timeout=10)
+
+
+def test_other_exit_codes_are_retried() -> None:
+    i = [inst("worker-0", S.TRAINING), inst("worker-1", S.TRAINING)]
+    view = job(i, mode=TrainingMode.SYNC, slots=tuple(s for s in SLOTS if s.role.value == "worker"))
+    for code in (1, 3, -9, 137):
+        procs = {i[0].name: ProcStatus(ProcState.EXITED, code), i[1].name: ProcStatus(ProcState.RUNNING)}
+        obs = Observation(instances={x.name: observed(x) for x in i}, procs=procs)
+        acts = reconcile(view, obs, NOW)
+        assert any(isinstance(a, RestartTraining) and not a.fatal for a in acts), (code, acts)
+
+
+def test_only_the_writer_exiting_0_ends_the_job_and_a_finished_worker_is_not_restarted() -> None:
+    cluster = [inst(s, S.TRAINING) for s in ("ps-0", "chief-0", "worker-0", "worker-1")]
+    view = job(cluster)  # async: the chief is the writer
+    procs = {x.name: ProcStatus(ProcState.RUNNING) for x in cluster}
+    worker_done = {**procs, cluster[2].name: ProcStatus(ProcState.EXITED, 0)}
+    acts = reconcile(view, Observation({x.name: observed(x) for x in cluster}, worker_done), NOW)
+    assert not any(isinstance(a, StartTask | RestartTraining | SetJobStatus) for a in acts), acts
+    chief_done = {**procs, cluster[1].name: ProcStatus(ProcState.EXITED, 0)}
+    acts = reconcile(view, Observation({x.name: observed(x) for x in cluster}, chief_done), NOW)
+    assert acts == [SetJobStatus(JobStatus.TEARING_DOWN, "the chief-0 task exited 0: training finished",
+                                 JobStatus.SUCCEEDED)]
+
+
+def test_fatal_code_second_time_records_the_log_tail_and_fails() -> None:
+    cluster = [inst(s, S.TRAINING) for s in ("ps-0", "chief-0", "worker-0", "worker-1")]
+    procs = {x.name: ProcStatus(ProcState.RUNNING) for x in cluster}
+    procs[cluster[1].name] = ProcStatus(ProcState.EXITED, 2)
+    obs = Observation({x.name: observed(x) for x in cluster}, procs)
+    first = reconcile(job(cluster), obs, NOW)
+    assert any(isinstance(a, RestartTraining) and a.fatal for a in first)
+    second = reconcile(job(cluster, fatal_exits=1), obs, NOW)
+    assert isinstance(second[0], RecordLogTail) and second[0].name == cluster[1].name
+    assert isinstance(second[1], SetJobStatus) and second[1].outcome == JobStatus.FAILED

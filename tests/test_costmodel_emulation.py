@@ -1,0 +1,128 @@
+"""Emulated local GPUs follow measured curves (not the cost model); planner and simulator share one
+accounting; the study's chief-on-worker-0 setup in slots, planner, simulator and ledger prices."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.costmodel import plan
+from orchestrator.costmodel.calibration import load_measurements
+from orchestrator.emulation import curve_s, emulated_step_s, emulation_sleep, reference_step_s
+from orchestrator.paths import data_dir
+from orchestrator.sim.engine import NoRevocations, ScheduleLifetimes, simulate
+from orchestrator.sim.from_spec import cluster_from_spec
+from orchestrator.slots import expand
+from orchestrator.spec import SpecError, validate_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def local_spec(**cluster: Any) -> dict[str, Any]:
+    return {
+        "name": "emu",
+        "provider": {"kind": "local", "time_scale": 1, "revocations": "none", "emulation_k80_step_s": 0.216},
+        "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "async", "train_steps": 6400,
+                     "batch_per_worker": 128, "checkpoint_every": 1000},
+        "cluster": {"parameter_servers": {"count": 1}, "chief": cluster.get("chief", {}),
+                    "workers": [{"gpu": "k80", "count": 2, "spot": True}, {"gpu": "v100", "count": 1}]},
+        "pricing": {"book": "2019-02"},
+    }
+
+
+def test_emulated_h100_traces_the_measured_curve() -> None:
+    measured = {m.batch: float(m.step_time_s or 0) for m in load_measurements(data_dir() / "measurements")
+                if m.gpu == "h100" and m.key == "pytorch-eager" and m.model == "resnet_cifar_32"}
+    # With the K80 sleeping its real 216 ms, an emulated H100 sleeps the H100's measured step time.
+    for batch in (32, 128, 512, 2048):
+        assert emulated_step_s("h100", batch, 0.216) == pytest.approx(measured[batch], rel=1e-9)
+    assert measured[512] < curve_s(768) < measured[1024]  # interpolated between measured batches
+    assert curve_s(4096) > measured[2048]  # extrapolated with the last measured slope
+
+
+def test_ratios_come_from_measurements_with_their_source() -> None:
+    k80, v100 = reference_step_s("k80"), reference_step_s("v100")
+    assert "transient-deep-learning" in k80.source and k80.step_s == pytest.approx(0.216)
+    assert "no measurement" in reference_step_s("t4").source  # datasheet ratio, flagged
+    sleep = emulation_sleep(validate_spec(local_spec()))
+    assert sleep("k80", 128) == pytest.approx(0.216) and sleep("v100", 128) == pytest.approx(v100.step_s, rel=1e-3)
+    assert sleep(None, 128) == 0.0
+
+
+def test_emulation_does_not_use_the_cost_model() -> None:
+    tree = ast.parse((REPO / "orchestrator" / "emulation.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.catalog", "orchestrator.paths",
+                        "orchestrator.spec", "orchestrator.costmodel.calibration"}  # the CSV reader only
+
+
+def test_planner_and_simulator_agree_without_revocations() -> None:
+    spec = validate_spec(local_spec())
+    chosen = plan(spec).chosen
+    assert chosen is not None
+    res = simulate(cluster_from_spec(spec), NoRevocations())
+    assert chosen.base_time_s == pytest.approx(res.wall_time_s, rel=0.02)
+    assert chosen.hourly_usd * chosen.base_time_s / 3600 == pytest.approx(res.cost_usd, rel=0.02)
+
+
+def test_chief_on_worker0_has_no_bill_and_falls_with_worker0() -> None:
+    own = validate_spec(local_spec())
+    shared = validate_spec(local_spec(chief={"on_worker0": True}))
+    chief = [s for s in expand(shared) if s.role.value == "chief"][0]
+    assert chief.price_per_hour == 0.0
+    p_own, p_shared = plan(own).chosen, plan(shared).chosen
+    assert p_own is not None and p_shared is not None
+    assert p_shared.cost_usd < p_own.cost_usd and p_shared.to_cluster().chief.on_worker0
+    c = replace(cluster_from_spec(shared), schedule=None)
+    assert "chief-0" not in [s.name for s in c.slots] and c.slots[1].hosts_chief
+    base = simulate(c, NoRevocations())
+    hit0 = simulate(c, ScheduleLifetimes(c, [("worker-0", 300.0)]))
+    hit1 = simulate(c, ScheduleLifetimes(c, [("worker-1", 300.0)]))
+    assert hit0.steps_lost > 0 and hit1.steps_lost == 0  # worker 0 takes the chief (and progress) with it
+    assert hit0.wall_time_s > hit1.wall_time_s > base.wall_time_s
+
+
+def test_gce_launch_refuses_chief_on_worker0() -> None:
+    doc = local_spec(chief={"on_worker0": True})
+    doc["provider"] = {"kind": "gce", "project": "my-project", "zones": ["us-central1-c"]}
+    doc["cluster"]["workers"] = [{"gpu": "v100", "count": 2}]
+    with pytest.raises(SpecError, match="on_worker0"):
+        validate_spec(doc)
+
+
+def test_local_host_is_fitted_from_local_jobs() -> None:
+    import yaml
+
+    from orchestrator.costmodel.accounting import fit_local_host, local_host, local_worker_steps
+    from orchestrator.costmodel.compute import Calibration
+
+    doc = local_spec()
+    spec = validate_spec(doc)
+    truth = Calibration(local_host={**local_host(), "cpu_step_s": 0.4, "cpu_step_fixed_s": 0.0})
+    gpus, batches = ["k80", "k80", "v100"], [128, 128, 128]
+    steps = local_worker_steps(spec, gpus, batches, truth)
+    run = {"spec_yaml": yaml.safe_dump(doc), "created_at": 0.0, "first_step_at": 40.0, "last_step_at": 140.0,
+           "ended_at": 145.0, "workers": [{"gpu": g, "batch": b, "step_time_s": t}
+                                          for g, b, t in zip(gpus, batches, steps, strict=True)]}
+    host = fit_local_host([run])
+    assert host["cpu_step_s"] == pytest.approx(0.4, rel=0.01) and host["teardown_s"] == pytest.approx(5.0)
+    rate = sum(1.0 / t for t in steps)
+    assert host["startup_s"] == pytest.approx(40.0 - 70.0 - 10 / rate)  # created -> step 0, less the boot
+
+
+def test_simulated_local_run_replays_the_providers_seeded_draws() -> None:
+    from orchestrator.sim.montecarlo import run_monte_carlo
+
+    doc = local_spec()
+    doc["provider"].update(revocations="model", time_scale=1200, seed=3)
+    c = cluster_from_spec(validate_spec(doc))
+    assert c.time_scale == 1200 and not c.preemptible and c.lifetime_fn is not None
+    mc = run_monte_carlo(c, 50, 1)
+    assert mc.revocations.min() == mc.revocations.max()  # one outcome: the provider's own draws
+    assert mc.summary()["revocation_model"] == "local provider's seeded draws"
+    cloud = cluster_from_spec(validate_spec(doc), as_cloud=True)
+    assert cloud.lifetime_fn is None and cloud.time_scale == 1.0 and cloud.boot_delay_s == 70.0

@@ -1,0 +1,138 @@
+"""`orchestrator dashboard` on a real finished local job, looked at in headless Chromium (Debian's chromium)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.e2e_helpers import REPO, cli, tiny_spec
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SAVE_ENV = "ORCHESTRATOR_SAVE_SCREENSHOT"  # set to a path (e.g. docs/dashboard.png) to keep the screenshot
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("chromium is not installed: `apt-get install -y chromium` (.ci/run installs it)")
+    return found
+
+
+def browse(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+                              capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def finished_local_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str]]:
+    root = tmp_path_factory.mktemp("dash")
+    env = {"ORCHESTRATOR_HOME": str(root / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{root / 'results.db'}"}
+    spec = root / "job.yaml"
+    spec.write_text(tiny_spec("dash", root / "runs", schedule=[("worker-0", 12.0)], steps=160))
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        job_id = conn.execute(text("SELECT id FROM jobs")).scalar_one()
+    yield env, job_id
+
+
+@pytest.fixture(scope="module")
+def dashboard(finished_local_job: tuple[dict[str, str], str]) -> Iterator[str]:
+    env, _ = finished_local_job
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "dashboard", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, **env})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "dashboard on http://127.0.0.1:PORT/ ..."
+        assert "http://" in line, line + (proc.stderr.read() if proc.stderr else "")
+        yield line.split()[2]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_jobs_page_lists_the_finished_job(dashboard: str, finished_local_job: tuple[dict[str, str], str]) -> None:
+    _, job_id = finished_local_job
+    dom = browse(dashboard, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert f'href="/job/{job_id}"' in dom.stdout and ">succeeded<" in dom.stdout
+    assert 'http-equiv="refresh"' not in dom.stdout  # nothing is running: no refreshing
+
+
+def test_job_page_shows_status_events_metrics_and_plot(dashboard: str,
+                                                       finished_local_job: tuple[dict[str, str], str],
+                                                       tmp_path: Path) -> None:
+    _, job_id = finished_local_job
+    page = f"{dashboard}job/{job_id}"
+    dom = browse(page, "--dump-dom").stdout
+    assert f"<h1>{job_id} " in dom and 'id="job-status">succeeded<' in dom
+    assert f"worker-0 ({job_id}-worker-0-0)" in dom  # events name their instance
+    assert "training -&gt; deleting" in dom and "every instance deleted" in dom
+    assert "<td>step</td>" in dom and "<td>eval</td>" in dom  # training metrics rows
+    assert f'src="/job/{job_id}/plot.png' in dom
+    with urllib.request.urlopen(f"{page}/plot.png", timeout=60) as resp:
+        assert resp.headers["Content-Type"] == "image/png" and resp.read(8) == b"\x89PNG\r\n\x1a\n"
+    shot = tmp_path / "dashboard.png"
+    out = browse(page, f"--screenshot={shot}", "--window-size=1280,900")
+    assert out.returncode == 0 and shot.exists(), out.stderr[-2000:]
+    assert struct.unpack(">II", shot.read_bytes()[16:24]) == (1280, 900)
+    if os.environ.get(SAVE_ENV):
+        shutil.copyfile(shot, os.environ[SAVE_ENV])
+
+
+def test_unknown_job_is_404(dashboard: str) -> None:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{dashboard}job/nope", timeout=30)
+    assert err.value.code == 404
+
+
+def test_instance_log_is_kept_in_storage(finished_local_job: tuple[dict[str, str], str]) -> None:
+    env, job_id = finished_local_job
+    out = cli("logs", job_id, "--instance", "worker-1", "-n", "5", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"# {job_id}-worker-1-0 (deleted): the log kept in the job's storage")
+
+
+def test_pages_of_a_running_job_refresh_themselves(tmp_path: Path) -> None:
+    from orchestrator.cli.dashboard import create_app
+    from orchestrator.store.db import open_session
+    from orchestrator.store.models import Job
+    from tests.obs_helpers import finished_job
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with open_session(url) as session:
+        job_id = finished_job(session, tmp_path / "runs")
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.status = "running"  # as seen mid-run
+        session.commit()
+    client = create_app(url).test_client()
+    for path in ("/", f"/job/{job_id}"):
+        page = client.get(path)
+        assert page.status_code == 200 and b'http-equiv="refresh" content="5"' in page.data
+    svg = client.get(f"/job/{job_id}/plot.svg")
+    assert svg.status_code == 200 and svg.mimetype == "image/svg+xml" and b"<svg" in svg.data
+    assert client.get(f"/job/{job_id}/plot.gif").status_code == 404
+
+
+def test_port_in_use_is_a_one_line_usage_error() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "dashboard", "--port", str(port)],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 2 and "--port" in out.stderr and "Traceback" not in out.stderr

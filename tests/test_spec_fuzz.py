@@ -1,0 +1,76 @@
+"""Hostile specs (hypothesis, bench/spec_fuzz.py): each is accepted or refused with field-named errors, never a
+traceback or a hang, and a refusal leaves no file, folder, process or DB row. The figures are printed
+(`pytest -s`) and are the same as `python bench/spec_fuzz.py --examples 1000`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("spec_fuzz", REPO / "bench" / "spec_fuzz.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["spec_fuzz"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_1000_hostile_specs_are_accepted_or_refused_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    monkeypatch.setenv("ORCHESTRATOR_DB_URL", f"sqlite:///{tmp_path}/orchestrator.db")
+    fuzzer = bench.fuzz(1000, tmp_path, subprocess_every=250)  # 4 of them also as `orchestrator launch --dry-run`
+    figures = fuzzer.figures()
+    print(json.dumps(figures, indent=2))
+    for outcome in ("tracebacks", "hangs", "left behind", "subprocess tracebacks"):
+        assert not fuzzer.samples.get(outcome), "\n---\n".join(fuzzer.samples[outcome])
+    assert figures["specs tried"] >= 1000
+    assert figures["tracebacks"] == figures["hangs"] == figures["refusals that left something"] == 0
+    assert figures["refused cleanly"] + figures["accepted"] == figures["specs tried"]
+    assert figures["accepted"] > 0 and figures["refused cleanly"] > 0  # both paths are exercised
+    assert figures["subprocess"].get("tracebacks", 0) == figures["subprocess"].get("hangs", 0) == 0
+    assert not figures["db created"]
+
+
+def test_the_issue_s_hostile_specs_are_refused_with_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.spec import SpecError, load_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.py").write_text("print(1)\n")
+    head = "name: x\ncluster: {workers: [{gpu: t4}]}\n"
+    cmd = "training: {job: command, command: 'true', files: [%s]}\n"
+    cases = {
+        "cluster": "name: x\ncluster: {workers: [{gpu: t4}]}\ncluster: {workers: [{gpu: v100, count: 64}]}\n",
+        "provider.time_scale": head + "provider: {kind: local, time_scale: 1e-300}\n",
+        "policy.budget_usd": head + "policy: {budget_usd: .inf}\n",
+        "policy.deadline": head + "policy: {deadline: .nan}\n",
+        "cluster.workers[0].count": "name: x\ncluster: {workers: [{gpu: t4, count: true}]}\n",
+        "storage": head + "storage: /dev/null\n",
+        "training.files[0]": head + cmd % "../../etc/passwd",
+        "training.files[1]": head + cmd % "ok.py, /etc/passwd",
+        "training.files[2]": head + cmd % "ok.py, ok.py, missing.py",
+        "provider.inventory": head.replace("name: x\n", "name: x\nprovider: {kind: ssh, inventory: /etc}\n"),
+        "name": head.replace("name: x", "name: " + "Y" * 5000),
+        "search": "name: x\nsearch: {gpus: [t4, l4, v100, a100, h100], max_workers: 256, max_ps: 16, mixed: true}\n",
+        "pricing": head + "pricing: 7\n",
+    }
+    for field, text in cases.items():
+        path = tmp_path / "spec.yaml"
+        path.write_text(text)
+        with pytest.raises(SpecError) as info:
+            load_spec(path)
+        messages = [str(e) for e in info.value.errors]
+        assert any(m.startswith(field) or f"'{field}'" in m for m in messages), (field, messages)
+        assert all(len(m) < 400 and "\n" not in m for m in messages), messages
+    long = next(str(e) for e in info.value.errors if str(e).startswith("name"))
+    assert "Y" * 60 + "…" in long and "Y" * 61 not in long
+    assert not (tmp_path / "runs").exists()

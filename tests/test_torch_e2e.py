@@ -1,0 +1,85 @@
+"""PyTorch on the local provider end to end: real torchrun, gloo, DCP checkpoints (slow: ~3 min together).
+
+- examples/local-torch-hetero.yaml (fewer steps): three emulated GPU types, a spot worker revoked; every
+  rank checkpoints on the notice, the world shrinks 3 -> 2, the replacement joins and it grows 2 -> 3;
+  accuracy in the DB, the ledger has a row per instance, nothing left running.
+- examples/local-own-script.yaml: a plain DDP script under torchrun; exit 0 ends the job, its JSON metric
+  lines land in the DB, the spec's env and secret reach it, and the secret's value is stored nowhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import REPO, cli, processes_under
+from sqlalchemy import create_engine, text
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+
+
+def _spec(tmp_path: Path, example: str, **training: object) -> Path:
+    spec = yaml.safe_load((REPO / "examples" / example).read_text())
+    spec["storage"] = str(tmp_path / "runs")
+    spec["training"].update(training)
+    path = tmp_path / example
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_torch_hetero_shrinks_and_grows(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    out = cli("launch", str(_spec(tmp_path, "local-torch-hetero.yaml", train_steps=300)), "--quiet", env=env,
+              timeout=540)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+        notes = conn.execute(text("SELECT to_status, reason FROM events WHERE entity = 'note' ORDER BY at, id")).all()
+        instances = conn.execute(text("SELECT COUNT(*) FROM instances")).scalar()
+        ledger = conn.execute(text("SELECT COUNT(*), SUM(seconds) FROM ledger")).one()
+    assert summary["status"] == "succeeded" and summary["accuracy"] > 0.5, summary
+    assert summary["revocations"] == 1 and summary["replacements"] == 1
+    kinds = [n[0] for n in notes]
+    assert "ckpt_on_notice" in kinds, notes
+    shrink = [r for k, r in notes if k == "shrink"]
+    grow = [r for k, r in notes if k == "grow"]
+    assert shrink and shrink[0].startswith("world 3 -> 2"), notes
+    assert grow and grow[0].startswith("world 2 -> 3") and kinds.index("shrink") < kinds.index("grow")
+    assert ledger[0] == instances == 4 and ledger[1] > 0  # every instance billed, the revoked one included
+    assert processes_under(tmp_path) == []
+    report = cli("report", env=env).stdout
+    assert "3@0 → 2@" in report and "pytorch" in report
+
+
+def test_own_script_runs_to_exit_zero(tmp_path: Path) -> None:
+    env = {**_env(tmp_path), "DEMO_TOKEN": "s3cr3t-v4lue"}
+    files = [str(REPO / "examples" / "own-script" / "train.py")]
+    out = cli("launch", str(_spec(tmp_path, "local-own-script.yaml", files=files, run="python train.py --steps 100")),
+              "--quiet", env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    db = tmp_path / "results.db"
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        job = conn.execute(text("SELECT status, accuracy, final_step, restarts FROM jobs")).mappings().one()
+        steps = conn.execute(text("SELECT COUNT(*) FROM metrics WHERE kind = 'step'")).scalar()
+    assert job["status"] == "succeeded" and job["restarts"] == 0 and job["final_step"] == 100, job
+    assert job["accuracy"] > 0.8 and steps >= 5
+    logs = "".join(p.read_text() for p in tmp_path.glob("runs/*/logs/*.log"))
+    assert "lr 0.05" in logs and "DEMO_TOKEN: 12 chars" in logs  # env: and the secret reached the script
+    for path in [db, *tmp_path.glob("runs/**/*")]:
+        if path.is_file():
+            assert b"s3cr3t-v4lue" not in path.read_bytes(), path
+    assert processes_under(tmp_path) == []
+
+
+def test_missing_secret_fails_before_anything_is_created(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    spec = _spec(tmp_path, "local-own-script.yaml", files=[], secrets=[{"name": "TOKEN", "file": "/nonexistent/t"}])
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=60)
+    assert out.returncode != 0 and "training.secrets" in out.stderr + out.stdout
+    assert "nothing was created" in out.stderr + out.stdout
