@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -25,13 +26,14 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'results.db'}"
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A throwaway database on the real PostgreSQL server. Fails (never skips) when it is unreachable."""
+@contextlib.contextmanager
+def _throwaway_pg(prefix: str) -> Iterator[str]:
+    """A new database on the real PostgreSQL server, dropped afterwards. Fails (never skips) when it is
+    unreachable."""
     from sqlalchemy import create_engine, text
 
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"orch_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -46,6 +48,20 @@ def pg_url() -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """One throwaway PostgreSQL database for the session."""
+    with _throwaway_pg("orch_test") as url:
+        yield url
+
+
+@pytest.fixture
+def own_pg() -> Iterator[str]:
+    """A throwaway PostgreSQL database for one test (tests that need an empty one)."""
+    with _throwaway_pg("orch_ha") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

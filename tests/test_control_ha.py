@@ -9,15 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PG_ADMIN_URL
 from e2e_helpers import REPO, wait_until
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 from test_control_poison import local_spec
 
@@ -27,20 +24,6 @@ from orchestrator.spec import validate_spec
 from orchestrator.store import queries
 from orchestrator.store.db import get_engine, session_factory
 from orchestrator.store.models import Job
-
-
-@pytest.fixture
-def own_pg() -> Iterator[str]:
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"orch_ha_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    yield url
-    get_engine(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_claims_skip_locked_rows_and_a_driver_that_lost_its_lease_changes_nothing(own_pg: str,

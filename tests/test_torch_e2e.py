@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
 
 
-def _spec(tmp_path: Path, example: str, **training: object) -> Path:
+def _spec(tmp_path: Path, example: str, provider: dict[str, object] | None = None, **training: object) -> Path:
     spec = yaml.safe_load((REPO / "examples" / example).read_text())
     spec["storage"] = str(tmp_path / "runs")
+    spec["provider"].update(provider or {})
     spec["training"].update(training)
     path = tmp_path / example
     path.write_text(yaml.safe_dump(spec))
@@ -35,8 +37,10 @@ def _spec(tmp_path: Path, example: str, **training: object) -> Path:
 
 def test_torch_hetero_shrinks_and_grows(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    out = cli("launch", str(_spec(tmp_path, "local-torch-hetero.yaml", train_steps=300)), "--quiet", env=env,
-              timeout=540)
+    # The replacement boots in 35 s: revoke early enough that it joins well before the 400th step.
+    spec = _spec(tmp_path, "local-torch-hetero.yaml", {"schedule": [{"instance": "worker-1", "at_s": 60}]},
+                 train_steps=400)
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
         summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
@@ -59,8 +63,8 @@ def test_torch_hetero_shrinks_and_grows(tmp_path: Path) -> None:
 
 def test_own_script_runs_to_exit_zero(tmp_path: Path) -> None:
     env = {**_env(tmp_path), "DEMO_TOKEN": "s3cr3t-v4lue"}
-    files = [str(REPO / "examples" / "own-script" / "train.py")]
-    out = cli("launch", str(_spec(tmp_path, "local-own-script.yaml", files=files, run="python train.py --steps 100")),
+    shutil.copytree(REPO / "examples" / "own-script", tmp_path / "own-script")  # files: are relative to the spec
+    out = cli("launch", str(_spec(tmp_path, "local-own-script.yaml", run="python train.py --steps 100")),
               "--quiet", env=env, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     db = tmp_path / "results.db"

@@ -67,9 +67,9 @@ def _owner(name: str, modules: set[str]) -> str | None:
 
 def _in_type_checking(tree: ast.Module, target: ast.stmt) -> bool:
     for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            if any(child is target for child in ast.walk(node)):
-                return True
+        is_guard = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if is_guard and any(child is target for child in ast.walk(node)):
+            return True
     return False
 
 

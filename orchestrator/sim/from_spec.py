@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.catalog import Catalog, load_catalog
@@ -276,7 +277,8 @@ class LocalRunScorer:
     def __init__(self, spec: JobSpec, calibration: object | None = None) -> None:
         from orchestrator.sim.engine import FixedLifetimes, NoRevocations, ScheduleLifetimes, simulate
 
-        cluster = cluster_from_spec(spec, calibration=calibration)
+        # The planner judges budget and deadline itself: score the whole run, not one the limits cut short.
+        cluster = replace(cluster_from_spec(spec, calibration=calibration), enforce_limits=False)
         if cluster.schedule is not None:
             source: Any = ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True)
         elif cluster.lifetime_fn is not None:
