@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import re
 import time
 import uuid
@@ -28,6 +27,7 @@ from google.auth import exceptions as auth_exc
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 from google.oauth2 import service_account
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from orchestrator.errors import UserError
 from orchestrator.providers.base import (
@@ -527,9 +527,9 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         zone: str | None = None,
         passthrough: tuple[type[Exception], ...] = (),
     ) -> T:
-        """Run one API call with bounded exponential backoff on retryable errors; map the rest."""
-        delay = self.retry.initial_backoff_s
-        for attempt in range(1, self.retry.attempts + 1):
+        """Run one API call with bounded exponential backoff (tenacity) on retryable errors; map the rest."""
+
+        def once() -> T:
             try:
                 return fn()
             except passthrough:
@@ -538,23 +538,28 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
                 error = self._map_exception(exc, what, zone)
                 if error is None:
                     raise
-                if not error.retryable:
-                    raise error from exc
-                if attempt == self.retry.attempts:
-                    raise TransientError(
-                        f"{error.message} (gave up after {attempt} attempts)", zone=zone
-                    ) from exc
-                pause = min(delay, self.retry.max_backoff_s) * random.uniform(0.5, 1.0)
-                log.warning(
-                    "%s (attempt %d/%d); retrying in %.2fs",
-                    error.message,
-                    attempt,
-                    self.retry.attempts,
-                    pause,
-                )
-                time.sleep(pause)
-                delay *= 2
-        raise AssertionError("unreachable")
+                raise error from exc
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retry.attempts),
+            wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
+            retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            return retrying(once)
+        except ProviderError as error:
+            if not error.retryable or isinstance(error, passthrough):
+                raise
+            raise TransientError(
+                f"{error.message} (gave up after {self.retry.attempts} attempts)", zone=zone
+            ) from error
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        pause = state.next_action.sleep if state.next_action else 0.0
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s (attempt %d/%d); retrying in %.2fs", exc, state.attempt_number, self.retry.attempts, pause)
 
     def _map_exception(self, exc: Exception, what: str, zone: str | None) -> ProviderError | None:
         """The typed error for an exception from the client; None for anything that is not the cloud's."""
