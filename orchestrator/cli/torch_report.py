@@ -54,6 +54,7 @@ def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         acc = f"{r['accuracy']:.4f}" if isinstance(r.get("accuracy"), int | float) else "—"
         cost = f"${r['cost_usd']:.4f}" if isinstance(r.get("cost_usd"), int | float) else "—"
         rate = f"{eps:.1f}" if eps is not None else "—"
-        lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}; "
-                     f"{rate} examples/s; accuracy {acc}; cost {cost}")
+        # Two short lines, so the report still fits 80 columns.
+        lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}")
+        lines.append(f"  {rate} examples/s; accuracy {acc}; cost {cost}")
     return lines
