@@ -116,8 +116,8 @@ def main() -> int:
 
     from orchestrator.control.launcher import create_job
     from orchestrator.control.lease import LEASE_S
-    from orchestrator.paths import user_dir
-    from orchestrator.spec import validate_spec
+    from orchestrator.core.paths import user_dir
+    from orchestrator.core.spec import validate_spec
     from orchestrator.store.db import open_session
 
     user_dir()

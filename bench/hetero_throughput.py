@@ -2,7 +2,7 @@
 
 Prints:
   1. each emulated GPU type's standalone examples/s and the measured speed ratio (vs K80), next to the
-     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.emulation);
+     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.core.emulation);
   2. a 3-speed cluster's examples/s relative to the sum of its workers' standalone examples/s, for
      async parameter-server training, and for synchronous training with an equal split and with the
      split proportional to the emulated (measured) speeds.
@@ -64,9 +64,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--k80-step", type=float, default=0.4, help="emulated K80 seconds per step at batch 32")
     args = ap.parse_args()
-    from orchestrator.emulation import emulated_step_s
-    from orchestrator.slots import worker_batches
-    from orchestrator.spec import validate_spec
+    from orchestrator.core.emulation import emulated_step_s
+    from orchestrator.core.slots import worker_batches
+    from orchestrator.core.spec import validate_spec
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
     alone: dict[str, float] = {}

@@ -80,9 +80,11 @@ pricing: {{book: 2019-02}}
 
 
 def gce_spec_text(url: str, storage: str, revocations: int) -> str:
+    from orchestrator_testing.cloud import provider_yaml  # the emulator's VMs are this machine
+
     zone = "us-central1-c"
     return f"""name: bench-recovery
-provider: {{kind: gce, project: bench-project, zones: [{zone}], api_endpoint: "{url}"}}
+provider: {{kind: gce, project: bench-project, zones: [{zone}], {provider_yaml(url)}}}
 storage: {storage}
 training: {{job: resnet-cifar, hparam_set: resnet_tiny, train_steps: 1000000, batch_per_worker: 32,
             checkpoint_every: 200, log_every: 5}}
@@ -186,7 +188,7 @@ def run_local(args: argparse.Namespace, tmp: Path) -> None:
                           "--poll", str(args.poll)], env=env, capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         sys.exit(f"job failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    from orchestrator.providers.local import LocalProvider
+    from orchestrator.providers.local.provider import LocalProvider
     from orchestrator.storage import open_storage
     from orchestrator.storage.base import METRICS
 
@@ -209,8 +211,8 @@ def run_local(args: argparse.Namespace, tmp: Path) -> None:
 def run_gce(args: argparse.Namespace, tmp: Path) -> None:
     from orchestrator.storage import open_storage
     from orchestrator.storage.base import METRICS
-    from orchestrator.testing.cloud import EmulatedCloud
-    from orchestrator.testing.gce_emulator_model import ApiError
+    from orchestrator_testing.cloud import EmulatedCloud
+    from orchestrator_testing.gce_emulator_model import ApiError
 
     config = {"boot_delay_s": args.boot_delay, "time_scale": args.time_scale}
     with EmulatedCloud(tmp / "cloud", config=config, notice_window_s=GCE_NOTICE_WINDOW_S) as cloud:

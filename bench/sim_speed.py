@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from orchestrator.core.revocation.model import load_revocation_model
 from orchestrator.sim.engine import SimCluster, SimSlot
 from orchestrator.sim.montecarlo import run_monte_carlo
-from orchestrator.sim.revocation import load_revocation_model
 
 
 def bench_cluster(train_steps: int = 64000) -> SimCluster:

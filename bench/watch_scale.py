@@ -77,20 +77,20 @@ def main() -> None:
     import yaml
     from sqlalchemy import select
 
-    from orchestrator.control.backends import backend_for
     from orchestrator.control.driver import job_spec, job_view, run_pass
     from orchestrator.control.launcher import create_job
-    from orchestrator.control.reconcile import reconcile
-    from orchestrator.control.state import Observation
-    from orchestrator.providers.base import InstanceRequest, ObservedInstance, instance_name
-    from orchestrator.providers.gce import GceProvider
-    from orchestrator.slots import expand
-    from orchestrator.spec import validate_spec
+    from orchestrator.core.instances import InstanceRequest, ObservedInstance, instance_name
+    from orchestrator.core.reconcile import reconcile
+    from orchestrator.core.slots import expand
+    from orchestrator.core.spec import validate_spec
+    from orchestrator.core.state import Observation
+    from orchestrator.core.status import InstanceStatus, JobStatus
+    from orchestrator.providers.gce.provider import GceProvider
+    from orchestrator.providers.registry import backend_for
     from orchestrator.store import queries
     from orchestrator.store.db import open_session
     from orchestrator.store.models import Instance, Job
-    from orchestrator.store.status import InstanceStatus, JobStatus
-    from orchestrator.testing.gce_emulator import GceEmulator
+    from orchestrator_testing.gce_emulator import GceEmulator
 
     emu = GceEmulator({"boot_delay_s": 10 * 86400.0})  # every VM stays PROVISIONING / STAGING
     url = emu.start()

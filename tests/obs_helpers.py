@@ -6,10 +6,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from orchestrator.core.status import InstanceStatus as S
+from orchestrator.core.status import JobStatus as J
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job, Metric
-from orchestrator.store.status import InstanceStatus as S
-from orchestrator.store.status import JobStatus as J
 
 SPEC = """name: obs
 provider: {{kind: local, time_scale: 60, revocations: none}}

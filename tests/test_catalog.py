@@ -5,8 +5,8 @@ import datetime as dt
 
 import pytest
 
-from orchestrator.catalog import CatalogError, load_catalog, region_of
-from orchestrator.paths import data_dir
+from orchestrator.core.catalog import CatalogError, load_catalog, region_of
+from orchestrator.core.paths import data_dir
 
 
 def test_every_data_row_has_a_source() -> None:

@@ -65,7 +65,7 @@ def test_db_upgrade_creates_schema_and_views(tmp_path: Path) -> None:
         assert conn.execute("select * from job_summary").fetchall() == []
         assert conn.execute("select * from instance_costs").fetchall() == []
     out = run("db", "current", env={"ORCHESTRATOR_DB_URL": f"sqlite:////{path}"})
-    assert "current:  0002" in out.stdout  # the newest migration (alembic/versions)
+    assert "current:  0003" in out.stdout  # the newest migration (alembic/versions)
 
 
 def test_status_on_empty_db(tmp_path: Path) -> None:

@@ -13,20 +13,20 @@ import yaml
 from sqlalchemy import update
 from test_reconcile import SLOTS, inst, job
 
-from orchestrator.control import backends
-from orchestrator.control.actions import CreateInstance
-from orchestrator.control.backends import backend_for
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.control.reconcile import reconcile
-from orchestrator.control.state import Observation
-from orchestrator.paths import user_dir
-from orchestrator.providers.gce import GceProvider, RetrySettings
-from orchestrator.spec import JobSpec, validate_spec
+from orchestrator.core.actions import CreateInstance
+from orchestrator.core.paths import user_dir
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.spec import JobSpec, validate_spec
+from orchestrator.core.state import Observation
+from orchestrator.core.status import EndReason, InstanceStatus
+from orchestrator.providers import registry as backends
+from orchestrator.providers.gce.provider import GceProvider, RetrySettings
+from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Block, Job
-from orchestrator.store.status import EndReason, InstanceStatus
-from orchestrator.testing.gce_emulator import GceEmulator
+from orchestrator_testing.gce_emulator import GceEmulator
 
 Z1, Z2 = "us-central1-c", "us-central1-a"
 QUICK = RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, request_timeout_s=2.0,

@@ -11,18 +11,18 @@ from e2e_helpers import processes_under, wait_until
 from test_control_poison import local_spec
 from test_reconcile import SLOTS, inst, job, observed
 
-from orchestrator.control.actions import RecordLogTail, RestartTraining, SetJobStatus, StartTask
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.control.reconcile import reconcile
-from orchestrator.control.state import Observation
-from orchestrator.paths import user_dir
-from orchestrator.spec import TrainingMode, validate_spec
+from orchestrator.core.actions import RecordLogTail, RestartTraining, SetJobStatus, StartTask
+from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.core.paths import user_dir
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.spec import TrainingMode, validate_spec
+from orchestrator.core.state import Observation
+from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
-from orchestrator.store.status import FINAL_JOB, InstanceStatus, JobStatus
-from orchestrator.transport.base import ProcState, ProcStatus
 
 S = InstanceStatus
 NOW = 10_000.0

@@ -18,13 +18,13 @@ from test_control_poison import local_spec
 from orchestrator.control.driver import run_pass
 from orchestrator.control.ingest import ingest_metrics, read_result
 from orchestrator.control.launcher import create_job
-from orchestrator.paths import user_dir
-from orchestrator.spec import validate_spec
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import validate_spec
+from orchestrator.core.status import FINAL_JOB
 from orchestrator.storage import LocalStorage, open_storage
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
-from orchestrator.store.status import FINAL_JOB
 from orchestrator.transport.base import Endpoint
 from orchestrator.transport.local import LocalTransport, UnsafePathError
 

@@ -13,15 +13,15 @@ import yaml
 from e2e_helpers import REPO, processes_under, wait_until
 from test_control_poison import local_spec
 
-from orchestrator.control.backends import backend_for
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.paths import user_dir
-from orchestrator.providers.local import LocalProvider
-from orchestrator.spec import validate_spec
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import validate_spec
+from orchestrator.core.status import FINAL_JOB
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Instance, Job, LedgerEntry
-from orchestrator.store.status import FINAL_JOB
 
 DOWN_S = 3.0
 

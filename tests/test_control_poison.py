@@ -24,11 +24,11 @@ import yaml
 from e2e_helpers import REPO, cli, processes_under, wait_until
 
 from orchestrator.control.launcher import create_job
-from orchestrator.paths import user_dir
-from orchestrator.spec import validate_spec
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import validate_spec
+from orchestrator.core.status import FINAL_JOB
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
-from orchestrator.store.status import FINAL_JOB
 
 GOOD = 45
 

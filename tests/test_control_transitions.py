@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.control.actions import (
+from orchestrator.core.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
@@ -22,12 +22,12 @@ from orchestrator.control.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.control.reconcile import reconcile
-from orchestrator.control.state import InstanceView, JobView, Observation
-from orchestrator.providers.base import ObservedInstance, ObservedState, Role, instance_name
-from orchestrator.slots import Slot
-from orchestrator.spec import OnRevocation, TrainingMode
-from orchestrator.store.status import (
+from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role, instance_name
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import OnRevocation, TrainingMode
+from orchestrator.core.state import InstanceView, JobView, Observation
+from orchestrator.core.status import (
     FINAL_JOB,
     INSTANCE_TRANSITIONS,
     JOB_TRANSITIONS,
@@ -35,7 +35,6 @@ from orchestrator.store.status import (
     InstanceStatus,
     JobStatus,
 )
-from orchestrator.transport.base import ProcState, ProcStatus
 
 NOW = 100_000.0
 SLOTS = (

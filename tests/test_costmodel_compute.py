@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.costmodel import (
+from orchestrator.core.costmodel import (
     Calibration,
     Efficiency,
     Measurement,
@@ -19,9 +19,9 @@ from orchestrator.costmodel import (
     load_measurements,
     predict_step_time,
 )
-from orchestrator.costmodel.calibration import fit_report, predict
-from orchestrator.costmodel.compute import SMOOTH_MAX_P, step_fn
-from orchestrator.paths import data_dir
+from orchestrator.core.costmodel.calibration import fit_report, predict
+from orchestrator.core.costmodel.compute import SMOOTH_MAX_P, step_fn
+from orchestrator.core.paths import data_dir
 
 TRUTH = Calibration(default=Efficiency(0.42, 0.7, 0.004, 30e-6, None), net=NetParams(net_efficiency=0.5))
 MODELS = ("resnet_tiny", "resnet_cifar_15", "resnet_cifar_56")

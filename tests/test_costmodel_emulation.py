@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.costmodel import plan
-from orchestrator.costmodel.calibration import load_measurements
-from orchestrator.emulation import curve_s, emulated_step_s, emulation_sleep, reference_step_s
-from orchestrator.paths import data_dir
+from orchestrator.core.costmodel.calibration import load_measurements
+from orchestrator.core.emulation import curve_s, emulated_step_s, emulation_sleep, reference_step_s
+from orchestrator.core.paths import data_dir
+from orchestrator.core.slots import expand
+from orchestrator.core.spec import SpecError, validate_spec
 from orchestrator.sim.engine import NoRevocations, ScheduleLifetimes, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
-from orchestrator.slots import expand
-from orchestrator.spec import SpecError, validate_spec
+from orchestrator.sim.from_spec import plan_job as plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,10 +54,11 @@ def test_ratios_come_from_measurements_with_their_source() -> None:
 
 
 def test_emulation_does_not_use_the_cost_model() -> None:
-    tree = ast.parse((REPO / "orchestrator" / "emulation.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "core" / "emulation.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.catalog", "orchestrator.paths",
-                        "orchestrator.spec", "orchestrator.costmodel.calibration"}  # the CSV reader only
+    assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.core.catalog",
+                        "orchestrator.core.paths", "orchestrator.core.spec",
+                        "orchestrator.core.costmodel.calibration"}  # the CSV reader only
 
 
 def test_planner_and_simulator_agree_without_revocations() -> None:
@@ -97,8 +98,8 @@ def test_gce_launch_refuses_chief_on_worker0() -> None:
 def test_local_host_is_fitted_from_local_jobs() -> None:
     import yaml
 
-    from orchestrator.costmodel.accounting import fit_local_host, local_host, local_worker_steps
-    from orchestrator.costmodel.compute import Calibration
+    from orchestrator.core.costmodel.accounting import fit_local_host, local_host, local_worker_steps
+    from orchestrator.core.costmodel.compute import Calibration
 
     doc = local_spec()
     spec = validate_spec(doc)

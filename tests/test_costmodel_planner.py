@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from orchestrator.costmodel import Candidate, PlanResult, Score, max_batch, plan
-from orchestrator.costmodel.planner import PlanContext, pareto_front
-from orchestrator.spec import validate_spec
+from orchestrator.core.costmodel import Candidate, PlanResult, Score, max_batch, plan
+from orchestrator.core.costmodel.planner import PlanContext, pareto_front
+from orchestrator.core.spec import validate_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.costmodel import SplitError, max_batch, predict_step_time, split_batch
-from orchestrator.costmodel.split import max_step_time, min_max_split
+from orchestrator.core.costmodel import SplitError, max_batch, predict_step_time, split_batch
+from orchestrator.core.costmodel.split import max_step_time, min_max_split
 
 
 def brute_force(tables: list[np.ndarray], total: int) -> float:

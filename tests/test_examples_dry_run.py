@@ -19,12 +19,12 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from orchestrator.control.cloud_backends import gce_backend
-from orchestrator.control.gce_dry_run import gce_dry_run, request_settings
-from orchestrator.providers.gce import GceProvider
-from orchestrator.spec import GceProvider as GceSpec
-from orchestrator.spec import load_spec
-from orchestrator.testing.gce_emulator import GceEmulator
+from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.core.spec import load_spec
+from orchestrator.providers.gce.backend import build as gce_backend
+from orchestrator.providers.gce.dry_run import gce_dry_run, request_settings
+from orchestrator.providers.gce.provider import GceProvider
+from orchestrator_testing.gce_emulator import GceEmulator
 
 REPO = Path(__file__).resolve().parent.parent
 GCE_EXAMPLES = sorted((REPO / "examples").glob("gce-*.yaml"))

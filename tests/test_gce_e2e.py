@@ -14,7 +14,7 @@ import pytest
 from e2e_helpers import REPO, processes_under, wait_until
 from sqlalchemy import create_engine, text
 
-from orchestrator.testing.cloud import EmulatedCloud
+from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorflow")
@@ -26,7 +26,7 @@ provider:
   kind: gce
   project: test-project
   zones: [us-central1-c, us-central1-a, us-west1-b]
-  api_endpoint: {url}
+  {provider_yaml(url).replace(", ", chr(10) + "  ")}
 storage: {storage}
 training: {{job: resnet-cifar, hparam_set: resnet_tiny, train_steps: 700, batch_per_worker: 32,
             checkpoint_every: 100, log_every: 10}}

@@ -21,8 +21,8 @@ from google.auth import exceptions as auth_exc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1 as c
 
-from orchestrator.testing.gce_emulator import GceEmulator
-from orchestrator.testing.gce_emulator_filter import FilterError, compile_filter
+from orchestrator_testing.gce_emulator import GceEmulator
+from orchestrator_testing.gce_emulator_filter import FilterError, compile_filter
 
 P, Z, Z2 = "proj", "us-central1-a", "us-central1-b"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
@@ -163,9 +163,9 @@ def test_lifecycle_fields_and_hooks(tmp_path: Path) -> None:
         nic = got.network_interfaces[0]
         assert nic.network_i_p == "127.0.0.1" and nic.access_configs[0].nat_i_p == "127.0.0.1"
         items = {i.key: i.value for i in got.metadata.items}
-        assert items["emulator-ssh-port"] == "2200" and items["startup-script"] == "echo hi"
+        assert items["orchestrator-ssh-port"] == "2200" and items["startup-script"] == "echo hi"
         assert (
-            Path(items["emulator-workdir"]) == tmp_path / "a-worker-0-0"
+            Path(items["orchestrator-workdir"]) == tmp_path / "a-worker-0-0"
             and (tmp_path / "a-worker-0-0").is_dir()
         )
         assert ran.wait(2)
@@ -393,7 +393,7 @@ def test_cli_process_and_http_control_api(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({**FAST, "zones": [Z]}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.testing.gce_emulator", "--port", "0", "--config", str(cfg)],
+        [sys.executable, "-m", "orchestrator_testing.gce_emulator", "--port", "0", "--config", str(cfg)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -18,23 +18,27 @@ import yaml
 from e2e_helpers import processes_under, wait_until
 from sqlalchemy.orm import Session
 
-from orchestrator.control import backends, driver, reconcile
-from orchestrator.control.actions import Action
-from orchestrator.control.backends import Backend, backend_for
+from orchestrator.cli.gc_cmd import gc_command
+from orchestrator.control import driver
 from orchestrator.control.driver import release, run_pass
 from orchestrator.control.execute import JobContext, execute
-from orchestrator.control.gc import find_orphans, gc_command
+from orchestrator.control.gc import find_orphans
 from orchestrator.control.launcher import cancel_job, create_job
-from orchestrator.paths import user_dir
-from orchestrator.providers.base import InstanceRequest, Role, TransientError, instance_name
-from orchestrator.providers.gce import GceProvider, RetrySettings
-from orchestrator.spec import JobSpec, validate_spec
+from orchestrator.core import policy
+from orchestrator.core.actions import Action
+from orchestrator.core.cloud_errors import TransientError
+from orchestrator.core.instances import InstanceRequest, Role, instance_name
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import JobSpec, validate_spec
+from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.providers import registry as backends
+from orchestrator.providers.gce.provider import GceProvider, RetrySettings
+from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job, LedgerEntry
-from orchestrator.store.status import InstanceStatus, JobStatus
-from orchestrator.testing.cloud import EmulatedCloud
-from orchestrator.testing.gce_emulator import GceEmulator
+from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
+from orchestrator_testing.gce_emulator import GceEmulator
 
 PROJECT = "test-project"
 Z1, Z2 = "us-central1-c", "us-central1-a"
@@ -73,7 +77,7 @@ def compute(cloud: EmulatedCloud) -> GceEmulator:
 def make_spec(cloud: EmulatedCloud, storage: Path, name: str = "faults") -> JobSpec:
     return validate_spec(yaml.safe_load(f"""
 name: {name}
-provider: {{kind: gce, project: {PROJECT}, zones: [{Z1}, {Z2}], api_endpoint: "{cloud.url}"}}
+provider: {{kind: gce, project: {PROJECT}, zones: [{Z1}, {Z2}], {provider_yaml(cloud.url)}}}
 storage: {storage}
 training: {{job: command, command: "sleep 600", mode: sync, train_steps: 100}}
 cluster:
@@ -149,7 +153,7 @@ def test_5xx_and_timeouts_on_every_endpoint_the_provider_calls(cloud: EmulatedCl
         assert calls["firewalls.get"] == calls["firewalls.insert"] == 2 + 3
         # At most one wait per operation beyond the faults (none when a retried call's operation was done).
         assert 3 <= calls["zoneOperations.wait"] <= 2 + 3 and 3 <= calls["globalOperations.wait"] <= 2 + 3
-        assert snap["firewalls"] == ["orchestrator-cluster-internal", "orchestrator-cluster-ssh"]
+        assert snap["firewalls"] == [f"orch-{job_id}-internal", f"orch-{job_id}-ssh"]  # the job's own rules
         errors = [e for e in queries.events(session, job_id) if e.to_status == "provider_error"]
         assert errors == []  # absorbed by the provider's own bounded retries
 
@@ -192,7 +196,7 @@ def test_a_create_that_gave_up_is_asked_again_by_a_later_pass_and_makes_one_vm(
         assert set(statuses(job).values()) == {InstanceStatus.REQUESTED.value}
         assert "instances.insert" not in emu.snapshot()["calls"]
 
-        monkeypatch.setattr(reconcile, "CREATE_REISSUE_S", 0.0)  # the reissue delay has passed
+        monkeypatch.setattr(policy, "CREATE_REISSUE_S", 0.0)  # the reissue delay has passed
         # Now the first create's answers are all lost, though GCE does the work: the provider gives up again.
         emu.inject_timeout("instances.insert", LOST_ANSWER_S, count=ATTEMPTS)
         job = passes(session, job_id, 1)

@@ -9,19 +9,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.providers.base import (
-    AuthError,
-    CapacityError,
-    InstanceRequest,
-    InvalidRequestError,
-    ObservedState,
-    QuotaError,
-    Role,
-    TransientError,
-    instance_name,
-)
-from orchestrator.providers.gce import GceProvider, RetrySettings
-from orchestrator.testing.gce_emulator import GceEmulator
+from orchestrator.core.cloud_errors import AuthError, CapacityError, InvalidRequestError, QuotaError, TransientError
+from orchestrator.core.instances import InstanceRequest, ObservedState, Role, instance_name
+from orchestrator.providers.gce.provider import GceProvider, RetrySettings
+from orchestrator_testing.gce_emulator import GceEmulator
 
 P, Z, Z2 = "proj", "us-central1-a", "us-central1-b"
 FAST = {
@@ -432,8 +423,8 @@ def test_flex_start_is_for_a2_a3_a4_only(emu: GceEmulator, gce: GceProvider) -> 
 
 
 def test_user_caused_cloud_errors_are_user_errors_naming_the_fix(emu: GceEmulator, gce: GceProvider) -> None:
-    from orchestrator.errors import UserError
-    from orchestrator.providers.gce import GceCredentialsError, GcePermissionError, GceProjectError
+    from orchestrator.core.errors import UserError
+    from orchestrator.providers.gce.provider import GceCredentialsError, GcePermissionError, GceProjectError
 
     emu.inject_fault(endpoint="instances.insert", status=403)
     with pytest.raises(GcePermissionError, match="roles/compute.instanceAdmin.v1") as denied:
@@ -451,7 +442,7 @@ def test_user_caused_cloud_errors_are_user_errors_naming_the_fix(emu: GceEmulato
 
 
 def test_cloud_deadline_bounds_spend_even_without_a_controller() -> None:
-    from orchestrator.providers.gce_requests import DEFAULT_MAX_RUN_S, cloud_max_run_s
+    from orchestrator.providers.gce.requests import DEFAULT_MAX_RUN_S, cloud_max_run_s
 
     # Deadline 2 h, 30 min gone: the VM may run what is left plus a 10 min teardown grace.
     assert cloud_max_run_s(deadline_s=7200, elapsed_s=1800, budget_usd=None, spent_usd=0,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.catalog import load_catalog
-from orchestrator.costmodel import plan
-from orchestrator.slots import expand
-from orchestrator.spec import validate_spec
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.costmodel import plan
+from orchestrator.core.slots import expand
+from orchestrator.core.spec import validate_spec
 
 
 def spec(**over: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.storage import open_storage
 from orchestrator.storage.gcs import GcsStorage, parse_gs_uri
-from orchestrator.testing.gcs import GcsEmulator
+from orchestrator_testing.gcs import GcsEmulator
 
 REPO = Path(__file__).resolve().parent.parent
 SYNC = REPO / "jobs" / "storage_sync.py"

@@ -16,11 +16,12 @@ import pytest
 import yaml
 
 from orchestrator.control.images import BakeError, bake_image
-from orchestrator.errors import UserError
-from orchestrator.paths import user_dir
-from orchestrator.providers.gce import GceProvider, RetrySettings
-from orchestrator.testing.gce_emulator import GceEmulator
-from orchestrator.testing.sshd import Sshd
+from orchestrator.core.errors import UserError
+from orchestrator.core.paths import user_dir
+from orchestrator.providers.gce.provider import GceProvider, RetrySettings
+from orchestrator_testing.cloud import provider_settings
+from orchestrator_testing.gce_emulator import GceEmulator
+from orchestrator_testing.sshd import Sshd
 
 P, ZONE = "proj-bake", "us-central1-c"
 REPO = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def write_spec(path: Path, provider: dict[str, Any]) -> Path:
 @pytest.fixture
 def spec(emu: GceEmulator, tmp_path: Path) -> Path:
     return write_spec(tmp_path / "spec.yaml", {
-        "kind": "gce", "project": P, "zones": [ZONE], "api_endpoint": emu.url,
+        "kind": "gce", "project": P, "zones": [ZONE], **provider_settings(emu.url),
     })
 
 
@@ -114,8 +115,8 @@ def test_bake_creates_family_image_and_deletes_builder(
     assert (disk / "worker.sh").read_text() == (REPO / "images" / "worker.sh").read_text()
     assert (disk / "baked.txt").read_text() == "baked v100\n"
     assert not (user_dir() / "keys" / builder).exists(), "the per-bake SSH key is forgotten"
-    assert emu.firewall("orchestrator-cluster-ssh", P) is not None, "SSH is let in as for jobs"
-    assert vm["tags"]["items"] == ["orchestrator-cluster"]
+    assert vm["tags"]["items"] == [f"orch-{builder}"], "the builder has a tag of its own"
+    assert emu.firewall(f"orch-{builder}-ssh", P) is None, "its rules went with it"
 
 
 def test_failing_recipe_leaves_no_vm_and_no_image(emu: GceEmulator, spec: Path, gce: GceProvider) -> None:

@@ -109,7 +109,7 @@ def test_daemon_killed_mid_job_and_restarted(tmp_path: Path) -> None:
     # at once without a new "driver" note; the job finishing after the kill shows that it drove the job on.
     assert drivers >= 1
     _check_ledger_exact(db_url, str(job_id))
-    from orchestrator.providers.local import LocalProvider
+    from orchestrator.providers.local.provider import LocalProvider
 
     assert LocalProvider(tmp_path / "home" / "local").list(None) == []  # nothing orphaned
     assert processes_under(tmp_path) == []

@@ -13,18 +13,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.control.driver import emulation
-from orchestrator.control.revocations import revoke_after_s
-from orchestrator.providers.base import InstanceRequest, ObservedState, Role
-from orchestrator.providers.local import (
-    PROGRESS_STEP_S,
-    LocalProvider,
-    first_step_at_least,
-    max_step,
-    progress_clock_for,
-)
-from orchestrator.slots import expand
-from orchestrator.spec import LocalProvider as LocalSpec
-from orchestrator.spec import load_spec
+from orchestrator.core.instances import InstanceRequest, ObservedState, Role
+from orchestrator.core.policy import revoke_after_s
+from orchestrator.core.slots import expand
+from orchestrator.core.spec import LocalProvider as LocalSpec
+from orchestrator.core.spec import load_spec
+from orchestrator.providers.local.progress import first_step_at_least, max_step
+from orchestrator.providers.local.provider import PROGRESS_STEP_S, LocalProvider, progress_clock_for
 
 REPO = Path(__file__).resolve().parent.parent
 

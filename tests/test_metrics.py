@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select
 
 from orchestrator.control import metrics
+from orchestrator.core.status import InstanceStatus as S
 from orchestrator.storage import open_storage
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Instance
-from orchestrator.store.status import InstanceStatus as S
 from tests.obs_helpers import finished_job
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.jobs_cmd import check_quotas, read_spec_quotas
-from orchestrator.providers.base import InstanceRequest, InvalidRequestError, Role, instance_name
-from orchestrator.providers.gce import GceProvider, RetrySettings
-from orchestrator.quotas import gpu_quota_metric, headroom, quota_needs, quota_problems
-from orchestrator.slots import Slot, expand
-from orchestrator.spec import load_spec
-from orchestrator.testing.gce_emulator import GceEmulator
+from orchestrator.core.cloud_errors import InvalidRequestError
+from orchestrator.core.instances import InstanceRequest, Role, instance_name
+from orchestrator.core.quotas import gpu_quota_metric, headroom, quota_needs, quota_problems
+from orchestrator.core.slots import Slot, expand
+from orchestrator.core.spec import load_spec
+from orchestrator.providers.gce.provider import GceProvider, RetrySettings
+from orchestrator_testing.gce_emulator import GceEmulator
 
 REPO = Path(__file__).resolve().parent.parent
 P = "test-project"

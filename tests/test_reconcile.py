@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.control.actions import (
+from orchestrator.core.actions import (
     CreateInstance,
     DeleteInstance,
     PrepareInstance,
@@ -13,13 +13,12 @@ from orchestrator.control.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.control.reconcile import reconcile
-from orchestrator.control.state import InstanceView, JobView, Observation
-from orchestrator.providers.base import ObservedInstance, ObservedState, Role
-from orchestrator.slots import Slot
-from orchestrator.spec import OnRevocation, TrainingMode
-from orchestrator.store.status import EndReason, InstanceStatus, JobStatus
-from orchestrator.transport.base import ProcState, ProcStatus
+from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import OnRevocation, TrainingMode
+from orchestrator.core.state import InstanceView, JobView, Observation
+from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 
 S = InstanceStatus
 NOW = 10_000.0

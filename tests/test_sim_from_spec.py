@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.catalog import load_catalog
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.spec import Cluster, JobSpec, validate_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec, model_size_mb
-from orchestrator.spec import Cluster, JobSpec, validate_spec
 
 RATES = {"k80": 12.0, "p100": 9.0, "v100": 4.0}
 
@@ -63,7 +63,7 @@ def test_slots_prices_and_policy_come_from_the_spec() -> None:
     base = simulate(c, NoRevocations())
     assert base.wall_time_s == pytest.approx(85.0 + 64000 / 16.0 + 63 * c.checkpoint_cost_s)
     # The planner's accounting of the same cluster (boot, checkpoint pauses, teardown) is the simulator's.
-    from orchestrator.costmodel.accounting import run_accounting
+    from orchestrator.core.costmodel.accounting import run_accounting
 
     acc = run_accounting(gce_spec())
     assert acc.failure_free_s(64000, 1000, 16.0, spot_critical=True) == pytest.approx(base.wall_time_s)

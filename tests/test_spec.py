@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.spec import SpecError, load_spec, parse_duration, validate_spec
+from orchestrator.core.spec import SpecError, load_spec, parse_duration, validate_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -239,7 +239,7 @@ def test_local_provider_keeps_the_2019_gpus_with_the_2019_book() -> None:
 
 def test_machine_type_shapes() -> None:
     spec = validate_spec(gce_doc({"gpu": "h100", "machine_type": "a3-highgpu-2g", "count": 2, "zone": "us-central1-a"}))
-    from orchestrator.slots import expand
+    from orchestrator.core.slots import expand
 
     workers = [s for s in expand(spec) if s.gpu]
     assert [(s.machine_type, s.gpu_count) for s in workers] == [("a3-highgpu-2g", 2)] * 2
@@ -264,7 +264,7 @@ def test_flex_start_is_for_a2_a3_a4_only() -> None:
 def test_termination_action() -> None:
     doc = gce_doc({"gpu": "l4", "zone": "us-central1-a"})
     assert validate_spec(doc).provider.termination_action == "DELETE"  # type: ignore[union-attr]
-    from orchestrator.slots import expand
+    from orchestrator.core.slots import expand
 
     deleted = expand(validate_spec(doc))
     doc["provider"]["termination_action"] = "STOP"

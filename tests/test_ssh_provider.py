@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.paths import user_dir
-from orchestrator.providers.base import CapacityError, InstanceRequest, ObservedState, Role, instance_name
-from orchestrator.providers.ssh import InventoryError, SshInventoryProvider, load_inventory
-from orchestrator.testing.sshd import Sshd
-from orchestrator.transport.base import ProcState
+from orchestrator.core.cloud_errors import CapacityError
+from orchestrator.core.instances import InstanceRequest, ObservedState, ProcState, Role, instance_name
+from orchestrator.core.paths import user_dir
+from orchestrator.providers.ssh.provider import InventoryError, SshInventoryProvider, load_inventory
 from orchestrator.transport.keys import generate_keypair, write_private
 from orchestrator.transport.local import pid_alive
+from orchestrator_testing.sshd import Sshd
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,15 @@ def dead_port(tmp_path: Path) -> int:
     return port
 
 
-def write_inventory(path: Path, hosts: list[dict[str, object]]) -> Path:
-    path.write_text(yaml.safe_dump({"hosts": hosts}))
+def write_inventory(path: Path, hosts: list[dict[str, object]], known_hosts: str | None = None) -> Path:
+    path.write_text(yaml.safe_dump({"hosts": hosts, **({"known_hosts": known_hosts} if known_hosts else {})}))
     return path
+
+
+def known_hosts_of(sshd: Sshd, path: Path) -> str:
+    """A known_hosts file listing the test server's host key (host keys are pinned)."""
+    path.write_text(f"[127.0.0.1]:{sshd.port} {sshd.endpoint('.').host_keys[0]}\n")
+    return path.name
 
 
 def request(job: str, role: Role, index: int, gpu: str | None, generation: int = 0) -> InstanceRequest:
@@ -61,7 +67,7 @@ def inventory(sshd: Sshd, key: Path, tmp_path: Path) -> Path:
          "price_per_hour": 0.5},
         {**base, "name": "cpu-b", "workdir": str(tmp_path / "b")},
         {**base, "name": "t4-dead", "port": dead_port(tmp_path), "gpu": "t4", "workdir": str(tmp_path / "c")},
-    ])
+    ], known_hosts=known_hosts_of(sshd, tmp_path / "known_hosts"))
 
 
 def test_load_inventory_defaults_and_relative_key(inventory: Path, key: Path) -> None:
@@ -163,7 +169,7 @@ def test_unreachable_host_is_terminated_and_cleaned_up_on_reuse(key: Path, tmp_p
         node.authorize(key.with_name("id_ed25519.pub").read_text())
         inv = write_inventory(tmp_path / "inv.yaml", [{
             "name": "flaky", "host": "127.0.0.1", "port": node.port, "user": node.user, "key": str(key),
-            "gpu": "v100", "workdir": str(tmp_path / "w")}])
+            "gpu": "v100", "workdir": str(tmp_path / "w")}], known_hosts_of(node, tmp_path / "known_hosts"))
         p = SshInventoryProvider(inv, probe_ttl_s=0.0, probe_timeout_s=0.5)
         first = request("j3", Role.WORKER, 0, "v100")
         p.create(first)

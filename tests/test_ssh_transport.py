@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.testing.sshd import Sshd
-from orchestrator.transport.base import Endpoint, ProcState, ProcStatus, TransportError
+from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.transport.base import Endpoint, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
 from orchestrator.transport.local import pid_alive
 from orchestrator.transport.ssh import SshTransport, UnreachableError, remote_path
+from orchestrator_testing.sshd import Sshd
 
 
 @pytest.fixture(scope="module")

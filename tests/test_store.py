@@ -7,9 +7,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from alembic import command
+from orchestrator.core.status import INSTANCE_TRANSITIONS, InstanceStatus, JobStatus, TransitionError
 from orchestrator.store import db, queries
 from orchestrator.store.models import Event, Instance, Job, LedgerEntry
-from orchestrator.store.status import INSTANCE_TRANSITIONS, InstanceStatus, JobStatus, TransitionError
 
 
 def test_migrations_round_trip_and_match_models(db_url: str) -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import task_schema  # jobs/task_schema.py: the controller's definition of task.json
+
 
 class TaskError(ValueError):
     """task.json is missing or invalid."""
@@ -60,42 +62,28 @@ def _require(cond: bool, msg: str) -> None:
 
 
 def parse_task(raw: dict[str, Any]) -> Task:
+    """task.json checked against the shared schema (task_schema: version, fields, types), then the TF job's
+    own rules; any problem is a TaskError (exit 2: a task.json from another release is never retried)."""
     try:
-        tr = dict(raw.get("training") or {})
-        known = set(Training.__dataclass_fields__)
-        training = Training(**{k: v for k, v in tr.items() if k in known})
-        training = Training(
-            **{**training.__dict__, "batch_per_worker": tuple(int(b) for b in training.batch_per_worker)}
-        )
-        task = Task(
-            job_id=str(raw["job_id"]),
-            instance=str(raw["instance"]),
-            mode=str(raw["mode"]),
-            role=str(raw["role"]),
-            index=int(raw["index"]),
-            cluster={k: [str(a) for a in v] for k, v in dict(raw["cluster"]).items()},
-            storage=Path(raw["storage"]).resolve(),
-            training=training,
-            step_sleep_s=float((raw.get("emulation") or {}).get("step_sleep_s", 0.0) or 0.0),
-            extra={
-                k: v
-                for k, v in raw.items()
-                if k
-                not in {
-                    "job_id",
-                    "instance",
-                    "mode",
-                    "role",
-                    "index",
-                    "cluster",
-                    "storage",
-                    "training",
-                    "emulation",
-                }
-            },
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise TaskError(f"invalid task.json: {e!r}") from e
+        cfg = task_schema.from_dict(raw)
+    except task_schema.TaskSchemaError as e:
+        raise TaskError(str(e)) from e
+    t = cfg.training
+    task = Task(
+        job_id=cfg.job_id,
+        instance=cfg.instance,
+        mode=cfg.mode,
+        role=cfg.role,
+        index=cfg.index,
+        cluster={k: list(v) for k, v in cfg.cluster.items()},
+        storage=Path(cfg.storage).resolve(),
+        training=Training(model=t.model, hparam_set=t.hparam_set, problem=t.problem, data_dir=t.data_dir,
+                          train_steps=t.train_steps, batch_per_worker=t.batch_per_worker,
+                          checkpoint_every=t.checkpoint_every, eval_every=t.eval_every, log_every=t.log_every,
+                          seed=t.seed),
+        step_sleep_s=cfg.step_sleep_s,
+        extra={"storage_uri": cfg.storage_uri},
+    )
     _require(task.mode in ("async", "sync"), f"mode must be async|sync, got {task.mode!r}")
     _require(task.role in ("ps", "chief", "worker"), f"bad role {task.role!r}")
     _require(task.num_workers > 0, "cluster has no worker")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import task_schema  # jobs/task_schema.py: the controller's definition of task.json
+
 
 class TaskError(ValueError):
     """task.json is missing or invalid."""
@@ -48,27 +50,28 @@ class TorchTask:
 
 
 def parse(raw: dict[str, Any]) -> TorchTask:
+    """task.json checked against the shared schema (task_schema), then this payload's rules; a TaskError
+    (exit 2) names the problem, an unknown ``version`` included."""
     try:
-        tr, t = dict(raw["training"]), dict(raw["torch"])
-        batches = [int(b) for b in tr["batch_per_worker"]]
-        index = int(raw["index"])
-        run, setup = t.get("run"), t.get("setup")
-        task = TorchTask(
-            job_id=str(raw["job_id"]), instance=str(raw["instance"]), slot_index=index, gpu=raw.get("gpu"),
-            storage=Path(raw["storage"]).resolve(), hparam_set=str(tr.get("hparam_set", "resnet_cifar_15")),
-            data_dir=tr.get("data_dir"), train_steps=int(tr["train_steps"]), global_batch=sum(batches),
-            planned_batch=batches[index], checkpoint_every=int(tr.get("checkpoint_every", 100)),
-            log_every=int(tr.get("log_every", 10)), seed=int(tr.get("seed", 0)),
-            rdzv_endpoint=str(t["rdzv_endpoint"]), is_rdzv_host=bool(t.get("is_rdzv_host", False)),
-            min_nodes=int(t.get("min_nodes", 1)), max_nodes=int(t.get("max_nodes", len(batches))),
-            max_restarts=int(t.get("max_restarts", 100)),
-            threads=int(t["threads"]) if t.get("threads") else None,
-            sleep_table=[[float(a), float(b)] for a, b in t.get("sleep_table", [])],
-            run=[str(a) for a in run] if run else None, setup=[str(a) for a in setup] if setup else None,
-            env={str(k): str(v) for k, v in (t.get("env") or {}).items()},
-        )
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise TaskError(f"invalid task.json: {e!r}") from e
+        cfg = task_schema.from_dict(raw)
+    except task_schema.TaskSchemaError as e:
+        raise TaskError(str(e)) from e
+    tr, t = cfg.training, cfg.torch
+    if t is None:
+        raise TaskError("invalid task.json: the torch section is missing")
+    batches = tr.batch_per_worker
+    if not 0 <= cfg.index < len(batches):
+        raise TaskError(f"invalid task.json: index {cfg.index} has no entry in training.batch_per_worker")
+    task = TorchTask(
+        job_id=cfg.job_id, instance=cfg.instance, slot_index=cfg.index, gpu=cfg.gpu,
+        storage=Path(cfg.storage).resolve(), hparam_set=tr.hparam_set, data_dir=tr.data_dir,
+        train_steps=tr.train_steps, global_batch=sum(batches), planned_batch=batches[cfg.index],
+        checkpoint_every=tr.checkpoint_every, log_every=tr.log_every, seed=tr.seed,
+        rdzv_endpoint=t.rdzv_endpoint, is_rdzv_host=t.is_rdzv_host, min_nodes=t.min_nodes, max_nodes=t.max_nodes,
+        max_restarts=t.max_restarts, threads=t.threads or None,
+        sleep_table=[[a, b] for a, b in t.sleep_table],
+        run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
+    )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")
     if task.train_steps <= 0 or task.log_every <= 0 or task.checkpoint_every <= 0:

@@ -7,9 +7,9 @@ from typing import Any
 
 import typer
 
-from orchestrator.catalog import Catalog, CatalogError, Gpu, PriceBook, load_catalog
 from orchestrator.cli.render import console, table
-from orchestrator.errors import UserError
+from orchestrator.core.catalog import Catalog, CatalogError, Gpu, PriceBook, load_catalog
+from orchestrator.core.errors import UserError
 
 
 def _status(cat: Catalog, gpu: str, today: dt.date) -> str:

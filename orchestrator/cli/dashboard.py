@@ -16,7 +16,7 @@ import typer
 from sqlalchemy import select
 
 from orchestrator.cli.render import duration, money, pct, when
-from orchestrator.store.status import FINAL_JOB
+from orchestrator.core.status import FINAL_JOB
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -98,7 +98,7 @@ def dashboard_command(
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    from orchestrator.errors import UserError
+    from orchestrator.core.errors import UserError
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True  # a slow plot never blocks the next page

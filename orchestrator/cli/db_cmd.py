@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from orchestrator.cli.render import console
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 from orchestrator.store import db
 
 app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy URL via --db / ORCHESTRATOR_DB_URL).")

@@ -14,6 +14,8 @@ def bake(
     spec: str | None = typer.Option(None, "--spec", help="a gce job spec giving project and zones"),
 ) -> None:
     """Create a VM, run the image recipe from images/ over SSH, and make an image from its disk."""
+    from orchestrator.cli.render import console
     from orchestrator.control.images import bake_image
 
-    bake_image(role=role, gpu=gpu, spec_path=spec)
+    bake_image(role=role, gpu=gpu, spec_path=spec,
+               say=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))

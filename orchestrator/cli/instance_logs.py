@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 
 from orchestrator.control.keep_logs import log_key
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
+from orchestrator.core.status import InstanceStatus
 from orchestrator.storage import open_storage
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
-from orchestrator.store.status import InstanceStatus
 
 
 def print_instance_log(job_ref: str, instance: str, *, follow: bool, lines: int) -> None:
@@ -29,6 +29,8 @@ def print_instance_log(job_ref: str, instance: str, *, follow: bool, lines: int)
         sys.stdout.write(f"# {name} ({inst.status}): the log kept in the job's storage\n")
         sys.stdout.write("\n".join(kept.splitlines()[-lines:]) + "\n")
         return
+    from orchestrator.cli.render import console
     from orchestrator.control.logs import print_logs
 
-    print_logs(job_ref, instance=name, follow=follow, lines=lines)
+    print_logs(job_ref, instance=name, follow=follow, lines=lines,
+               say=lambda line: console.print(line, highlight=False, markup=False))

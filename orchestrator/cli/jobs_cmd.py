@@ -15,14 +15,15 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.render import console, duration, err_console, money, pct, table, when
-from orchestrator.errors import UserError
-from orchestrator.spec import GceProvider, JobSpec, load_spec
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import LaunchPlan, plan_spec
+from orchestrator.core.spec import GceProvider, JobSpec, load_spec
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from orchestrator.costmodel import PlanResult
-    from orchestrator.quotas import Quotas
+    from orchestrator.core.costmodel import PlanResult
+    from orchestrator.core.quotas import Quotas
 
 
 def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
@@ -30,7 +31,7 @@ def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
     spec = load_spec(spec_path)
     if spec.cluster is not None:
         return spec, None
-    from orchestrator.costmodel import plan
+    from orchestrator.sim.from_spec import plan_job as plan
 
     result = plan(spec)
     if result.chosen is None:
@@ -43,7 +44,7 @@ def check_budget(spec: JobSpec) -> None:
     """Refuse, before anything is created, a cluster the cost model says cannot finish within the budget."""
     if spec.policy.budget_usd is None:
         return
-    from orchestrator.costmodel import plan
+    from orchestrator.sim.from_spec import plan_job as plan
 
     est = plan(spec).chosen
     if est is not None and est.cost_usd > spec.policy.budget_usd:
@@ -53,22 +54,22 @@ def check_budget(spec: JobSpec) -> None:
                              "(`orchestrator plan` shows the options)")
 
 
-def read_spec_quotas(spec: JobSpec) -> tuple[dict[str, dict[str, float]], dict[str, Quotas]] | None:
+def read_spec_quotas(spec: JobSpec, plan: LaunchPlan | None = None,
+                     ) -> tuple[dict[str, dict[str, float]], dict[str, Quotas]] | None:
     """A gce spec's quota needs per region and those regions' quotas (one regions.get each); else None.
 
     A failure to *read* quotas (network, permissions) never blocks: it is one warning line, and the
     create-time QUOTA_EXCEEDED handling still applies.
     """
-    if not isinstance(spec.provider, GceProvider):
+    gce = spec.provider.as_gce()
+    if gce is None:
         return None
-    from orchestrator.control.backends import backend_for
-    from orchestrator.providers.base import ProviderError
-    from orchestrator.providers.gce import GceProvider as GceApi
-    from orchestrator.quotas import quota_needs, read_quotas
-    from orchestrator.slots import expand
+    from orchestrator.core.cloud_errors import ProviderError
+    from orchestrator.core.quotas import QuotaSource, quota_needs, read_quotas
+    from orchestrator.providers.registry import backend_for
 
-    needs = quota_needs(expand(spec))
-    if not _explicit_gce_credentials(spec.provider):
+    needs = quota_needs(list((plan or plan_spec(spec)).slots))
+    if not _explicit_gce_credentials(gce):
         # Without configured credentials, Application Default Credentials would probe the GCE metadata
         # server; skip rather than reach for the network on a machine that may have none.
         err_console.print("[dim]GCE quotas not pre-checked: no credentials configured (provider.credentials, "
@@ -77,7 +78,8 @@ def read_spec_quotas(spec: JobSpec) -> tuple[dict[str, dict[str, float]], dict[s
         return None
     try:
         provider = backend_for(spec).provider
-        assert isinstance(provider, GceApi)
+        if not isinstance(provider, QuotaSource):  # a capability, not a kind: the gce backend reads quotas
+            return None
         return needs, read_quotas(provider, needs)
     except ProviderError as exc:
         err_console.print(f"[yellow]warning:[/yellow] could not read GCE quotas, not pre-checked ({escape(str(exc))})",
@@ -92,35 +94,33 @@ def _explicit_gce_credentials(provider: GceProvider) -> bool:
     return (config / "application_default_credentials.json").exists()
 
 
-def check_quotas(spec: JobSpec) -> None:
+def check_quotas(spec: JobSpec, plan: LaunchPlan | None = None) -> None:
     """Refuse, before anything is created, a gce cluster that needs more quota than the project has free."""
-    found = read_spec_quotas(spec)
+    found = read_spec_quotas(spec, plan)
     if found is None:
         return
-    from orchestrator.quotas import quota_problems
+    from orchestrator.core.quotas import quota_problems
 
     problems = quota_problems(*found)
     if problems:
         raise UserError(f"not enough GCE quota ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
 
 
-def print_dry_run(spec: JobSpec, planned: PlanResult | None) -> None:
-    from orchestrator.slots import cluster_shape, expand, price_book_for
-
-    slots = expand(spec)
+def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: LaunchPlan) -> None:
+    slots = launch_plan.slots
     rows = [[s.name, s.role.value, s.gpu or "—", s.machine_type, s.zone, "spot" if s.spot else "on-demand",
              s.batch or "", f"{s.price_per_hour:.4f}"] for s in slots]
-    total = sum(s.price_per_hour for s in slots)
-    book = price_book_for(spec)
+    total = launch_plan.cluster_usd_per_hour
     console.print(f"[bold]{spec.name}[/bold]: provider {spec.provider.kind}, {spec.mode.value} training, "
                   f"{spec.training.train_steps} steps, storage {spec.storage}")
     if planned is not None and planned.chosen is not None:
         console.print(f"planner chose: {planned.chosen.describe()}")
-    console.print(table(f"would create {len(slots)} instances ({cluster_shape(spec)}), price book {book.name}",
+    console.print(table(f"would create {len(slots)} instances ({launch_plan.shape}), price book "
+                        f"{launch_plan.price_book}",
                         ["slot", "role", "gpu", "machine", "zone", "billing", "batch", "$/h"], rows))
     console.print(f"hourly cost of the whole cluster: [bold]{money(total)}/h[/bold]")
     try:
-        from orchestrator.costmodel import plan
+        from orchestrator.sim.from_spec import plan_job as plan
 
         est = plan(spec).chosen
         if est is not None:
@@ -130,9 +130,9 @@ def print_dry_run(spec: JobSpec, planned: PlanResult | None) -> None:
         console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
     if spec.policy.budget_usd:
         console.print(f"budget: {money(spec.policy.budget_usd)}")
-    found = read_spec_quotas(spec)
+    found = read_spec_quotas(spec, launch_plan)
     if found is not None:
-        from orchestrator.quotas import headroom, quota_problems
+        from orchestrator.core.quotas import headroom, quota_problems
 
         console.print(table("GCE quota headroom", ["region", "metric", "needs", "free", "limit", ""],
                             [[h.scope, h.metric, f"{h.need:g}", f"{h.free:g}", f"{h.limit:g}",
@@ -154,13 +154,14 @@ def launch(
 
     spec, planned = resolve_spec(spec_path)
     preflight(spec)  # the SSH inventory's content, also for a dry run
-    if dry_run and isinstance(spec.provider, GceProvider):
+    plan = plan_spec(spec)  # the one expansion: the dry run, the quota check and the launch all use it
+    if dry_run and spec.provider.kind == "gce":
         # The exact Compute API requests a launch would send (instances, firewall rules, disks), as JSON.
-        from orchestrator.control.gce_dry_run import gce_dry_run
+        from orchestrator.providers.gce.dry_run import gce_dry_run
 
-        out = gce_dry_run(spec)
-        if (found := read_spec_quotas(spec)) is not None:  # regions.get / projects.get: reads, not requests
-            from orchestrator.quotas import headroom, quota_problems
+        out = gce_dry_run(spec, plan=plan)
+        if (found := read_spec_quotas(spec, plan)) is not None:  # regions.get / projects.get: reads, not requests
+            from orchestrator.core.quotas import headroom, quota_problems
 
             out["quota_headroom"] = [{"scope": h.scope, "metric": h.metric, "needs": h.need, "free": h.free,
                                       "limit": h.limit, "ok": h.ok} for h in headroom(*found)]
@@ -168,17 +169,18 @@ def launch(
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
     if dry_run:
-        print_dry_run(spec, planned)
+        print_dry_run(spec, planned, plan)
         return
     check_budget(spec)
-    check_quotas(spec)
-    from orchestrator.torch_spec import secret_problems
+    check_quotas(spec, plan)
+    from orchestrator.core.torch_spec import secret_problems
 
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
+    from orchestrator.cli.launch_view import ConsoleReporter
     from orchestrator.control.launcher import launch_job
 
-    launch_job(spec, planned, detach=detach, poll_s=poll, quiet=quiet)
+    launch_job(spec, planned, plan, detach=detach, poll_s=poll, reporter=ConsoleReporter(quiet=quiet))
 
 
 def status(
@@ -247,9 +249,10 @@ def logs(
 
 def cancel(job: str = typer.Argument(..., help="job id or name")) -> None:
     """Tear down every instance of the job and close its ledger."""
+    from orchestrator.cli.launch_view import print_cancel
     from orchestrator.control.launcher import cancel_job
 
-    cancel_job(job)
+    print_cancel(cancel_job(job))
 
 
 def report(

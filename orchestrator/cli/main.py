@@ -12,12 +12,12 @@ import typer.core
 from rich.markup import escape
 
 from orchestrator import __version__
-from orchestrator.catalog import CatalogError
 from orchestrator.cli import catalog_cmd, dashboard, db_cmd, jobs_cmd
 from orchestrator.cli.render import err_console
-from orchestrator.errors import UserError
-from orchestrator.providers.ssh import InventoryError
-from orchestrator.spec import SpecError
+from orchestrator.core.catalog import CatalogError
+from orchestrator.core.errors import UserError
+from orchestrator.core.spec import SpecError
+from orchestrator.providers.ssh.provider import InventoryError
 from orchestrator.store.db import ENV_URL
 
 app = typer.Typer(
@@ -105,7 +105,7 @@ def daemon(
 @app.command("gc")
 def gc(yes: bool = typer.Option(False, "--yes", help="delete them (default: only list)")) -> None:
     """List (and with --yes delete) labelled instances whose job is finished or unknown."""
-    from orchestrator.control.gc import gc_command
+    from orchestrator.cli.gc_cmd import gc_command
 
     gc_command(delete=yes)
 

@@ -10,9 +10,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from orchestrator.catalog import CatalogError, load_catalog
 from orchestrator.cli.render import console, table
-from orchestrator.costmodel import (
+from orchestrator.core.catalog import CatalogError, load_catalog
+from orchestrator.core.costmodel import (
     DEFAULT_CALIBRATION,
     MODEL_NAMES,
     Calibration,
@@ -25,11 +25,11 @@ from orchestrator.costmodel import (
     load_measurements,
     max_batch,
 )
-from orchestrator.costmodel.calibration import fit_report, measurements_from_dicts
-from orchestrator.costmodel.calibration import mape as in_sample_mape
-from orchestrator.costmodel.compute import layer_times, runtime_key, step_fn
-from orchestrator.costmodel.memory import memory_bytes, usable_bytes
-from orchestrator.errors import UserError
+from orchestrator.core.costmodel.calibration import fit_report, measurements_from_dicts
+from orchestrator.core.costmodel.calibration import mape as in_sample_mape
+from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
+from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
+from orchestrator.core.errors import UserError
 
 app = typer.Typer(no_args_is_help=True, help="Cost model: profile, calibrate, predict, validate.")
 
@@ -88,7 +88,7 @@ def _with_local_host(calib: Calibration) -> Calibration:
     """Add this host's CPU step, start-up and teardown fitted on the DB's finished local jobs."""
     from dataclasses import replace
 
-    from orchestrator.costmodel.accounting import fit_local_host
+    from orchestrator.core.costmodel.accounting import fit_local_host
     from orchestrator.store.db import open_session
     from orchestrator.store.queries import local_run_timings
 

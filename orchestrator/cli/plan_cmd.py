@@ -11,9 +11,10 @@ import typer
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, money, pct, table
-from orchestrator.costmodel import Candidate, PlanResult, UnknownModelError, plan
-from orchestrator.errors import UserError
-from orchestrator.spec import LocalProvider, load_spec
+from orchestrator.core.costmodel import Candidate, PlanResult, UnknownModelError
+from orchestrator.core.errors import UserError
+from orchestrator.core.spec import load_spec
+from orchestrator.sim.from_spec import plan_job
 
 
 def _time(c: Candidate) -> str:
@@ -127,12 +128,12 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON)."""
     spec = load_spec(spec_path)
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
-    if calib is not None and calib.emulated and not isinstance(spec.provider, LocalProvider):
+    if calib is not None and calib.emulated and not spec.provider.emulates_gpus:
         console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
                       "planning real GPUs with the shipped one (data/calibration.json) instead")
         calib = None
     try:
-        result = plan(spec, calibration=calib)
+        result = plan_job(spec, calibration=calib)
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
     if json_out:

@@ -60,14 +60,17 @@ class PlotData:
         return sorted(names, key=lambda s: (order.get(s.rsplit("-", 1)[0], 3), int(s.rsplit("-", 1)[1])))
 
 
-def _on_demand_prices(job: Job) -> dict[str, float]:
-    """Each slot's on-demand hourly price from the job's own price book (empty if the spec no longer loads)."""
+def _on_demand_prices(session: Session, job: Job) -> dict[str, float]:
+    """Each slot's on-demand hourly price from the plan stored at launch, else from the job's own price book
+    (empty if the spec no longer loads)."""
     try:
-        from orchestrator.control.driver import job_spec
-        from orchestrator.slots import expand
+        plan = queries.stored_intent(session, job.id)
+        if plan is None:  # a job recorded before plans were stored: read-only here, so not stored
+            from orchestrator.control.driver import job_spec
+            from orchestrator.core.plan import plan_spec
 
-        return {s.name: s.on_demand_price_per_hour or s.price_per_hour
-                for s in expand(job_spec(job.spec_yaml), book=job.price_book)}
+            plan = plan_spec(job_spec(job.spec_yaml), book=job.price_book)
+        return {s.name: s.on_demand_price_per_hour or s.price_per_hour for s in plan.slots}
     except Exception:  # noqa: BLE001 - an old spec the catalog no longer prices: the comparison line is left out
         return {}
 
@@ -80,7 +83,7 @@ def gather(session: Session, job_id: str, now: float | None = None) -> PlotData:
     t0 = job.started_at or job.created_at
     end = (job.ended_at or now) - t0
     data = PlotData(job_id=job.id, status=job.status, start=t0, end=end, budget_usd=job.budget_usd)
-    on_demand = _on_demand_prices(job)
+    on_demand = _on_demand_prices(session, job)
     insts: list[Instance] = queries.job_instances(session, job_id)
     noticed = {e.instance_id for e in queries.events(session, job_id)
                if e.instance_id is not None and e.to_status == "revoked"
@@ -212,7 +215,7 @@ def render(data: PlotData, fmt: str = "png") -> bytes:
 
 
 def format_for(path: Path) -> str:
-    from orchestrator.errors import UserError
+    from orchestrator.core.errors import UserError
 
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:

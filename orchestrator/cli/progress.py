@@ -20,9 +20,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.core.status import FINAL_JOB
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job, Metric
-from orchestrator.store.status import FINAL_JOB
 
 ENV_EVERY = "ORCHESTRATOR_PROGRESS_S"
 DEFAULT_EVERY_S = 10.0
@@ -218,7 +218,7 @@ def follow_job(job_ref: str, *, watch_live: bool, metrics: bool, lines: int | No
     """``status --watch`` / ``logs [-f]``: print (or show live) until the job is final, whoever drives it."""
     from rich.live import Live
 
-    from orchestrator.errors import UserError
+    from orchestrator.core.errors import UserError
     from orchestrator.store.db import open_session
 
     with open_session() as session:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.render import console, duration, money, pct, table
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
+from orchestrator.core.revocation.model import KINDS, FitSummary, RevocationModel, load_revocation_model
+from orchestrator.core.revocation.traces import TraceError
+from orchestrator.core.spec import load_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo
-from orchestrator.sim.revocation import KINDS, FitSummary, RevocationModel, load_revocation_model
-from orchestrator.sim.traces import TraceError
-from orchestrator.spec import load_spec
 
 
 def simulate_command(

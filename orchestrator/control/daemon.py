@@ -11,15 +11,21 @@ import os
 import secrets
 import socket
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
+from apscheduler.schedulers.blocking import BlockingScheduler
+from sqlalchemy import select
+
 from orchestrator.control.driver import run_pass
+from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
 from orchestrator.control.metrics import pass_metrics
 from orchestrator.control.metrics import serve as serve_metrics
-from orchestrator.errors import UserError
-from orchestrator.paths import user_dir
+from orchestrator.core.errors import UserError
+from orchestrator.core.paths import user_dir
 from orchestrator.store.db import default_url, open_session
+from orchestrator.store.models import Job
 
 log = logging.getLogger("orchestrator.daemon")
 ENV_ID = "ORCHESTRATOR_DAEMON_ID"
@@ -35,8 +41,6 @@ def tick(owner: str, threads: int = THREADS) -> None:
 
 
 def sweep() -> None:
-    from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
-
     try:
         unchecked: dict[str, str] = {}
         for backend, orphan in find_orphans(unchecked):
@@ -94,10 +98,6 @@ def daemon_running(url: str) -> bool:
                 return True
             fcntl.flock(fh, fcntl.LOCK_UN)
         return False
-    from sqlalchemy import select
-
-    from orchestrator.store.models import Job
-
     with open_session(url) as session:
         return session.scalar(select(Job.id).where(Job.lease_owner.like("daemon-%"),
                                                    Job.lease_until > time.time()).limit(1)) is not None
@@ -134,8 +134,6 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
     if once:
         tick(owner, threads=0)  # one whole pass, waited for
         return
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
     scheduler = BlockingScheduler()
     # One pass at a time (max_instances=1); a late pass is merged, not queued (coalesce).
     scheduler.add_job(tick, "interval", args=[owner], seconds=interval_s, max_instances=1, coalesce=True,
@@ -149,6 +147,4 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
 
 
 def _now() -> object:
-    from datetime import datetime
-
     return datetime.fromtimestamp(time.time())

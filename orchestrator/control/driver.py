@@ -20,24 +20,23 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from orchestrator.control import torch_task
-from orchestrator.control.backends import Backend, backend_for
-from orchestrator.control.blocks import blocked, provider_key
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
-from orchestrator.control.reconcile import reconcile
-from orchestrator.control.state import InstanceView, JobView, Observation
 from orchestrator.control.torch_task import torch_view
-from orchestrator.emulation import emulation_sleep
-from orchestrator.providers.base import ObservedInstance, Role
-from orchestrator.slots import Slot, expand
-from orchestrator.spec import GceProvider, JobSpec, validate_spec
+from orchestrator.core.blocks import blocked, provider_key
+from orchestrator.core.emulation import emulation_sleep
+from orchestrator.core.instances import ObservedInstance, ProcStatus, Role
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import JobSpec, validate_spec
+from orchestrator.core.state import InstanceView, JobView, Observation
+from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.storage import open_storage
 from orchestrator.store import queries
 from orchestrator.store.models import Job
-from orchestrator.store.status import InstanceStatus, JobStatus
-from orchestrator.transport.base import ProcStatus
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str 
 
 def drive(session: Session, job: Job, backend: Backend, observed: dict[str, ObservedInstance]) -> None:
     spec = job_spec(job.spec_yaml)
-    slots = expand(spec, book=job.price_book)
+    slots = list(queries.job_plan(session, job, spec).slots)  # the desired state stored at launch
     storage = open_storage(job.storage_uri, job.id)
     try:
         ingest_metrics(session, job, storage, slots)
@@ -168,7 +167,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
 
 def blocked_zones(session: Session, spec: JobSpec, slots: list[Slot]) -> dict[str, tuple[str, ...]]:
     """Each slot's allowed zones that a persisted block (stockout, quota) rules out now (clouds only)."""
-    if not isinstance(spec.provider, GceProvider):
+    if not spec.provider.is_cloud:
         return {}
     blocks = queries.active_blocks(session, provider_key(spec))
     if not blocks:
@@ -208,5 +207,5 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:
     """(gpu, batch) -> extra seconds per step on a local worker: measured GPU curves
-    (``orchestrator.emulation``), never the cost model, so the model can be tested on local runs."""
+    (``orchestrator.core.emulation``), never the cost model, so the model can be tested on local runs."""
     return emulation_sleep(spec)

@@ -6,16 +6,19 @@ the call, then the outcome, so a crash in between is visible to the next pass an
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from orchestrator.control import torch_task
-from orchestrator.control.actions import (
+from orchestrator.control.billing import provider_end_time
+from orchestrator.control.keep_logs import keep_log
+from orchestrator.core import task as task_schema
+from orchestrator.core.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
@@ -26,34 +29,29 @@ from orchestrator.control.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.control.backends import Backend
-from orchestrator.control.billing import provider_end_time
-from orchestrator.control.blocks import block_for, blocked, provider_key
-from orchestrator.control.keep_logs import keep_log
-from orchestrator.control.revocations import revoke_after_s
-from orchestrator.paths import jobs_dir
-from orchestrator.providers.base import (
+from orchestrator.core.blocks import block_for, blocked, provider_key
+from orchestrator.core.cloud_errors import (
     AuthError,
     CapacityError,
-    InstanceRequest,
     InvalidRequestError,
-    ObservedInstance,
     ProviderError,
     QuotaError,
-    Role,
-    SupportsOwnPricing,
     TransientError,
-    instance_name,
 )
-from orchestrator.providers.local import progress_clock_for
-from orchestrator.slots import Slot
-from orchestrator.spec import BuiltinTraining, CommandTraining, GceProvider, JobSpec, LocalProvider, TrainingMode
+from orchestrator.core.instances import InstanceRequest, ObservedInstance, ProcState, Role, instance_name
+from orchestrator.core.paths import jobs_dir
+from orchestrator.core.policy import revoke_after_s
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
+from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.core.task import TaskConfig, TrainingSection
+from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
+from orchestrator.providers.base import SupportsOwnPricing
+from orchestrator.providers.registry import Backend
 from orchestrator.storage.base import NOTICES, JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Block, Instance, Job
-from orchestrator.store.status import EndReason, InstanceStatus, JobStatus
-from orchestrator.torch_spec import SecretError, is_pytorch, payload_env
-from orchestrator.transport.base import Endpoint, ProcState, TransportError
+from orchestrator.transport.base import Endpoint, TransportError
 from orchestrator.transport.local import UnsafePathError
 
 log = logging.getLogger(__name__)
@@ -135,59 +133,78 @@ def _one(ctx: JobContext, action: Action) -> None:
         case CreateInstance():
             _create(ctx, action)
         case PrepareInstance(name=name):
-            inst = _instance(ctx, name)
-            observed = ctx.observed[name]
-            ep = ctx.backend.endpoint(observed)
-            ctx.backend.transport.wait_reachable(ep, timeout_s=120)
-            _push_files(ctx, ep)
-            if ctx.storage.local_path() is None:
-                _seed_storage(ctx, ep)
-            inst.host = observed.internal_host or observed.host
-            queries.switch_status(s, inst, InstanceStatus.READY, "reachable; job files pushed")
-            s.commit()
+            _prepare(ctx, name)
         case StartTask(name=name, reason=reason):
-            inst = _instance(ctx, name)
-            ep = ctx.backend.endpoint(ctx.observed[name])
-            t = ctx.backend.transport
-            if ctx.storage.local_path() is None:
-                writes = _writes_job_files(ctx.spec, inst)
-                t.start(ep, SYNC, [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
-                                   "storage", "--interval", "1"] + ([] if writes else ["--pull-only"]),
-                        ctx.backend.task_env)
-            t.write(ep, "task.json", json.dumps(_task_config(ctx, inst), indent=1))
-            try:  # the spec's env: and secrets (read now, never stored) for the payload's process only
-                env = {**ctx.backend.task_env, **payload_env(ctx.spec)}
-            except SecretError as exc:
-                _fail_job(ctx, str(exc))
-                return
-            t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), env)
-            if inst.status != InstanceStatus.TRAINING:
-                queries.switch_status(s, inst, InstanceStatus.TRAINING, reason)
-            else:
-                queries.note(s, ctx.job.id, "task_restarted", reason, instance_id=inst.id)
-            s.commit()
+            _start_task(ctx, name, reason)
         case RecordLogTail(name=name, reason=reason):
             _record_log_tail(ctx, name, reason)
         case RestartTraining(reason=reason, fatal=fatal):
-            ctx.job.fatal_exits += 1 if fatal else 0
-            for inst in ctx.job.instances:
-                if inst.status == InstanceStatus.TRAINING and inst.name in ctx.observed:
-                    ctx.backend.transport.stop(ctx.backend.endpoint(ctx.observed[inst.name]), TASK)
-                    queries.switch_status(s, inst, InstanceStatus.READY, f"restart training: {reason}")
-            ctx.job.restarts += 1
-            queries.note(s, ctx.job.id, "restart", f"training restarts from the latest checkpoint: {reason}")
-            s.commit()
+            _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
-            inst = _instance(ctx, name)
-            if end_reason is not None and inst.end_reason is None:
-                inst.end_reason = end_reason.value
-            queries.switch_status(s, inst, InstanceStatus.DELETING, reason)
-            s.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
-            keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
-            ctx.backend.provider.delete(name, inst.zone)
-            queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted",
-                                  billed_until=provider_end_time(ctx.backend.provider, name))
-            s.commit()
+            _delete(ctx, name, reason, end_reason)
+
+
+def _prepare(ctx: JobContext, name: str) -> None:
+    inst = _instance(ctx, name)
+    observed = ctx.observed[name]
+    ep = ctx.backend.endpoint(observed)
+    ctx.backend.transport.wait_reachable(ep, timeout_s=120)
+    _push_files(ctx, ep)
+    if ctx.storage.local_path() is None:
+        _seed_storage(ctx, ep)
+    inst.host = observed.internal_host or observed.host
+    queries.switch_status(ctx.session, inst, InstanceStatus.READY, "reachable; job files pushed")
+    ctx.session.commit()
+
+
+def _start_task(ctx: JobContext, name: str, reason: str) -> None:
+    s = ctx.session
+    inst = _instance(ctx, name)
+    ep = ctx.backend.endpoint(ctx.observed[name])
+    t = ctx.backend.transport
+    if ctx.storage.local_path() is None:
+        writes = _writes_job_files(ctx.spec, inst)
+        t.start(ep, SYNC, [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
+                           "storage", "--interval", "1"] + ([] if writes else ["--pull-only"]),
+                ctx.backend.task_env)
+    t.write(ep, "task.json", _task_config(ctx, inst).to_json())
+    try:  # the spec's env: and secrets (read now, never stored) for the payload's process only
+        env = {**ctx.backend.task_env, **payload_env(ctx.spec)}
+    except SecretError as exc:
+        _fail_job(ctx, str(exc))
+        return
+    t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), env)
+    if inst.status != InstanceStatus.TRAINING:
+        queries.switch_status(s, inst, InstanceStatus.TRAINING, reason)
+    else:
+        queries.note(s, ctx.job.id, "task_restarted", reason, instance_id=inst.id)
+    s.commit()
+
+
+def _restart(ctx: JobContext, reason: str, fatal: bool) -> None:
+    s = ctx.session
+    ctx.job.fatal_exits += 1 if fatal else 0
+    for inst in ctx.job.instances:
+        if inst.status == InstanceStatus.TRAINING and inst.name in ctx.observed:
+            ctx.backend.transport.stop(ctx.backend.endpoint(ctx.observed[inst.name]), TASK)
+            queries.switch_status(s, inst, InstanceStatus.READY, f"restart training: {reason}")
+    ctx.job.restarts += 1
+    queries.note(s, ctx.job.id, "restart", f"training restarts from the latest checkpoint: {reason}")
+    s.commit()
+
+
+def _delete(ctx: JobContext, name: str, reason: str, end_reason: EndReason | None) -> None:
+    s = ctx.session
+    inst = _instance(ctx, name)
+    if end_reason is not None and inst.end_reason is None:
+        inst.end_reason = end_reason.value
+    queries.switch_status(s, inst, InstanceStatus.DELETING, reason)
+    s.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
+    keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
+    ctx.backend.provider.delete(name, inst.zone)
+    queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted",
+                          billed_until=provider_end_time(ctx.backend.provider, name))
+    s.commit()
 
 
 def log_action(job_id: str, action: Action) -> None:
@@ -214,7 +231,7 @@ def _cloud_deadline(ctx: JobContext, slot: Slot, now: float) -> int | None:
     """The VM's cloud-side time limit from what is left of the job's deadline and budget (see gce_requests)."""
     if ctx.spec.provider.kind != "gce":
         return None
-    from orchestrator.providers.gce_requests import cloud_max_run_s  # pulls google-cloud-compute: gce only
+    from orchestrator.providers.gce.requests import cloud_max_run_s  # pulls google-cloud-compute: gce only
 
     job = ctx.job
     spent = queries.job_cost(ctx.session, job.id)["total"] if job.budget_usd is not None else 0.0
@@ -236,31 +253,61 @@ def _record_log_tail(ctx: JobContext, name: str, reason: str, lines: int = 20) -
     ctx.session.commit()
 
 
+def _requested(ctx: JobContext, action: CreateInstance, name: str, now: float) -> Instance:
+    """The instance's row, recorded (and committed) before the create call: intent first."""
+    inst = next((i for i in ctx.job.instances if i.name == name), None)
+    if inst is not None:
+        return inst
+    slot = action.slot
+    inst = Instance(
+        job_id=ctx.job.id, name=name, role=slot.role.value, slot_index=slot.index, generation=action.generation,
+        gpu=slot.gpu, machine_type=slot.machine_type, zone=action.zones[0], spot=action.spot,
+        price_per_hour=slot.price(action.spot), batch=slot.batch, port=ctx.backend.task_port(action.port),
+        status=InstanceStatus.REQUESTED.value, status_reason=action.reason, requested_at=now, updated_at=now,
+    )
+    ctx.session.add(inst)
+    ctx.session.flush()
+    queries.note(ctx.session, ctx.job.id, "requested", action.reason, instance_id=inst.id, now=now)
+    ctx.session.commit()
+    return inst
+
+
+def _metadata(ctx: JobContext, name: str) -> dict[str, str]:
+    metadata = ctx.backend.instance_metadata(ctx.job.id, name, ctx.storage)
+    shared = ctx.storage.local_path()
+    if shared is not None:
+        # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
+        metadata["notice-file"] = str(shared / NOTICES / name)
+    metadata.update(ctx.backend.request_metadata(ctx.spec, ctx.slots, ctx.emulation_sleep))  # local: progress clock
+    return metadata
+
+
+def _accepted(ctx: JobContext, inst: Instance, action: CreateInstance, zone: str) -> None:
+    s = ctx.session
+    provider = ctx.backend.provider
+    if isinstance(provider, SupportsOwnPricing):
+        own = provider.price_per_hour(inst.name)
+        if own is not None:
+            inst.price_per_hour = own  # e.g. an on-prem host's price from the inventory, not a price book
+    if zone != inst.zone:
+        queries.note(s, ctx.job.id, "zone_fallback", f"{inst.name} created in {zone} instead of {inst.zone}",
+                     instance_id=inst.id)
+        inst.zone = zone
+    queries.switch_status(s, inst, InstanceStatus.PROVISIONING, "create accepted")
+    s.commit()
+    log.info("job %s instance %s: %s in %s (%s)", ctx.job.id, inst.name,
+             "replaced" if action.generation > 0 else "created", zone, action.reason)
+
+
 def _create(ctx: JobContext, action: CreateInstance) -> None:
     s = ctx.session
     slot = action.slot
     name = instance_name(ctx.job.id, slot.role, slot.index, action.generation)
-    inst = next((i for i in ctx.job.instances if i.name == name), None)
     now = time.time()
-    if inst is None:
-        inst = Instance(
-            job_id=ctx.job.id, name=name, role=slot.role.value, slot_index=slot.index, generation=action.generation,
-            gpu=slot.gpu, machine_type=slot.machine_type, zone=action.zones[0], spot=action.spot,
-            price_per_hour=slot.price(action.spot), batch=slot.batch, port=ctx.backend.task_port(action.port),
-            status=InstanceStatus.REQUESTED.value, status_reason=action.reason, requested_at=now, updated_at=now,
-        )
-        s.add(inst)
-        s.flush()
-        queries.note(s, ctx.job.id, "requested", action.reason, instance_id=inst.id, now=now)
-        s.commit()  # intent first
+    inst = _requested(ctx, action, name, now)
     last_error: ProviderError | None = None
     ctx.backend.ensure_network()  # e.g. the firewall rule that keeps the gRPC ports inside the cluster
-    shared = ctx.storage.local_path()
-    metadata = ctx.backend.instance_metadata(ctx.job.id, name, ctx.storage)
-    if shared is not None:
-        # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
-        metadata["notice-file"] = str(shared / NOTICES / name)
-    metadata.update(progress_clock_for(ctx.spec, ctx.slots, ctx.emulation_sleep))  # local: seeded runs repeat
+    metadata = _metadata(ctx, name)
     blocks = _blocks(ctx)
     skipped: list[str] = []
     for zone in action.zones:
@@ -293,19 +340,7 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
             queries.note(s, ctx.job.id, "provider_error", f"{zone}: {exc.message} (will retry)", instance_id=inst.id)
             s.commit()
             return  # REQUESTED stays; the reconciler asks again
-        provider = ctx.backend.provider
-        if isinstance(provider, SupportsOwnPricing):
-            own = provider.price_per_hour(name)
-            if own is not None:
-                inst.price_per_hour = own  # e.g. an on-prem host's price from the inventory, not a price book
-        if zone != inst.zone:
-            queries.note(s, ctx.job.id, "zone_fallback", f"{name} created in {zone} instead of {inst.zone}",
-                         instance_id=inst.id)
-            inst.zone = zone
-        queries.switch_status(s, inst, InstanceStatus.PROVISIONING, "create accepted")
-        s.commit()
-        log.info("job %s instance %s: %s in %s (%s)", ctx.job.id, name,
-                 "replaced" if action.generation > 0 else "created", zone, action.reason)
+        _accepted(ctx, inst, action, zone)
         return
     inst.end_reason = EndReason.CREATE_FAILED.value
     msg = "; ".join(([last_error.message] if last_error else []) + skipped) or "no zone to try"
@@ -316,14 +351,14 @@ def _create(ctx: JobContext, action: CreateInstance) -> None:
 
 def _blocks(ctx: JobContext) -> list[Block]:
     """Blocks apply to clouds (GCE); an inventory's hosts free up as jobs end, so ssh and local keep none."""
-    if not isinstance(ctx.spec.provider, GceProvider):
+    if not ctx.spec.provider.is_cloud:
         return []
     return queries.active_blocks(ctx.session, provider_key(ctx.spec))
 
 
 def _remember_block(ctx: JobContext, blocks: list[Block], exc: CapacityError | QuotaError, zone: str,
                     gpu: str | None) -> None:
-    if not isinstance(ctx.spec.provider, GceProvider):
+    if not ctx.spec.provider.is_cloud:
         return
     scope, location, resource, ttl = block_for(exc, zone, gpu)
     blocks.append(queries.add_block(ctx.session, provider_key(ctx.spec), scope, location, resource, exc.message, ttl))
@@ -332,9 +367,10 @@ def _remember_block(ctx: JobContext, blocks: list[Block], exc: CapacityError | Q
 
 
 def _revoke_after(ctx: JobContext, slot: Slot, action: CreateInstance, now: float) -> float | None:
-    if not isinstance(ctx.spec.provider, LocalProvider):
+    local = ctx.spec.provider.as_local()
+    if local is None:
         return None
-    return revoke_after_s(ctx.spec.provider, slot.role, slot.index, action.generation, slot.gpu, action.zones[0],
+    return revoke_after_s(local, slot.role, slot.index, action.generation, slot.gpu, action.zones[0],
                           action.spot, ctx.job.started_at, now)
 
 
@@ -345,6 +381,8 @@ def _push_files(ctx: JobContext, ep: Endpoint) -> None:
             ctx.backend.transport.put(ep, path, path.name)
     else:
         ctx.backend.transport.put(ep, jobs_dir(), "jobs")
+        # The task.json schema the payload reads: the controller's own definition, so the two always agree.
+        ctx.backend.transport.put(ep, Path(task_schema.__file__), "jobs/task_schema.py")
         for path in torch_task.push_paths(ctx.spec):  # run: the user's script beside jobs/
             ctx.backend.transport.put(ep, path, path.name)
 
@@ -400,33 +438,25 @@ def cluster_addresses(ctx: JobContext) -> dict[str, list[str]]:
     return cluster
 
 
-def _task_config(ctx: JobContext, inst: Instance) -> dict[str, object]:
+def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     spec = ctx.spec
     training = spec.training
-    batches = [s.batch or 128 for s in ctx.slots if s.role == Role.WORKER]
+    batches = tuple(s.batch or 128 for s in ctx.slots if s.role == Role.WORKER)
     storage = ctx.storage.local_path()
-    extra = torch_task.torch_fields(ctx, inst, sum(batches)) if is_pytorch(spec) else {}
-    return extra | {
-        "job_id": ctx.job.id,
-        "instance": inst.name,
-        "mode": spec.mode.value,
-        "role": inst.role,
-        "index": inst.slot_index,
-        "cluster": cluster_addresses(ctx),
-        "storage": str(storage) if storage is not None else "storage",  # remote: the synced local copy
-        "storage_uri": ctx.storage.uri,
-        "training": {
-            "model": getattr(training, "model", "resnet"),
-            "hparam_set": training.hparam_set,
-            "problem": getattr(training, "problem", "image_cifar10"),
-            "data_dir": training.data_dir if isinstance(training, BuiltinTraining) else None,
-            "train_steps": training.train_steps,
-            "batch_per_worker": batches,
-            "checkpoint_every": training.checkpoint_every,
-            "eval_every": training.eval_every,
-            "log_every": training.log_every,
-            "seed": spec.provider.seed if isinstance(spec.provider, LocalProvider) else 0,
-        },
-        "emulation": {"step_sleep_s": ctx.emulation_sleep(inst.gpu, inst.batch or 128)
-                      if inst.role == Role.WORKER.value else 0.0},
-    }
+    local = spec.provider.as_local()
+    torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
+                                      ctx.emulation_sleep) if is_pytorch(spec) else None)
+    return TaskConfig(
+        job_id=ctx.job.id, instance=inst.name, mode=spec.mode.value, role=inst.role, index=inst.slot_index,
+        cluster={k: tuple(v) for k, v in cluster_addresses(ctx).items()},
+        storage=str(storage) if storage is not None else "storage",  # remote: the synced local copy
+        storage_uri=ctx.storage.uri,
+        training=TrainingSection(
+            model=getattr(training, "model", "resnet"), hparam_set=training.hparam_set,
+            problem=getattr(training, "problem", "image_cifar10"),
+            data_dir=training.data_dir if isinstance(training, BuiltinTraining) else None,
+            train_steps=training.train_steps, batch_per_worker=batches, checkpoint_every=training.checkpoint_every,
+            eval_every=training.eval_every, log_every=training.log_every, seed=local.seed if local else 0),
+        step_sleep_s=ctx.emulation_sleep(inst.gpu, inst.batch or 128) if inst.role == Role.WORKER.value else 0.0,
+        gpu=inst.gpu if torch is not None else None, torch=torch,
+    )

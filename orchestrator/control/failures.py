@@ -13,12 +13,12 @@ import yaml
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from orchestrator.errors import UserError
-from orchestrator.providers.base import AuthError, InvalidRequestError, ProviderError
-from orchestrator.spec import SpecError
+from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
+from orchestrator.core.errors import UserError
+from orchestrator.core.spec import SpecError
+from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus, TransitionError
 from orchestrator.store import queries
 from orchestrator.store.models import Job
-from orchestrator.store.status import FINAL_JOB, InstanceStatus, JobStatus, TransitionError
 
 log = logging.getLogger("orchestrator.daemon")
 BACKOFF_S = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # after 1, 2, 3, ... failed passes in a row

@@ -4,28 +4,26 @@ paying for forgotten VMs — and the deletes a job closed without its provider l
 from __future__ import annotations
 
 import logging
-import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.cli.render import console, table
-from orchestrator.control.backends import Backend, backend_for
 from orchestrator.control.driver import job_spec
 from orchestrator.control.failures import describe
-from orchestrator.providers.base import ObservedInstance
+from orchestrator.core.instances import ObservedInstance
+from orchestrator.core.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus
+from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Instance, Job
-from orchestrator.store.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus
 
 log = logging.getLogger("orchestrator.daemon")
 
 
 def _backends(unchecked: dict[str, str] | None = None) -> list[Backend]:
     """Every backend that any recorded job used (each listed once); ``unchecked`` gets the ones that fail."""
-    from orchestrator.spec import LocalProvider
-    from orchestrator.spec import validate_spec as _validate
+    from orchestrator.core.spec import LocalProvider
+    from orchestrator.core.spec import validate_spec as _validate
 
     seen: dict[str, Backend] = {}
     with open_session() as session:
@@ -106,23 +104,3 @@ def finish_pending_deletes(job_ids: list[str] | None = None) -> list[str]:
                 session.rollback()
                 problems.append(f"{job.id}: {describe(exc)}")
     return problems
-
-
-def gc_command(delete: bool) -> None:
-    unchecked: dict[str, str] = {}
-    orphans = find_orphans(unchecked)
-    console.print(table(f"{len(orphans)} instance(s) whose job is finished or unknown",
-                        ["instance", "job", "role", "zone", "state"],
-                        [[o.name, o.job_id, o.role.value, o.zone, o.state.value] for _, o in orphans]))
-    for why, where in unchecked.items():
-        console.print(f"could not check {where}: {why}", highlight=False, markup=False)
-    if delete:
-        for backend, o in orphans:
-            backend.provider.delete(o.name, o.zone)
-            with open_session() as session:
-                mark_deleted(session, o.name, f"deleted by `orchestrator gc` at {time.strftime('%H:%M:%S')}")
-            console.print(f"deleted {o.name}")
-        for problem in finish_pending_deletes():
-            console.print(f"pending delete not done: {problem}", highlight=False, markup=False)
-    elif orphans:
-        console.print("run `orchestrator gc --yes` to delete them")

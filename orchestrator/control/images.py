@@ -18,28 +18,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
-from orchestrator.catalog import CURRENT_BOOK, CatalogError, load_catalog
-from orchestrator.cli.render import console
-from orchestrator.errors import UserError
-from orchestrator.offerings import retired_message
-from orchestrator.paths import _bundled
-from orchestrator.providers.base import (
-    CapacityError,
-    InstanceRequest,
-    ObservedInstance,
-    ObservedState,
-    Provider,
-    ProviderError,
-    QuotaError,
-    Role,
-    SupportsImages,
-)
-from orchestrator.providers.gce import DEFAULT_IMAGE
-from orchestrator.spec import GceProvider as GceProviderSpec
-from orchestrator.spec import load_spec
-from orchestrator.transport.base import Endpoint, ProcState, Transport, TransportError
+from orchestrator.core.catalog import CURRENT_BOOK, CatalogError, load_catalog
+from orchestrator.core.cloud_errors import CapacityError, ProviderError, QuotaError
+from orchestrator.core.errors import UserError
+from orchestrator.core.instances import InstanceRequest, ObservedInstance, ObservedState, ProcState, Role
+from orchestrator.core.offerings import retired_message
+from orchestrator.core.paths import _bundled
+from orchestrator.core.spec import load_spec
+from orchestrator.providers.base import Provider, SupportsImages
+from orchestrator.providers.gce.network import published_host_keys
+from orchestrator.providers.gce.provider import DEFAULT_IMAGE
+from orchestrator.transport.base import Endpoint, Transport, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
 
 ROLES = ("worker", "ps")
@@ -95,6 +87,7 @@ def plan_bake(
     *,
     name: str | None = None,
     now: datetime | None = None,
+    say: Callable[[str], None] = print,
 ) -> BakePlan:
     """Check the request (before anything costs money) and name everything."""
     if role not in ROLES:
@@ -127,7 +120,7 @@ def plan_bake(
             # The image is global: where it is built does not matter, only that the GPU is there.
             zones = list(offered)
             if spec_zones:
-                console.print(
+                say(
                     f"none of provider.zones ({', '.join(spec_zones)}) offers {gpu}; "
                     f"building in {zones[0] if zones else '?'} instead"
                 )
@@ -164,6 +157,7 @@ def bake_image(
     boot_timeout_s: float = 600.0,
     ssh_timeout_s: float = 300.0,
     poll_s: float = 5.0,
+    say: Callable[[str], None] = print,
 ) -> str:
     """Bake an image; returns its name. ``wait_s`` bounds the recipe's run. ``provider`` / ``transport``
     default to a ``GceProvider`` built from the spec and an ``SshTransport``. ``recipe_command`` replaces
@@ -172,33 +166,27 @@ def bake_image(
     if spec_path is None:
         raise UserError("give --spec: a job spec with provider.kind: gce (project, zones, credentials)")
     spec = load_spec(spec_path)
-    gce = spec.provider
-    if not isinstance(gce, GceProviderSpec):
+    gce = spec.provider.as_gce()
+    if gce is None:
         raise UserError(
-            f"{spec_path}: provider.kind is {gce.kind!r}; images are baked on GCE (provider.kind: gce)"
+            f"{spec_path}: provider.kind is {spec.provider.kind!r}; images are baked on GCE (provider.kind: gce)"
         )
-    plan = plan_bake(role, gpu, list(gce.zones), name=name)
+    plan = plan_bake(role, gpu, list(gce.zones), name=name, say=say)
     recipe = recipe_path(plan.role)
     command = list(recipe_command) if recipe_command is not None else ["bash", recipe.name]
 
     own_provider = provider is None
     if provider is None:
-        from orchestrator.control.cloud_backends import NETWORK_TAG, TF_PORTS
-        from orchestrator.providers.gce import GceProvider
+        from orchestrator.providers.gce.backend import TF_PORTS
+        from orchestrator.providers.gce.network import IsolatedGceProvider, address_learner
 
-        provider = GceProvider(
-            gce.project,
-            credentials=gce.credentials,
-            api_endpoint=gce.api_endpoint,
-            image=base_image,
-            network=gce.network,
-            network_tag=NETWORK_TAG,  # the jobs' tag: its `-ssh` firewall rule lets us in
+        # The builder is a job of its own: its own tag and rules (SSH from this controller), made by
+        # create and deleted with it; it opens no training ports, so an open network does not matter.
+        provider = IsolatedGceProvider(
+            gce.project, ports=TF_PORTS, ssh_ranges=gce.ssh_source_ranges, allow_open_network=True,
+            learn_address=address_learner(gce.api_endpoint), credentials=gce.credentials,
+            api_endpoint=gce.api_endpoint, image=base_image, network=gce.network,
         )
-        try:
-            provider.ensure_cluster_firewall(NETWORK_TAG, TF_PORTS)
-        except ProviderError as exc:
-            provider.close()
-            raise BakeError(f"cannot set up the firewall rules for SSH: {exc}") from exc
     if not isinstance(provider, SupportsImages):
         raise UserError(f"provider {provider.name or type(provider).__name__} cannot create images")
     own_transport = transport is None
@@ -206,15 +194,14 @@ def bake_image(
         from orchestrator.transport.ssh import SshTransport
 
         transport = SshTransport()
-    # Emulated instances are reached through a local sshd as the current user, as cloud_backends does.
-    user = gce.ssh_user if gce.api_endpoint is None else None
+    user = gce.ssh_user  # as providers.gce.backend reaches a job's VMs
 
     what = f"{plan.role} image{' for ' + plan.gpu if plan.gpu else ''}"
-    console.print(f"baking the {what}: image [bold]{plan.image}[/bold], family {plan.family}")
+    say(f"baking the {what}: image {plan.image}, family {plan.family}")
     key_path, public = job_key(plan.builder)
     tried: list[str] = []
     try:
-        zone = _create_builder(provider, plan, gce.ssh_user, public, tried)
+        zone = _create_builder(provider, plan, gce.ssh_user, public, tried, say)
         observed = _wait_running(provider, plan.builder, boot_timeout_s, poll_s)
         ep = Endpoint(
             workdir=observed.workdir or "orchestrator",
@@ -222,21 +209,22 @@ def bake_image(
             port=observed.ssh_port or 22,
             user=user,
             key_path=str(key_path),
+            host_key_source=partial(published_host_keys, provider, plan.builder, zone),  # pinned
         )
-        console.print(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
+        say(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
         transport.wait_reachable(ep, ssh_timeout_s)
         transport.put(ep, recipe, recipe.name)
         env = {"ROLE": plan.role, "GPU": plan.gpu or ""}
-        console.print(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
-        _run_recipe(transport, ep, command, env, wait_s, poll_s)
+        say(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
+        _run_recipe(transport, ep, command, env, wait_s, poll_s, say)
         if own_transport:
             _close(transport)  # the VM is about to stop; do not keep a dead connection around
-        console.print(f"recipe done; imaging the boot disk of {plan.builder} into {plan.image}")
+        say(f"recipe done; imaging the boot disk of {plan.builder} into {plan.image}")
         provider.create_image(plan.image, plan.builder, zone, family=plan.family)
     except (ProviderError, TransportError) as exc:
         raise BakeError(f"baking the {what} failed: {exc}") from exc
     finally:
-        leaked = _cleanup(provider, plan.builder, tried)
+        leaked = _cleanup(provider, plan.builder, tried, say)
         delete_job_key(plan.builder)
         if own_transport:
             _close(transport)
@@ -248,15 +236,15 @@ def bake_image(
                 f"in {', '.join(leaked)}: delete it yourself or run `orchestrator gc --yes`"
             )
     project = getattr(provider, "project", "<project>")
-    console.print(
-        f"[green]image {plan.image} created[/green] in family {plan.family}; use it with\n"
-        f"  provider.image: projects/{project}/global/images/family/{plan.family}",
-        soft_wrap=True,
+    say(
+        f"image {plan.image} created in family {plan.family}; use it with\n"
+        f"  provider.image: projects/{project}/global/images/family/{plan.family}"
     )
     return plan.image
 
 
-def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, tried: list[str]) -> str:
+def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, tried: list[str],
+                    say: Callable[[str], None]) -> str:
     """Create the builder in the first zone that has capacity; returns that zone."""
     last: ProviderError | None = None
     for zone in plan.zones:
@@ -272,9 +260,10 @@ def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, 
             gpu=plan.gpu,
             gpu_count=1 if plan.gpu else 0,
             labels={"orch-bake": "1"},
-            metadata={"ssh-keys": f"{user}:{public}", "block-project-ssh-keys": "true"},
+            metadata={"ssh-keys": f"{user}:{public}", "block-project-ssh-keys": "true",
+                      "enable-guest-attributes": "TRUE"},  # the guest agent publishes the host keys
         )
-        console.print(
+        say(
             f"creating builder VM {plan.builder} ({plan.machine_type}"
             f"{', 1x' + plan.gpu if plan.gpu else ''}, on-demand) in {zone}"
         )
@@ -283,7 +272,7 @@ def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, 
             provider.create(request)
             return zone
         except (CapacityError, QuotaError) as exc:
-            console.print(f"  {zone}: {exc.message}; trying the next zone")
+            say(f"  {zone}: {exc.message}; trying the next zone")
             last = exc
     assert last is not None
     raise last
@@ -304,7 +293,8 @@ def _wait_running(provider: Provider, name: str, timeout_s: float, poll_s: float
 
 
 def _run_recipe(
-    transport: Transport, ep: Endpoint, command: list[str], env: dict[str, str], wait_s: float, poll_s: float
+    transport: Transport, ep: Endpoint, command: list[str], env: dict[str, str], wait_s: float, poll_s: float,
+    say: Callable[[str], None],
 ) -> None:
     """Start the recipe detached (an SSH drop does not kill it), follow its log, check its exit code."""
     transport.start(ep, PROC, command, env=env)
@@ -321,7 +311,7 @@ def _run_recipe(
         partial = lines.pop()
         for line in lines:
             tail.append(line)
-            console.print(f"  | {line}", markup=False, highlight=False)
+            say(f"  | {line}")
 
     while True:
         status = transport.status(ep, [PROC])[PROC]
@@ -329,7 +319,7 @@ def _run_recipe(
         if status.state == ProcState.EXITED:
             if partial:
                 tail.append(partial)
-                console.print(f"  | {partial}", markup=False, highlight=False)
+                say(f"  | {partial}")
             if status.exit_code != 0:
                 last = "\n".join(f"  | {line}" for line in tail)
                 raise BakeError(
@@ -346,7 +336,7 @@ def _run_recipe(
         time.sleep(poll_s)
 
 
-def _cleanup(provider: Provider, name: str, zones: list[str]) -> list[str]:
+def _cleanup(provider: Provider, name: str, zones: list[str], say: Callable[[str], None]) -> list[str]:
     """Delete the builder in every zone it was tried in (not-found is success); returns the zones where
     deleting failed, after saying so loudly."""
     leaked: list[str] = []
@@ -355,13 +345,12 @@ def _cleanup(provider: Provider, name: str, zones: list[str]) -> list[str]:
             provider.delete(name, zone)
         except ProviderError as exc:
             leaked.append(zone)
-            console.print(
-                f"[bold red]could not delete builder VM {name} in {zone}:[/bold red] {exc}; "
-                "delete it yourself or run `orchestrator gc --yes`",
-                highlight=False,
+            say(
+                f"could not delete builder VM {name} in {zone}: {exc}; "
+                "delete it yourself or run `orchestrator gc --yes`"
             )
     if zones and not leaked:
-        console.print(f"deleted builder VM {name}")
+        say(f"deleted builder VM {name}")
     return leaked
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.control.backends import Backend
-from orchestrator.providers.base import ObservedInstance, ObservedState
+from orchestrator.core.instances import ObservedInstance, ObservedState
+from orchestrator.providers.registry import Backend
 from orchestrator.storage.base import JobStorage
 from orchestrator.transport.local import LocalTransport
 

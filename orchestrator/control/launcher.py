@@ -1,33 +1,81 @@
-"""`orchestrator launch` (foreground, with a live display) and `orchestrator cancel`."""
+"""`orchestrator launch` (foreground) and `orchestrator cancel`: the control flow, no display.
+
+What a foreground launch shows goes through a ``LaunchReporter`` (cli/launch_view.py draws it on the
+console); ``cancel_job`` returns what happened (``CancelResult``) for the caller to print.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from rich.live import Live
 from sqlalchemy.orm import Session
 
-from orchestrator.cli.progress import LineFollower, emit, live_view
-from orchestrator.cli.render import console, duration, money, pct
+from orchestrator.control.daemon import daemon_running
 from orchestrator.control.driver import release, run_pass, spec_to_yaml
-from orchestrator.errors import UserError
-from orchestrator.providers.ssh import load_inventory
-from orchestrator.slots import cluster_shape
-from orchestrator.spec import JobSpec, SshProvider
+from orchestrator.control.gc import finish_pending_deletes
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import LaunchPlan, plan_spec
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.status import FINAL_JOB, JobStatus
+from orchestrator.providers.ssh.provider import load_inventory
 from orchestrator.store import queries
-from orchestrator.store.db import open_session
+from orchestrator.store.db import default_url, open_session
 from orchestrator.store.models import Event, Job
-from orchestrator.store.status import FINAL_JOB, JobStatus
 
 if TYPE_CHECKING:
-    from orchestrator.costmodel import PlanResult
+    from orchestrator.core.costmodel import PlanResult
+
+log = logging.getLogger(__name__)
+
+
+class LaunchReporter(Protocol):
+    """What a foreground launch tells its user; the launcher decides what happens, the reporter shows it."""
+
+    def say(self, text: str) -> None:
+        """One plain line (no markup)."""
+
+    def recorded(self, job_id: str, plan: LaunchPlan, provider: str, *, detach: bool) -> None: ...
+
+    def start(self) -> None: ...
+
+    def update(self, session: Session, job: Job) -> None:
+        """After each pass: the job's rows as they are now."""
+
+    def stop(self) -> None: ...
+
+    def finished(self, session: Session, job_id: str) -> None:
+        """The job ended (or was handed over): its summary."""
+
+
+class LogReporter:
+    """A reporter for embedded use (no console): lines go to the log."""
+
+    def say(self, text: str) -> None:
+        log.info("%s", text)
+
+    def recorded(self, job_id: str, plan: LaunchPlan, provider: str, *, detach: bool) -> None:
+        log.info("job %s recorded (%s, provider %s)", job_id, plan.shape, provider)
+
+    def start(self) -> None:
+        pass
+
+    def update(self, session: Session, job: Job) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def finished(self, session: Session, job_id: str) -> None:
+        log.info("job %s: %s", job_id, getattr(session.get(Job, job_id), "status", "?"))
 
 
 def new_job_id(name: str) -> str:
@@ -35,11 +83,13 @@ def new_job_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"
 
 
-def create_job(session: Session, spec: JobSpec) -> Job:
+def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) -> Job:
+    """The job row, its first event and its stored plan (the desired state every pass drives toward)."""
+    plan = plan or plan_spec(spec)
     now = time.time()
     storage = spec.storage if spec.storage.startswith("gs://") else str(Path(spec.storage).expanduser().resolve())
     job = Job(id=new_job_id(spec.name), name=spec.name, provider=spec.provider.kind, mode=spec.mode.value,
-              cluster_shape=cluster_shape(spec), spec_yaml=spec_to_yaml(spec), storage_uri=storage,
+              cluster_shape=plan.shape, spec_yaml=spec_to_yaml(spec), storage_uri=storage,
               price_book=spec.pricing.book, status=JobStatus.PENDING.value, train_steps=spec.training.train_steps,
               budget_usd=spec.policy.budget_usd, deadline_s=spec.policy.deadline, restarts=0, metrics_offset=0,
               cancel_requested=False, created_at=now, updated_at=now)
@@ -47,6 +97,7 @@ def create_job(session: Session, spec: JobSpec) -> Job:
     session.flush()
     session.add(Event(job_id=job.id, entity="job", from_status=None, to_status=JobStatus.PENDING.value,
                       reason="recorded", at=now))
+    queries.save_intent(session, job.id, plan, now)
     session.commit()
     return job
 
@@ -57,24 +108,26 @@ def owner_id(kind: str) -> str:
 
 def preflight(spec: JobSpec) -> None:
     """Provider checks that need more than the spec (the SSH inventory's content); raises before any row exists."""
-    if isinstance(spec.provider, SshProvider):
-        load_inventory(spec.provider.inventory)
+    if (inventory := spec.provider.inventory_path) is not None:
+        load_inventory(inventory)
 
 
-def launch_job(spec: JobSpec, planned: PlanResult | None, *, detach: bool, poll_s: float, quiet: bool) -> str:
+def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | None = None, *, detach: bool,
+               poll_s: float, reporter: LaunchReporter | None = None) -> str:
+    """Record the job with ``plan`` (the spec's one expansion, as the dry run and quota check saw it) and,
+    unless detached, drive it here until it ends."""
+    reporter = reporter or LogReporter()
     preflight(spec)  # validation is complete before the job row: a refusal leaves nothing behind
+    plan = plan or plan_spec(spec)
     with open_session() as session:
-        job = create_job(session, spec)
+        job = create_job(session, spec, plan)
         job_id = job.id
         if planned is not None:  # what the planner chose, and the front it chose from
             result = planned.to_dict()
             queries.save_plan(session, spec.name, result.get("chosen") or {}, result.get("front") or [], job_id)
-    console.print(f"job [bold]{job_id}[/bold] recorded ({cluster_shape(spec)}, provider {spec.provider.kind})")
-    if detach:
-        console.print("a running `orchestrator daemon` will drive it; follow with "
-                      f"`orchestrator status {job_id}` or `orchestrator logs {job_id} -f`")
-        return job_id
-    drive_foreground(job_id, poll_s=poll_s, quiet=quiet)
+    reporter.recorded(job_id, plan, spec.provider.kind, detach=detach)
+    if not detach:
+        drive_foreground(job_id, poll_s=poll_s, reporter=reporter)
     return job_id
 
 
@@ -86,7 +139,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
-def drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> None:
+def drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter | None = None) -> None:
     """Drive the job here until it ends. Ctrl-C or SIGTERM cancels it: a running daemon gets the teardown
     (handed over), else it is done here; either way the launch then exits non-zero (130 / 143)."""
     try:
@@ -94,7 +147,7 @@ def drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> None:
     except ValueError:  # not the main thread (embedded use): SIGTERM keeps its handler
         previous = None
     try:
-        code = _drive_foreground(job_id, poll_s=poll_s, quiet=quiet)
+        code = _drive_foreground(job_id, poll_s=poll_s, reporter=reporter or LogReporter())
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -102,11 +155,9 @@ def drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> None:
         raise SystemExit(code)
 
 
-def _cancel_on_signal(session: Session, owner: str, job_id: str, exc: KeyboardInterrupt) -> bool:
+def _cancel_on_signal(session: Session, owner: str, job_id: str, exc: KeyboardInterrupt,
+                      reporter: LaunchReporter) -> bool:
     """Mark the job cancelled; True when a running daemon takes the teardown over (the launch may go)."""
-    from orchestrator.control.daemon import daemon_running
-    from orchestrator.store.db import default_url
-
     what = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
     job = session.get(Job, job_id)
     if job is not None:
@@ -115,25 +166,20 @@ def _cancel_on_signal(session: Session, owner: str, job_id: str, exc: KeyboardIn
         session.commit()
     if daemon_running(default_url()):
         release(session, owner, [job_id])
-        console.print(f"{what}: cancel recorded; handed over: the running `orchestrator daemon` tears down every "
-                      f"instance (follow with `orchestrator status {job_id}`)", highlight=False, markup=False)
+        reporter.say(f"{what}: cancel recorded; handed over: the running `orchestrator daemon` tears down every "
+                     f"instance (follow with `orchestrator status {job_id}`)")
         return True
-    console.print(f"{what}: cancelling: tearing down every instance here before exiting (again to leave it to "
-                  "`orchestrator daemon` / `orchestrator cancel`)", highlight=False, markup=False)
+    reporter.say(f"{what}: cancelling: tearing down every instance here before exiting (again to leave it to "
+                 "`orchestrator daemon` / `orchestrator cancel`)")
     return False
 
 
-def _drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> int:
+def _drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter) -> int:
     owner = owner_id("launch")
     cancelled = False
     code = 0
     with open_session() as session:
-        # Not a terminal (piped, CI, nohup): event lines plus a progress line every N s instead of a live view.
-        live = None if quiet or not console.is_terminal else Live(console=console, refresh_per_second=2,
-                                                                  transient=False)
-        follower = LineFollower(job_id, steps=False)  # steps: in the progress line; every one: `logs -f`
-        if live is not None:
-            live.start()
+        reporter.start()
         try:
             while True:
                 try:
@@ -141,11 +187,7 @@ def _drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> int:
                     session.expire_all()
                     job = session.get(Job, job_id)
                     assert job is not None
-                    evs = queries.events(session, job_id)
-                    if live is not None:
-                        live.update(live_view(session, job, evs))
-                    else:
-                        emit(follower.poll(session, job))
+                    reporter.update(session, job)
                     if job.status in FINAL_JOB:
                         break
                     time.sleep(poll_s)
@@ -153,41 +195,41 @@ def _drive_foreground(job_id: str, *, poll_s: float, quiet: bool) -> int:
                     session.rollback()
                     code = 143 if isinstance(exc, Terminated) else 130
                     if cancelled:
-                        console.print("leaving the teardown to `orchestrator daemon` / `orchestrator cancel`")
+                        reporter.say("leaving the teardown to `orchestrator daemon` / `orchestrator cancel`")
                         release(session, owner, [job_id])
                         return code
                     cancelled = True
-                    if _cancel_on_signal(session, owner, job_id, exc):
+                    if _cancel_on_signal(session, owner, job_id, exc, reporter):
                         return code
         finally:
-            if live is not None:
-                live.stop()
+            reporter.stop()
         release(session, owner, [job_id])
-        _final_report(session, job_id)
+        session.expire_all()
+        reporter.finished(session, job_id)
     return code
 
 
-def _final_report(session: Session, job_id: str) -> None:
-    session.expire_all()
-    summary = queries.job_summaries(session, [job_id])[0]
-    cost = queries.job_cost(session, job_id)
-    console.print(
-        f"[bold]{job_id}[/bold] {summary['status']}: accuracy {pct(summary['accuracy'])}, wall time "
-        f"{duration(summary['wall_time_s'])}, cost {money(summary['cost_usd'])} (workers {money(cost.get('worker'))}, "
-        f"ps {money(cost.get('ps'))}, chief {money(cost.get('chief'))}), revocations {summary['revocations']}, "
-        f"replacements {summary['replacements']}, restarts {summary['restarts']}")
-    console.print(f"[dim]{summary['status_reason'] or ''}[/dim]")
+@dataclass(frozen=True)
+class CancelResult:
+    """What `orchestrator cancel` did, for its caller to show."""
+
+    job_id: str
+    status: str
+    already_final: bool = False
+    cost_usd: float = 0.0
+    last_error: str | None = None
+    undeleted: tuple[str, ...] = ()  # instances the provider could not be reached to delete
+    problems: tuple[str, ...] = ()
 
 
-def cancel_job(job_ref: str, wait_s: float = 120.0) -> None:
+def cancel_job(job_ref: str, wait_s: float = 120.0) -> CancelResult:
     """Mark the job cancelled and tear it down now (or let its current driver do so)."""
     with open_session() as session:
         job = queries.get_job(session, job_ref)
         if job is None:
             raise UserError(f"no job '{job_ref}'; `orchestrator status` lists them")
         if job.status in FINAL_JOB:
-            console.print(f"{job.id} is already {job.status}")
-            return
+            return CancelResult(job.id, job.status, already_final=True)
         job.cancel_requested = True
         job.retry_at = None  # a job backing off after failed passes is driven at once
         session.commit()
@@ -203,24 +245,15 @@ def cancel_job(job_ref: str, wait_s: float = 120.0) -> None:
                 break
             time.sleep(0.5)
         release(session, owner, [job_id])
-        _report_cancel(session, job_id)
+        return _cancel_result(session, job_id)
 
 
-def _report_cancel(session: Session, job_id: str) -> None:
-    from orchestrator.control.gc import finish_pending_deletes
-
+def _cancel_result(session: Session, job_id: str) -> CancelResult:
     problems = finish_pending_deletes([job_id])
     session.expire_all()
     job = session.get(Job, job_id)
     assert job is not None
-    cost = queries.job_cost(session, job_id)["total"]
-    if job.status not in FINAL_JOB:
-        console.print(f"{job_id}: cancel recorded, still {job.status} (last error: {job.last_error or 'none'}); "
-                      "its driver finishes the teardown", highlight=False, markup=False)
-        return
-    pending = [i.name for i in job.instances if i.status == "deleting"]
-    console.print(f"{job_id}: {job.status}; ledger at {money(cost)}", highlight=False, markup=False)
-    if pending:
-        console.print(f"{len(pending)} instance(s) could not be reached to delete ({'; '.join(problems) or 'pending'}"
-                      f"): {', '.join(pending)}; the daemon's sweep and `orchestrator gc --yes` delete them when "
-                      "the provider can be reached", highlight=False, markup=False)
+    return CancelResult(job_id, job.status, cost_usd=queries.job_cost(session, job_id)["total"],
+                        last_error=job.last_error, undeleted=tuple(i.name for i in job.instances
+                                                                   if i.status == "deleting"),
+                        problems=tuple(problems))

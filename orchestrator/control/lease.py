@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import event, or_, select
 from sqlalchemy.orm import Session
 
+from orchestrator.core.status import ACTIVE_JOB
 from orchestrator.store import queries
 from orchestrator.store.models import Job
-from orchestrator.store.status import ACTIVE_JOB
 
 LEASE_S = 20.0
 _GUARD = "lease_guard"

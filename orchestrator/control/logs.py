@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
-from orchestrator.cli.render import console
-from orchestrator.control.backends import backend_for
 from orchestrator.control.driver import job_spec
 from orchestrator.control.execute import TASK
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
+from orchestrator.core.status import FINAL_JOB
+from orchestrator.providers.registry import backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
-from orchestrator.store.status import FINAL_JOB
 
 
-def print_logs(job_ref: str, *, instance: str | None, follow: bool, lines: int) -> None:
+def print_logs(job_ref: str, *, instance: str | None, follow: bool, lines: int,
+               say: Callable[[str], None] = print) -> None:
+    """The job's events (one line each, through ``say``: the CLI passes its console) or a task log."""
     with open_session() as session:
         job = queries.get_job(session, job_ref)
         if job is None:
@@ -28,9 +30,8 @@ def print_logs(job_ref: str, *, instance: str | None, follow: bool, lines: int) 
                 evs = queries.events(session, job_id)
                 start = max(shown, len(evs) - lines) if shown == 0 else shown
                 for e in evs[start:]:
-                    console.print(f"{time.strftime('%H:%M:%S', time.localtime(e.at))} {e.entity:8} "
-                                  f"{(e.from_status or ''):12} -> {e.to_status:14} {e.reason or ''}",
-                                  highlight=False, markup=False)
+                    say(f"{time.strftime('%H:%M:%S', time.localtime(e.at))} {e.entity:8} "
+                        f"{(e.from_status or ''):12} -> {e.to_status:14} {e.reason or ''}")
                 shown = len(evs)
                 job = queries.get_job(session, job_id)
                 if not follow or job is None or job.status in FINAL_JOB:

@@ -24,8 +24,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.core.status import ACTIVE_JOB, InstanceStatus
 from orchestrator.store.models import Event, Instance, Job
-from orchestrator.store.status import ACTIVE_JOB, InstanceStatus
 
 log = logging.getLogger(__name__)
 RECENT_S = 3600.0  # finished jobs keep their spend / step series this long, so a dashboard sees the end

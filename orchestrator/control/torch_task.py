@@ -9,22 +9,21 @@ is that slot's current instance and port; a replacement keeps the port.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.providers.base import Role
-from orchestrator.slots import Slot
-from orchestrator.spec import JobSpec, LocalProvider
+from orchestrator.core.instances import Role
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.status import EndReason
+from orchestrator.core.task import TorchSection
+from orchestrator.core.torch_spec import argv, is_pytorch, is_run_job
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job
-from orchestrator.store.status import EndReason
-from orchestrator.torch_spec import argv, is_pytorch, is_run_job
-
-if TYPE_CHECKING:
-    from orchestrator.control.execute import JobContext
 
 EVENTS = "torch_events.jsonl"  # appended by the payload's rank 0: world changes, checkpoints on notice
 EVENT_KINDS = ("world", "shrink", "grow", "ckpt_on_notice")
@@ -48,37 +47,35 @@ def node_argv(python: str) -> list[str]:
     return [python, "jobs/torchjob/node.py", "--task", "task.json"]
 
 
-def _current(ctx: JobContext, slot: Slot) -> Instance | None:
-    insts = [i for i in ctx.job.instances if i.slot == slot.name and i.end_reason != EndReason.CREATE_FAILED.value]
+def _current(instances: list[Instance], slot: Slot) -> Instance | None:
+    insts = [i for i in instances if i.slot == slot.name and i.end_reason != EndReason.CREATE_FAILED.value]
     return max(insts, key=lambda i: i.generation, default=None)
 
 
-def torch_fields(ctx: JobContext, inst: Instance, global_batch: int) -> dict[str, Any]:
-    """task.json additions for one node: ``gpu`` and the ``torch`` section (see jobs/torchjob/task.py)."""
-    spec = ctx.spec
-    host_slot = rendezvous_slot(ctx.slots)
-    host = _current(ctx, host_slot) if host_slot is not None else None
+def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], inst: Instance, global_batch: int,
+                  emulation_sleep: Callable[[str | None, int], float]) -> TorchSection:
+    """task.json's ``torch`` section for one node (see jobs/torchjob/task.py)."""
+    host_slot = rendezvous_slot(slots)
+    host = _current(instances, host_slot) if host_slot is not None else None
     address = host.host if host is not None and host.host else "127.0.0.1"
     port = host.port if host is not None and host.port else 29500
-    workers = [s for s in ctx.slots if s.role == Role.WORKER]
+    workers = [s for s in slots if s.role == Role.WORKER]
     planned = inst.batch or 128
     points = sorted({1, max(1, planned // 2), planned, planned * 2, global_batch})
     training = spec.training
-    return {
-        "gpu": inst.gpu,
-        "torch": {
-            "rdzv_endpoint": f"{address}:{port}",
-            "is_rdzv_host": host_slot is not None and inst.slot == host_slot.name,
-            "min_nodes": min(getattr(training, "min_workers", None) or 1, len(workers)),
-            "max_nodes": len(workers),
-            "max_restarts": MAX_RESTARTS,
-            "threads": 1 if isinstance(spec.provider, LocalProvider) else None,
-            "sleep_table": [[b, ctx.emulation_sleep(inst.gpu, b)] for b in points],
-            "run": argv(getattr(training, "run", None)),
-            "setup": argv(getattr(training, "setup", None)),
-            "env": {},  # the spec's env: and secrets go to the process environment, not to this file
-        },
-    }
+    run, setup = argv(getattr(training, "run", None)), argv(getattr(training, "setup", None))
+    return TorchSection(
+        rdzv_endpoint=f"{address}:{port}",
+        is_rdzv_host=host_slot is not None and inst.slot == host_slot.name,
+        min_nodes=min(getattr(training, "min_workers", None) or 1, len(workers)),
+        max_nodes=len(workers),
+        max_restarts=MAX_RESTARTS,
+        threads=1 if spec.provider.emulates_gpus else None,
+        sleep_table=tuple((float(b), emulation_sleep(inst.gpu, b)) for b in points),
+        run=None if run is None else tuple(run),
+        setup=None if setup is None else tuple(setup),
+        env={},  # the spec's env: and secrets go to the process environment, not to this file
+    )
 
 
 def push_paths(spec: JobSpec) -> list[Any]:

@@ -1,147 +1,32 @@
-"""The provider interface: three methods, typed requests and observations, typed cloud errors.
+"""The provider interface: three methods (``create``, ``delete``, ``list``) and optional capabilities.
 
 A provider is deliberately small (like dstack's ``Compute``): ``create`` (idempotent by the
 deterministic instance name), ``delete`` (not-found is success) and ``list`` (one call sees every
-instance of the given jobs). Optional capabilities are separate mixins.
+instance of the given jobs). Optional capabilities are separate small protocols. The typed requests,
+observations and errors live in orchestrator.core (instances, cloud_errors).
+
+A ``Backend`` is what each provider package (``providers/<kind>/backend.py``) builds for the controller:
+the provider plus what differs between providers beyond create/delete/list: how to reach an instance
+(endpoint), what an instance must carry at creation (metadata: SSH key, shutdown script), which Python
+runs the payload, and whether a replacement keeps its slot's network address.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+import socket
+import sys
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from orchestrator.core.instances import InstanceRequest, ObservedInstance
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import JobSpec
+from orchestrator.storage.base import JobStorage
+from orchestrator.transport.base import Endpoint, Transport
 
-class Role(StrEnum):
-    PS = "ps"
-    CHIEF = "chief"
-    WORKER = "worker"
-
-
-# Labels every instance carries, so a restarted controller (or `orchestrator gc`) finds its VMs.
-LABEL_MANAGED = "orchestrator"  # value "1"
-LABEL_JOB = "orch-job"
-LABEL_ROLE = "orch-role"
-LABEL_INDEX = "orch-index"
-LABEL_GENERATION = "orch-gen"
-
-
-def instance_name(job_id: str, role: Role | str, index: int, generation: int) -> str:
-    """Deterministic name ``<job>-<role>-<index>-<generation>`` (valid GCE name: lowercase, <=63)."""
-    name = f"{job_id}-{Role(role).value}-{index}-{generation}"
-    if len(name) > 63:
-        raise ValueError(f"instance name {name!r} is longer than 63 characters; shorten the job name")
-    return name
-
-
-@dataclass(frozen=True)
-class InstanceRequest:
-    """What to create. ``name`` is deterministic, so creating twice is a no-op."""
-
-    name: str
-    job_id: str
-    role: Role
-    index: int
-    generation: int
-    zone: str
-    machine_type: str
-    spot: bool
-    gpu: str | None = None  # catalog key, e.g. "k80"; None for CPU-only (PS, chief)
-    gpu_count: int = 0
-    price_per_hour: float = 0.0
-    labels: dict[str, str] = field(default_factory=dict)
-    metadata: dict[str, str] = field(default_factory=dict)
-    # Local provider only: seconds after creation at which the emulated cloud revokes this instance.
-    revoke_after_s: float | None = None
-    # Cloud-side deadline: the cloud stops/deletes the VM itself after this many seconds (GCE
-    # scheduling.maxRunDuration), so spend stays bounded even if every controller is dead.
-    max_run_s: int | None = None
-    flex_start: bool = False  # GCE Dynamic Workload Scheduler (provisioningModel=FLEX_START); not spot
-
-    def all_labels(self) -> dict[str, str]:
-        base = {
-            LABEL_MANAGED: "1",
-            LABEL_JOB: self.job_id,
-            LABEL_ROLE: self.role.value,
-            LABEL_INDEX: str(self.index),
-            LABEL_GENERATION: str(self.generation),
-        }
-        return {**self.labels, **base}
-
-
-class ObservedState(StrEnum):
-    """What the provider reports, normalised across clouds."""
-
-    PENDING = "pending"  # PROVISIONING / STAGING
-    RUNNING = "running"
-    STOPPING = "stopping"  # GCE STOPPING: a preemption in progress, or a stop we asked for
-    TERMINATED = "terminated"  # stopped / preempted / host unreachable; still billed for disk only
-
-
-@dataclass(frozen=True)
-class ObservedInstance:
-    name: str
-    job_id: str
-    role: Role
-    index: int
-    generation: int
-    zone: str
-    state: ObservedState
-    provider_id: str = ""
-    host: str | None = None  # address the transport connects to
-    ssh_port: int | None = None
-    workdir: str | None = None  # the instance's "disk" (local / emulated instances)
-    preempted: bool = False  # the provider says the cloud revoked it (not a stop we asked for)
-    gpu: str | None = None
-    spot: bool = False
-    # Address inside the cluster's network (TensorFlow traffic; the firewall opens its ports only there).
-    internal_host: str | None = None
-
-
-# ---------------------------------------------------------------- typed cloud errors
-
-
-class ProviderError(Exception):
-    """Base of every provider error. Fields are constructor arguments, never bolted on later."""
-
-    retryable: bool = False
-
-    def __init__(self, message: str, *, zone: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.zone = zone
-
-
-class CapacityError(ProviderError):
-    """The zone has no capacity for this shape (GCE ZONE_RESOURCE_POOL_EXHAUSTED): try the next zone."""
-
-    def __init__(self, message: str, *, zone: str, resource: str = "") -> None:
-        super().__init__(message, zone=zone)
-        self.resource = resource
-
-
-class QuotaError(ProviderError):
-    """A regional quota is exhausted (GCE QUOTA_EXCEEDED): try the next region or ask for more quota."""
-
-    def __init__(self, message: str, *, zone: str | None, region: str, metric: str) -> None:
-        super().__init__(message, zone=zone)
-        self.region = region
-        self.metric = metric
-
-
-class AuthError(ProviderError):
-    """Credentials missing or lacking permission: fail fast, say what to fix."""
-
-
-class InvalidRequestError(ProviderError):
-    """The cloud rejected the request as malformed (unknown machine type, bad image, ...)."""
-
-
-class TransientError(ProviderError):
-    """5xx, timeouts, rate limits: retried with bounded backoff."""
-
-    retryable = True
+TF_PORT = 2222  # the TensorFlow task port on cloud instances (one task per VM)
+StepSleep = Callable[[str | None, int], float]  # (gpu, batch) -> emulated seconds per step (local GPUs)
 
 
 class Provider(abc.ABC):
@@ -184,3 +69,49 @@ class SupportsImages(abc.ABC):
 
     @abc.abstractmethod
     def create_image(self, name: str, source_instance: str, zone: str, family: str | None = None) -> None: ...
+
+
+def _local_endpoint(observed: ObservedInstance) -> Endpoint:
+    return Endpoint(workdir=observed.workdir or ".")
+
+
+def _no_metadata(job_id: str, name: str, storage: JobStorage) -> dict[str, str]:
+    return {}
+
+
+def _no_request_metadata(spec: JobSpec, slots: Sequence[Slot], step_sleep: StepSleep) -> dict[str, str]:
+    return {}
+
+
+@dataclass
+class Backend:
+    key: str  # jobs with the same key share one provider.list() per pass
+    provider: Provider
+    transport: Transport
+    # None: every task gets a distinct free port on this machine (all instances share its address);
+    # else every task listens on this port of its own instance.
+    fixed_task_port: int | None
+    endpoint: Callable[[ObservedInstance], Endpoint] = _local_endpoint
+    instance_metadata: Callable[[str, str, JobStorage], dict[str, str]] = _no_metadata
+    # Per-job create-request metadata that depends on the spec and its slots (local: the progress clock).
+    request_metadata: Callable[[JobSpec, Sequence[Slot], StepSleep], dict[str, str]] = _no_request_metadata
+    python: str = sys.executable
+    task_env: dict[str, str] = field(default_factory=dict)
+    # False on real clouds: a replacement VM gets a new IP, so an async chief must restart to reach it.
+    stable_addresses: bool = True
+    prepare_network: Callable[[], None] | None = None  # run once before the first create (firewall)
+    network_ready: bool = False
+
+    def task_port(self, previous: int | None) -> int:
+        if previous is not None:
+            return previous  # a replacement takes over its slot's address
+        if self.fixed_task_port is not None:
+            return self.fixed_task_port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    def ensure_network(self) -> None:
+        if self.prepare_network is not None and not self.network_ready:
+            self.prepare_network()
+            self.network_ready = True

@@ -1,8 +1,11 @@
 """Simulation of training jobs on revocable instances (see docs/simulator.md).
 
-* ``traces`` / ``distributions`` / ``revocation``: lifetime traces and the revocation models fitted
-  to them (``load_revocation_model``);
+* the revocation models it samples live in ``orchestrator.core.revocation``; every replacement decision
+  and timing is the daemon's own policy, ``orchestrator.core.policy``;
+* ``cluster``: what a simulation is about (``SimCluster``, ``SimSlot``) and one run's result;
 * ``engine``: the discrete-event simulation of one run (``simulate``, ``replay``);
+* ``observed``: the daemon's view at each simulated revocation, handed to the real ``core.reconcile``
+  (``compare_with_daemon``);
 * ``montecarlo``: many runs (``run_monte_carlo``);
 * ``from_spec``: JobSpec -> ``SimCluster`` (the only user of the cost model);
 * ``replay_db``: replay a finished job recorded in the results DB.

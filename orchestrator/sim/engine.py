@@ -8,10 +8,12 @@ Model, in the job's wall-clock seconds from the moment every instance is request
   the step rate is ``rate_fn(live workers)`` or, by default, async: the sum of the live workers'
   rates capped by the PS capacity; sync: the slowest live worker's rate;
 * every ``checkpoint_every`` steps training stalls ``checkpoint_cost_s`` to write a checkpoint;
-* a spot instance is revoked when its lifetime (from a ``LifetimeSource``) runs out; a revoked
-  worker is replaced per the policy (``replace``: same type and pricing, same zone or the next one
-  when ``rotate_zones``; ``fallback-on-demand``: an on-demand instance, never revoked again;
-  ``shrink``: no replacement), at most ``max_replacements`` times in all;
+* a spot instance is revoked when its lifetime (from a ``LifetimeSource``) runs out; whether and how it
+  is replaced is decided by the daemon's own functions, ``core.policy.decide_replacement`` and
+  ``replacement_zones`` (``replace``: same type and pricing, same zone, or the next one when
+  ``rotate_zones``; ``fallback-on-demand``: an on-demand instance, never revoked again; ``shrink``: no
+  replacement), at most ``max_replacements`` times in all; ``sim.observed`` checks it against the
+  daemon's ``core.reconcile``;
 * losing a PS or the chief rolls training back to the last completed checkpoint and pauses it until
   the replacement is up (PS and chief are replaced under every policy, shrink included);
 * with ``enforce_limits`` the run stops (failed) when the budget is spent or the deadline passes;
@@ -32,169 +34,49 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from dataclasses import replace
 from typing import Final, Protocol
 
-ROLE_PS: Final = "ps"
-ROLE_CHIEF: Final = "chief"
-ROLE_WORKER: Final = "worker"
-ROLES: Final = (ROLE_PS, ROLE_CHIEF, ROLE_WORKER)
-COST_KEYS: Final = ("ps", "chief", "workers")
+from orchestrator.core import policy
+from orchestrator.core.instances import Role
+from orchestrator.core.spec import OnRevocation
+from orchestrator.sim import observed
+from orchestrator.sim.cluster import (
+    COST_KEYS,
+    FAIL_BUDGET,
+    FAIL_DEADLINE,
+    FAIL_NO_REPLACEMENT,
+    FAIL_STALLED,
+    FAIL_WORKERS_LOST,
+    FAILURES,
+    POLICIES,
+    POLICY_FALLBACK,
+    POLICY_REPLACE,
+    POLICY_SHRINK,
+    ROLE_CHIEF,
+    ROLE_PS,
+    ROLE_WORKER,
+    ROLES,
+    RateFn,
+    RunResult,
+    SimCluster,
+    SimEvent,
+    SimSlot,
+)
 
-POLICY_REPLACE: Final = "replace"
-POLICY_SHRINK: Final = "shrink"
-POLICY_FALLBACK: Final = "fallback-on-demand"
-POLICIES: Final = (POLICY_REPLACE, POLICY_SHRINK, POLICY_FALLBACK)
-
-# Why a run did not finish.
-FAIL_BUDGET: Final = "budget"
-FAIL_DEADLINE: Final = "deadline"
-FAIL_WORKERS_LOST: Final = "workers_lost"
-FAIL_NO_REPLACEMENT: Final = "replacements_exhausted"  # a PS or the chief was lost with no replacement left
-FAIL_STALLED: Final = "stalled"
-FAILURES: Final = (FAIL_BUDGET, FAIL_DEADLINE, FAIL_WORKERS_LOST, FAIL_NO_REPLACEMENT, FAIL_STALLED)
+# Re-exported: the cluster and result types are part of the engine's interface.
+__all__ = [
+    "COST_KEYS", "FAILURES", "FAIL_BUDGET", "FAIL_DEADLINE", "FAIL_NO_REPLACEMENT", "FAIL_STALLED",
+    "FAIL_WORKERS_LOST", "POLICIES", "POLICY_FALLBACK", "POLICY_REPLACE", "POLICY_SHRINK", "ROLES",
+    "ROLE_CHIEF", "ROLE_PS", "ROLE_WORKER", "CompiledCluster", "FixedLifetimes", "LifetimeSource",
+    "NoRevocations", "RateFn", "RunResult", "ScheduleLifetimes", "SimCluster", "SimEvent", "SimSlot",
+    "advance", "compile_cluster", "no_revocation_time", "replay", "simulate", "time_to_finish",
+]
 
 _BOOTING: Final = 1
 _LIVE: Final = 2
 _GONE: Final = 0
 _INF: Final = math.inf
-
-RateFn = Callable[[tuple[int, ...]], float]
-"""Cluster steps/s given the (sorted) slot indices of the live workers."""
-
-
-@dataclass(frozen=True)
-class SimSlot:
-    """One position in the cluster; its instance may be replaced (a new generation) after a revocation."""
-
-    name: str  # "worker-0", "ps-0", "chief-0"
-    role: str  # "ps" | "chief" | "worker"
-    gpu: str | None = None  # lowercase catalog key; None for CPU instances
-    zone: str | None = None
-    spot: bool = False
-    price_per_hour: float = 0.0  # at the slot's own pricing (spot price if spot)
-    on_demand_price_per_hour: float | None = None  # for fallback-on-demand; default: price_per_hour
-    step_rate: float = 0.0  # steps/s this worker achieves on its own (workers only)
-    batch: int = 0
-    replacement_zones: tuple[str, ...] = ()  # tried in order after ``zone`` when rotate_zones
-    hosts_chief: bool = False  # a worker whose VM also runs the chief (ICAC'19 setup): its loss stops training
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"slot {self.name}: role '{self.role}' is not one of {', '.join(ROLES)}")
-        if self.price_per_hour < 0 or self.step_rate < 0:
-            raise ValueError(f"slot {self.name}: price and step rate must be >= 0")
-
-    @property
-    def critical(self) -> bool:
-        return self.role != ROLE_WORKER or self.hosts_chief
-
-    @property
-    def od_price(self) -> float:
-        return self.price_per_hour if self.on_demand_price_per_hour is None else self.on_demand_price_per_hour
-
-    def zone_for(self, generation: int, rotate: bool) -> str | None:
-        zones = (self.zone, *self.replacement_zones) if self.zone is not None else self.replacement_zones
-        if not zones:
-            return self.zone
-        return zones[generation % len(zones)] if rotate else zones[0]
-
-
-@dataclass(frozen=True)
-class SimCluster:
-    """Everything the engine needs about one job; build it by hand or with ``from_spec``."""
-
-    slots: tuple[SimSlot, ...]
-    train_steps: int
-    mode: str = "async"
-    ps_capacity_steps_per_s: float = math.inf
-    rate_fn: RateFn | None = field(default=None, compare=False)
-    checkpoint_every: int = 1000
-    checkpoint_cost_s: float = 3.75 + 0.02 * 2.0
-    policy: str = POLICY_REPLACE
-    max_replacements: int = 20
-    budget_usd: float | None = None
-    deadline_s: float | None = None
-    boot_delay_s: float = 70.0
-    spot_extra_boot_s: float = 15.0
-    preemptible: bool = False  # spot instances are stopped at 24 h (legacy GCE preemptible VMs)
-    enforce_limits: bool = True
-    rotate_zones: bool = False
-    name: str = "job"
-    model_mb: float = 2.0
-    # Deterministic revocations instead of a model: (slot, seconds) revokes the slot's first instance.
-    schedule: tuple[tuple[str, float], ...] | None = None
-    start_at: datetime | None = None  # calendar start (weekday/weekend hazard factor); None = weekday
-    startup_s: float = 0.0  # PS + chief up (sync: first worker up) -> training steps; again after a restart
-    rejoin_s: float = 0.0  # a replacement worker's instance up -> it steps
-    notice_s: float = 0.0  # a revoked instance is billed this long after its revocation
-    teardown_s: float = 0.0  # last step -> every instance deleted (finished runs)
-    time_scale: float = 1.0  # cloud seconds per simulated second (local provider): model lifetimes shrink
-    # Deterministic lifetimes (slot index, generation) -> seconds from request, e.g. the local provider's
-    # seeded draws; every Monte Carlo run then replays them.
-    lifetime_fn: Callable[[int, int], float] | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        names = [s.name for s in self.slots]
-        if len(set(names)) != len(names):
-            raise ValueError(f"slot names must be unique: {', '.join(names)}")
-        if not any(s.role == ROLE_WORKER for s in self.slots):
-            raise ValueError("the cluster needs at least one worker")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy '{self.policy}' is not one of {', '.join(POLICIES)}")
-        if self.mode not in ("async", "sync"):
-            raise ValueError(f"mode '{self.mode}' is not async or sync")
-        if self.train_steps <= 0 or self.checkpoint_every <= 0:
-            raise ValueError("train_steps and checkpoint_every must be positive")
-        if not self.time_scale > 0:
-            raise ValueError("time_scale must be > 0")
-        if self.checkpoint_cost_s < 0 or self.boot_delay_s < 0 or self.spot_extra_boot_s < 0:
-            raise ValueError("checkpoint cost and boot delays must be >= 0")
-        delays = {"startup_s": self.startup_s, "rejoin_s": self.rejoin_s, "notice_s": self.notice_s,
-                  "teardown_s": self.teardown_s}
-        bad = [f"{k}={v}" for k, v in delays.items() if not 0 <= v < _INF]
-        if bad:
-            raise ValueError(f"delays must be finite and >= 0: {', '.join(bad)}")
-
-    def slot_index(self, name: str) -> int:
-        for i, s in enumerate(self.slots):
-            if s.name == name:
-                return i
-        raise KeyError(
-            f"'{name}' is not a slot of this cluster; slots: {', '.join(s.name for s in self.slots)}"
-        )
-
-    @property
-    def workers(self) -> list[SimSlot]:
-        return [s for s in self.slots if s.role == ROLE_WORKER]
-
-    def hourly_price(self) -> float:
-        return sum(s.price_per_hour for s in self.slots)
-
-
-@dataclass(frozen=True)
-class SimEvent:
-    t: float
-    kind: str  # "ready" | "revoked" | "replace" | "lost" | "rollback" | "teardown" | "finished" | "failed"
-    slot: str = ""
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    wall_time_s: float
-    cost_usd: float
-    cost_by_role: dict[str, float]  # "ps", "chief", "workers"
-    revocations: int
-    replacements: int
-    steps_done: float
-    steps_lost: float
-    finished: bool
-    failure: str | None  # one of FAILURES, None when finished
-    deadline_missed: bool
-    over_budget: bool
-    events: tuple[SimEvent, ...] = ()
 
 
 class LifetimeSource(Protocol):
@@ -261,7 +143,11 @@ class CompiledCluster:
         self.price_s = [s.price_per_hour / 3600.0 for s in slots]
         self.od_price_s = [s.od_price / 3600.0 for s in slots]
         self.zone = [s.zone_for(0, False) for s in slots]
-        self.critical = [s.critical for s in slots]
+        self.zones = [tuple(z for z in (s.zone, *s.replacement_zones) if z is not None) for s in slots]
+        self.roles = [Role(s.role) for s in slots]
+        self.hosts_chief = [s.hosts_chief for s in slots]
+        self.critical = [policy.is_critical(r, h) for r, h in zip(self.roles, self.hosts_chief, strict=True)]
+        self.on_revocation = OnRevocation(cluster.policy)
         self.n_critical = sum(self.critical)
         self.n_workers = sum(self.is_worker)
         self.boundaries = math.ceil(cluster.train_steps / cluster.checkpoint_every) - 1  # checkpoints below T
@@ -269,7 +155,7 @@ class CompiledCluster:
 
     def boot(self, spot: bool) -> float:
         c = self.cluster
-        return c.boot_delay_s + (c.spot_extra_boot_s if spot else 0.0)
+        return policy.boot_s(spot, c.boot_delay_s, c.spot_extra_boot_s)
 
     def rate(self, live_mask: int) -> float:
         cached = self._rates.get(live_mask)
@@ -301,11 +187,13 @@ def no_revocation_time(cluster: SimCluster) -> float:
 
 
 def simulate(
-    cluster: SimCluster | CompiledCluster, lifetimes: LifetimeSource, *, record: bool = False
+    cluster: SimCluster | CompiledCluster, lifetimes: LifetimeSource, *, record: bool = False, daemon: bool = False
 ) -> RunResult:
-    """Simulate one run; ``record`` keeps the event log in the result."""
+    """Simulate one run; ``record`` keeps the event log in the result. ``daemon``: each revocation is decided
+    by the daemon's real ``core.reconcile``, shown the state the controller would observe (``sim.observed``;
+    slower), instead of by the ``core.policy`` functions it calls."""
     cc = cluster if isinstance(cluster, CompiledCluster) else CompiledCluster(cluster)
-    return _run(cc, lifetimes, record)
+    return _run(cc, lifetimes, record, daemon)
 
 
 def replay(
@@ -427,47 +315,42 @@ def advance(
 # ---------------------------------------------------------------- the event loop
 
 
-def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  # noqa: C901
-    c = cc.cluster
-    n = cc.n
-    is_worker = cc.is_worker
-    policy = c.policy
-    max_repl = c.max_replacements
-    spot = list(cc.spot)
-    price = list(cc.price_s)
-    zone = list(cc.zone)
-    gen = [0] * n
-    req = [0.0] * n
-    state = [_BOOTING] * n
-    ready = [cc.boot(spot[i]) for i in range(n)]
-    death = [src.lifetime(i, 0, zone[i], spot[i], 0.0) for i in range(n)]
-    role_cost = [0.0, 0.0, 0.0]
-    burn = sum(price)
-    cost = 0.0
-    live_mask = 0
-    crit_missing = cc.n_critical
-    workers_alive = cc.n_workers
-    rate = 0.0
-    steps = 0.0
-    stall = 0.0
-    last_ckpt = 0.0
-    lost = 0.0
-    revs = 0
-    repl = 0
-    t = 0.0
-    finished = False
-    failure: str | None = None
-    events: list[SimEvent] = []
-    enforce = c.enforce_limits
-    deadline = c.deadline_s if (enforce and c.deadline_s is not None) else _INF
-    budget = c.budget_usd if enforce else None
-    total = float(c.train_steps)
-    go_at = _INF  # training may step from then on (set when the cluster's critical part comes up)
-    tails: list[tuple[int, float, float]] = []  # (role index, price per s, revoked at): notice billing
+class _Run:
+    """One run's state, moved event by event. Which lost instance is replaced, how (spot or on-demand),
+    where, and which losses roll training back are the daemon's own policy functions (``core.policy``)."""
 
-    while True:
+    def __init__(self, cc: CompiledCluster, src: LifetimeSource, record: bool, daemon: bool = False) -> None:
+        c = self.c = cc.cluster
+        self.hist = observed.histories(c) if daemon else None  # what the controller would have recorded
+        self.cc, self.src, self.record = cc, src, record
+        n = cc.n
+        self.spot, self.price, self.zone = list(cc.spot), list(cc.price_s), list(cc.zone)
+        self.gen, self.req = [0] * n, [0.0] * n
+        self.state = [_BOOTING] * n
+        self.ready = [cc.boot(self.spot[i]) for i in range(n)]
+        self.death = [src.lifetime(i, 0, self.zone[i], self.spot[i], 0.0) for i in range(n)]
+        self.role_cost = [0.0, 0.0, 0.0]
+        self.burn = sum(self.price)
+        self.cost = self.rate = self.steps = self.stall = self.last_ckpt = self.lost = self.t = 0.0
+        self.live_mask = self.revs = self.repl = 0
+        self.crit_missing, self.workers_alive = cc.n_critical, cc.n_workers
+        self.finished = False
+        self.failure: str | None = None
+        self.events: list[SimEvent] = []
+        self.deadline = c.deadline_s if (c.enforce_limits and c.deadline_s is not None) else _INF
+        self.budget = c.budget_usd if c.enforce_limits else None
+        self.go_at = _INF  # training may step from then on (set when the cluster's critical part comes up)
+        self.tails: list[tuple[int, float, float]] = []  # (role index, price per s, revoked at): notice billing
+
+    def note(self, kind: str, i: int | None, detail: str = "") -> None:
+        if self.record:
+            self.events.append(SimEvent(self.t, kind, "" if i is None else self.c.slots[i].name, detail))
+
+    def next_membership(self) -> float:
+        """The next instance that comes up or is revoked."""
         t_mem = _INF
-        for i in range(n):
+        state, ready, death = self.state, self.ready, self.death
+        for i in range(self.cc.n):
             s = state[i]
             if s == _LIVE:
                 x = death[i]
@@ -477,127 +360,171 @@ def _run(cc: CompiledCluster, src: LifetimeSource, record: bool) -> RunResult:  
                 continue
             if x < t_mem:
                 t_mem = x
-        running = crit_missing == 0 and t >= go_at
-        t_go = go_at if crit_missing == 0 and go_at > t else _INF
-        t_fin = t + time_to_finish(cc, steps, stall, rate) if running else _INF
-        t_bud = t + (budget - cost) / burn if (budget is not None and burn > 0) else _INF
-        t_next = min(t_mem, t_go, t_fin, t_bud, deadline)
+        return t_mem
+
+    def step(self) -> None:
+        """Advance to the next event (membership change, start of training, finish, budget, deadline)."""
+        t = self.t
+        running = self.crit_missing == 0 and t >= self.go_at
+        t_go = self.go_at if self.crit_missing == 0 and self.go_at > t else _INF
+        t_fin = t + time_to_finish(self.cc, self.steps, self.stall, self.rate) if running else _INF
+        budget = self.budget
+        t_bud = t + (budget - self.cost) / self.burn if (budget is not None and self.burn > 0) else _INF
+        t_next = min(self.next_membership(), t_go, t_fin, t_bud, self.deadline)
         if t_next == _INF:
-            failure = FAIL_STALLED
-            break
+            self.failure = FAIL_STALLED
+            return
         dt = t_next - t
         if running and dt > 0:
-            steps, stall, last_ckpt = advance(cc, steps, stall, last_ckpt, rate, dt)
-        cost += burn * dt
-        t = t_next
+            self.steps, self.stall, self.last_ckpt = advance(self.cc, self.steps, self.stall, self.last_ckpt,
+                                                             self.rate, dt)
+        self.cost += self.burn * dt
+        self.t = t_next
         if t_fin <= t_next:
-            steps = total
-            finished = True
-            break
-        if t_bud <= t_next:
-            failure = FAIL_BUDGET
-            break
-        if deadline <= t_next:
-            failure = FAIL_DEADLINE
-            break
+            self.steps = float(self.c.train_steps)
+            self.finished = True
+        elif t_bud <= t_next:
+            self.failure = FAIL_BUDGET
+        elif self.deadline <= t_next:
+            self.failure = FAIL_DEADLINE
+        else:
+            self.membership()
+
+    def membership(self) -> None:
         changed = False
-        for i in range(n):
-            s = state[i]
+        t = self.t
+        for i in range(self.cc.n):
+            s = self.state[i]
             if s == _GONE:
                 continue
-            if s == _BOOTING and ready[i] <= t and ready[i] < death[i]:
-                state[i] = s = _LIVE
-                if is_worker[i]:
-                    live_mask |= 1 << i
-                    changed = True
-                    if cc.n_critical == 0 and go_at == _INF:
-                        go_at = t + c.startup_s
-                if cc.critical[i]:
-                    crit_missing -= 1
-                    if crit_missing == 0:
-                        go_at = t + c.startup_s
-                if record:
-                    events.append(SimEvent(t, "ready", c.slots[i].name, f"gen {gen[i]}"))
-            if death[i] > t:
-                continue
-            revs += 1
-            role_cost[cc.role_idx[i]] += price[i] * (t - req[i])
-            burn -= price[i]
-            if c.notice_s > 0:
-                tails.append((cc.role_idx[i], price[i], t))
-            if record:
-                events.append(
-                    SimEvent(t, "revoked", c.slots[i].name, "while booting" if s == _BOOTING else "")
-                )
-            if s == _LIVE:
-                if is_worker[i]:
-                    live_mask &= ~(1 << i)
-                    changed = True
-                if cc.critical[i]:
-                    crit_missing += 1
-                    if crit_missing == 1:
-                        lost += steps - last_ckpt
-                        if record:
-                            events.append(
-                                SimEvent(t, "rollback", c.slots[i].name, f"{steps:.0f} -> {last_ckpt:.0f}")
-                            )
-                        steps = last_ckpt
-                        stall = 0.0
-            if (is_worker[i] and not cc.critical[i] and policy == POLICY_SHRINK) or repl >= max_repl:
-                state[i] = _GONE
-                if record:
-                    events.append(SimEvent(t, "lost", c.slots[i].name, "not replaced"))
-                if is_worker[i]:
-                    workers_alive -= 1
-                if cc.critical[i]:
-                    failure = FAIL_NO_REPLACEMENT
-                continue
-            repl += 1
-            g = gen[i] = gen[i] + 1
-            sp = spot[i] = spot[i] and policy != POLICY_FALLBACK
-            price[i] = cc.price_s[i] if sp else cc.od_price_s[i]
-            zone[i] = c.slots[i].zone_for(g, c.rotate_zones)
-            req[i] = t
-            ready[i] = t + cc.boot(sp) + (c.rejoin_s if is_worker[i] else 0.0)
-            death[i] = t + src.lifetime(i, g, zone[i], sp, t)
-            state[i] = _BOOTING
-            burn += price[i]
-            if record:
-                kind = "spot" if sp else "on-demand"
-                events.append(SimEvent(t, "replace", c.slots[i].name, f"gen {g}, {kind}, zone {zone[i]}"))
+            if s == _BOOTING and self.ready[i] <= t and self.ready[i] < self.death[i]:
+                changed = self.up(i) or changed
+            if self.death[i] <= t:
+                changed = self.revoked(i) or changed
         if changed:
-            rate = cc.rate(live_mask)
-        if failure is not None:
-            break
-        if workers_alive == 0:
-            failure = FAIL_WORKERS_LOST
-            break
+            self.rate = self.cc.rate(self.live_mask)
+        if self.failure is None and self.workers_alive == 0:
+            self.failure = FAIL_WORKERS_LOST
 
-    if finished and c.teardown_s > 0:
-        t += c.teardown_s  # every instance still held is billed until it is deleted
-        if record:
-            events.append(SimEvent(t, "teardown", "", f"{c.teardown_s:.1f} s after the last step"))
-    for i in range(n):
-        if state[i] != _GONE:
-            role_cost[cc.role_idx[i]] += price[i] * (t - req[i])
-    for role, p_s, at in tails:
-        role_cost[role] += p_s * max(0.0, min(at + c.notice_s, t) - at)
-    if record:
-        events.append(SimEvent(t, "finished" if finished else "failed", "", failure or ""))
-    cost_total = sum(role_cost)
-    deadline_missed = c.deadline_s is not None and (not finished or t > c.deadline_s)
-    over_budget = c.budget_usd is not None and (failure == FAIL_BUDGET or cost_total > c.budget_usd)
-    return RunResult(
-        wall_time_s=t,
-        cost_usd=cost_total,
-        cost_by_role=dict(zip(COST_KEYS, role_cost, strict=True)),
-        revocations=revs,
-        replacements=repl,
-        steps_done=steps,
-        steps_lost=lost,
-        finished=finished,
-        failure=failure,
-        deadline_missed=deadline_missed,
-        over_budget=over_budget,
-        events=tuple(events),
-    )
+    def up(self, i: int) -> bool:
+        cc = self.cc
+        self.state[i] = _LIVE
+        if cc.is_worker[i]:
+            self.live_mask |= 1 << i
+            if cc.n_critical == 0 and self.go_at == _INF:
+                self.go_at = self.t + self.c.startup_s
+        if cc.critical[i]:
+            self.crit_missing -= 1
+            if self.crit_missing == 0:
+                self.go_at = self.t + self.c.startup_s
+        self.note("ready", i, f"gen {self.gen[i]}")
+        if self.hist is not None:
+            self.hist[self.c.slots[i].name].ready = True
+        return cc.is_worker[i]
+
+    def revoked(self, i: int) -> bool:
+        """Instance ``i`` is revoked: bill it, roll back if it was critical, then apply the policy."""
+        cc = self.cc
+        self.revs += 1
+        self.role_cost[cc.role_idx[i]] += self.price[i] * (self.t - self.req[i])
+        self.burn -= self.price[i]
+        if self.c.notice_s > 0:
+            self.tails.append((cc.role_idx[i], self.price[i], self.t))
+        self.note("revoked", i, "while booting" if self.state[i] == _BOOTING else "")
+        changed = False
+        if self.state[i] == _LIVE:
+            changed = cc.is_worker[i]
+            self.live_mask &= ~(1 << i)
+            if cc.critical[i]:
+                self.crit_missing += 1
+                if self.crit_missing == 1:
+                    self.rollback(i)
+        decision, zone = self.decide(i)
+        if decision.verdict == policy.Verdict.REPLACE:
+            self.replace(i, decision.spot, zone)
+        else:
+            self.drop(i)
+            if decision.verdict == policy.Verdict.EXHAUSTED and self.hist is not None:
+                self.failure = FAIL_NO_REPLACEMENT  # the daemon ends the job, whichever slot it was
+        return changed
+
+    def decide(self, i: int) -> tuple[policy.Replacement, str | None]:
+        """The policy's answer for a revoked slot (and, asking the daemon, the zone it tries first)."""
+        cc = self.cc
+        if self.hist is not None:
+            return observed.daemon_decision(self.c, self.hist, self.c.slots[i].name)
+        return policy.decide_replacement(
+            cc.roles[i], preempted=True, spot=self.spot[i], on_revocation=cc.on_revocation,
+            replacements=self.repl, max_replacements=self.c.max_replacements, hosts_chief=cc.hosts_chief[i]), None
+
+    def rollback(self, i: int) -> None:
+        self.lost += self.steps - self.last_ckpt
+        self.note("rollback", i, f"{self.steps:.0f} -> {self.last_ckpt:.0f}")
+        self.steps = self.last_ckpt
+        self.stall = 0.0
+
+    def drop(self, i: int) -> None:
+        """Not replaced (shrink, or no replacement left): a lost critical instance ends the run."""
+        self.state[i] = _GONE
+        self.note("lost", i, "not replaced")
+        if self.hist is not None:
+            self.hist[self.c.slots[i].name].gone = True
+        if self.cc.is_worker[i]:
+            self.workers_alive -= 1
+        if self.cc.critical[i]:
+            self.failure = FAIL_NO_REPLACEMENT
+
+    def replace(self, i: int, spot: bool, zone: str | None = None) -> None:
+        cc, c, t = self.cc, self.c, self.t
+        self.repl += 1
+        g = self.gen[i] = self.gen[i] + 1
+        self.spot[i] = spot
+        self.price[i] = cc.price_s[i] if spot else cc.od_price_s[i]
+        last = self.zone[i]
+        if last is not None and cc.zones[i]:
+            self.zone[i] = zone or policy.replacement_zones(last, cc.zones[i], c.rotate_zones)[0]
+        if self.hist is not None:
+            h = self.hist[c.slots[i].name]
+            h.spots.append(spot)
+            h.zones.append(self.zone[i] or h.zones[-1])
+            h.ready = False
+        self.req[i] = t
+        self.ready[i] = t + cc.boot(spot) + (c.rejoin_s if cc.is_worker[i] else 0.0)
+        self.death[i] = t + self.src.lifetime(i, g, self.zone[i], spot, t)
+        self.state[i] = _BOOTING
+        self.burn += self.price[i]
+        self.note("replace", i, f"gen {g}, {'spot' if spot else 'on-demand'}, zone {self.zone[i]}")
+
+    def result(self) -> RunResult:
+        c, t = self.c, self.t
+        if self.finished and c.teardown_s > 0:
+            t = self.t = t + c.teardown_s  # every instance still held is billed until it is deleted
+            self.note("teardown", None, f"{c.teardown_s:.1f} s after the last step")
+        for i in range(self.cc.n):
+            if self.state[i] != _GONE:
+                self.role_cost[self.cc.role_idx[i]] += self.price[i] * (t - self.req[i])
+        for role, p_s, at in self.tails:
+            self.role_cost[role] += p_s * max(0.0, min(at + c.notice_s, t) - at)
+        self.note("finished" if self.finished else "failed", None, self.failure or "")
+        cost_total = sum(self.role_cost)
+        return RunResult(
+            wall_time_s=t,
+            cost_usd=cost_total,
+            cost_by_role=dict(zip(COST_KEYS, self.role_cost, strict=True)),
+            revocations=self.revs,
+            replacements=self.repl,
+            steps_done=self.steps,
+            steps_lost=self.lost,
+            finished=self.finished,
+            failure=self.failure,
+            deadline_missed=c.deadline_s is not None and (not self.finished or t > c.deadline_s),
+            over_budget=c.budget_usd is not None and (self.failure == FAIL_BUDGET or cost_total > c.budget_usd),
+            events=tuple(self.events),
+        )
+
+
+def _run(cc: CompiledCluster, src: LifetimeSource, record: bool, daemon: bool = False) -> RunResult:
+    run = _Run(cc, src, record, daemon)
+    while run.failure is None and not run.finished:
+        run.step()
+    return run.result()

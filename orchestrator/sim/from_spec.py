@@ -11,12 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.catalog import Catalog, load_catalog
+from orchestrator.core import policy
+from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Calibration, PlanResult, plan
+from orchestrator.core.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
 from orchestrator.sim.engine import RateFn, SimCluster, SimSlot
-from orchestrator.spec import Cluster, GceProvider, JobSpec, LocalProvider, RevocationMode, TrainingMode
 
 if TYPE_CHECKING:
-    from orchestrator.slots import Slot
+    from orchestrator.core.slots import Slot
 
 DEFAULT_MODEL_MB = 2.0
 PREEMPTIBLE_BOOKS = frozenset({"2019-02"})  # books from the era of 24 h-capped preemptible VMs
@@ -28,13 +30,13 @@ class SimSpecError(ValueError):
 
 def _costmodel() -> Any:
     try:
-        import orchestrator.costmodel as cm
+        import orchestrator.core.costmodel as cm
     except ImportError as exc:  # pragma: no cover - the cost model ships with the package
         raise SimSpecError(f"the cost model is not available ({exc}); pass explicit step_rates") from None
     missing = [f for f in ("predict_step_time", "cluster_steps_per_s", "split_batch") if not hasattr(cm, f)]
     if missing:
         raise SimSpecError(
-            f"orchestrator.costmodel lacks {', '.join(missing)}; pass explicit step_rates (steps/s per GPU)"
+            f"orchestrator.core.costmodel lacks {', '.join(missing)}; pass explicit step_rates (steps/s per GPU)"
         )
     return cm
 
@@ -42,7 +44,7 @@ def _costmodel() -> Any:
 def model_size_mb(profile: str) -> float:
     """Checkpoint size in MB: the cost-model profile's parameter bytes, or 2 MB if there is no profile."""
     try:
-        from orchestrator.costmodel.profiles import get_profile
+        from orchestrator.core.costmodel.profiles import get_profile
 
         return float(get_profile(profile).param_bytes) / 1e6
     except (ImportError, LookupError, AttributeError, ValueError):
@@ -51,7 +53,7 @@ def model_size_mb(profile: str) -> float:
 
 def local_boot_delay_s(provider: LocalProvider, facts: Mapping[str, float]) -> float:
     """Wall seconds the local provider takes to boot an instance: the cloud boot delay / time_scale."""
-    return facts.get("replacement_boot_delay", 70.0) / provider.time_scale
+    return policy.BOOT_S / provider.time_scale
 
 
 def cluster_from_spec(
@@ -79,7 +81,7 @@ def cluster_from_spec(
     them); ``as_cloud`` simulates instead the cloud cluster it emulates (cost-model step rates, cloud boot,
     checkpoint and lifetimes; the ICAC'19 reproduction).
     """
-    from orchestrator.slots import expand, price_book_for
+    from orchestrator.core.slots import expand, price_book_for
 
     if cluster is not None:
         spec = spec.with_cluster(cluster)
@@ -94,13 +96,12 @@ def cluster_from_spec(
     training = spec.training
     profile = training.profile_name
     mode = spec.mode.value
-    cloud = isinstance(spec.provider, GceProvider)
-    allowed = spec.provider.zones if isinstance(spec.provider, GceProvider) else []
+    cloud = spec.provider.is_cloud
+    allowed = spec.provider.allowed_zones
 
-    from orchestrator.costmodel.accounting import local_worker_steps, run_accounting
-    from orchestrator.costmodel.compute import Calibration
+    from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
 
-    local = isinstance(spec.provider, LocalProvider) and not as_cloud
+    local = spec.provider.emulates_gpus and not as_cloud
     cm = None if (step_rates is not None or local) else _costmodel()
     if local and step_rates is None:  # emulated GPUs: this host's CPU step + the measured curves
         workers = [s for s in slots if s.gpu is not None]
@@ -152,11 +153,10 @@ def cluster_from_spec(
         machines = {s.name: s.machine_type for s in slots}
         rate_fn = _cost_model_rate_fn(cm, spec, sim_slots, calibration, machines, cat)
 
-    facts = cat.facts
     mb = model_mb if model_mb is not None else model_size_mb(profile)
     schedule: tuple[tuple[str, float], ...] | None = None
-    provider = spec.provider
-    if isinstance(provider, LocalProvider):
+    provider = spec.provider.as_local()
+    if provider is not None:
         if provider.revocations == RevocationMode.NONE:
             schedule = ()
         elif provider.revocations == RevocationMode.SCHEDULE:
@@ -168,7 +168,7 @@ def cluster_from_spec(
     calib = calibration if isinstance(calibration, Calibration) else None
     acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
     lifetime_fn = None
-    if local and isinstance(provider, LocalProvider) and provider.revocations == RevocationMode.MODEL:
+    if local and provider is not None and provider.revocations == RevocationMode.MODEL:
         lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s)
     return SimCluster(
         slots=tuple(sim_slots),
@@ -177,8 +177,7 @@ def cluster_from_spec(
         ps_capacity_steps_per_s=ps_capacity_steps_per_s if ps_capacity_steps_per_s is not None else math.inf,
         rate_fn=rate_fn,
         checkpoint_every=training.checkpoint_every,
-        checkpoint_cost_s=acc.checkpoint_s if model_mb is None else facts.get("checkpoint_write_base", 3.75)
-        + facts.get("checkpoint_write_per_mb", 0.02) * mb,
+        checkpoint_cost_s=acc.checkpoint_s if model_mb is None else policy.checkpoint_s(mb),
         policy=spec.policy.on_revocation.value,
         max_replacements=spec.policy.max_replacements,
         budget_usd=spec.policy.budget_usd,
@@ -190,7 +189,7 @@ def cluster_from_spec(
         teardown_s=acc.teardown_s,
         # The local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale.
         preemptible=(book_name in PREEMPTIBLE_BOOKS and not local) if preemptible is None else preemptible,
-        time_scale=provider.time_scale if local and isinstance(provider, LocalProvider) else 1.0,
+        time_scale=spec.provider.time_scale if local else 1.0,
         name=spec.name,
         model_mb=mb,
         schedule=schedule,
@@ -205,16 +204,17 @@ def _seeded_lifetimes(
     revokes on the training-progress clock: after ``revoke_after_s x nominal steps/s`` steps (nominal =
     the emulated sleeps alone); here that many steps at the simulated rate, after the instance is up and
     its task is training."""
-    from orchestrator.control.revocations import revoke_after_s
-    from orchestrator.emulation import emulation_sleep
-    from orchestrator.providers.local import PROGRESS_STEP_S, progress_clock_for
+    from orchestrator.core.emulation import emulation_sleep
+    from orchestrator.core.policy import revoke_after_s
+    from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
 
     step_s = float(progress_clock_for(spec, slots, emulation_sleep(spec)).get(PROGRESS_STEP_S, 0) or 0)
     rates = [s.step_rate for s in sim_slots if s.role == "worker"]
     rate = (min(rates) if spec.mode == TrainingMode.SYNC else sum(rates)) or 1.0
     by_name = {s.name: s for s in slots}
-    provider = spec.provider
-    assert isinstance(provider, LocalProvider)
+    provider = spec.provider.as_local()
+    if provider is None:  # only local specs draw seeded lifetimes
+        raise SimSpecError(f"spec '{spec.name}' is not a local spec; seeded lifetimes are the local provider's")
 
     def lifetime(slot: int, generation: int) -> float:
         s = by_name[sim_slots[slot].name]
@@ -234,8 +234,8 @@ def _cost_model_rate_fn(
 ) -> RateFn:
     """Cluster steps/s for a set of live workers, from the cost model as the planner computes it (the
     workers' host machine types and the round trips between zones included; memoised by the live set)."""
-    from orchestrator.costmodel.cluster import estimate_from_compute
-    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn
+    from orchestrator.core.costmodel.cluster import estimate_from_compute
+    from orchestrator.core.costmodel.compute import step_fn
 
     calib = calibration if isinstance(calibration, Calibration) else DEFAULT_CALIBRATION
     ps_zone = next((s.zone for s in slots if s.role == "ps"), None)
@@ -259,10 +259,16 @@ def _cost_model_rate_fn(
             batches = [int(b) for b in cm.split_batch(profile, gpus, global_batch, calibration)]
         else:
             batches = [s.batch for s in members]
+        # A machine type with k GPUs (a3-highgpu-2g) trains as k GPU-workers, as the planner counts it.
+        per = [catalog.gpus_per_instance(machines[s.name]) for s in members]
+        owner = [i for i, k in enumerate(per) for _ in range(k)]
+        gpus = [gpus[i] for i in owner]
+        batches = [max(1, batches[i] // per[i]) if resplit else batches[i] for i in owner]
         compute = [step_fn(profile, g, calib, catalog).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
         est = estimate_from_compute(
-            profile, compute, [machines[s.name] for s in members], ps_count, ps_machine, mode, calib, catalog,
-            worker_zones=[s.zone for s in members] if spread else None, ps_zone=ps_zone if spread else None,
+            profile, compute, [machines[members[i].name] for i in owner], ps_count, ps_machine, mode, calib,
+            catalog, worker_zones=[members[i].zone for i in owner] if spread else None,
+            ps_zone=ps_zone if spread else None,
         )
         cache[key] = est.steps_per_s
         return est.steps_per_s
@@ -289,7 +295,15 @@ class LocalRunScorer:
         self.base = simulate(cluster, NoRevocations())
 
     def score(self, candidate: Any, context: Any) -> Any:
-        from orchestrator.costmodel.planner import Score
+        from orchestrator.core.costmodel.planner import Score
 
         r = self.result
         return Score(r.wall_time_s, r.cost_usd, float(r.revocations), r.wall_time_s - self.base.wall_time_s)
+
+
+def plan_job(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None) -> PlanResult:
+    """The planner, judging a local provider's pinned cluster as `simulate` plays the local run."""
+    scorer = None
+    if spec.provider.emulates_gpus and spec.cluster is not None:
+        scorer = LocalRunScorer(spec, calibration or DEFAULT_CALIBRATION)
+    return plan(spec, catalog, calibration, scorer)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from orchestrator.core.revocation.model import DEFAULT_KIND, LifetimeModel, load_revocation_model
+from orchestrator.core.revocation.traces import BoolArray, FloatArray
 from orchestrator.sim.engine import (
     COST_KEYS,
     FAILURES,
@@ -29,8 +31,6 @@ from orchestrator.sim.engine import (
     SimCluster,
     simulate,
 )
-from orchestrator.sim.revocation import DEFAULT_KIND, LifetimeModel, load_revocation_model
-from orchestrator.sim.traces import BoolArray, FloatArray
 
 _BLOCK = 256
 PERCENTILES = (10, 50, 90)
@@ -151,12 +151,14 @@ def run_monte_carlo(
     trace: Path | None = None,
     kind: str = DEFAULT_KIND,
     shortcut: bool = True,
+    daemon: bool = False,
 ) -> MonteCarloResult:
     """``runs`` simulated runs of ``cluster`` with lifetimes from ``model`` (default: fitted to ``trace``).
 
     A cluster with a ``schedule`` is deterministic: every run replays the schedule. ``shortcut``
     copies the revocation-free reference run into every run with no revocation before it ends
-    (identical results, much faster); turn it off only to check exactly that.
+    (identical results, much faster); turn it off only to check exactly that. ``daemon``: every revocation
+    is decided by the daemon's real reconcile (``simulate(daemon=True)``; about 10x slower per revocation).
     """
     if runs <= 0:
         raise ValueError("runs must be positive")
@@ -164,10 +166,10 @@ def run_monte_carlo(
     results: list[RunResult | None] = [None] * runs
     simulated = 0
     if cluster.schedule is not None:
-        res = simulate(cc, ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True))
+        res = simulate(cc, ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True), daemon=daemon)
         results = [res] * runs
     elif cluster.lifetime_fn is not None:  # the local provider's seeded draws: one outcome
-        results = [simulate(cc, FixedLifetimes(cluster.lifetime_fn))] * runs
+        results = [simulate(cc, FixedLifetimes(cluster.lifetime_fn), daemon=daemon)] * runs
     else:
         rev_model = model or load_revocation_model(trace)
         rng = np.random.default_rng(seed)
@@ -179,7 +181,7 @@ def run_monte_carlo(
                 results[r] = reference
                 continue
             source.row = r
-            results[r] = simulate(cc, source)
+            results[r] = simulate(cc, source, daemon=daemon)
             simulated += 1
     done = [r for r in results if r is not None]
     return _collect(cluster, done, seed, kind, simulated)

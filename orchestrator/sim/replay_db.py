@@ -36,11 +36,12 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.catalog import load_catalog
-from orchestrator.errors import UserError
+from orchestrator.core import policy
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.errors import UserError
+from orchestrator.core.spec import SpecError, validate_spec
 from orchestrator.sim.engine import RunResult, replay
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec, local_boot_delay_s
-from orchestrator.spec import LocalProvider, SpecError, validate_spec
 from orchestrator.store.models import Event, Instance, Job, Metric
 
 REVOKED_REASONS = frozenset({"preempted", "lost"})
@@ -198,10 +199,10 @@ def replay_job(session: Session, job_id: str) -> dict[str, Any]:
     facts = load_catalog().facts
     if boots:
         boot_delay = statistics.median(boots)
-    elif isinstance(spec.provider, LocalProvider):
-        boot_delay = local_boot_delay_s(spec.provider, facts)
+    elif (local := spec.provider.as_local()) is not None:
+        boot_delay = local_boot_delay_s(local, facts)
     else:
-        boot_delay = facts.get("replacement_boot_delay", 70.0)
+        boot_delay = policy.BOOT_S
     got = measure(session, job, instances, t0, boot_delay)
 
     try:

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
-from orchestrator.paths import alembic_dir, user_dir
+from orchestrator.core.paths import alembic_dir, user_dir
 
 ENV_URL = "ORCHESTRATOR_DB_URL"
 

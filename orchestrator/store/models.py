@@ -161,6 +161,24 @@ class Plan(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class Intent(Base):
+    """The desired state recorded at launch (core.plan.LaunchPlan as JSON): what every pass drives toward.
+
+    ``revision`` counts the job's plans (1 at launch; a re-plan adds the next, the latest is in force);
+    ``version`` is the JSON layout's (core.plan.PLAN_VERSION) so an older controller refuses a newer plan.
+    """
+
+    __tablename__ = "intents"
+    __table_args__ = (UniqueConstraint("job_id", "revision", name="uq_intents_job_revision"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(Integer)
+    plan: Mapped[str] = mapped_column(Text)  # JSON
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Calibration(Base):
     __tablename__ = "calibrations"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -10,14 +11,16 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from orchestrator.store.models import Block, Calibration, Event, Instance, Job, LedgerEntry, Metric, Plan
-from orchestrator.store.status import (
+from orchestrator.core.plan import LaunchPlan, plan_spec
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.status import (
     INSTANCE_TRANSITIONS,
     JOB_TRANSITIONS,
     InstanceStatus,
     JobStatus,
     TransitionError,
 )
+from orchestrator.store.models import Block, Calibration, Event, Instance, Intent, Job, LedgerEntry, Metric, Plan
 
 
 def switch_status(
@@ -222,6 +225,40 @@ def save_plan(session: Session, spec_name: str, chosen: dict[str, Any], candidat
     session.add(plan)
     session.flush()
     return plan.id
+
+
+def save_intent(session: Session, job_id: str, plan: LaunchPlan, now: float | None = None) -> int:
+    """Record ``plan`` as the job's desired state: the next revision, in force from now on (flushed)."""
+    last = session.scalar(select(func.max(Intent.revision)).where(Intent.job_id == job_id)) or 0
+    row = Intent(job_id=job_id, revision=last + 1, version=plan.version, plan=plan.to_json(),
+                 created_at=time.time() if now is None else now)
+    session.add(row)
+    session.flush()
+    return row.revision
+
+
+def stored_intent(session: Session, job_id: str) -> LaunchPlan | None:
+    """The job's plan in force (its latest revision); None for a job recorded before plans were stored."""
+    text_ = session.scalar(select(Intent.plan).where(Intent.job_id == job_id).order_by(Intent.revision.desc())
+                           .limit(1))
+    return None if text_ is None else _parse_plan(text_)
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_plan(text_: str) -> LaunchPlan:
+    return LaunchPlan.from_json(text_)  # frozen: one parse per stored plan, shared by every pass
+
+
+def job_plan(session: Session, job: Job, spec: JobSpec) -> LaunchPlan:
+    """The desired state a pass drives toward: the plan stored at launch. A job recorded before plans were
+    stored (migration 0003) is planned once, with its recorded price book, and that plan is stored."""
+    found = stored_intent(session, job.id)
+    if found is not None:
+        return found
+    plan = plan_spec(spec, book=job.price_book)
+    save_intent(session, job.id, plan)
+    session.commit()
+    return plan
 
 
 def save_calibration(session: Session, name: str, source: str, params: dict[str, Any], mape: float | None) -> int:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import abc
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
+
+from orchestrator.core.instances import ProcStatus
 
 
 @dataclass(frozen=True)
@@ -24,22 +26,29 @@ class Endpoint:
     user: str | None = None
     key_path: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-
-
-class ProcState(StrEnum):
-    RUNNING = "running"
-    EXITED = "exited"
-    ABSENT = "absent"  # never started here (or the instance's disk was replaced)
-
-
-@dataclass(frozen=True)
-class ProcStatus:
-    state: ProcState
-    exit_code: int | None = None
+    # The SSH host keys the server must show (transport/host_keys.py): pinned lines, and/or a source
+    # asked at connect time (a VM's published keys); with neither, the known_hosts file is the judge.
+    host_keys: tuple[str, ...] = ()
+    known_hosts: str | None = None
+    host_key_source: Callable[[], Sequence[str]] | None = field(default=None, compare=False, repr=False)
 
 
 class TransportError(Exception):
     """The instance could not be reached or the command failed."""
+
+
+class UnsafePathError(TransportError):
+    """A file to push would land outside the instance's work directory, or inside itself: never retried."""
+
+
+def check_relative(remote_rel: str, what: str = "a file") -> str:
+    """``remote_rel`` if it names a place inside the work directory: relative, no ``..``, not the
+    directory itself (the same check for every transport, before anything reaches a host)."""
+    parts = [p for p in remote_rel.replace("\\", "/").split("/") if p not in ("", ".")]
+    if remote_rel.startswith(("/", "~")) or ".." in parts or not parts or "\0" in remote_rel:
+        raise UnsafePathError(f"{what} would be copied to {remote_rel!r}, outside the instance's work "
+                              "directory; list files by a name inside the job's folder")
+    return remote_rel
 
 
 def wrapped_command(name: str, argv: list[str]) -> str:

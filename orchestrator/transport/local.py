@@ -10,7 +10,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.transport.base import Endpoint, ProcState, ProcStatus, Transport, TransportError, wrapped_command
+from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.transport.base import (
+    Endpoint,
+    Transport,
+    UnsafePathError,
+    check_relative,
+    wrapped_command,
+)
+
+__all__ = ["LocalTransport", "UnsafePathError", "kill_all_in", "payload_base_env", "pid_alive", "safe_destination"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -82,12 +91,9 @@ def payload_base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)}
 
 
-class UnsafePathError(TransportError):
-    """A file to push would land outside the instance's work directory, or inside itself: never retried."""
-
-
 def safe_destination(workdir: Path, local: Path, remote_rel: str) -> Path:
     """Where ``local`` goes under ``workdir``; refuses ``..``/absolute names and a folder copied into itself."""
+    check_relative(remote_rel, str(local))
     root = workdir.resolve()
     dest = (root / remote_rel).resolve()
     if dest == root or not dest.is_relative_to(root):
@@ -117,7 +123,7 @@ class LocalTransport(Transport):
             shutil.copy2(local, dest)
 
     def write(self, ep: Endpoint, remote_rel: str, text: str) -> None:
-        dest = Path(ep.workdir) / remote_rel
+        dest = Path(ep.workdir) / check_relative(remote_rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
         tmp.write_text(text)

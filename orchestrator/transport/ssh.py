@@ -5,9 +5,9 @@ Every operation is one remote ``sh -c`` script on a paramiko channel of a cached
 ``Connection.run``: logs are bytes (offsets are byte offsets) and ``put`` streams a tar archive into
 ``tar -x`` in one round trip, which is far faster than an sftp call per file.
 
-Host keys are trusted on first use per controller process (fabric's AutoAddPolicy, nothing is written
-to ``known_hosts``): instances are created by us moments before, so there is nothing to pin them against,
-and a recycled cloud IP must not trip over a stale ``known_hosts`` line.
+Host keys are pinned (``host_keys.pin``): the server must show a key the endpoint expects (a cloud VM's
+published keys, or the ``known_hosts`` entry of an inventory host); fabric's default AutoAddPolicy, which
+accepts any key, is replaced on every connection.
 """
 
 from __future__ import annotations
@@ -29,14 +29,9 @@ import paramiko
 from fabric import Config, Connection
 from paramiko.config import SSHConfig
 
-from orchestrator.transport.base import (
-    Endpoint,
-    ProcState,
-    ProcStatus,
-    Transport,
-    TransportError,
-    wrapped_command,
-)
+from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.transport.base import Endpoint, Transport, TransportError, check_relative, wrapped_command
+from orchestrator.transport.host_keys import HostKeyError, mismatch, pin
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +95,14 @@ def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     base = posixpath.basename(info.name)
     if base in _SKIP or base.endswith(".pyc"):
         return None
+    if info.issym() or info.islnk():
+        target = info.linkname
+        if target.startswith("/") or ".." in target.split("/"):
+            # tar -x on the host would create it, and a later member could be written through it.
+            log.warning("not pushing link %s -> %s: it points outside the pushed folder", info.name, target)
+            return None
+    elif not (info.isreg() or info.isdir()):
+        return None  # devices, fifos: nothing a job needs
     info.uid = info.gid = 0
     info.uname = info.gname = ""  # the remote user owns what it extracts
     return info
@@ -144,8 +147,15 @@ class SshTransport(Transport):
             # An explicit empty SSHConfig: the user's ~/.ssh/config must not redirect our hosts.
             conn = Connection(ep.host, user=ep.user, port=ep.port, config=Config(ssh_config=SSHConfig()),
                               connect_kwargs=kwargs)
+            source = pin(conn.client, ep)
             try:
                 conn.open()
+            except HostKeyError:
+                conn.close()
+                raise
+            except paramiko.BadHostKeyException as e:
+                conn.close()
+                raise mismatch(ep, e, source) from None
             except paramiko.AuthenticationException as e:
                 conn.close()
                 raise TransportError(f"SSH authentication to {_where(ep)} failed"
@@ -208,6 +218,8 @@ class SshTransport(Transport):
                             connect_timeout_s=max(0.5, min(self.connect_timeout_s, remaining)),
                             timeout_s=max(1.0, min(self.command_timeout_s, remaining)))
                 return
+            except HostKeyError:
+                raise  # a wrong key stays wrong: no point retrying
             except TransportError as e:
                 # Early on a new VM: sshd not up yet, or the guest agent has not installed our key yet.
                 last = e
@@ -220,7 +232,7 @@ class SshTransport(Transport):
     def put(self, ep: Endpoint, local: Path, remote_rel: str) -> None:
         if not local.exists():
             raise FileNotFoundError(local)
-        dest = posixpath.join(ep.workdir, remote_rel)
+        dest = posixpath.join(ep.workdir, check_relative(remote_rel, str(local)))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
             if local.is_dir():
@@ -233,7 +245,7 @@ class SshTransport(Transport):
                     timeout_s=max(self.command_timeout_s, 300.0))
 
     def write(self, ep: Endpoint, remote_rel: str, text: str) -> None:
-        path = posixpath.join(ep.workdir, remote_rel)
+        path = posixpath.join(ep.workdir, check_relative(remote_rel))
         d, name = posixpath.dirname(path) or ".", posixpath.basename(path)
         tmp = remote_path(posixpath.join(d, f".{name}.tmp"))
         self._check(ep, f"mkdir -p {remote_path(d)} && cat > {tmp} && mv -f {tmp} {remote_path(path)}",

@@ -85,7 +85,7 @@ def test_odd_batch_with_default_threads_does_not_crash(tmp_path: Path) -> None:
 
     jobs = Path(__file__).resolve().parents[2] / "jobs"
     (tmp_path / "task.json").write_text(json.dumps({
-        "job_id": "odd", "instance": "odd-worker-0-0", "mode": "sync", "role": "worker", "index": 0,
+        "version": 1, "job_id": "odd", "instance": "odd-worker-0-0", "mode": "sync", "role": "worker", "index": 0,
         "cluster": {"worker": ["127.0.0.1:0"]}, "storage": str(tmp_path / "storage"),
         "training": {"hparam_set": "resnet_tiny", "train_steps": 12, "batch_per_worker": [15], "log_every": 4,
                      "checkpoint_every": 1000},

@@ -18,6 +18,7 @@ CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "
 
 def _raw(**over: object) -> dict[str, object]:
     raw: dict[str, object] = {
+        "version": 1,
         "job_id": "j",
         "instance": "j-worker-1",
         "mode": "async",

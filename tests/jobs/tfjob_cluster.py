@@ -61,6 +61,7 @@ class Cluster:
         role, index = name.split(":")
         d = self.task_dir(name)
         task = {
+            "version": 1,
             "job_id": "test",
             "instance": f"test-{role}-{index}",
             "mode": self.mode,

@@ -1,0 +1,74 @@
+"""Actions the reconciler asks for; the executor carries them out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.core.slots import Slot
+from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+
+
+@dataclass(frozen=True)
+class CreateInstance:
+    slot: Slot
+    generation: int
+    spot: bool
+    zones: tuple[str, ...]  # try in order; a stockout moves on to the next
+    port: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetInstanceStatus:
+    name: str
+    status: InstanceStatus
+    reason: str
+    end_reason: EndReason | None = None
+
+
+@dataclass(frozen=True)
+class PrepareInstance:
+    """Push the job files; then the instance is READY."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class StartTask:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteInstance:
+    name: str
+    zone: str
+    reason: str
+    end_reason: EndReason | None = None
+
+
+@dataclass(frozen=True)
+class RestartTraining:
+    """Stop every task; they start again (the chief resumes from the latest checkpoint)."""
+
+    reason: str
+    fatal: bool = False  # a task exited with the payload's fatal code: counted, one retry only
+
+
+@dataclass(frozen=True)
+class RecordLogTail:
+    """Keep the last lines of an instance's task log as an event (why a job failed)."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetJobStatus:
+    status: JobStatus
+    reason: str
+    outcome: JobStatus | None = None
+
+
+Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
+          | SetJobStatus | RecordLogTail)

@@ -1,0 +1,56 @@
+"""Per-worker batches and the spec's price book: what both slot expansion and the planner need.
+
+Here, below both, so that ``core.slots`` and ``core.costmodel.planner`` do not import each other.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
+from orchestrator.core.costmodel.split import split_batch
+from orchestrator.core.emulation import REFERENCE_BATCH, emulated_step_s
+from orchestrator.core.spec import JobSpec, TrainingMode
+
+DEFAULT_BATCH = 128
+
+
+def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> PriceBook:
+    cat = catalog or load_catalog()
+    base = cat.price_book(book or spec.pricing.book)
+    return base.with_overrides(
+        {k: (v.on_demand, v.spot) for k, v in spec.pricing.overrides.items()}, set(cat.machine_types)
+    )
+
+
+def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
+    """Per-worker batch: the group's, the spec's per-worker batch, or the global batch split by speed."""
+    cluster = spec.pinned
+    training = spec.training
+    gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
+    explicit = [g.batch for g in cluster.workers for _ in range(g.count)]
+    if training.global_batch is None:
+        per = training.batch_per_worker or DEFAULT_BATCH
+        return [b or per for b in explicit]
+    if spec.mode == TrainingMode.SYNC:
+        if spec.provider.emulates_gpus:
+            # Emulated GPUs step at measured speeds (orchestrator.core.emulation), not the cost model's: split
+            # the global batch in proportion to those speeds.
+            speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
+            return proportional_split(training.global_batch, speeds)
+        return list(split_batch(training.profile_name, gpus, training.global_batch))  # fast GPUs get more
+    share, rest = divmod(training.global_batch, len(gpus))
+    return [share + (1 if i < rest else 0) for i in range(len(gpus))]
+
+
+def proportional_split(total: int, weights: list[float]) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights`` (largest remainder), each at least 1."""
+    raw = [total * w / sum(weights) for w in weights]
+    out = [max(1, int(r)) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
+        if sum(out) >= total:
+            break
+        out[i] += 1
+    while sum(out) > total:
+        out[out.index(max(out))] -= 1
+    return out
+
+

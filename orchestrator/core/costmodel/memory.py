@@ -1,0 +1,105 @@
+"""Memory model: does a batch fit a GPU?
+
+    need(b) = P * (1 weights + 1 gradients + k optimizer slots)
+              + b * (activations per example + 2 x the largest activation)   (gradient buffers in backward)
+    usable  = usable_fraction * memory_gb - framework_reserve
+
+``P`` is the bytes of every variable (weights and batch-norm statistics); ``k`` = 1 for SGD with momentum
+(the job's optimizer). Counting the optimizer slot on the worker is conservative in async PS mode, where
+the slot lives on the parameter server. ASSUMPTIONS: 0.5 GiB framework reserve (CUDA context,
+cuDNN/cuBLAS handles and workspaces) and 92% of the rest usable (allocator fragmentation).
+:func:`fit_memory` fits the kept share of the activations and the allocator-visible workspace (the
+part of the reserve that ``torch.cuda.max_memory_allocated`` sees) to measured peaks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel.profiles import get_profile
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    framework_reserve_bytes: float = 0.5 * GIB
+    usable_fraction: float = 0.92
+    optimizer_slots: int = 1  # momentum
+    activation_fraction: float = 1.0  # share of the profile's saved activations a runtime really keeps
+    workspace_bytes: float = 0.0  # batch-independent allocations beyond the variables (cuDNN workspaces)
+
+
+DEFAULT_MEMORY = MemoryParams()
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    fixed_bytes: float  # weights, gradients, optimizer state
+    per_example_bytes: float
+
+    def at(self, batch: int) -> float:
+        return self.fixed_bytes + batch * self.per_example_bytes
+
+
+@functools.cache
+def memory_need(model: str, params: MemoryParams = DEFAULT_MEMORY) -> MemoryNeed:
+    prof = get_profile(model)
+    fixed = prof.param_bytes * (2 + params.optimizer_slots) + params.workspace_bytes
+    per_example = params.activation_fraction * prof.activation_bytes + 2 * prof.peak_layer_bytes
+    return MemoryNeed(float(fixed), float(per_example))
+
+
+def fit_activation_fraction(model: str, batch: int, measured_bytes: float) -> MemoryParams:
+    """The activation fraction that makes one measured peak exact (in-place ReLU, fused ops and freed
+    buffers keep less than every layer output); a measured point, not a constant."""
+    base = memory_need(model, MemoryParams(activation_fraction=0.0))
+    prof = get_profile(model)
+    frac = (measured_bytes - base.at(batch)) / (batch * prof.activation_bytes)
+    return MemoryParams(activation_fraction=min(1.0, max(0.05, frac)))
+
+
+def fit_memory(model: str, points: Sequence[tuple[int, float]]) -> MemoryParams:
+    """Activation fraction and workspace from two or more measured (batch, peak bytes) of one model:
+    a straight line in the batch, its slope the kept activations and its intercept the workspace."""
+    if len({b for b, _ in points}) < 2:
+        raise ValueError("fit_memory needs measured peaks at two or more batch sizes")
+    base = memory_need(model, MemoryParams(activation_fraction=0.0))
+    prof = get_profile(model)
+    b = np.array([float(p[0]) for p in points])
+    y = np.array([p[1] - base.at(p[0]) for p in points])
+    slope, intercept = np.polyfit(b, y, 1)
+    frac = min(1.0, max(0.05, float(slope) / prof.activation_bytes))
+    return MemoryParams(activation_fraction=frac, workspace_bytes=max(0.0, float(intercept)))
+
+
+def usable_bytes(gpu: str, catalog: Catalog | None = None, params: MemoryParams = DEFAULT_MEMORY) -> float:
+    g = (catalog or load_catalog()).gpu(gpu)
+    return params.usable_fraction * g.memory_gb * 1e9 - params.framework_reserve_bytes
+
+
+def memory_bytes(model: str, batch: int, params: MemoryParams = DEFAULT_MEMORY) -> float:
+    """Predicted GPU memory a worker needs for this batch."""
+    return memory_need(model, params).at(batch)
+
+
+def fits(
+    model: str, gpu: str, batch: int, catalog: Catalog | None = None, params: MemoryParams = DEFAULT_MEMORY
+) -> bool:
+    return memory_bytes(model, batch, params) <= usable_bytes(gpu, catalog, params)
+
+
+def max_batch(
+    model: str, gpu: str, catalog: Catalog | None = None, params: MemoryParams = DEFAULT_MEMORY
+) -> int:
+    """The largest per-worker batch that fits the GPU's memory (0: not even the weights fit)."""
+    need = memory_need(model, params)
+    free = usable_bytes(gpu, catalog, params) - need.fixed_bytes
+    if free <= 0:
+        return 0
+    return int(free // need.per_example_bytes)

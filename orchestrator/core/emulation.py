@@ -1,0 +1,122 @@
+"""How fast the local provider's emulated GPUs step: MEASURED curves, never the cost model.
+
+A local worker of GPU ``g`` at per-worker batch ``b`` sleeps, each step, on top of its real CPU work:
+
+    sleep(g, b) = k80_s * R(g) * C(128 b / reference) / C(128)
+
+* ``R(g)``: the GPU's measured ResNet-32 (batch 128) step time relative to a K80's, from
+  ``data/measurements``: the ICAC'19 study's TensorFlow runs on GCE for K80 / P100 / V100, the H100
+  measured in PyTorch eager (../shared/measurements). A GPU type with no measurement uses its datasheet
+  FP32 ratio to the V100 (``data/gpus.csv``) and is flagged as such (:func:`reference_step_s`).
+* ``C``: the measured H100 batch curve of ResNet-32 (eager PyTorch, FP32, batch 32 to 2048),
+  interpolated log-log between measured batches and extrapolated linearly in the batch beyond them:
+  flat while per-step overhead dominates, then growing with the work.
+* the job's ``batch_per_worker`` (or global batch / workers) stands for the study's batch of 128; the
+  spec's ``emulation_k80_step_s`` is the K80's sleep at that batch (the time scale of the emulation).
+
+Because none of this comes from ``orchestrator.core.costmodel``, fitting or testing the cost model on local
+runs compares it with measured behaviour, not with itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.paths import data_dir
+from orchestrator.core.spec import JobSpec
+
+REFERENCE_MODEL, REFERENCE_BATCH = "resnet_cifar_32", 128  # the 2019 study's workload and batch
+CURVE = ("h100", "pytorch-eager", "fp32")  # the measured batch curve
+
+
+@dataclass(frozen=True)
+class Reference:
+    step_s: float  # measured (or derived) ResNet-32 step time at batch 128
+    source: str
+
+
+@functools.cache
+def _rows() -> tuple[tuple[str, str, str, str, int, float, str], ...]:
+    from orchestrator.core.costmodel.calibration import load_measurements  # the CSV reader only, no model
+
+    out = []
+    for m in load_measurements(data_dir() / "measurements"):
+        if m.is_compute and m.step_time_s:
+            out.append((m.gpu, m.runtime, m.precision, m.model, m.batch, m.step_time_s, m.source))
+    return tuple(out)
+
+
+@functools.cache
+def batch_curve() -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(batches, seconds) of the measured curve, sorted by batch."""
+    pts = sorted({(b, t) for g, rt, p, model, b, t, _ in _rows()
+                  if (g, rt, p) == CURVE and model == REFERENCE_MODEL})
+    if len(pts) < 2:
+        raise RuntimeError("data/measurements lacks the H100 ResNet-32 batch curve the emulation follows")
+    return tuple(b for b, _ in pts), tuple(t for _, t in pts)
+
+
+def curve_s(batch: float) -> float:
+    """The measured curve at any batch (log-log interpolation; linear in the batch past the ends)."""
+    bs, ts = batch_curve()
+    b = max(1.0, float(batch))
+    if b <= bs[0]:
+        return ts[0]  # below the smallest batch the overhead plateau holds
+    if b >= bs[-1]:
+        slope = (ts[-1] - ts[-2]) / (bs[-1] - bs[-2])
+        return ts[-1] + slope * (b - bs[-1])
+    i = bisect.bisect_right(bs, b) - 1
+    f = (math.log(b) - math.log(bs[i])) / (math.log(bs[i + 1]) - math.log(bs[i]))
+    return math.exp(math.log(ts[i]) + f * (math.log(ts[i + 1]) - math.log(ts[i])))
+
+
+@functools.cache
+def reference_step_s(gpu: str) -> Reference:
+    """The GPU's ResNet-32 batch-128 step time: measured where data/measurements has it (TF 2019 runs
+    preferred, the study's framework), else the V100's scaled by the datasheet FP32 ratio."""
+    key = gpu.lower()
+    found = [(rt != "tf1-graph", t, src) for g, rt, p, model, b, t, src in _rows()
+             if g == key and model == REFERENCE_MODEL and b == REFERENCE_BATCH and p == "fp32"]
+    if found:
+        _, t, src = min(found)
+        return Reference(t, src.split(":")[0])
+    cat = load_catalog()
+    v100 = reference_step_s("v100")
+    ratio = cat.gpu("v100").fp32_tflops / cat.gpu(key).fp32_tflops
+    return Reference(v100.step_s * ratio, f"no measurement: V100 x datasheet FP32 ratio {ratio:.2f}")
+
+
+def emulated_step_s(gpu: str, batch: float, k80_s: float, reference_batch: float = REFERENCE_BATCH) -> float:
+    """Seconds a local worker of ``gpu`` sleeps a step at ``batch`` (see the module docstring)."""
+    ratio = reference_step_s(gpu).step_s / reference_step_s("k80").step_s
+    shape = curve_s(REFERENCE_BATCH * batch / reference_batch) / curve_s(REFERENCE_BATCH)
+    return k80_s * ratio * shape
+
+
+def reference_batch(spec: JobSpec) -> float:
+    """The per-worker batch that stands for the study's batch of 128."""
+    training = spec.training
+    if training.batch_per_worker:
+        return float(training.batch_per_worker)
+    if training.global_batch and spec.worker_count:
+        return training.global_batch / spec.worker_count
+    return float(REFERENCE_BATCH)
+
+
+def emulation_sleep(spec: JobSpec) -> Callable[[str | None, int], float]:
+    """(gpu, batch) -> extra seconds per step of a local worker (0 for other providers and CPU roles)."""
+    provider = spec.provider.as_local()
+    if provider is None or provider.emulation_k80_step_s == 0:
+        return lambda gpu, batch: 0.0
+    ref = reference_batch(spec)
+    k80_s = provider.emulation_k80_step_s
+
+    def sleep_s(gpu: str | None, batch: int) -> float:
+        return 0.0 if gpu is None else round(emulated_step_s(gpu, batch, k80_s, ref), 4)
+
+    return sleep_s

@@ -1,0 +1,406 @@
+"""reconcile(job, observation, now) -> actions. Pure: no I/O, so every scenario is a plain unit test.
+
+One pass moves each instance at most one step along the transition table; the driver runs passes
+every second or so, and a pass repeated after a crash asks for nothing twice (creates are idempotent by
+name, status switches to the same status are no-ops). Whether and how a lost instance is replaced, and
+every timing, come from ``core.policy`` (shared with the simulator).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from orchestrator.core import policy
+from orchestrator.core.actions import (
+    Action,
+    CreateInstance,
+    DeleteInstance,
+    PrepareInstance,
+    RecordLogTail,
+    RestartTraining,
+    SetInstanceStatus,
+    SetJobStatus,
+    StartTask,
+)
+from orchestrator.core.blocks import prefer_unblocked
+from orchestrator.core.exits import EXIT_FATAL, FATAL_RETRIES, Exit, classify
+from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import TrainingMode
+from orchestrator.core.state import InstanceView, JobView, Observation
+from orchestrator.core.status import (
+    FINAL_JOB,
+    INSTANCE_TIMEOUT_S,
+    LIVE_INSTANCE,
+    EndReason,
+    InstanceStatus,
+    JobStatus,
+)
+
+S = InstanceStatus
+_ENDED = (S.DELETED, S.DELETING, S.REVOKED, S.LOST, S.FAILED)
+
+
+@dataclass
+class _Pass:
+    """One pass's working state: the actions asked for so far and each instance's status as they set it."""
+
+    job: JobView
+    obs: Observation
+    now: float
+    acts: list[Action] = field(default_factory=list)
+    status: dict[str, InstanceStatus] = field(default_factory=dict)
+    lost: dict[str, str] = field(default_factory=dict)  # slot -> why, for instances lost in this pass
+    lost_role: dict[str, Role] = field(default_factory=dict)
+    shrunk: set[str] = field(default_factory=set)
+    replacements: int = 0
+    ended: dict[str, EndReason] = field(default_factory=dict)  # end reasons set in this pass, by instance name
+
+    def mark(self, inst: InstanceView, new: InstanceStatus, reason: str, end_reason: EndReason | None = None) -> None:
+        self.acts.append(SetInstanceStatus(inst.name, new, reason, end_reason))
+        self.status[inst.name] = new
+        if end_reason is not None:
+            self.ended[inst.name] = end_reason
+
+    def end_reason(self, inst: InstanceView) -> str | None:
+        """Why the instance ended, also when this very pass saw it go (the replacement is asked for now)."""
+        return self.ended.get(inst.name, inst.end_reason)
+
+    def lose(self, inst: InstanceView, new: InstanceStatus, reason: str, end_reason: EndReason,
+             why: str | None = None) -> None:
+        self.mark(inst, new, reason, end_reason)
+        self.lost[inst.slot] = why or f"{inst.name} {new.value}"
+        self.lost_role[inst.slot] = inst.role
+
+    def create(self, slot: Slot, generation: int, spot: bool, zones: tuple[str, ...], port: int | None,
+               reason: str) -> None:
+        blocked = self.obs.failed_zones.get(slot.name, ())  # persisted blocks go last
+        self.acts.append(CreateInstance(slot, generation, spot, prefer_unblocked(zones, blocked), port, reason))
+
+
+def reconcile(job: JobView, obs: Observation, now: float) -> list[Action]:
+    if job.status in FINAL_JOB:
+        return []
+    if job.status == JobStatus.TEARING_DOWN:
+        return _teardown(job, obs, now)
+    end = _decide_end(job, obs, now)
+    if end is not None:
+        return [end]
+    p = _Pass(job, obs, now, status={i.name: i.status for i in job.instances})
+    if job.status == JobStatus.PENDING:
+        p.acts.append(SetJobStatus(JobStatus.PROVISIONING, "launch"))
+    for inst in job.instances:  # 1. each recorded instance against what the provider reports
+        _step_instance(p, inst)
+    final = _fill_slots(p)  # 2. every slot needs one live instance: create, replace per the policy, or shrink
+    if final is not None:
+        return final
+    p.acts += _tasks(p)  # 3. training tasks (an exit code may end the job)
+    if any(isinstance(a, SetJobStatus) and a.status == JobStatus.TEARING_DOWN for a in p.acts):
+        return p.acts
+    return p.acts + _job_status(p)  # 4. the job's own status
+
+
+# ---------------------------------------------------------------- 1. instances
+
+
+def _step_instance(p: _Pass, inst: InstanceView) -> None:
+    o = p.obs.instances.get(inst.name)
+    st = inst.status
+    if st in _ENDED:
+        _step_ended(p, inst, o)
+    elif o is None:
+        _step_missing(p, inst)
+    elif inst.name in p.obs.notices or o.state in (ObservedState.STOPPING, ObservedState.TERMINATED):
+        if inst.spot or o.preempted:
+            noticed = inst.name in p.obs.notices
+            why = "preemption notice" if noticed and o.state == ObservedState.RUNNING else f"preempted ({o.state})"
+            p.lose(inst, S.REVOKED, why, EndReason.PREEMPTED)
+        else:
+            p.lose(inst, S.LOST, f"instance {o.state.value} without a stop request", EndReason.LOST)
+    elif o.state == ObservedState.PENDING:
+        if st == S.REQUESTED:
+            p.mark(inst, S.PROVISIONING, "create accepted")
+        elif st == S.PROVISIONING and p.now - inst.updated_at > INSTANCE_TIMEOUT_S[S.PROVISIONING]:
+            p.lose(inst, S.LOST, "stuck provisioning", EndReason.LOST, f"{inst.name} stuck provisioning")
+    elif st in (S.REQUESTED, S.PROVISIONING):
+        p.acts.append(PrepareInstance(inst.name))
+        p.status[inst.name] = S.READY
+
+
+def _step_ended(p: _Pass, inst: InstanceView, o: ObservedInstance | None) -> None:
+    """Deleted, being deleted, or lost: confirm the delete, ask again, or clean up."""
+    st = inst.status
+    if st == S.DELETED:
+        return
+    if st == S.DELETING:
+        if o is None:
+            p.mark(inst, S.DELETED, "deletion confirmed")
+        elif p.now - inst.updated_at > INSTANCE_TIMEOUT_S[S.DELETING]:
+            p.acts.append(DeleteInstance(inst.name, inst.zone, "delete timed out; asking again"))
+        return
+    in_window = (st == S.REVOKED and o is not None and o.state != ObservedState.TERMINATED
+                 and policy.in_notice_grace(inst.revoked_at or inst.updated_at, p.now))
+    if not in_window:
+        p.acts.append(DeleteInstance(inst.name, inst.zone, f"clean up {st.value} instance"))
+        p.status[inst.name] = S.DELETING
+
+
+def _step_missing(p: _Pass, inst: InstanceView) -> None:
+    """The provider does not report an instance we recorded."""
+    if inst.status == S.REQUESTED:
+        age = p.now - inst.updated_at
+        slot = next((s for s in p.job.slots if s.name == inst.slot), None)
+        if age > INSTANCE_TIMEOUT_S[S.REQUESTED]:
+            p.mark(inst, S.FAILED, "never appeared after the create request", EndReason.CREATE_FAILED)
+        elif age > policy.CREATE_REISSUE_S and slot is not None:
+            # Intent recorded but nothing exists: the controller may have died before the call.
+            # Creating again is safe: the name is deterministic and the create idempotent.
+            p.acts.append(CreateInstance(slot, inst.generation, inst.spot, (inst.zone,), inst.port,
+                                         "create again: intent recorded, no instance seen"))
+    elif inst.spot and inst.name in p.obs.notices:
+        p.lose(inst, S.REVOKED, "preempted: notice, then the instance was gone", EndReason.PREEMPTED)
+    else:
+        p.lose(inst, S.LOST, "instance disappeared without a delete from us", EndReason.LOST)
+
+
+# ---------------------------------------------------------------- 2. slots
+
+
+def _fill_slots(p: _Pass) -> list[Action] | None:
+    """Create, replace or shrink each slot without a live instance; the final actions when the job ends."""
+    job = p.job
+    by_slot: dict[str, list[InstanceView]] = defaultdict(list)
+    for inst in job.instances:
+        by_slot[inst.slot].append(inst)
+    p.replacements = sum(1 for i in job.instances if i.generation > 0 and i.end_reason != EndReason.CREATE_FAILED)
+    for slot in job.slots:
+        insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
+        if any(p.status[i.name] in LIVE_INSTANCE for i in insts):
+            continue
+        if not insts:
+            p.create(slot, 0, slot.spot, slot.zones, None, "initial")
+            continue
+        final = _retry_create(p, slot, insts) if insts[-1].end_reason == EndReason.CREATE_FAILED \
+            else _replace(p, slot, insts[-1])
+        if final is not None:
+            return final
+    worker_slots = [s for s in job.slots if s.role == Role.WORKER]
+    if worker_slots and all(s.name in p.shrunk for s in worker_slots):
+        return p.acts + [SetJobStatus(JobStatus.TEARING_DOWN, "every worker was revoked and policy is shrink",
+                                      JobStatus.FAILED)]
+    return None
+
+
+def _retry_create(p: _Pass, slot: Slot, insts: list[InstanceView]) -> list[Action] | None:
+    last = insts[-1]
+    failures = sum(1 for i in insts if i.end_reason == EndReason.CREATE_FAILED)
+    if failures >= policy.MAX_CREATE_FAILURES:
+        return [SetJobStatus(JobStatus.TEARING_DOWN, f"{slot.name}: no capacity or quota in any allowed "
+                             f"zone after {failures} tries ({last.zone})", JobStatus.FAILED)]
+    if p.now - last.updated_at >= policy.CREATE_RETRY_S:
+        p.create(slot, last.generation + 1, last.spot, slot.zones, last.port,
+                 f"retry after create failure of {last.name}")
+    return None
+
+
+def _replace(p: _Pass, slot: Slot, last: InstanceView) -> list[Action] | None:
+    """The slot's last instance was lost: the policy says replace (how, where), shrink, or give up."""
+    job = p.job
+    end_reason = p.end_reason(last)
+    decision = policy.decide_replacement(
+        slot.role, preempted=end_reason == EndReason.PREEMPTED, spot=last.spot,
+        on_revocation=job.on_revocation, replacements=p.replacements, max_replacements=job.max_replacements)
+    if decision.verdict == policy.Verdict.SHRINK:
+        p.shrunk.add(slot.name)
+        return None
+    if decision.verdict == policy.Verdict.EXHAUSTED:
+        return p.acts + [SetJobStatus(JobStatus.TEARING_DOWN, f"policy.max_replacements ({job.max_replacements}) "
+                                      f"reached when {last.name} was lost", JobStatus.FAILED)]
+    why = f"replaces {last.name} ({end_reason or p.status[last.name].value})"
+    if decision.spot != last.spot:
+        why += ", on-demand fallback"
+    zones = policy.replacement_zones(last.zone, slot.zones)
+    p.create(slot, last.generation + 1, decision.spot, zones, last.port, why)
+    p.replacements += 1
+    return None
+
+
+# ---------------------------------------------------------------- 3. tasks, 4. job status
+
+
+def _job_status(p: _Pass) -> list[Action]:
+    job = p.job
+    training = _training_now(job, p.status, p.shrunk, p.acts)
+    if job.status in (JobStatus.PENDING, JobStatus.PROVISIONING) and training:
+        return [SetJobStatus(JobStatus.RUNNING, "every task is training")]
+    if job.status == JobStatus.RUNNING and (p.lost or any(isinstance(a, RestartTraining) for a in p.acts)):
+        return [SetJobStatus(JobStatus.RECOVERING, "; ".join(sorted(p.lost.values())) or "restarting training")]
+    if job.status == JobStatus.RECOVERING and training and not p.lost:
+        return [SetJobStatus(JobStatus.RUNNING, "recovered")]
+    return []
+
+
+def _decide_end(job: JobView, obs: Observation, now: float) -> SetJobStatus | None:
+    if job.cancel_requested:
+        return SetJobStatus(JobStatus.TEARING_DOWN, "cancelled by the user", JobStatus.CANCELLED)
+    if obs.payload_error is not None:
+        return SetJobStatus(JobStatus.TEARING_DOWN, f"the payload's output is unusable: {obs.payload_error}",
+                            JobStatus.FAILED)
+    if obs.result is not None:
+        acc = obs.result.get("accuracy")
+        tail = f", accuracy {acc:.4f}" if isinstance(acc, int | float) else ""
+        return SetJobStatus(JobStatus.TEARING_DOWN, f"training finished at step {obs.result.get('step')}{tail}",
+                            JobStatus.SUCCEEDED)
+    if job.budget_usd is not None and job.cost_usd >= job.budget_usd:
+        return SetJobStatus(JobStatus.TEARING_DOWN, f"policy.budget_usd exceeded: spent ${job.cost_usd:.4f} of "
+                            f"${job.budget_usd:.2f}", JobStatus.FAILED)
+    if job.deadline_s is not None and job.started_at is not None and now - job.started_at > job.deadline_s:
+        return SetJobStatus(JobStatus.TEARING_DOWN, f"policy.deadline of {job.deadline_s:.0f}s passed",
+                            JobStatus.FAILED)
+    if job.restarts > job.max_replacements + policy.EXTRA_RESTARTS:
+        return SetJobStatus(JobStatus.TEARING_DOWN, f"training restarted {job.restarts} times; giving up",
+                            JobStatus.FAILED)
+    return None
+
+
+def _live(job: JobView, status: dict[str, InstanceStatus], role: Role | None = None) -> list[InstanceView]:
+    return [i for i in job.instances if status[i.name] in LIVE_INSTANCE and (role is None or i.role == role)]
+
+
+def _tasks(p: _Pass) -> list[Action]:
+    job, status = p.job, p.status
+    if job.status not in (JobStatus.PENDING, JobStatus.PROVISIONING, JobStatus.RUNNING, JobStatus.RECOVERING):
+        return []
+    training = [i for i in _live(job, status) if status[i.name] == S.TRAINING]
+    by_name = {i.name: i for i in training}
+    ended = {n: pr for n in by_name if (pr := p.obs.procs.get(n)) is not None and pr.state == ProcState.EXITED}
+    verdict = _exit_verdict(job, by_name, ended)
+    if verdict is not None:
+        return verdict
+    # A task that exited 0 is done: it is never started again (only the writer's exit ends the job).
+    exited = {n: pr for n, pr in ended.items() if classify(pr.exit_code) != Exit.DONE}
+    if job.mode == TrainingMode.ASYNC:
+        restart_reason = _async_restart_reason(p, by_name, exited)
+    else:
+        restart_reason = _sync_restart_reason(p, by_name, exited)
+    if restart_reason is not None:
+        if training or any(pr.state == ProcState.RUNNING for pr in p.obs.procs.values()):
+            return [RestartTraining(restart_reason)]
+        return []
+    if job.mode == TrainingMode.ASYNC:
+        return _start_async(p, by_name, exited)
+    return _start_sync(p)
+
+
+def _async_restart_reason(p: _Pass, by_name: dict[str, InstanceView], exited: dict[str, ProcStatus]) -> str | None:
+    critical_lost = [why for slot, why in p.lost.items() if policy.is_critical(p.lost_role[slot])]
+    if critical_lost:
+        return "lost " + ", ".join(critical_lost)
+    for name, pr in exited.items():
+        if policy.is_critical(by_name[name].role):
+            return f"{by_name[name].slot} task exited with code {pr.exit_code}"
+    chief_training = any(i.role == Role.CHIEF for i in by_name.values())
+    if not p.job.stable_addresses and chief_training:
+        moved = [i.slot for i in _live(p.job, p.status, Role.WORKER)
+                 if p.status[i.name] == S.READY and i.generation > 0]
+        if moved:
+            # The chief's cluster spec names each worker's address; a new VM has a new one.
+            return f"{', '.join(moved)} came back at a new address"
+    return None
+
+
+def _sync_restart_reason(p: _Pass, by_name: dict[str, InstanceView], exited: dict[str, ProcStatus]) -> str | None:
+    if p.lost and (not p.job.elastic or p.job.rdzv_slot in p.lost):  # elastic: torchrun shrinks the world
+        return "lost " + ", ".join(sorted(p.lost.values()))
+    name = next(iter(exited), None)
+    return None if name is None else f"{by_name[name].slot} task exited with code {exited[name].exit_code}"
+
+
+def _start_async(p: _Pass, by_name: dict[str, InstanceView], exited: dict[str, ProcStatus]) -> list[Action]:
+    job, status = p.job, p.status
+    ready = [i for i in _live(job, status) if status[i.name] == S.READY]
+    acts: list[Action] = [StartTask(i.name, "start server") for i in ready if i.role in (Role.PS, Role.WORKER)]
+    for name, pr in exited.items():  # a worker's server died but its instance lives: start it again
+        if by_name[name].role == Role.WORKER:
+            acts.append(StartTask(name, f"worker task exited with code {pr.exit_code}; restarting it"))
+    servers_up = all(
+        any(i.role == s.role and i.index == s.index and status[i.name] == S.TRAINING for i in job.instances)
+        for s in job.slots if s.role in (Role.PS, Role.WORKER) and s.name not in p.shrunk
+    )
+    chief_ready = [i for i in ready if i.role == Role.CHIEF]
+    if chief_ready and servers_up:
+        acts.append(StartTask(chief_ready[0].name, "every server is up; start the chief"))
+    return acts
+
+
+def _start_sync(p: _Pass) -> list[Action]:
+    job, status = p.job, p.status
+    wanted = [s for s in job.slots if s.role == Role.WORKER and s.name not in p.shrunk]
+    live_workers = _live(job, status, Role.WORKER)
+    if job.elastic and any(status[i.name] == S.TRAINING for i in live_workers):
+        return [StartTask(i.name, "joins the elastic world at the next rendezvous") for i in live_workers
+                if status[i.name] == S.READY]
+    if len(live_workers) == len(wanted) and all(status[i.name] == S.READY for i in live_workers):
+        return [StartTask(i.name, "every worker is ready; start synchronous training") for i in live_workers]
+    return []
+
+
+def _is_writer(job: JobView, inst: InstanceView) -> bool:
+    """The task whose end is the job's end: the async chief, or sync worker 0."""
+    if job.mode == TrainingMode.ASYNC:
+        return inst.role == Role.CHIEF
+    return inst.role == Role.WORKER and inst.index == 0
+
+
+def _exit_verdict(job: JobView, by_name: dict[str, InstanceView], ended: dict[str, ProcStatus]) -> list[Action] | None:
+    """Exit codes that decide: the writer's 0 ends the job; the fatal code gets one retry, then fails it."""
+    for name, p in ended.items():
+        inst = by_name[name]
+        if classify(p.exit_code) == Exit.DONE and _is_writer(job, inst):
+            return [SetJobStatus(JobStatus.TEARING_DOWN, f"the {inst.slot} task exited 0: training finished",
+                                 JobStatus.SUCCEEDED)]
+    fatal = [by_name[n] for n, p in ended.items() if classify(p.exit_code) == Exit.FATAL]
+    if not fatal:
+        return None
+    why = f"the {fatal[0].slot} task exited with code {EXIT_FATAL} (fatal: bad input)"
+    if job.fatal_exits >= FATAL_RETRIES:
+        return [RecordLogTail(fatal[0].name, why),
+                SetJobStatus(JobStatus.TEARING_DOWN, f"{why}, again after {job.fatal_exits} retry; "
+                             "see the log_tail event", JobStatus.FAILED)]
+    return [RestartTraining(f"{why}; retrying once", fatal=True)]
+
+
+def _training_now(job: JobView, status: dict[str, InstanceStatus], shrunk: set[str], acts: list[Action]) -> bool:
+    """True when the job is fully training as of the start of this pass (nothing restarting)."""
+    if any(isinstance(a, RestartTraining | CreateInstance) for a in acts):
+        return False
+    needed = [s for s in job.slots if s.name not in shrunk]
+    return all(
+        any(i.slot == s.name and status[i.name] == S.TRAINING for i in job.instances) for s in needed
+    )
+
+
+def _teardown(job: JobView, obs: Observation, now: float) -> list[Action]:
+    acts: list[Action] = []
+    end_reason = {JobStatus.SUCCEEDED.value: EndReason.JOB_FINISHED, JobStatus.CANCELLED.value: EndReason.JOB_CANCELLED
+                  }.get(job.outcome or "", EndReason.JOB_FAILED)
+    remaining = 0
+    for inst in job.instances:
+        st = inst.status
+        if st == S.DELETED:
+            continue
+        if st == S.DELETING:
+            if inst.name not in obs.instances:
+                acts.append(SetInstanceStatus(inst.name, S.DELETED, "deletion confirmed"))
+                continue
+            if now - inst.updated_at > INSTANCE_TIMEOUT_S[S.DELETING]:
+                acts.append(DeleteInstance(inst.name, inst.zone, "delete timed out; asking again"))
+        else:
+            acts.append(DeleteInstance(inst.name, inst.zone, f"job {job.outcome}: tear down",
+                                       end_reason if st in LIVE_INSTANCE else None))
+        remaining += 1
+    if remaining == 0:
+        outcome = JobStatus(job.outcome or JobStatus.FAILED.value)
+        acts.append(SetJobStatus(outcome, "every instance deleted"))
+    return acts

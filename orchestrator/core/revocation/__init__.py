@@ -1,0 +1,1 @@
+"""Revocation models: lifetime traces and the distributions fitted to them (``model.load_revocation_model``)."""

@@ -1,0 +1,130 @@
+"""A pinned cluster expanded into slots: one row per instance the job needs, with its hourly price.
+
+A slot (``worker-2``) outlives its instances: a revoked worker's replacement fills the same slot
+with the next generation, so names stay deterministic: ``<job>-worker-2-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel.batches import DEFAULT_BATCH as DEFAULT_BATCH  # re-exported: callers import them here
+from orchestrator.core.costmodel.batches import price_book_for as price_book_for
+from orchestrator.core.costmodel.batches import proportional_split as proportional_split
+from orchestrator.core.costmodel.batches import worker_batches as worker_batches
+from orchestrator.core.instances import Role
+from orchestrator.core.spec import (
+    LOCAL_ZONE,
+    Chief,
+    JobSpec,
+    ParameterServers,
+    TrainingMode,
+)
+
+
+@dataclass(frozen=True)
+class Slot:
+    role: Role
+    index: int
+    gpu: str | None
+    machine_type: str
+    zone: str
+    spot: bool
+    price_per_hour: float
+    batch: int | None = None  # workers only
+    group: int = -1  # index of the worker group in the spec
+    on_demand_price_per_hour: float = 0.0  # what a fallback-on-demand replacement costs
+    zones: tuple[str, ...] = ()  # where to create it, in order: a stockout moves on to the next
+    gpu_count: int = 1  # GPUs on the instance: an accelerator-optimized type's fixed count (a3-highgpu-2g: 2)
+    flex_start: bool = False  # workers only: provisioning: flex_start (GCE Dynamic Workload Scheduler)
+
+    def price(self, spot: bool) -> float:
+        """Hourly price as requested: the slot's own, or on-demand for a fallback replacement."""
+        return self.price_per_hour if spot == self.spot or spot else self.on_demand_price_per_hour
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -> tuple[str, ...]:
+    """The slot's zone first, then the other allowed zones that offer its GPU (stockout fallbacks)."""
+    if not spec.provider.is_cloud:
+        return (zone or LOCAL_ZONE,)
+    allowed = spec.provider.allowed_zones
+    offered = set(catalog.zones_for(gpu)) if gpu else set(catalog.all_zones())
+    others = [z for z in allowed if z in offered and z != zone]
+    ordered = ([zone] if zone else []) + others
+    return tuple(ordered) or ((allowed[0],) if allowed else ("us-central1-c",))
+
+
+def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> list[Slot]:
+    """Every slot of a pinned cluster: parameter servers, the chief (async only), then the workers."""
+    cat = catalog or load_catalog()
+    prices = price_book_for(spec, cat, book)
+    cluster = spec.pinned
+    cloud = spec.provider.is_cloud
+    disk = stopped_disk_usd_per_hour(spec, cat)
+
+    def cpu_slot(role: Role, index: int, cfg: ParameterServers | Chief) -> Slot:
+        machine = cfg.machine_type if cloud else "local"
+        zones = _zones(spec, cfg.zone, None, cat)
+        return Slot(role, index, None, machine, zones[0], cfg.spot,
+                    prices.instance_price(machine, None, 0, cfg.spot) + disk,
+                    on_demand_price_per_hour=prices.instance_price(machine, None, 0, False) + disk, zones=zones)
+
+    slots = [cpu_slot(Role.PS, i, cluster.parameter_servers) for i in range(spec.ps_count)]
+    if spec.mode == TrainingMode.ASYNC:
+        chief = cpu_slot(Role.CHIEF, 0, cluster.chief)
+        if cluster.chief.on_worker0:  # the study's setup: on worker 0's VM, billed there
+            chief = replace(chief, spot=False, price_per_hour=0.0, on_demand_price_per_hour=0.0)
+        slots.append(chief)
+    batches = worker_batches(spec, cat)
+    index = 0
+    for g, group in enumerate(cluster.workers):
+        gpu = cat.gpu(group.gpu)
+        machine = (group.machine_type or gpu.default_machine_type) if cloud else "local"
+        zones = _zones(spec, group.zone, gpu.key, cat)
+        for _ in range(group.count):
+            slots.append(
+                Slot(
+                    Role.WORKER,
+                    index,
+                    gpu.key,
+                    machine,
+                    zones[0],
+                    group.spot,
+                    prices.instance_price(machine, gpu.key, 1, group.spot) + disk,
+                    batches[index],
+                    g,
+                    on_demand_price_per_hour=prices.instance_price(machine, gpu.key, 1, False) + disk,
+                    zones=zones,
+                    gpu_count=cat.gpus_per_instance(machine),
+                    flex_start=group.provisioning == "flex_start",
+                )
+            )
+            index += 1
+    return slots
+
+
+BOOT_DISK_GB = 50  # GceProvider's default boot disk (pd-balanced)
+
+
+def stopped_disk_usd_per_hour(spec: JobSpec, catalog: Catalog) -> float:
+    """With termination_action STOP a preempted VM keeps its boot disk (billed until deleted): the
+    ledger bills every gce instance its disk on top. DELETE (the default) leaves no disk behind."""
+    if not spec.provider.stopped_disk_billed:
+        return 0.0
+    return round(BOOT_DISK_GB * catalog.fact("pd_balanced_usd_per_gb_month") / 730.0, 6)
+
+
+def cluster_shape(spec: JobSpec) -> str:
+    """'1ps+chief+2xk80(spot)+1xv100' — what job_summary shows."""
+    cluster = spec.pinned
+    parts = [f"{spec.ps_count}ps"] if spec.ps_count else []
+    if spec.mode == TrainingMode.ASYNC:
+        parts.append("chief@worker0" if cluster.chief.on_worker0 else "chief")
+    for g in cluster.workers:
+        parts.append(f"{g.count}x{g.gpu}{'(spot)' if g.spot else ''}")
+    return "+".join(parts)

@@ -1,0 +1,67 @@
+"""What the reconciler sees: the job as recorded (desired + history) and one observation of the world."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.core.instances import ObservedInstance, ProcStatus, Role
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import OnRevocation, TrainingMode
+from orchestrator.core.status import InstanceStatus, JobStatus
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    id: int
+    name: str
+    role: Role
+    index: int
+    generation: int
+    status: InstanceStatus
+    spot: bool
+    zone: str
+    port: int | None
+    requested_at: float
+    updated_at: float  # when the status last changed
+    revoked_at: float | None = None
+    end_reason: str | None = None
+
+    @property
+    def slot(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: str
+    status: JobStatus
+    outcome: str | None
+    mode: TrainingMode
+    slots: tuple[Slot, ...]
+    instances: tuple[InstanceView, ...]
+    on_revocation: OnRevocation
+    max_replacements: int
+    budget_usd: float | None
+    deadline_s: float | None
+    started_at: float | None
+    restarts: int
+    cost_usd: float
+    cancel_requested: bool = False
+    zones: tuple[str, ...] = ()  # allowed zones, in fallback order (cloud providers)
+    stable_addresses: bool = True  # a replacement keeps its slot's address (local, emulator)
+    fatal_exits: int = 0  # task exits with the payload's "bad input" code so far (one retry, then FAILED)
+    # PyTorch under torchrun: survivors re-form the world themselves (no whole-cluster restart on a lost
+    # worker) and a ready replacement joins the running world at once. rdzv_slot hosts the rendezvous.
+    elastic: bool = False
+    rdzv_slot: str | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    instances: dict[str, ObservedInstance]  # this job's instances, by name
+    procs: dict[str, ProcStatus]  # the task process on each instance that should run one, by instance name
+    notices: frozenset[str] = frozenset()  # instance names with a preemption notice in storage
+    result: dict[str, Any] | None = None  # result.json, once training ended
+    failed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)  # slot -> zones without capacity
+    payload_error: str | None = None  # result.json exists but cannot be used (untrusted payload output)

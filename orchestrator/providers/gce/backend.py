@@ -1,0 +1,93 @@
+"""The gce provider's backend: Compute Engine VMs (or any endpoint that speaks its API), reached over SSH."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+
+from orchestrator.core.instances import ObservedInstance
+from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.providers.base import Backend
+from orchestrator.providers.passed_env import passed_env
+from orchestrator.storage.base import NOTICES, JobStorage
+from orchestrator.transport.base import Endpoint
+from orchestrator.transport.keys import job_key
+from orchestrator.transport.ssh import SshTransport
+
+NETWORK_TAG = "orch-{job}"  # = providers.gce.network.JOB_TAG: each job's VMs carry their own tag
+TF_PORTS = "2222-2299"
+
+# Runs in GCE's 30 s window between the preemption's soft-off and the hard off: report a notice into the
+# job's storage so the chief checkpoints at once (and the controller learns of it without polling).
+SHUTDOWN_SCRIPT = """#!/bin/bash
+preempted=$(curl -s -H 'Metadata-Flavor: Google' \\
+  http://metadata.google.internal/computeMetadata/v1/instance/preempted)
+[ "$preempted" = "TRUE" ] || exit 0
+python3 - <<'PY'
+import time
+from google.cloud import storage
+storage.Client().bucket({bucket!r}).blob({blob!r}).upload_from_string(str(time.time()))
+PY
+"""
+
+
+def cache_key(spec: GceSpec) -> str:
+    """Jobs share a Backend only when it would be built the same (zones are chosen per instance): a job
+    whose VMs differ in image, network, user, interpreter or task port gets its own."""
+    shape = hashlib.sha256(spec.model_dump_json(exclude={"zones"}).encode()).hexdigest()[:12]
+    return f"gce:{spec.project}:{spec.api_endpoint or ''}:{shape}"
+
+
+def shutdown_script(storage_uri: str, name: str) -> str | None:
+    """The shutdown script that reports instance ``name``'s preemption into ``gs://`` storage (else None)."""
+    if not storage_uri.startswith("gs://"):
+        return None
+    bucket, _, prefix = storage_uri.removeprefix("gs://").partition("/")
+    return SHUTDOWN_SCRIPT.format(bucket=bucket, blob=f"{prefix}/{NOTICES}/{name}")
+
+
+def firewall_ports(spec: GceSpec) -> str:
+    """The cluster ports the firewall opens between the job's VMs: TF_PORTS, plus a task port outside it."""
+    low, high = (int(p) for p in TF_PORTS.split("-"))
+    return TF_PORTS if spec.task_port == 0 or low <= spec.task_port <= high else f"{TF_PORTS},{spec.task_port}"
+
+
+def build(key: str, spec: GceSpec) -> Backend:
+    """Everything that differs from one Compute endpoint to another comes from the spec's settings
+    (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
+    ssh port and work directory metadata): a Compute API emulator is reached like GCE itself."""
+    # google-cloud-compute takes ~2 s to import: only processes that drive a gce job pay for it.
+    from orchestrator.providers.gce.network import GUEST_ATTRIBUTES_KEY, IsolatedGceProvider, address_learner
+
+    # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
+    provider = IsolatedGceProvider(
+        spec.project, ports=firewall_ports(spec), ssh_ranges=spec.ssh_source_ranges,
+        allow_open_network=spec.allow_open_network,
+        learn_address=address_learner(spec.api_endpoint),
+        credentials=spec.credentials, api_endpoint=spec.api_endpoint, image=spec.image, network=spec.network,
+        termination_action=spec.termination_action)
+
+    def endpoint(observed: ObservedInstance) -> Endpoint:
+        key_path, _ = job_key(observed.job_id)
+        return Endpoint(workdir=observed.workdir or "orchestrator", host=observed.host or "127.0.0.1",
+                        port=observed.ssh_port or 22, user=spec.ssh_user, key_path=str(key_path),
+                        # Pinned: the keys the VM's guest agent published through the Compute API.
+                        host_key_source=partial(provider.host_keys, observed.name, observed.zone))
+
+    def metadata(job_id: str, name: str, storage: JobStorage) -> dict[str, str]:
+        _, public = job_key(job_id)
+        items = {"ssh-keys": f"{spec.ssh_user}:{public}", "block-project-ssh-keys": "true",
+                 GUEST_ATTRIBUTES_KEY: "TRUE"}  # the guest agent publishes the SSH host keys we pin
+        if (script := shutdown_script(storage.uri, name)) is not None:
+            items["shutdown-script"] = script
+        return items
+
+    shared_address = spec.task_port == 0  # all VMs answer at one address, each task on its own port
+    return Backend(
+        key, provider, SshTransport(), fixed_task_port=None if shared_address else spec.task_port,
+        endpoint=endpoint, instance_metadata=metadata, python=spec.python, task_env=passed_env(),
+        # One address with a port kept per slot: a replacement is where its predecessor was. A VM of its
+        # own gets a new IP, so an async chief must restart to reach it.
+        stable_addresses=shared_address,
+        # The job's firewall rules are made by provider.create before its first VM (IsolatedGceProvider).
+    )

@@ -1,0 +1,103 @@
+"""`launch --dry-run` for gce specs: the exact Compute API requests a launch would send, as JSON.
+
+The bodies come from ``providers.gce.requests`` — the functions ``GceProvider`` itself sends — with the
+settings ``providers.gce.backend.build`` gives the provider, so the dry run shows what the real launch
+sends. Nothing is sent: no client is built and no credentials are read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.instances import InstanceRequest, instance_name
+from orchestrator.core.plan import LaunchPlan, plan_spec
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import GceProvider, JobSpec
+from orchestrator.providers.gce.backend import NETWORK_TAG, firewall_ports, shutdown_script
+from orchestrator.providers.gce.network import address_learner, job_rules
+from orchestrator.providers.gce.requests import (
+    GceRequestSettings,
+    bundled_machine_types,
+    cloud_max_run_s,
+    instance_resource,
+)
+
+GB_MONTH_HOURS = 730.0  # GCE bills disks per GB-month; one month = 730 h
+
+
+def request_settings(spec: GceProvider) -> GceRequestSettings:
+    """The provider settings ``gce_backend`` builds a GceProvider with (tested to stay equal)."""
+    return GceRequestSettings(
+        project=spec.project, image=spec.image, network=spec.network, network_tag=NETWORK_TAG,
+        termination_action=spec.termination_action, bundled=bundled_machine_types(),
+    )
+
+
+def _metadata(spec: JobSpec, provider: GceProvider, name: str) -> dict[str, str]:
+    items = {"ssh-keys": f"{provider.ssh_user}:<the job's ed25519 public key, generated at launch>",
+             "block-project-ssh-keys": "true"}
+    if (script := shutdown_script(spec.storage, name)) is not None:
+        items["shutdown-script"] = script
+    return items
+
+
+def _request(spec: JobSpec, provider: GceProvider, job_id: str, slot: Slot, max_run_s: int) -> InstanceRequest:
+    name = instance_name(job_id, slot.role, slot.index, 0)
+    return InstanceRequest(
+        name=name, job_id=job_id, role=slot.role, index=slot.index, generation=0, zone=slot.zone,
+        machine_type=slot.machine_type, spot=slot.spot, gpu=slot.gpu, gpu_count=slot.gpu_count if slot.gpu else 0,
+        price_per_hour=slot.price_per_hour, metadata=_metadata(spec, provider, name), max_run_s=max_run_s,
+        flex_start=slot.flex_start and not slot.spot,
+    )
+
+
+def _json(message: Any) -> dict[str, Any]:
+    text = type(message).to_json(message, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+def _ssh_ranges(provider: GceProvider) -> list[str]:
+    """What the job's SSH rule would allow (the learned address; 0.0.0.0/32, nobody, if none answers)."""
+    return provider.ssh_source_ranges or [f"{address_learner(provider.api_endpoint)() or '0.0.0.0'}/32"]
+
+
+def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | None = None) -> dict[str, Any]:
+    """Everything a launch of ``spec`` (a gce spec with a pinned cluster) would send, in order."""
+    provider = spec.provider.as_gce()
+    if provider is None:
+        raise ValueError("gce_dry_run needs a gce spec")
+    settings = request_settings(provider)
+    job_id = job_id or f"{spec.name}-dryrun"
+    plan = plan or plan_spec(spec)  # the launch's plan: the same slots and prices
+    slots = plan.slots
+    hourly = plan.cluster_usd_per_hour
+    policy = spec.policy
+    inserts, disks = [], []
+    disk_price = load_catalog().fact("pd_balanced_usd_per_gb_month")
+    for slot in slots:
+        max_run = cloud_max_run_s(deadline_s=policy.deadline, elapsed_s=0.0, budget_usd=policy.budget_usd,
+                                  spent_usd=0.0, cluster_usd_per_hour=hourly, flex_start=slot.flex_start)
+        body = instance_resource(_request(spec, provider, job_id, slot, max_run), settings)
+        inserts.append({"method": "POST", "path": f"projects/{provider.project}/zones/{slot.zone}/instances",
+                        "zone": slot.zone, "body": _json(body)})
+        kept = settings.termination_action == "STOP" and (slot.spot or body.scheduling.max_run_duration)
+        disks.append({
+            "instance": body.name, "zone": slot.zone, "type": settings.disk_type, "sizeGb": settings.disk_size_gb,
+            "created_with": "instances.insert (boot disk, autoDelete: true)",
+            "usd_per_hour": round(settings.disk_size_gb * disk_price / GB_MONTH_HOURS, 6),
+            "after_preemption_or_time_limit": "kept and billed until the controller deletes the VM" if kept
+            else "deleted with the VM",
+        })
+    firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": _json(rule)}
+                 for rule in job_rules(settings.network, job_id, firewall_ports(provider), _ssh_ranges(provider))]
+    return {
+        "dry_run": True, "requests_sent": 0, "project": provider.project,
+        "job_id": f"{job_id} (a launch uses <name>-<6 hex digits>)", "cluster": plan.shape,
+        "price_book": plan.price_book, "cluster_usd_per_hour": round(hourly, 6),
+        "termination_action": settings.termination_action,
+        "firewalls.insert": firewalls, "instances.insert": inserts, "disks": disks,
+    }
+

@@ -1,0 +1,241 @@
+"""Who may reach a job's VMs on GCE: the job's own VMs (training ports), the controller (SSH), and the host
+keys that prove a VM is the one the API created.
+
+- Every VM carries its job's network tag ``orch-<job>``; a firewall rule per job opens the (unauthenticated)
+  TensorFlow / torch ports only from instances with that tag, and SSH only from ``ssh_source_ranges``
+  (default: this controller's public address). The rules are made before the job's first VM and deleted
+  with its last.
+- A network that already opens those ports to every VM (GCE's ``default`` network ships
+  ``default-allow-internal``: every port between all VMs of the project) makes per-job rules pointless: the
+  launch is refused, naming the rule and the fix (a dedicated network, ``provider.network``), unless the
+  spec opts in with ``provider.allow_open_network: true``.
+- A VM's SSH host keys come from its guest attributes (``hostkeys/``, published by the guest agent when the
+  VM has ``enable-guest-attributes=TRUE``), read over the authenticated Compute API and pinned.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import threading
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import compute_v1
+
+from orchestrator.core.cloud_errors import ProviderError
+from orchestrator.core.errors import UserError
+from orchestrator.core.instances import InstanceRequest
+from orchestrator.providers.gce.errors import op_has_code, operation_error
+from orchestrator.providers.gce.provider import GceProvider
+from orchestrator.providers.gce.requests import PORTS_RE
+from orchestrator.transport.host_keys import HostKeyError, HostKeyPending
+
+log = logging.getLogger(__name__)
+
+JOB_TAG = "orch-{job}"  # GceRequestSettings.network_tag: "{job}" becomes the job id on each VM
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"  # metadata: lets the guest agent publish the host keys
+# Where the controller learns its public address: GCE's metadata server when it runs on a VM, else two
+# plain-text echo services (no account, no key).
+_METADATA_IP = ("http://metadata.google.internal/computeMetadata/v1/instance/network-interfaces/0/"
+                "access-configs/0/external-ip")
+PUBLIC_IP_URLS = ("https://checkip.amazonaws.com", "https://api.ipify.org")
+
+
+class NetworkError(ProviderError, UserError):
+    """The network or the SSH source cannot be made safe as configured: the message names the field."""
+
+
+def job_tag(job_id: str) -> str:
+    """The network tag of job ``job_id``'s VMs (a job id is a valid GCE name prefix, so a valid tag)."""
+    return JOB_TAG.format(job=job_id)[:63].rstrip("-")
+
+
+_INSTANCE = re.compile(r"^(?P<job>.+)-(ps|chief|worker)-\d+-\d+$")  # core.instances.instance_name
+
+
+def _job_of(instance: str) -> str:
+    """The job of a VM named by ``instance_name``; any other VM (an image builder) is its own job."""
+    m = _INSTANCE.match(instance)
+    return m["job"] if m else instance
+
+
+# ---------------------------------------------------------------- SSH source
+
+
+def public_address(urls: Sequence[str] = PUBLIC_IP_URLS, timeout_s: float = 3.0) -> str | None:
+    """This controller's public IPv4 address, or None if no source answers with one."""
+    sources: list[tuple[str, dict[str, str]]] = [(_METADATA_IP, {"Metadata-Flavor": "Google"})]
+    sources += [(u, {}) for u in urls]
+    for url, headers in sources:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as r:
+                text = r.read(64).decode().strip()
+            return str(ipaddress.IPv4Address(text))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def address_learner(api_endpoint: str | None) -> Callable[[], str | None]:
+    """How to learn the controller's address: ask the internet for GCE; another Compute endpoint (an
+    emulator) reports VMs on this machine, reached from 127.0.0.1."""
+    return public_address if api_endpoint is None else (lambda: "127.0.0.1")
+
+
+def ssh_source_ranges(configured: Sequence[str] | None, learn: Callable[[], str | None] = public_address) -> list[str]:
+    """The SSH rule's sources: ``provider.ssh_source_ranges`` if set, else this controller's address/32."""
+    if configured:
+        return list(configured)
+    address = learn()
+    if address is None:
+        raise NetworkError("cannot learn this controller's public IP address to allow SSH from it only; set "
+                           "provider.ssh_source_ranges (e.g. [203.0.113.7/32], your network's CIDR)")
+    return [f"{address}/32"]
+
+
+# ---------------------------------------------------------------- per-job firewall rules
+
+
+def _opens(rule: compute_v1.Firewall, port: int) -> bool:
+    """Does an enabled ingress rule open ``port`` from address ranges to every VM (no target filter)?"""
+    if rule.disabled or (rule.direction or "INGRESS") != "INGRESS" or not rule.source_ranges:
+        return False
+    if rule.target_tags or rule.target_service_accounts:
+        return False
+    for allowed in rule.allowed:
+        if allowed.I_p_protocol not in ("all", "tcp"):
+            continue
+        if not allowed.ports:
+            return True
+        for spec in allowed.ports:
+            low, _, high = spec.partition("-")
+            if int(low) <= port <= int(high or low):
+                return True
+    return False
+
+
+def job_rules(network: str, job_id: str, ports: str, ssh_ranges: Sequence[str]) -> list[compute_v1.Firewall]:
+    """The job's two rules (sourceTags and sourceRanges in one rule would be OR-ed by GCE)."""
+    port_list = [p.strip() for p in ports.split(",") if p.strip()]
+    if not port_list or not all(PORTS_RE.match(p) for p in port_list):
+        raise NetworkError(f"bad port list {ports!r}; expected e.g. '2222-2230,8470'")
+    tag = job_tag(job_id)
+    internal = compute_v1.Firewall(
+        name=f"{tag[:54]}-internal", network=network, direction="INGRESS", priority=1000,
+        description=f"orchestrator job {job_id}: training ports, only between the job's VMs (no authentication)",
+        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=port_list)], source_tags=[tag], target_tags=[tag])
+    ssh = compute_v1.Firewall(
+        name=f"{tag[:58]}-ssh", network=network, direction="INGRESS", priority=1000,
+        description=f"orchestrator job {job_id}: ssh from the controller",
+        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])], source_ranges=list(ssh_ranges),
+        target_tags=[tag])
+    return [internal, ssh]
+
+
+class IsolatedGceProvider(GceProvider):
+    """A GceProvider that gives each job its own firewall rules: made before the job's first VM, deleted
+    after its last one is gone."""
+
+    def __init__(self, project: str, *, ports: str, ssh_ranges: Sequence[str] | None = None,
+                 allow_open_network: bool = False,
+                 learn_address: Callable[[], str | None] = public_address, **kwargs: Any) -> None:
+        super().__init__(project, network_tag=JOB_TAG, **kwargs)
+        self.ports = ports
+        self.allow_open_network = allow_open_network
+        self._configured_ranges = list(ssh_ranges) if ssh_ranges else None
+        self._learn = learn_address
+        self._ranges: list[str] | None = None
+        self._ready: set[str] = set()
+        self._lock = threading.Lock()
+
+    def check_network(self) -> None:
+        """Refuse a network whose existing rules open the training ports to every VM."""
+        if self.allow_open_network:
+            return
+        port = int(self.ports.split(",")[0].split("-")[0])
+        network = self.network.rstrip("/").rsplit("/", 1)[-1]
+        pager = self._call("list firewall rules", partial(self._firewalls.list, project=self.project,
+                                                          retry=None, timeout=self.retry.request_timeout_s))
+        for rule in pager:
+            if rule.network.rstrip("/").rsplit("/", 1)[-1] == network and _opens(rule, port):
+                raise NetworkError(
+                    f"network {network} lets every VM reach the training ports (firewall rule {rule.name} opens "
+                    f"tcp:{port} from {', '.join(rule.source_ranges)}), so other jobs' VMs could reach this "
+                    "job's unauthenticated ports; set provider.network to a dedicated VPC network (gcloud "
+                    "compute networks create orchestrator --subnet-mode=auto), or accept it with "
+                    "provider.allow_open_network: true")
+
+    def ensure_job_network(self, job_id: str) -> None:
+        with self._lock:
+            if job_id in self._ready:
+                return
+            if self._ranges is None:
+                self.check_network()
+                self._ranges = ssh_source_ranges(self._configured_ranges, self._learn)
+            for rule in job_rules(self.network, job_id, self.ports, self._ranges):
+                self._ensure_firewall(rule)
+            self._ready.add(job_id)
+
+    def delete_job_network(self, job_id: str) -> None:
+        """Delete the job's rules (missing is fine)."""
+        with self._lock:
+            self._ready.discard(job_id)
+            for rule in job_rules(self.network, job_id, self.ports, ["0.0.0.0/32"]):
+                self._delete_firewall(rule.name)
+
+    def _delete_firewall(self, name: str) -> None:
+        what = f"delete firewall {name}"
+        req = compute_v1.DeleteFirewallRequest(project=self.project, firewall=name, request_id=str(uuid.uuid4()))
+        try:
+            op = self._call(what, partial(self._firewalls.delete_unary, request=req, retry=None,
+                                          timeout=self.retry.request_timeout_s), passthrough=(gexc.NotFound,))
+        except gexc.NotFound:
+            return
+        op = self._wait(op, what)
+        if (error := operation_error(op, what, self.project)) is not None and not op_has_code(op, "RESOURCE_NOT_FOUND"):
+            raise error
+
+    def create(self, request: InstanceRequest) -> None:
+        self.ensure_job_network(request.job_id)
+        super().create(request)
+
+    def delete(self, name: str, zone: str) -> None:
+        super().delete(name, zone)
+        job = _job_of(name)
+        if not self.list([job]):  # the job's last VM is gone: so are its rules
+            self.delete_job_network(job)
+
+    def host_keys(self, name: str, zone: str) -> list[str]:
+        return published_host_keys(self, name, zone)
+
+
+def published_host_keys(provider: object, name: str, zone: str) -> list[str]:
+    """``TYPE BASE64`` lines of the SSH host keys VM ``name`` published in its guest attributes (empty
+    until its guest agent has); raises HostKeyPending (a transport error, so connecting retries) when the
+    API fails."""
+    if not isinstance(provider, GceProvider):
+        raise HostKeyError(f"{name}: cannot read published host keys through {provider!r}")
+    req = compute_v1.GetGuestAttributesInstanceRequest(project=provider.project, zone=zone, instance=name,
+                                                       query_path="hostkeys/")
+    try:
+        attrs = provider._call(f"read the host keys of {name}",
+                               partial(provider._instances.get_guest_attributes, request=req, retry=None,
+                                       timeout=provider.retry.request_timeout_s),
+                               zone=zone, passthrough=(gexc.NotFound,))
+    except gexc.NotFound:
+        return []
+    except ProviderError as e:
+        raise HostKeyPending(f"cannot read the SSH host keys of {name}: {e}") from None
+    lines = []
+    for item in attrs.query_value.items:
+        if item.namespace != "hostkeys" or not item.value:
+            continue
+        value = item.value.strip()
+        lines.append(value if value.split()[0] == item.key else f"{item.key} {value}")
+    return lines

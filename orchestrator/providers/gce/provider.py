@@ -1,0 +1,579 @@
+"""Google Compute Engine: spot GPU VMs through the google-cloud-compute REST client.
+
+Every call goes through ``_call``: the client's own retries are switched off (``retry=None``) so that
+one bounded exponential backoff applies everywhere and every failure surfaces as a typed
+``ProviderError``. Operations are polled with ``ZoneOperationsClient.wait`` /
+``GlobalOperationsClient.wait`` rather than ``.result()``, whose internal polling client ignores a
+custom ``api_endpoint`` (the emulator). Real stockouts and most quota failures arrive as errors on a
+DONE operation, not as HTTP errors, so both paths are mapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import google.auth
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.auth import exceptions as auth_exc
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import compute_v1
+from google.oauth2 import service_account
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from orchestrator.core.cloud_errors import (
+    InvalidRequestError,
+    ProviderError,
+    TransientError,
+)
+from orchestrator.core.instances import (
+    LABEL_GENERATION,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    LABEL_ROLE,
+    InstanceRequest,
+    ObservedInstance,
+    ObservedState,
+    Role,
+)
+from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages
+from orchestrator.providers.gce.errors import (
+    AUTH_HINT,
+    GceCredentialsError,
+    GcePermissionError,
+    GceProjectError,
+    map_exception,
+    op_has_code,
+    operation_error,
+)
+from orchestrator.providers.gce.requests import (
+    CLOUD_PLATFORM_SCOPE,
+    DEFAULT_IMAGE,
+    GPU_ACCELERATORS,
+    GceRequestSettings,
+    accelerator_type,
+    bundled_machine_types,
+    firewall_rules,
+    image_url,
+    instance_resource,
+)
+
+__all__ = [
+    "CLOUD_PLATFORM_SCOPE", "DEFAULT_IMAGE", "GPU_ACCELERATORS", "GceCredentialsError", "GcePermissionError",
+    "GceProjectError", "GceProvider", "accelerator_type",
+]
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# Metadata items a VM may carry to say where its sshd listens and where tasks run, when not on port 22 and
+# in ``~/orchestrator`` (e.g. VMs that share one machine, as a Compute API emulator's do). GCE sets neither.
+SSH_PORT_KEY = "orchestrator-ssh-port"
+WORKDIR_KEY = "orchestrator-workdir"
+
+_STATES = {
+    "PROVISIONING": ObservedState.PENDING,
+    "STAGING": ObservedState.PENDING,
+    "REPAIRING": ObservedState.PENDING,  # host failure being repaired; the VM comes back
+    "RUNNING": ObservedState.RUNNING,
+    "STOPPING": ObservedState.STOPPING,
+    "SUSPENDING": ObservedState.STOPPING,
+    "TERMINATED": ObservedState.TERMINATED,
+    "SUSPENDED": ObservedState.TERMINATED,
+}
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Bounded exponential backoff for 429 / 5xx / timeouts, and how long to wait for operations."""
+
+    attempts: int = 5
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 16.0
+    request_timeout_s: float = 60.0  # one HTTP call (other than operations.wait)
+    wait_call_timeout_s: float = 150.0  # one operations.wait call; GCE answers within ~2 min
+    operation_timeout_s: float = 900.0  # give up waiting for one operation (raises TransientError)
+
+
+def _last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _gpu(inst: compute_v1.Instance) -> str | None:
+    """The catalog key of the VM's GPU (the GCE accelerator name when the catalog has none)."""
+    if not inst.guest_accelerators:
+        return None
+    accelerator = _last(inst.guest_accelerators[0].accelerator_type)
+    return next((key for key, name in GPU_ACCELERATORS.items() if name == accelerator), accelerator)
+
+
+def _load_credentials(
+    credentials: Credentials | str | os.PathLike[str] | None, api_endpoint: str | None, project: str
+) -> Credentials:
+    """ADC by default, a key file if a path is given, anonymous for an emulator endpoint."""
+    if isinstance(credentials, Credentials):
+        return credentials
+    if credentials is not None:
+        path = os.fspath(credentials)
+        try:
+            loaded: Credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
+                path, scopes=[CLOUD_PLATFORM_SCOPE]
+            )
+            return loaded
+        except (OSError, ValueError, auth_exc.GoogleAuthError) as exc:
+            # Only the exception type: a parse error message could quote the key file.
+            raise GceCredentialsError(
+                f"cannot load service-account key file {path} ({type(exc).__name__}); "
+                + AUTH_HINT.format(project=project)
+            ) from None
+    if api_endpoint:
+        return AnonymousCredentials()  # type: ignore[no-untyped-call]
+    try:
+        creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    except auth_exc.DefaultCredentialsError:
+        raise GceCredentialsError("no Google credentials found: " + AUTH_HINT.format(project=project)) from None
+    return creds
+
+
+class GceProvider(Provider, SupportsFirewall, SupportsImages):
+    """Creates, deletes and lists the orchestrator's VMs in one GCE project."""
+
+    name = "gce"
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        credentials: Credentials | str | os.PathLike[str] | None = None,
+        api_endpoint: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        network: str = "global/networks/default",
+        subnetwork: str | None = None,
+        network_tag: str | None = "orchestrator",
+        external_ip: bool = True,
+        use_internal_ip: bool = False,
+        disk_size_gb: int = 50,
+        disk_type: str = "pd-balanced",
+        service_account_email: str | None = "default",
+        scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,),
+        ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",),
+        termination_action: str = "DELETE",
+        retry: RetrySettings | None = None,
+        page_size: int = 500,
+    ) -> None:
+        """``credentials``: None for Application Default Credentials (anonymous when ``api_endpoint`` is
+        set, i.e. the emulator), a service-account key file path, or a Credentials object.
+        ``image``: a public image (``projects/debian-cloud/global/images/family/debian-12``) or one of
+        this project's (``images/<name>``, ``images/family/<family>``, ``global/images/...``).
+        ``use_internal_ip``: report ``networkIP`` as the host even when the VM has an external IP.
+        ``termination_action``: what GCE does to a preempted or time-limited spot VM (DELETE or STOP).
+        """
+        self.project = project
+        self.settings = GceRequestSettings(
+            project=project, image=image, network=network, subnetwork=subnetwork, network_tag=network_tag,
+            external_ip=external_ip, disk_size_gb=disk_size_gb, disk_type=disk_type,
+            service_account_email=service_account_email, scopes=tuple(scopes),
+            ssh_source_ranges=tuple(ssh_source_ranges), termination_action=termination_action,
+            bundled=bundled_machine_types(),
+        )
+        self.image = image_url(project, image)
+        self.network = network
+        self.use_internal_ip = use_internal_ip
+        self.retry = retry or RetrySettings()
+        self.page_size = page_size
+        # The credentials go to the clients only: never kept on self, never logged.
+        kwargs: dict[str, Any] = {"credentials": _load_credentials(credentials, api_endpoint, project)}
+        if api_endpoint:
+            kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
+        self._instances = compute_v1.InstancesClient(**kwargs)
+        self._zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
+        self._global_ops = compute_v1.GlobalOperationsClient(**kwargs)
+        self._firewalls = compute_v1.FirewallsClient(**kwargs)
+        self._images = compute_v1.ImagesClient(**kwargs)
+        self._regions = compute_v1.RegionsClient(**kwargs)
+        self._projects = compute_v1.ProjectsClient(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"GceProvider(project={self.project!r})"
+
+    def close(self) -> None:
+        for client in (
+            self._instances,
+            self._zone_ops,
+            self._global_ops,
+            self._firewalls,
+            self._images,
+            self._regions,
+            self._projects,
+        ):
+            client.transport.close()  # type: ignore[no-untyped-call]
+
+    # ------------------------------------------------------------------ quotas
+
+    def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of one region (``regions.get``); an unknown region is an InvalidRequestError."""
+        found = self._call(
+            f"read the quotas of region {region}",
+            partial(
+                self._regions.get,
+                project=self.project,
+                region=region,
+                retry=None,
+                timeout=self.retry.request_timeout_s,
+            ),
+        )
+        return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
+
+    def project_quotas(self) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of the project's global quotas (``projects.get``), e.g. GPUS_ALL_REGIONS."""
+        found = self._call(
+            "read the project's global quotas",
+            partial(self._projects.get, project=self.project, retry=None, timeout=self.retry.request_timeout_s),
+        )
+        return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
+
+    # ------------------------------------------------------------------ Provider
+
+    def create(self, request: InstanceRequest) -> None:
+        zone = request.zone
+        resource = request.gpu or request.machine_type
+        instance = instance_resource(request, self.settings)
+        # One requestId per create(): the retries below reuse it, so a retried insert whose first try
+        # did reach GCE never creates twice. Not derived from the name alone, because GCE replays the
+        # original (possibly failed) operation for a known requestId: a later create after a stockout,
+        # or in another zone, must be a new request.
+        insert = compute_v1.InsertInstanceRequest(
+            project=self.project, zone=zone, instance_resource=instance, request_id=str(uuid.uuid4())
+        )
+        what = f"create {request.name} in {zone}"
+        log.info(
+            "creating %s (%s, %s%s) in %s",
+            request.name,
+            request.machine_type,
+            f"{request.gpu_count}x{request.gpu}, " if request.gpu else "",
+            "spot" if request.spot else "on-demand",
+            zone,
+        )
+        try:
+            op = self._call(
+                what,
+                partial(
+                    self._instances.insert_unary,
+                    request=insert,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                zone=zone,
+                passthrough=(gexc.Conflict,),
+            )
+        except gexc.Conflict:
+            log.info("%s already exists; nothing to do", request.name)
+            return
+        op = self._wait(op, what, zone=zone)
+        error = operation_error(op, what, self.project, zone=zone, resource=resource)
+        if error is not None and not op_has_code(op, "RESOURCE_ALREADY_EXISTS"):
+            raise error
+
+    def delete(self, name: str, zone: str) -> None:
+        what = f"delete {name} in {zone}"
+        req = compute_v1.DeleteInstanceRequest(
+            project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())
+        )
+        try:
+            op = self._call(
+                what,
+                partial(
+                    self._instances.delete_unary,
+                    request=req,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                zone=zone,
+                passthrough=(gexc.NotFound,),
+            )
+        except gexc.NotFound:
+            return
+        op = self._wait(op, what, zone=zone)
+        error = operation_error(op, what, self.project, zone=zone)
+        if error is not None and not op_has_code(op, "RESOURCE_NOT_FOUND"):
+            raise error
+
+    def list(self, job_ids: Collection[str] | None = None) -> list[ObservedInstance]:
+        jobs = None if job_ids is None else set(job_ids)
+        if jobs is not None and not jobs:
+            return []
+        expression = f'labels.{LABEL_MANAGED} = "1"'
+        if jobs is not None and len(jobs) == 1:
+            expression = f'({expression}) AND (labels.{LABEL_JOB} = "{next(iter(jobs))}")'
+        observed: list[ObservedInstance] = []
+        token = ""
+        while True:
+            req = compute_v1.AggregatedListInstancesRequest(
+                project=self.project, filter=expression, max_results=self.page_size, page_token=token
+            )
+            page = self._call("list instances", partial(self._aggregated_page, req))
+            if page.unreachables:
+                # A partial view would make missing VMs look deleted (and get recreated): refuse it.
+                raise TransientError(f"list instances: zones unreachable: {', '.join(page.unreachables)}")
+            for scoped in page.items.values():
+                for inst in scoped.instances:
+                    obs = self._observe(inst)
+                    if obs is not None and (jobs is None or obs.job_id in jobs):
+                        observed.append(obs)
+            token = page.next_page_token
+            if not token:
+                return observed
+
+    def _aggregated_page(
+        self, req: compute_v1.AggregatedListInstancesRequest
+    ) -> compute_v1.InstanceAggregatedList:
+        pager = self._instances.aggregated_list(request=req, retry=None, timeout=self.retry.request_timeout_s)
+        return next(iter(pager.pages))  # the first page is already fetched; no further call
+
+    # ------------------------------------------------------------------ optional capabilities
+
+    def ensure_cluster_firewall(self, network_tag: str, ports: str) -> None:
+        """Open ``ports`` (e.g. ``"2222-2230,8470"``) only between VMs carrying ``network_tag`` (the TF
+        gRPC ports have no authentication), and ssh from ``ssh_source_ranges``. Two rules, because
+        sourceTags and sourceRanges in one rule are OR-ed by GCE."""
+        for rule in firewall_rules(self.settings, network_tag, ports):
+            self._ensure_firewall(rule)
+
+    def _ensure_firewall(self, rule: compute_v1.Firewall) -> None:
+        what = f"firewall {rule.name}"
+        try:
+            existing = self._call(
+                what,
+                partial(
+                    self._firewalls.get,
+                    project=self.project,
+                    firewall=rule.name,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                passthrough=(gexc.NotFound,),
+            )
+        except gexc.NotFound:
+            existing = None
+        if existing is not None and _firewall_key(existing) == _firewall_key(rule):
+            return
+        if existing is None:
+            req: Any = compute_v1.InsertFirewallRequest(
+                project=self.project, firewall_resource=rule, request_id=str(uuid.uuid4())
+            )
+            call: Callable[..., compute_v1.Operation] = self._firewalls.insert_unary
+        else:
+            log.info("updating %s to %s", what, _firewall_key(rule))
+            req = compute_v1.UpdateFirewallRequest(
+                project=self.project, firewall=rule.name, firewall_resource=rule, request_id=str(uuid.uuid4())
+            )
+            call = self._firewalls.update_unary
+        try:
+            op = self._call(
+                what,
+                partial(call, request=req, retry=None, timeout=self.retry.request_timeout_s),
+                passthrough=(gexc.Conflict,),
+            )
+        except gexc.Conflict:
+            return  # created concurrently by another controller; the next call reconciles its fields
+        op = self._wait(op, what)
+        if (error := operation_error(op, what, self.project)) is not None:
+            raise error
+
+    def create_image(self, name: str, source_instance: str, zone: str, family: str | None = None) -> None:
+        """Image the instance's boot disk. A running source instance is stopped first: an image of a
+        live disk may be inconsistent, and GCE refuses it without forceCreate."""
+        what = f"create image {name} from {source_instance}"
+        boot_disk = self._stopped_boot_disk(source_instance, zone, what)
+        image = compute_v1.Image(name=name, source_disk=boot_disk, labels={LABEL_MANAGED: "1"})
+        if family:
+            image.family = family
+        req = compute_v1.InsertImageRequest(
+            project=self.project, image_resource=image, request_id=str(uuid.uuid4())
+        )
+        try:
+            op = self._call(
+                what,
+                partial(
+                    self._images.insert_unary, request=req, retry=None, timeout=self.retry.request_timeout_s
+                ),
+                passthrough=(gexc.Conflict,),
+            )
+        except gexc.Conflict:
+            log.info("image %s already exists", name)
+            return
+        if (error := operation_error(self._wait(op, what), what, self.project)) is not None:
+            raise error
+
+    def _stopped_boot_disk(self, source_instance: str, zone: str, what: str) -> str:
+        """The instance's boot disk, once the instance is stopped (stopping it if it runs)."""
+        try:
+            inst = self._call(
+                what,
+                partial(
+                    self._instances.get,
+                    project=self.project,
+                    zone=zone,
+                    instance=source_instance,
+                    retry=None,
+                    timeout=self.retry.request_timeout_s,
+                ),
+                zone=zone,
+                passthrough=(gexc.NotFound,),
+            )
+        except gexc.NotFound:
+            raise InvalidRequestError(f"{what}: no instance {source_instance} in {zone}", zone=zone) from None
+        boot = next((d for d in inst.disks if d.boot), None)
+        if boot is None:
+            raise InvalidRequestError(f"{what}: the instance has no boot disk", zone=zone)
+        if inst.status not in ("TERMINATED", "SUSPENDED"):
+            log.info("stopping %s before imaging its disk", source_instance)
+            stop = compute_v1.StopInstanceRequest(
+                project=self.project, zone=zone, instance=source_instance, request_id=str(uuid.uuid4())
+            )
+            op = self._call(
+                what,
+                partial(
+                    self._instances.stop_unary, request=stop, retry=None, timeout=self.retry.request_timeout_s
+                ),
+                zone=zone,
+            )
+            done = self._wait(op, what, zone=zone)
+            if (error := operation_error(done, what, self.project, zone=zone)) is not None:
+                raise error
+        return str(boot.source)
+
+    # ------------------------------------------------------------------ observing
+
+    def _observe(self, inst: compute_v1.Instance) -> ObservedInstance | None:
+        labels = dict(inst.labels)
+        try:
+            role = Role(labels[LABEL_ROLE])
+            index, generation = int(labels[LABEL_INDEX]), int(labels[LABEL_GENERATION])
+            job_id = labels[LABEL_JOB]
+        except (KeyError, ValueError):
+            log.warning(
+                "instance %s carries the orchestrator label but malformed job labels %s; ignored",
+                inst.name,
+                labels,
+            )
+            return None
+        state = _STATES.get(inst.status)
+        if state is None:
+            log.warning("instance %s has unknown status %r; treating it as pending", inst.name, inst.status)
+            state = ObservedState.PENDING
+        spot = inst.scheduling.provisioning_model == "SPOT" or bool(inst.scheduling.preemptible)
+        host, internal = self._addresses(inst)
+        metadata = {item.key: item.value for item in inst.metadata.items}
+        port = metadata.get(SSH_PORT_KEY)
+        return ObservedInstance(
+            name=inst.name,
+            job_id=job_id,
+            role=role,
+            index=index,
+            generation=generation,
+            zone=_last(inst.zone),
+            state=state,
+            provider_id=str(inst.id),
+            host=host,
+            ssh_port=int(port) if port and port.isdigit() else None,
+            workdir=metadata.get(WORKDIR_KEY),
+            # A spot VM stopping or stopped was revoked, unless the controller stopped it itself (it knows).
+            preempted=spot and state in (ObservedState.STOPPING, ObservedState.TERMINATED),
+            gpu=_gpu(inst),
+            spot=spot,
+            internal_host=internal,
+        )
+
+    def _addresses(self, inst: compute_v1.Instance) -> tuple[str | None, str | None]:
+        """(the address to reach the VM at, its internal address): the NAT IP unless use_internal_ip."""
+        if not inst.network_interfaces:
+            return None, None
+        nic = inst.network_interfaces[0]
+        nat = next((ac.nat_i_p for ac in nic.access_configs if ac.nat_i_p), None)
+        host = nic.network_i_p if (self.use_internal_ip or not nat) else nat
+        return host or None, nic.network_i_p or None
+
+    # ------------------------------------------------------------------ calls, operations, errors
+
+    def _call(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        *,
+        zone: str | None = None,
+        passthrough: tuple[type[Exception], ...] = (),
+    ) -> T:
+        """Run one API call with bounded exponential backoff (tenacity) on retryable errors; map the rest."""
+
+        def once() -> T:
+            try:
+                return fn()
+            except passthrough:
+                raise
+            except Exception as exc:
+                error = map_exception(exc, what, zone, self.project)
+                if error is None:
+                    raise
+                raise error from exc
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retry.attempts),
+            wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
+            retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            return retrying(once)
+        except ProviderError as error:
+            if not error.retryable or isinstance(error, passthrough):
+                raise
+            raise TransientError(
+                f"{error.message} (gave up after {self.retry.attempts} attempts)", zone=zone
+            ) from error
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        pause = state.next_action.sleep if state.next_action else 0.0
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s (attempt %d/%d); retrying in %.2fs", exc, state.attempt_number, self.retry.attempts, pause)
+
+    def _wait(self, op: compute_v1.Operation, what: str, *, zone: str | None = None) -> compute_v1.Operation:
+        """Poll with operations.wait (each call returns when DONE or after ~2 min) until DONE."""
+        deadline = time.monotonic() + self.retry.operation_timeout_s
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                raise TransientError(
+                    f"{what}: operation {op.name} not done after {self.retry.operation_timeout_s:.0f}s",
+                    zone=zone,
+                )
+            op = self._call(
+                f"{what} (waiting for {op.name})", partial(self._wait_once, op.name, zone), zone=zone
+            )
+        return op
+
+    def _wait_once(self, operation: str, zone: str | None) -> compute_v1.Operation:
+        timeout = self.retry.wait_call_timeout_s
+        if zone is not None:
+            return self._zone_ops.wait(
+                project=self.project, zone=zone, operation=operation, retry=None, timeout=timeout
+            )
+        return self._global_ops.wait(project=self.project, operation=operation, retry=None, timeout=timeout)
+
+def _firewall_key(rule: compute_v1.Firewall) -> tuple[Any, ...]:
+    """The fields ``ensure_cluster_firewall`` owns; a difference means the rule must be updated."""
+    allowed = sorted((a.I_p_protocol, tuple(sorted(a.ports))) for a in rule.allowed)
+    return (
+        rule.direction or "INGRESS",
+        allowed,
+        sorted(rule.source_ranges),
+        sorted(rule.source_tags),
+        sorted(rule.target_tags),
+        _last(rule.network or "default"),
+    )

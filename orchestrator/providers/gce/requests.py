@@ -1,0 +1,194 @@
+"""The Compute API request bodies of a gce launch, built in one place (no client, no credentials).
+
+``GceProvider`` sends exactly these bodies, and ``orchestrator launch --dry-run`` prints them, so a dry
+run shows what a real launch would send. Spot VMs are ``provisioningModel=SPOT`` with
+``instanceTerminationAction=DELETE`` by default, and every VM carries ``scheduling.maxRunDuration``: GCE
+itself ends it at that limit, so spend stays bounded even if every controller is dead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from google.cloud import compute_v1
+
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.cloud_errors import InvalidRequestError
+from orchestrator.core.instances import InstanceRequest
+
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
+# Cloud-side deadline bounds (seconds): GCE accepts maxRunDuration from 30 s; flex-start VMs run at
+# most 7 days. Without a deadline or budget a VM still gets DEFAULT_MAX_RUN_S.
+MIN_RUN_S = 60
+DEFAULT_MAX_RUN_S = 7 * 86400
+FLEX_START_MAX_RUN_S = 7 * 86400
+DEADLINE_GRACE_S = 600  # the controller tears down at the deadline; GCE's backstop fires a little later
+
+# Catalog GPU key -> GCE accelerator type (data/gpus.csv).
+GPU_ACCELERATORS: dict[str, str] = {g.key: g.gce_accelerator for g in load_catalog().gpus.values()}
+
+
+def accelerator_type(gpu: str) -> str:
+    """Catalog key (``l4``) -> GCE accelerator type; full GCE names pass through."""
+    if gpu in GPU_ACCELERATORS:
+        return GPU_ACCELERATORS[gpu]
+    if gpu.startswith("nvidia-"):
+        return gpu
+    raise InvalidRequestError(f"unknown GPU {gpu!r}; known: {', '.join(sorted(GPU_ACCELERATORS))}")
+
+
+def image_url(project: str, image: str) -> str:
+    if image.startswith(("projects/", "https://", "global/")):
+        return image
+    return f"projects/{project}/global/images/{image.removeprefix('images/')}"
+
+
+def cloud_max_run_s(
+    *,
+    deadline_s: float | None,
+    elapsed_s: float,
+    budget_usd: float | None,
+    spent_usd: float,
+    cluster_usd_per_hour: float,
+    flex_start: bool = False,
+) -> int:
+    """The VM's ``maxRunDuration``: what is left of the job's deadline (plus a teardown grace) and
+    the hours the remaining budget buys for the whole cluster, so that even if every instance runs
+    to its limit with no controller alive the job spends at most its budget."""
+    limits = [float(FLEX_START_MAX_RUN_S if flex_start else DEFAULT_MAX_RUN_S)]
+    if deadline_s is not None:
+        limits.append(deadline_s - elapsed_s + DEADLINE_GRACE_S)
+    if budget_usd is not None and cluster_usd_per_hour > 0:
+        limits.append((budget_usd - spent_usd) / cluster_usd_per_hour * 3600.0)
+    return int(max(MIN_RUN_S, min(limits)))
+
+
+@dataclass(frozen=True)
+class GceRequestSettings:
+    """Everything about a VM that comes from the provider's configuration rather than the slot."""
+
+    project: str
+    image: str = DEFAULT_IMAGE
+    network: str = "global/networks/default"
+    subnetwork: str | None = None
+    network_tag: str | None = "orchestrator"
+    external_ip: bool = True
+    disk_size_gb: int = 50
+    disk_type: str = "pd-balanced"
+    service_account_email: str | None = "default"
+    scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,)
+    ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",)
+    termination_action: str = "DELETE"  # of spot and time-limited VMs: DELETE or STOP (keeps the disk, billed)
+    bundled: dict[str, int] = field(default_factory=dict)  # machine type -> GPUs GCE attaches itself
+
+    @property
+    def image_url(self) -> str:
+        return image_url(self.project, self.image)
+
+
+def bundled_machine_types() -> dict[str, int]:
+    """Accelerator-optimized machine types (GPUs attached by GCE, no guestAccelerators) from the catalog."""
+    return {m.name: m.gpu_count for m in load_catalog().machine_types.values() if m.bundled}
+
+
+def _scheduling(request: InstanceRequest, settings: GceRequestSettings) -> compute_v1.Scheduling:
+    scheduling = compute_v1.Scheduling()
+    if request.gpu or request.spot or request.flex_start:
+        scheduling.on_host_maintenance = "TERMINATE"  # GPUs cannot live-migrate; spot cannot either
+    if request.spot:
+        scheduling.provisioning_model = "SPOT"
+        scheduling.automatic_restart = False
+    elif request.flex_start:
+        scheduling.provisioning_model = "FLEX_START"
+        scheduling.automatic_restart = False
+    else:
+        scheduling.automatic_restart = True
+    if request.max_run_s is not None:
+        scheduling.max_run_duration = compute_v1.Duration(seconds=int(request.max_run_s))
+    if request.spot or request.flex_start or request.max_run_s is not None:
+        # Flex-start VMs are always deleted at their limit; GCE asks for DELETE with FLEX_START.
+        scheduling.instance_termination_action = "DELETE" if request.flex_start else settings.termination_action
+    return scheduling
+
+
+def instance_resource(request: InstanceRequest, settings: GceRequestSettings) -> compute_v1.Instance:
+    """The ``instances.insert`` body for one slot's instance."""
+    zone = request.zone
+    if bool(request.gpu) != (request.gpu_count > 0):
+        raise InvalidRequestError(f"{request.name}: gpu={request.gpu!r} with gpu_count={request.gpu_count}", zone=zone)
+    nic = compute_v1.NetworkInterface(network=settings.network)
+    if settings.subnetwork:
+        nic.subnetwork = settings.subnetwork
+    if settings.external_ip:
+        nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+    instance = compute_v1.Instance(
+        name=request.name,
+        machine_type=f"zones/{zone}/machineTypes/{request.machine_type}",
+        labels=request.all_labels(),
+        scheduling=_scheduling(request, settings),
+        network_interfaces=[nic],
+        disks=[
+            compute_v1.AttachedDisk(
+                boot=True,
+                auto_delete=True,
+                initialize_params=compute_v1.AttachedDiskInitializeParams(
+                    source_image=settings.image_url,
+                    disk_size_gb=settings.disk_size_gb,
+                    disk_type=f"zones/{zone}/diskTypes/{settings.disk_type}",
+                ),
+            )
+        ],
+        metadata=compute_v1.Metadata(
+            items=[compute_v1.Items(key=k, value=v) for k, v in sorted(request.metadata.items())]
+        ),
+    )
+    if request.gpu and request.machine_type not in settings.bundled:
+        # N1: attach the GPUs. A2/A3/A4/G2/G4 types come with theirs (GCE refuses guestAccelerators there).
+        instance.guest_accelerators = [
+            compute_v1.AcceleratorConfig(
+                accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator_type(request.gpu)}",
+                accelerator_count=request.gpu_count,
+            )
+        ]
+    if settings.network_tag:
+        # "{job}": one tag per job, so that firewall rules can tell the jobs apart (providers/gce/network.py).
+        instance.tags = compute_v1.Tags(items=[settings.network_tag.replace("{job}", request.job_id)])
+    if settings.service_account_email:
+        instance.service_accounts = [
+            compute_v1.ServiceAccount(email=settings.service_account_email, scopes=list(settings.scopes))
+        ]
+    return instance
+
+
+def firewall_rules(settings: GceRequestSettings, network_tag: str, ports: str) -> list[compute_v1.Firewall]:
+    """Open ``ports`` (e.g. ``"2222-2230,8470"``) only between VMs carrying ``network_tag`` (the TF gRPC
+    ports have no authentication), and ssh from ``ssh_source_ranges``. Two rules, because sourceTags and
+    sourceRanges in one rule are OR-ed by GCE."""
+    port_list = [p.strip().removeprefix("tcp:") for p in ports.split(",") if p.strip()]
+    if not port_list or not all(PORTS_RE.match(p) for p in port_list):
+        raise InvalidRequestError(f"bad port list {ports!r}; expected e.g. '2222-2230,8470'")
+    internal = compute_v1.Firewall(
+        name=f"{network_tag[:54]}-internal",
+        network=settings.network,
+        direction="INGRESS",
+        priority=1000,
+        description="orchestrator: cluster ports, only between the cluster's VMs (no authentication)",
+        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=port_list)],
+        source_tags=[network_tag],
+        target_tags=[network_tag],
+    )
+    ssh = compute_v1.Firewall(
+        name=f"{network_tag[:58]}-ssh",
+        network=settings.network,
+        direction="INGRESS",
+        priority=1000,
+        description="orchestrator: ssh to the cluster's VMs",
+        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
+        source_ranges=list(settings.ssh_source_ranges),
+        target_tags=[network_tag],
+    )
+    return [internal, ssh]

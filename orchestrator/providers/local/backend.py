@@ -1,0 +1,19 @@
+"""The local provider's backend: instances are work directories on this machine, reached without SSH."""
+
+from __future__ import annotations
+
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import LocalProvider as LocalSpec
+from orchestrator.providers.base import Backend
+from orchestrator.providers.local.provider import LocalProvider, progress_clock_for
+from orchestrator.transport.local import LocalTransport
+
+
+def cache_key(spec: LocalSpec) -> str:
+    return f"local:{user_dir()}:{spec.time_scale}"
+
+
+def build(key: str, spec: LocalSpec) -> Backend:
+    # Every instance is this machine: one free port per slot, and a replacement keeps its slot's address.
+    return Backend(key, LocalProvider(user_dir() / "local", time_scale=spec.time_scale), LocalTransport(),
+                   fixed_task_port=None, request_metadata=progress_clock_for)

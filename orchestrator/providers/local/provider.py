@@ -1,0 +1,183 @@
+"""The `local` provider: an instance is a work directory (its disk) plus an emulated-cloud process.
+
+Spot instances are revoked at the time the controller drew for them (``InstanceRequest.revoke_after_s``):
+the instance goes "stopping", a notice is written where the request's ``notice-file`` metadata says (as
+GCE's shutdown script would), and after the notice window its processes are killed.
+
+That time is measured on the job's *progress clock* when the request carries one (``progress-step-s``
+metadata: nominal wall seconds per global training step, from the emulated GPUs' step times): the
+instance is revoked when the job's ``metrics.jsonl`` reaches the step that lifetime stands for, not after
+so many wall seconds. A loaded machine trains more slowly but is revoked at the same steps, so a seed gives
+the same revocations run after run. A replacement's lifetime counts from the step its predecessor was
+revoked at (a deterministic chain), not from when the controller got round to creating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import orchestrator
+from orchestrator.core import policy
+from orchestrator.core.instances import LABEL_JOB, InstanceRequest, ObservedInstance, ObservedState, Role, instance_name
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
+from orchestrator.providers.base import Provider
+from orchestrator.providers.local.progress import max_step
+from orchestrator.storage.base import METRICS
+from orchestrator.transport.local import kill_all_in, kill_group, pid_alive, spawn_detached
+
+PROGRESS_STEP_S = "progress-step-s"
+NOTICE_MIN_S = 2.0  # wall seconds: a scaled 30 s window still leaves the chief time to checkpoint
+
+_STATES = {"provisioning": ObservedState.PENDING, "running": ObservedState.RUNNING,
+           "stopping": ObservedState.STOPPING, "terminated": ObservedState.TERMINATED}
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = policy.BOOT_S,
+                 notice_window_cloud_s: float = policy.NOTICE_WINDOW_S) -> None:
+        self.root = root / "instances"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.boot_delay_s = boot_delay_cloud_s / time_scale
+        self.notice_window_s = max(NOTICE_MIN_S, notice_window_cloud_s / time_scale)
+
+    def _dir(self, name: str) -> Path:
+        return self.root / name
+
+    def create(self, request: InstanceRequest) -> None:
+        d = self._dir(request.name)
+        if (d / "instance.json").exists():
+            return  # deterministic name: the instance exists already
+        (d / "disk").mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        state: dict[str, Any] = {
+            "name": request.name, "labels": request.all_labels(), "role": request.role.value,
+            "index": request.index, "generation": request.generation, "zone": request.zone,
+            "gpu": request.gpu, "spot": request.spot, "machine_type": request.machine_type,
+            "created_at": now, "boot_delay_s": self.boot_delay_s, "notice_window_s": self.notice_window_s,
+            "revoke_at": None if request.revoke_after_s is None or not request.spot else now + request.revoke_after_s,
+            "notice_files": [request.metadata["notice-file"]] if "notice-file" in request.metadata else [],
+            "state": "provisioning", "preempted": False, "workdir": str(d / "disk"),
+        }
+        if state["revoke_at"] is not None:
+            state.update(self._progress_clock(request))
+        tmp = d / ".instance.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(d / "instance.json")
+        pid = spawn_detached([sys.executable, "-m", "orchestrator.providers.local.host", str(d)], d,
+                             _env_with_package())
+        (d / "hypervisor.pid").write_text(str(pid))
+
+    def _progress_clock(self, request: InstanceRequest) -> dict[str, Any]:
+        """The step at which to revoke (see the module doc), or {} to stay on the wall clock."""
+        step_s = float(request.metadata.get(PROGRESS_STEP_S, 0) or 0)
+        notice = request.metadata.get("notice-file")
+        if step_s <= 0 or not notice or request.revoke_after_s is None:
+            return {}
+        metrics = Path(notice).parent.parent / METRICS  # the job's storage: <storage>/notices/<name>
+        base = progress_step(metrics)
+        if request.generation > 0:
+            prev = self.history(instance_name(request.job_id, request.role, request.index, request.generation - 1))
+            if prev is not None and prev.get("revoke_at_step") is not None:
+                base = int(prev["revoke_at_step"])
+        return {"metrics_file": str(metrics), "progress_step_s": step_s, "base_step": base,
+                "revoke_at_step": base + max(1, round(request.revoke_after_s / step_s))}
+
+    def delete(self, name: str, zone: str) -> None:
+        d = self._dir(name)
+        if not d.exists():
+            return  # not found is success
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            kill_group(int((d / "hypervisor.pid").read_text()))
+        kill_all_in(d / "disk")
+        # Keep a tombstone (notice and kill times) for benchmarks and post-mortems; the disk goes.
+        tomb = self.root.parent / "deleted"
+        tomb.mkdir(exist_ok=True)
+        try:
+            state = json.loads((d / "instance.json").read_text())
+            state["deleted_at"] = time.time()
+            (tomb / f"{name}.json").write_text(json.dumps(state))
+        except (OSError, json.JSONDecodeError):
+            pass
+        shutil.rmtree(d, ignore_errors=True)
+
+    def list(self, job_ids: Collection[str] | None = None) -> list[ObservedInstance]:
+        wanted = set(job_ids) if job_ids is not None else None
+        out: list[ObservedInstance] = []
+        for path in self.root.glob("*/instance.json"):
+            try:
+                st = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue  # being written or deleted right now
+            labels = st["labels"]
+            if wanted is not None and labels.get(LABEL_JOB) not in wanted:
+                continue
+            state = _STATES[st["state"]]
+            if state in (ObservedState.PENDING, ObservedState.RUNNING) and not _hypervisor_alive(path.parent):
+                state = ObservedState.TERMINATED  # the emulated host died under us
+            out.append(ObservedInstance(
+                name=st["name"], job_id=labels[LABEL_JOB], role=Role(st["role"]), index=st["index"],
+                generation=st["generation"], zone=st["zone"], state=state, provider_id=str(path.parent),
+                host="127.0.0.1", workdir=st["workdir"], preempted=bool(st.get("preempted")), gpu=st.get("gpu"),
+                spot=bool(st["spot"]),
+            ))
+        return out
+
+    def history(self, name: str) -> dict[str, Any] | None:
+        """The emulated cloud's record of an instance, live or deleted: created, notice, kill times."""
+        for path in (self._dir(name) / "instance.json", self.root.parent / "deleted" / f"{name}.json"):
+            try:
+                record: dict[str, Any] = json.loads(path.read_text())
+                return record
+            except (OSError, json.JSONDecodeError):
+                continue
+        return None
+
+
+def progress_step(metrics: Path) -> int:
+    """The job's training step so far, from its metrics.jsonl (0 before the first line)."""
+    try:
+        return max_step(metrics.read_bytes())
+    except OSError:
+        return 0
+
+
+def progress_clock_for(spec: JobSpec, slots: Sequence[Slot], step_sleep: Callable[[str | None, int], float]
+                       ) -> dict[str, str]:
+    """Create-request metadata that puts a local job's drawn (``model``) revocations on its progress clock.
+
+    ``progress-step-s``: nominal wall seconds per global step, from the workers' emulated step times
+    (async: their rates add up; sync: the slowest sets the pace). An explicit ``schedule`` stays in wall
+    seconds after the job's start, as the spec says; without GPU emulation there is no nominal pace.
+    """
+    local = spec.provider.as_local()
+    if local is None or local.revocations != RevocationMode.MODEL:
+        return {}
+    times = [step_sleep(s.gpu, s.batch or 128) for s in slots if s.role == Role.WORKER]
+    times = [t for t in times if t > 0]
+    if not times:
+        return {}
+    step_s = max(times) if spec.mode == TrainingMode.SYNC else 1.0 / sum(1.0 / t for t in times)
+    return {PROGRESS_STEP_S: f"{step_s:.6f}"}
+
+
+def _hypervisor_alive(d: Path) -> bool:
+    try:
+        return pid_alive(int((d / "hypervisor.pid").read_text()))
+    except (FileNotFoundError, ValueError):
+        return True  # created a moment ago; the pid file follows the state file
+
+
+def _env_with_package() -> dict[str, str]:
+    root = str(Path(orchestrator.__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}

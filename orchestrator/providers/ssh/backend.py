@@ -1,0 +1,18 @@
+"""The ssh provider's backend: machines listed in an inventory, reached over SSH."""
+
+from __future__ import annotations
+
+from orchestrator.core.spec import SshProvider as SshSpec
+from orchestrator.providers.base import TF_PORT, Backend
+from orchestrator.providers.passed_env import passed_env
+from orchestrator.providers.ssh.provider import SshInventoryProvider
+
+
+def cache_key(spec: SshSpec) -> str:
+    return f"ssh:{spec.inventory.expanduser().resolve()}"
+
+
+def build(key: str, spec: SshSpec) -> Backend:
+    provider = SshInventoryProvider(spec.inventory)
+    return Backend(key, provider, provider.transport, fixed_task_port=TF_PORT, endpoint=provider.endpoint,
+                   python="python3", task_env=passed_env(), stable_addresses=False)

@@ -1,0 +1,102 @@
+"""The provider registry: one entry per provider kind, and a gce endpoint's differences come from settings."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.instances import ObservedInstance, ObservedState, Role
+from orchestrator.core.spec import GceProvider, JobSpec, ProviderSpec, validate_spec
+from orchestrator.providers import registry
+from orchestrator.providers.base import TF_PORT
+from orchestrator.providers.gce.backend import TF_PORTS, firewall_ports
+from orchestrator_testing.cloud import provider_settings
+
+
+def _kinds() -> set[str]:
+    union = typing.get_args(ProviderSpec)[0]
+    return {str(cls.model_fields["kind"].default) for cls in typing.get_args(union)}
+
+
+def gce_spec(**provider: object) -> JobSpec:
+    return validate_spec(
+        {
+            "name": "registry",
+            "provider": {"kind": "gce", "project": "test-project", **provider},
+            "training": {"job": "command", "command": "sleep 1", "train_steps": 1, "mode": "sync"},
+            "cluster": {
+                "parameter_servers": {"count": 0},
+                "workers": [{"gpu": "t4", "count": 1, "zone": "us-central1-c"}],
+            },
+        }
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_cache", {})
+
+
+def test_every_provider_kind_has_one_registry_entry() -> None:
+    assert set(registry.KINDS) == _kinds() == {"local", "gce", "ssh"}
+
+
+def test_local_backend_gives_each_task_its_own_port_and_keeps_addresses() -> None:
+    spec = validate_spec(
+        {
+            "name": "registry",
+            "training": {"job": "command", "command": "sleep 1", "train_steps": 1, "mode": "sync"},
+            "cluster": {"parameter_servers": {"count": 0}, "workers": [{"gpu": "k80", "count": 1}]},
+        }
+    )
+    backend = registry.backend_for(spec)
+    assert backend is registry.backend_for(spec)  # cached: one provider.list() per pass for its jobs
+    assert backend.fixed_task_port is None and backend.stable_addresses
+    assert backend.task_port(None) != 0 and backend.task_port(4321) == 4321
+
+
+def test_gce_defaults_are_real_gce() -> None:
+    spec = gce_spec(api_endpoint="http://127.0.0.1:9")  # no request is sent: clients are built lazily
+    backend = registry.backend_for(spec)
+    assert backend.python == "python3" and backend.fixed_task_port == TF_PORT and not backend.stable_addresses
+    observed = ObservedInstance(
+        name="registry-1a2b3c-worker-0-0",
+        job_id="registry-1a2b3c",
+        role=Role.WORKER,
+        index=0,
+        generation=0,
+        zone="us-central1-c",
+        state=ObservedState.RUNNING,
+        host="10.0.0.7",
+    )
+    ep = backend.endpoint(observed)
+    assert (ep.user, ep.host, ep.port, ep.workdir) == ("orchestrator", "10.0.0.7", 22, "orchestrator")
+    backend.provider.close()
+
+
+def test_an_emulator_is_reached_by_settings_alone(tmp_path: Path) -> None:
+    settings = provider_settings("http://127.0.0.1:9")
+    backend = registry.backend_for(gce_spec(**settings))
+    assert backend.python == settings["python"] and backend.fixed_task_port is None and backend.stable_addresses
+    observed = ObservedInstance(
+        name="registry-1a2b3c-worker-0-0",
+        job_id="registry-1a2b3c",
+        role=Role.WORKER,
+        index=0,
+        generation=0,
+        zone="us-central1-c",
+        state=ObservedState.RUNNING,
+        host="127.0.0.1",
+        ssh_port=2200,
+        workdir=str(tmp_path),
+    )
+    ep = backend.endpoint(observed)  # what the endpoint reported: the VM's sshd port and work directory
+    assert (ep.user, ep.port, ep.workdir) == (settings["ssh_user"], 2200, str(tmp_path))
+    backend.provider.close()
+
+
+def test_firewall_opens_a_task_port_outside_the_default_range() -> None:
+    assert firewall_ports(GceProvider(project="test-project")) == TF_PORTS
+    assert firewall_ports(GceProvider(project="test-project", task_port=8470)) == f"{TF_PORTS},8470"

@@ -1,0 +1,109 @@
+"""task.json is one typed, versioned schema (orchestrator/core/task.py) shared by the controller and jobs/:
+what the controller writes validates, and a payload given a version it does not know exits fatal (2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import REPO, processes_under, wait_until
+from test_control_poison import local_spec
+
+from orchestrator.control.driver import run_pass
+from orchestrator.control.launcher import create_job
+from orchestrator.core import exits
+from orchestrator.core import task as schema
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import validate_spec
+from orchestrator.core.status import FINAL_JOB, JobStatus
+from orchestrator.store.db import open_session
+from orchestrator.store.models import Job
+
+JOBS = REPO / "jobs"
+
+
+def _controller_task_json(tmp_path: Path) -> dict[str, object]:
+    """A real local job whose command copies the task.json the controller wrote for it."""
+    seen = tmp_path / "seen.json"
+    user_dir()
+    spec = validate_spec(yaml.safe_load(local_spec("schema", tmp_path / "runs", f"cp task.json {seen}; exit 0")))
+    with open_session() as session:
+        job_id = create_job(session, spec).id
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            run_pass(session, "test", [job_id])
+            session.expire_all()
+            job = session.get(Job, job_id)
+            assert job is not None
+            if job.status in FINAL_JOB:
+                break
+            time.sleep(0.1)
+        assert job.status == JobStatus.SUCCEEDED.value, job.status_reason
+    wait_until(lambda: processes_under(tmp_path) == [], timeout=10)
+    raw: dict[str, object] = json.loads(seen.read_text())
+    return raw
+
+
+def test_the_task_json_the_controller_writes_validates_against_the_schema(tmp_path: Path) -> None:
+    raw = _controller_task_json(tmp_path)
+    assert raw["version"] == schema.TASK_VERSION
+    task = schema.from_dict(raw)
+    assert (task.mode, task.role, task.index, task.training.batch_per_worker) == ("sync", "worker", 0, (128,))
+    assert schema.from_dict(task.to_dict()) == task  # the typed value and its JSON agree both ways
+    # and the TF payload's own reader (jobs/tfjob) accepts it
+    sys.path.insert(0, str(JOBS))
+    try:
+        from tfjob.task import parse_task
+
+        assert parse_task(raw).training.train_steps == 10
+    finally:
+        sys.path.remove(str(JOBS))
+
+
+def _write(tmp_path: Path, **over: object) -> Path:
+    raw: dict[str, object] = {
+        "version": schema.TASK_VERSION, "job_id": "j", "instance": "j-worker-0-0", "mode": "sync", "role": "worker",
+        "index": 0, "cluster": {"worker": ["127.0.0.1:0"]}, "storage": str(tmp_path / "storage"),
+        "storage_uri": str(tmp_path / "storage"),
+        "training": {"hparam_set": "resnet_tiny", "train_steps": 5, "batch_per_worker": [4]},
+        "torch": {"rdzv_endpoint": "127.0.0.1:29500", "min_nodes": 1, "max_nodes": 1},
+    }
+    raw.update(over)
+    (tmp_path / "task.json").write_text(json.dumps(raw))
+    return tmp_path / "task.json"
+
+
+@pytest.mark.parametrize("entry", ["train.py", "torchjob/node.py"])
+def test_a_payload_given_an_unknown_version_exits_fatal(tmp_path: Path, entry: str) -> None:
+    _write(tmp_path, version=999)
+    out = subprocess.run([sys.executable, str(JOBS / entry), "--task", "task.json"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == exits.EXIT_FATAL == schema.EXIT_FATAL, out.stderr[-2000:]
+    assert "task.json version 999" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_schema_errors_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(schema.UnknownVersionError, match="version None"):
+        schema.load(_write(tmp_path, version=None))
+    with pytest.raises(schema.TaskSchemaError, match="index has type str"):
+        schema.load(_write(tmp_path, index="0"))
+    with pytest.raises(schema.TaskSchemaError, match="training.train_steps is missing"):
+        schema.load(_write(tmp_path, training={"batch_per_worker": [4]}))
+    with pytest.raises(schema.TaskSchemaError, match="mode must be one of"):
+        schema.load(_write(tmp_path, mode="both"))
+
+
+def test_the_payload_reads_the_controllers_definition() -> None:
+    """jobs/task_schema.py holds no schema of its own: it loads orchestrator/core/task.py (and on an
+    instance the controller pushes that file over it)."""
+    code = ("import sys; sys.path.insert(0, 'jobs'); import task_schema; "
+            "print(task_schema.__file__, task_schema.TASK_VERSION)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    path, version = out.stdout.split()
+    assert Path(path).resolve() == (REPO / "orchestrator" / "core" / "task.py").resolve(), out.stderr
+    assert int(version) == schema.TASK_VERSION
