@@ -32,7 +32,9 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
+
+from orchestrator_testing.teardown import Children, stopped_cleanly
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("ORCHESTRATOR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -64,10 +66,10 @@ class Daemons:
 
     def start(self, k: int) -> None:
         log = (self.logs / f"daemon-{k}.log").open("ab")
-        self.procs[k] = subprocess.Popen(
+        self.procs[k] = subprocess.Popen(  # a session of its own: a signal to the bench's group is ours to relay
             [sys.executable, "-m", "orchestrator.cli.main", "daemon", "--interval", str(self.interval),
              "--gc-every", "3600"], env={**self.env, "ORCHESTRATOR_DAEMON_ID": self.owner(k)}, cwd=REPO,
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def running(self) -> list[int]:
         return [k for k, p in self.procs.items() if p is not None and p.poll() is None]
@@ -127,7 +129,23 @@ def main() -> int:
                for i in range(args.jobs)]
     engine = create_engine(url)
     daemons = Daemons(args.daemons, env, args.interval, work)
-    print(f"{args.jobs} jobs, {args.daemons} daemons (pass every {args.interval}s, lease {LEASE_S:.0f}s); kill -9 "
+    try:
+        # kill -TERM / timeout / Ctrl-C: daemons stopped, every instance they left deleted, DB dropped, exit 143.
+        with stopped_cleanly(Children(), work / "home", before=daemons.stop):
+            run(args, rng, engine, daemons, work, ids, LEASE_S)
+    finally:
+        engine.dispose()
+        from orchestrator.store.db import get_engine
+
+        get_engine(url).dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+    return 0
+
+
+def run(args: argparse.Namespace, rng: random.Random, engine: Engine, daemons: Daemons, work: Path,
+        ids: list[str], lease_s: float) -> None:
+    print(f"{args.jobs} jobs, {args.daemons} daemons (pass every {args.interval}s, lease {lease_s:.0f}s); kill -9 "
           f"a random daemon every {args.kill_every}s, restarted {args.restart_after}s later; work dir {work}")
     takeovers: list[float] = []
     pending: list[tuple[float, str, dict[str, float]]] = []  # kill time, owner, job -> lease_until then
@@ -166,14 +184,7 @@ def main() -> int:
         elapsed = time.time() - started
     finally:
         daemons.stop()
-    report(engine, work, ids, takeovers, pending, elapsed, LEASE_S, args.interval)
-    engine.dispose()
-    from orchestrator.store.db import get_engine
-
-    get_engine(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
-    return 0
+    report(engine, work, ids, takeovers, pending, elapsed, lease_s, args.interval)
 
 
 def _provider_records(home: Path) -> list[dict[str, object]]:
@@ -189,8 +200,6 @@ def _provider_records(home: Path) -> list[dict[str, object]]:
 
 def report(engine: object, work: Path, ids: list[str], takeovers: list[float], pending: list[object],
            elapsed: float, lease_s: float, interval: float) -> None:
-    from sqlalchemy import Engine
-
     assert isinstance(engine, Engine)
     with engine.connect() as conn:
         statuses = Counter(r[0] for r in conn.execute(text("SELECT status FROM jobs")))

@@ -8,6 +8,8 @@ Prints:
      split proportional to the emulated (measured) speeds.
 
     python bench/hetero_throughput.py [--steps 300] [--k80-step 0.4]
+
+Stopped with SIGTERM (`kill`, `timeout`) or Ctrl-C, it tears its running job down and exits 143 / 130.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+from orchestrator_testing.teardown import Children, stopped_cleanly
+
 REPO = Path(__file__).resolve().parent.parent
 GPUS = ["k80", "p100", "v100"]
+CHILDREN = Children()  # the launches: stopped with the bench (SIGTERM, Ctrl-C), each tearing down its job
 
 
 def run_job(tmp: Path, name: str, workers: list[str], mode: str, steps: int, k80_step: float,
@@ -44,8 +48,8 @@ pricing: {{book: 2019-02}}
 """)
     db = tmp / f"{name}.db"
     env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{db}"}
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", str(spec), "--quiet"],
-                         env=env, capture_output=True, text=True, cwd=REPO)
+    out = CHILDREN.run([sys.executable, "-m", "orchestrator.cli.main", "launch", str(spec), "--quiet"],
+                       env=env, cwd=REPO)
     if out.returncode != 0:
         sys.exit(f"{name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     with create_engine(f"sqlite:///{db}").connect() as conn:
@@ -64,11 +68,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--k80-step", type=float, default=0.4, help="emulated K80 seconds per step at batch 32")
     args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
+    with stopped_cleanly(CHILDREN, tmp / "home"):
+        measure(args, tmp)
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> None:
     from orchestrator.core.emulation import emulated_step_s
     from orchestrator.core.slots import worker_batches
     from orchestrator.core.spec import validate_spec
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
     alone: dict[str, float] = {}
     for g in GPUS:
         _, per = run_job(tmp, f"alone-{g}", [g], "async", args.steps // 2, args.k80_step, "batch_per_worker: 32")

@@ -4,7 +4,8 @@ The model is calibrated on a NAMED subset of the real points and then predicts e
 point; the error is printed per held-out group (batch sizes, depths, GPU types, runtimes) with the
 worst points. Nothing here runs the local provider: its emulated GPUs would only echo the data.
 
-Calibration subset (``--subset``):
+Calibration subset (``--subset``), always drawn from the 2026-11-23 H100 session
+(data/measurements/h100-torch-resnet-cifar.csv):
 
 * ``corners`` (default): for each H100 runtime (PyTorch eager FP32 / BF16, torch.compile) ResNet-32 at
   batch 32 and 2048 plus ResNet-20 and ResNet-110 at batch 128 (the two ends of the batch curve and of
@@ -13,7 +14,16 @@ Calibration subset (``--subset``):
 * ``one-point``: ResNet-32 at batch 128 only, per runtime (the issue's "one batch at one depth"); the
   priors fill in what one point cannot say (the fit warns).
 * ``leave-group-out``: cross-validation by group: each H100 group (a batch size of ResNet-32, or a
-  depth) is predicted by a fit to every other H100 point, so no group is ever in its own calibration.
+  depth) is predicted by a fit to every other H100 point of that session, so no group is ever in its
+  own calibration.
+
+Additional held-out data: the H100 grid measured in another session (2026-11-24,
+data/measurements/h100-torch-resnet-cifar-grid.csv: ResNet-20/44/56/110 x batch 32..2048, eager FP32 /
+BF16, torch.compile) is never in a calibration subset; every grid point is predicted by the same fit and
+reported per depth, batch and runtime, with a depth x batch table. Its errors include the host's
+session-to-session drift (the same ResNet-20 batch-128 step: 11.65 ms on 2026-11-23, 9.84 ms on
+2026-11-24), so a second table calibrates on the grid's own corners (``GRID_CORNERS``: per runtime the
+shallowest and deepest model at the smallest and largest batch) and predicts the rest of the grid.
 
 Also printed: predicted against measured peak memory, and predicted parameter-server throughput
 against workers for 1 and 2 PS beside the ICAC'19 study's measured figures (ResNet-32, V100 and K80,
@@ -41,12 +51,16 @@ from orchestrator.core.costmodel.compute import Calibration  # noqa: E402
 from orchestrator.core.costmodel.memory import fit_memory, memory_bytes  # noqa: E402
 
 DATA = REPO / "data" / "measurements"
+SESSION = DATA / "h100-torch-resnet-cifar.csv"  # the calibration subsets come from this session only
+GRID = DATA / "h100-torch-resnet-cifar-grid.csv"  # another session: held out, never calibrated on
+TF2019 = DATA / "icac19-gce-resnet32-tf.csv"
 Pick = Callable[[Measurement], bool]
 SUBSETS: dict[str, Pick] = {
     "corners": lambda m: m.gpu == "h100" and (
         (m.model == "resnet_cifar_32" and m.batch in (32, 2048)) or m.model in ("resnet_cifar_20", "resnet_cifar_110")),
     "one-point": lambda m: m.gpu == "h100" and m.model == "resnet_cifar_32" and m.batch == 128,
 }
+Result = tuple[str, Measurement, float]
 
 
 def depth(m: Measurement) -> int:
@@ -57,78 +71,132 @@ def group_of(m: Measurement) -> str:
     return f"batch {m.batch}" if m.model == "resnet_cifar_32" else f"depth {depth(m)}"
 
 
-def held_out(rows: list[Measurement], subset: str) -> tuple[list[tuple[str, Measurement, float]], list[str]]:
-    """(group, point, predicted) for every held-out point, and the fit warnings."""
-    out: list[tuple[str, Measurement, float]] = []
+def held_out(session: list[Measurement], tf: list[Measurement], grid: list[Measurement], subset: str
+             ) -> tuple[list[Result], list[Result], list[str]]:
+    """(group, point, predicted) for every held-out point of the calibration session and of the grid,
+    and the fit warnings."""
+    out: list[Result] = []
+    on_grid: list[Result] = []
     warnings: list[str] = []
-    h100 = [m for m in rows if m.gpu == "h100"]
+    h100 = [m for m in session if m.gpu == "h100"]
     if subset == "leave-group-out":  # each group predicted by a fit to every other H100 point
         for group in sorted({group_of(m) for m in h100}):
             rep = fit_report([m for m in h100 if group_of(m) != group], name=f"without-{group}")
             warnings += rep.warnings
             out += [(group, m, predict(m, rep.calibration)) for m in h100 if group_of(m) == group]
+        rep = fit_report(h100, name="session")  # the grid: predicted by the whole session
     else:
         pick = SUBSETS[subset]
         rep = fit_report([m for m in h100 if pick(m)], name="subset")
         warnings += rep.warnings
         out += [(group_of(m), m, predict(m, rep.calibration)) for m in h100 if not pick(m)]
-    tf = [m for m in rows if m.key == "tf1-graph"]
+    on_grid += [(f"grid depth {depth(m)}", m, predict(m, rep.calibration)) for m in grid]
     for m in tf:  # leave one GPU type out
         rep = fit_report([r for r in tf if r.gpu != m.gpu], name=f"without-{m.gpu}")
         warnings += rep.warnings
         out.append((f"GPU {m.gpu} (TF 2019)", m, predict(m, rep.calibration)))
-    return out, sorted(set(warnings))
+    return out, on_grid, sorted(set(warnings))
 
 
-def report(results: Sequence[tuple[str, Measurement, float]]) -> None:
+def grid_corners(grid: list[Measurement]) -> list[Measurement]:
+    """Per runtime key, the shallowest and deepest model at the smallest and largest batch measured."""
+    picked: list[Measurement] = []
+    for key in sorted({m.key for m in grid}):
+        rows = [m for m in grid if m.key == key]
+        depths = (min(map(depth, rows)), max(map(depth, rows)))
+        for d in depths:
+            at = [m for m in rows if depth(m) == d]
+            picked += [m for m in at if m.batch in (min(x.batch for x in at), max(x.batch for x in at))]
+    return picked
+
+
+def within_grid(grid: list[Measurement]) -> list[Result]:
+    corners = grid_corners(grid)
+    cal = fit_report(corners, name="grid-corners").calibration
+    return [(f"grid depth {depth(m)}", m, predict(m, cal)) for m in grid if m not in corners]
+
+
+def _err(r: Result) -> float:
+    _, m, p = r
+    return p / float(m.step_time_s or 1) - 1
+
+
+def report(results: Sequence[Result], title: str, extra: Sequence[str] = ("runtime",)) -> None:
     by_group: dict[str, list[float]] = defaultdict(list)
-    by_runtime: dict[str, list[float]] = defaultdict(list)
-    for group, m, p in results:
-        err = (p - float(m.step_time_s or 0)) / float(m.step_time_s or 1)
-        by_group[group].append(err)
-        by_runtime[f"runtime {m.key}"].append(err)
+    for r in results:
+        group, m, _ = r
+        by_group[group].append(_err(r))
+        if "runtime" in extra:
+            by_group[f"runtime {m.key}"].append(_err(r))
+        if "batch" in extra:
+            by_group[f"grid batch {m.batch}"].append(_err(r))
+    print(title)
     print(f"{'held-out group':28} {'points':>6} {'MAPE':>7} {'worst':>7}")
-    for name, errs in [*sorted(by_group.items(), key=lambda kv: _order(kv[0])), *sorted(by_runtime.items())]:
+    for name, errs in sorted(by_group.items(), key=lambda kv: _order(kv[0])):
         a = np.abs(errs)
         flag = "" if a.mean() <= 0.10 else "   > 10%"
         print(f"{name:28} {len(errs):6d} {a.mean():7.1%} {a.max():7.1%}{flag}")
-    allerr = np.abs([(p - float(m.step_time_s or 0)) / float(m.step_time_s or 1) for _, m, p in results])
+    allerr = np.abs([_err(r) for r in results])
     print(f"{'all held-out points':28} {len(allerr):6d} {allerr.mean():7.1%} {allerr.max():7.1%}")
+
+
+def worst(results: Sequence[Result], n: int = 8) -> None:
     print("\nworst held-out points")
-    worst = sorted(results, key=lambda r: -abs(r[2] / float(r[1].step_time_s or 1) - 1))[:6]
-    for _, m, p in worst:
+    for r in sorted(results, key=lambda r: -abs(_err(r)))[:n]:
+        _, m, p = r
         t = float(m.step_time_s or 0)
         print(f"  {m.gpu:5} {m.key:20} {m.model:17} batch {m.batch:5}: measured {t * 1e3:7.2f} ms, "
               f"predicted {p * 1e3:7.2f} ms ({p / t - 1:+.1%})")
 
 
-def _order(name: str) -> tuple[int, int]:
-    kind, _, value = name.partition(" ")
-    return ({"batch": 0, "depth": 1}.get(kind, 2), int(value) if value.isdigit() else 0)
+def matrix(results: Sequence[Result]) -> None:
+    """Signed error per depth x batch, one block per runtime."""
+    for key in sorted({m.key for _, m, _ in results}):
+        rows = [r for r in results if r[1].key == key]
+        batches = sorted({r[1].batch for r in rows})
+        print(f"  {key:20} " + " ".join(f"{'b' + str(b):>7}" for b in batches))
+        for d in sorted({depth(r[1]) for r in rows}):
+            cells = {r[1].batch: _err(r) for r in rows if depth(r[1]) == d}
+            print(f"  {'ResNet-' + str(d):20} " + " ".join(f"{cells[b]:+7.1%}" if b in cells else f"{'':>7}"
+                                                          for b in batches))
 
 
-def memory_check(rows: list[Measurement]) -> None:
+def _order(name: str) -> tuple[int, int, str]:
+    words = name.split(" ")
+    value = words[-1]
+    rank = {"batch": 0, "depth": 1, "GPU": 2, "grid": 3, "runtime": 5}.get(words[0], 4)
+    if words[0] == "grid":
+        rank += words[1] == "batch"
+    return (rank, int(value) if value.isdigit() else 0, name)
+
+
+def memory_check(rows: list[Measurement], grid: list[Measurement]) -> None:
     pts = [m for m in rows if m.peak_gb and m.key == "pytorch-eager"]
     ref = [m for m in pts if m.model == "resnet_cifar_32" and m.batch in (32, 2048)]
     params = fit_memory("resnet_cifar_32", [(m.batch, float(m.peak_gb or 0) * 1e9) for m in ref])
-    print("\npeak memory, PyTorch eager FP32 on the H100 (measured: torch.cuda.max_memory_allocated); "
-          f"activation fraction {params.activation_fraction:.2f} and workspace {params.workspace_bytes / 1e9:.3f} GB "
+    print("\npeak memory, PyTorch eager FP32 on the H100 (measured: torch.cuda.max_memory_allocated); activations "
+          f"backward needs x {params.activation_fraction:.2f} and workspace {params.workspace_bytes / 1e9:.3f} GB "
           "fitted on ResNet-32 at batch 32 and 2048 only (*)")
     print(f"  {'model':17} {'batch':>5} {'measured GB':>11} {'predicted GB':>12} {'error':>7}")
-    errs = []
-    for m in pts:
+    errs, grid_errs = [], []
+    for m in pts + [m for m in grid if m.peak_gb and m.key == "pytorch-eager"]:
         pred = memory_bytes(m.model, m.batch, params) / 1e9
         err = pred / float(m.peak_gb or 1) - 1
-        star = " *" if m in ref else ""
-        errs += [] if star else [abs(err)]
+        star = " *" if m in ref else (" (grid)" if m in grid else "")
+        if not star:
+            errs.append(abs(err))
+        elif star == " (grid)":
+            grid_errs.append(abs(err))
         print(f"  {m.model:17} {m.batch:5d} {m.peak_gb:11.3f} {pred:12.3f} {err:+7.1%}{star}")
-    print(f"  held-out peak-memory MAPE: {np.mean(errs):.1%} over {len(errs)} points")
+    print(f"  held-out peak-memory MAPE: {np.mean(errs):.1%} over {len(errs)} points"
+          + (f"; grid (2026-11-24): {np.mean(grid_errs):.1%} over {len(grid_errs)} points" if grid_errs else ""))
 
 
 def ps_table(rows: list[Measurement]) -> None:
     tf = [m for m in rows if m.key == "tf1-graph"]
     calib = fit_report([m for m in tf if m.is_compute], name="tf-2019").calibration
-    measured = {(m.gpu, m.ps_count, m.workers): float(m.steps_per_s or 0) for m in tf if m.is_cluster}
+    measured = {(m.gpu, int(m.ps_count or 0), int(m.workers or 0)): float(m.steps_per_s or 0)
+                for m in tf if m.is_cluster}
     print("\nparameter-server throughput, ResNet-32 batch 128, async (global steps/s): predicted vs measured "
           "by S. Li, R. J. Walls, L. Xu, T. Guo, 'Speeding up Deep Learning with Transient Servers', ICAC 2019 "
           "(arXiv:1903.00045, Fig. 6, the PS bottleneck), from the study's public data "
@@ -156,15 +224,35 @@ def main() -> None:
     ap.add_argument("--subset", choices=[*sorted(SUBSETS), "leave-group-out"], default="corners")
     args = ap.parse_args()
     rows = load_measurements(DATA)
+    session = [m for m in load_measurements(SESSION) if m.is_compute]
+    tf = [m for m in load_measurements(TF2019) if m.is_compute]
+    grid = [m for m in load_measurements(GRID) if m.is_compute] if GRID.exists() else []
     compute = [m for m in rows if m.is_compute]
     print(f"{len(compute)} measured step times in {DATA.relative_to(REPO)} "
-          f"({len({m.source.split(':')[0] for m in compute})} sources); calibration subset '{args.subset}'\n")
-    results, warnings = held_out(compute, args.subset)
+          f"({len({m.source.split(':')[0] for m in compute})} sources); calibration subset '{args.subset}' "
+          f"of {SESSION.name}; " + (f"{len(grid)} grid points of {GRID.name} held out" if grid else
+                                     f"no {GRID.name} yet") + "\n")
+    results, on_grid, warnings = held_out(session, tf, grid, args.subset)
     for w in warnings:
         print(f"warning: {w}")
     print()
-    report(results)
-    memory_check(compute)
+    report(results, f"held out: the 2026-11-23 H100 session (calibrated on '{args.subset}') and the 2019 TF GPUs")
+    worst(results)
+    if on_grid:
+        print()
+        report(on_grid, f"held out: the 2026-11-24 H100 grid, another session (the same '{args.subset}' calibration)",
+               extra=("runtime", "batch"))
+        print("\nsigned error per depth x batch (grid, same calibration)")
+        matrix(on_grid)
+        worst(on_grid)
+        inside = within_grid(grid)
+        print()
+        report(inside, "within the grid's session: calibrated on the grid's corners "
+               f"({len(grid_corners(grid))} points: per runtime the shallowest and deepest model at the smallest and "
+               "largest batch), predicting the other grid points", extra=("runtime", "batch"))
+        print("\nsigned error per depth x batch (grid, calibrated on its corners)")
+        matrix(inside)
+    memory_check(session, grid)
     ps_table(rows)
 
 

@@ -21,6 +21,8 @@ Targets (issue 3): detection <= 1 s, recovery <= 10 s (local).
 
     python bench/recovery.py [--revocations 12] [--poll 0.5]
     python bench/recovery.py --provider gce --revocations 4 [--boot-delay 70 --time-scale 20]
+
+Stopped with SIGTERM (`kill`, `timeout`) or Ctrl-C, it tears its job down (no instance left) and exits 143 / 130.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, text
+
+from orchestrator_testing.teardown import Children, stopped_cleanly
 
 REPO = Path(__file__).resolve().parent.parent
 GCE_NOTICE_WINDOW_S = 30.0  # soft off -> hard off after a preemption
@@ -179,13 +183,13 @@ def report(rows: list[Revocation], *, gce: bool) -> None:
     print(json.dumps({"revocations": len(rows)}))
 
 
-def run_local(args: argparse.Namespace, tmp: Path) -> None:
+def run_local(args: argparse.Namespace, tmp: Path, children: Children) -> None:
     env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp}/r.db"}
     spec = tmp / "job.yaml"
     spec.write_text(spec_text(tmp / "runs", args.revocations, args.gap, first_s=35.0))
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", str(spec), "--quiet",
-                          "--poll", str(args.poll)], env=env, capture_output=True, text=True, cwd=REPO)
+    out = children.run([sys.executable, "-m", "orchestrator.cli.main", "launch", str(spec), "--quiet",
+                        "--poll", str(args.poll)], env=env, cwd=REPO)
     if out.returncode != 0:
         sys.exit(f"job failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     from orchestrator.providers.local.provider import LocalProvider
@@ -208,7 +212,7 @@ def run_local(args: argparse.Namespace, tmp: Path) -> None:
     report(rows, gce=False)
 
 
-def run_gce(args: argparse.Namespace, tmp: Path) -> None:
+def run_gce(args: argparse.Namespace, tmp: Path, children: Children) -> None:
     from orchestrator.storage import open_storage
     from orchestrator.storage.base import METRICS
     from orchestrator_testing.cloud import EmulatedCloud
@@ -226,7 +230,7 @@ def run_gce(args: argparse.Namespace, tmp: Path) -> None:
         log = (tmp / "launch.log").open("w")
         argv = [sys.executable, "-m", "orchestrator.cli.main", "launch", str(spec), "--quiet",
                 "--poll", str(args.poll)]
-        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = children.popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         engine = create_engine(db_url)
 
         def scalar(sql: str) -> Any:
@@ -279,8 +283,7 @@ def run_gce(args: argparse.Namespace, tmp: Path) -> None:
                 conn.execute(text("UPDATE jobs SET cancel_requested = 1"))
             proc.wait(timeout=300)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            children.stop()  # SIGTERM: the launch tears its VMs down while the emulated cloud is still up
             log.close()
         job_id, insts, revoked = db_rows(engine)
         metrics = open_storage(storage_uri, job_id).read_text(METRICS) or ""
@@ -306,12 +309,17 @@ def main() -> None:
     ap.add_argument("--poll", type=float, default=0.5, help="controller pass interval (s)")
     ap.add_argument("--boot-delay", type=float, default=70.0, help="gce: emulated s from insert to RUNNING")
     ap.add_argument("--time-scale", type=float, default=20.0, help="gce: emulated seconds per real second")
+    ap.add_argument("--work", type=Path, default=None, help="work directory (default: a new temporary one)")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
-    if args.provider == "gce":
-        run_gce(args, tmp)
-    else:
-        run_local(args, tmp)
+    tmp = args.work or Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    children = Children()
+    # kill -TERM / timeout / Ctrl-C: the launch tears its instances down, then the bench exits 143 / 130.
+    with stopped_cleanly(children, tmp / "home"):
+        if args.provider == "gce":
+            run_gce(args, tmp, children)
+        else:
+            run_local(args, tmp, children)
 
 
 if __name__ == "__main__":

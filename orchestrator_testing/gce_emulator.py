@@ -17,6 +17,8 @@ the API method ids without the ``compute.`` prefix, e.g. ``instances.insert``,
 ``instances.aggregatedList``, ``zoneOperations.wait``, ``firewalls.get``, ``images.insert``,
 ``regions.get`` / ``projects.get`` (their ``quotas``: configured limits and current usage).
 Latency and fault delays are real seconds (they model the network); lifecycle delays are emulated.
+Per-request latency is injectable: ``latency_s`` in the config (endpoint glob -> seconds, e.g.
+``{"*": 2.0}``), ``set_latency(endpoint, seconds)`` at run time, or ``--latency-s 2`` for the process.
 """
 
 from __future__ import annotations
@@ -437,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--config", help="JSON file with EmulatorConfig keys")
+    parser.add_argument("--latency-s", type=float, default=None,
+                        help="seconds added to every API request (a slow cloud), e.g. 2")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
@@ -444,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config:
         with open(args.config, encoding="utf-8") as fh:
             config = json.load(fh)
+    if args.latency_s:
+        config["latency_s"] = {**config.get("latency_s", {}), "*": args.latency_s}
     emulator = GceEmulator(config, host=args.host, port=args.port)
     stop = threading.Event()
 

@@ -1,9 +1,11 @@
 """Blocks are persisted with an expiry and used by placement and replacement: a zone stockout, a region
 quota and a GPUS_ALL_REGIONS quota seen by one job stop the next job's creates from asking there again,
-until the block expires. Real controller path against the Compute API emulator."""
+until the block expires. Real controller path against the Compute API emulator: the errors arrive on the
+insert operations, which later passes settle (no pass waits on them)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,8 @@ QUICK = RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, re
 def emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[GceEmulator]:
     monkeypatch.setattr(backends, "_cache", {})
     user_dir()
-    emulator = GceEmulator({"boot_delay_s": 0.3, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0})
+    # VMs stay PROVISIONING (booting) through each test: what is checked is where they were created.
+    emulator = GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0})
     emulator.start()
     yield emulator
     emulator.stop()
@@ -69,13 +72,19 @@ class Seen:
 
 
 def one_pass(emu: GceEmulator, storage: Path, name: str) -> tuple[Seen, dict[str, int]]:
+    """A new job's passes until its one instance's create is settled (accepted, or failed everywhere)."""
     emu.reset_calls()
+    deadline = time.monotonic() + 30
     with open_session() as session:
         job_id = create_job(session, spec(emu, storage, name)).id
-        run_pass(session, "blocks-test", [job_id])
-        session.expire_all()
-        j = session.get(Job, job_id)
-        assert j is not None and len(j.instances) == 1
+        while True:
+            run_pass(session, "blocks-test", [job_id])
+            session.expire_all()
+            j = session.get(Job, job_id)
+            assert j is not None and time.monotonic() < deadline
+            if len(j.instances) == 1 and j.instances[0].status != InstanceStatus.REQUESTED.value:
+                break
+            time.sleep(0.05)
         i = j.instances[0]
         return Seen(i.zone, i.status, i.status_reason or "", i.end_reason), dict(emu.snapshot()["calls"])
 

@@ -1,5 +1,6 @@
 """`kill -TERM` of a foreground launch is handled like Ctrl-C: the job is cancelled, no instance is left
-running, and the launch exits non-zero, saying whether it tore down itself or handed over to a daemon."""
+running, and the launch exits non-zero, saying whether it tore down itself or handed over to a daemon. The
+same holds for a bench that launches jobs (orchestrator_testing/teardown.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from e2e_helpers import REPO, processes_under, wait_until
 from sqlalchemy import create_engine, text
 from test_control_poison import local_spec
@@ -73,3 +75,36 @@ def test_sigterm_hands_over_to_a_running_daemon(tmp_path: Path) -> None:
         daemon.send_signal(signal.SIGINT)
         daemon.wait(timeout=20)
     wait_until(lambda: processes_under(tmp_path) == [], timeout=20)
+
+
+def _instance_up(db_url: str) -> bool:
+    try:
+        with create_engine(db_url).connect() as conn:
+            return bool(conn.execute(text("SELECT COUNT(*) FROM instances WHERE status IN ('ready', 'training')"))
+                        .scalar())
+    except Exception:  # noqa: BLE001 - the DB appears with the bench's launch
+        return False
+
+
+@pytest.mark.slow
+def test_sigterm_of_a_bench_that_launches_leaves_nothing_running(tmp_path: Path) -> None:
+    # bench/recovery.py drives a real TensorFlow job through a foreground launch it started; `kill -TERM`
+    # of the bench (not of the launch) must still end with every instance deleted.
+    work = tmp_path / "bench"
+    db_url = f"sqlite:///{work}/r.db"
+    bench = subprocess.Popen([sys.executable, "bench/recovery.py", "--revocations", "2", "--work", str(work)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: _instance_up(db_url), timeout=180)
+        assert processes_under(work), "the launch and its instances run"
+        bench.send_signal(signal.SIGTERM)
+        out, _ = bench.communicate(timeout=180)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 143, out
+    assert "SIGTERM: bench stopped; no instance left running" in out and "Traceback" not in out, out
+    status, instances = _rows(db_url)
+    assert status == "cancelled" and set(instances) == {"deleted"}, (status, instances)
+    assert not list((work / "home" / "local" / "instances").glob("*/instance.json"))
+    wait_until(lambda: processes_under(work) == [], timeout=20)

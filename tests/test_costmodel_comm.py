@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel import cluster_steps_per_s, max_batch, ps_capacity_steps_per_s
-from orchestrator.core.costmodel.comm import Sharding, shard_model, shard_sizes
+from orchestrator.core.costmodel import DEFAULT_CALIBRATION, cluster_steps_per_s, max_batch, ps_capacity_steps_per_s
+from orchestrator.core.costmodel.comm import Sharding, ps_capacity, shard_model, shard_sizes
 from orchestrator.core.costmodel.memory import fits, memory_bytes, usable_bytes
 from orchestrator.core.costmodel.profiles import get_profile
 
@@ -57,10 +57,8 @@ def test_greedy_sharding_balances_better_than_round_robin() -> None:
 
 
 def test_imbalance_lowers_capacity() -> None:
-    greedy = ps_capacity_steps_per_s("transformer_base", 3, PS, 4)
-    from orchestrator.core.costmodel.comm import ps_capacity
-
-    rr = ps_capacity("transformer_base", 3, PS, 4, strategy=Sharding.ROUND_ROBIN)
+    greedy = ps_capacity_steps_per_s("transformer_base", 3, PS, 4)  # default network constants
+    rr = ps_capacity("transformer_base", 3, PS, 4, DEFAULT_CALIBRATION.net, strategy=Sharding.ROUND_ROBIN)
     assert rr < greedy
 
 

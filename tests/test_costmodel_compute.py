@@ -1,4 +1,5 @@
-"""Step-time model (host overhead vs occupancy-limited roofline), calibration in physical bounds, priors."""
+"""Step-time model (host overhead per kernel vs occupancy-limited roofline), calibration in physical
+bounds, priors, GPU parameters shared across runtimes, PS round trips inside measured TF steps."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.core.catalog import load_catalog
 from orchestrator.core.costmodel import (
     Calibration,
     Efficiency,
@@ -19,8 +21,16 @@ from orchestrator.core.costmodel import (
     load_measurements,
     predict_step_time,
 )
-from orchestrator.core.costmodel.calibration import fit_report, predict
-from orchestrator.core.costmodel.compute import SMOOTH_MAX_P, step_fn
+from orchestrator.core.costmodel.calibration import comm_s, fit_report, predict
+from orchestrator.core.costmodel.compute import (
+    REFERENCE_ELEMENTS,
+    SMOOTH_MAX_P,
+    layer_arrays,
+    model_profile,
+    prior_for,
+    step_fn,
+)
+from orchestrator.core.costmodel.memory import MemoryParams, memory_bytes, needed_activation_bytes
 from orchestrator.core.paths import data_dir
 
 TRUTH = Calibration(default=Efficiency(0.42, 0.7, 0.004, 30e-6, None), net=NetParams(net_efficiency=0.5))
@@ -45,10 +55,45 @@ def test_step_time_blends_host_overhead_and_gpu_work() -> None:
         expected = (fn.host_s**SMOOTH_MAX_P + gpu**SMOOTH_MAX_P) ** (1 / SMOOTH_MAX_P)
         assert fn.at(b) == pytest.approx(expected, rel=1e-12)
         assert fn.at(b) >= max(fn.host_s, gpu)
-    assert fn.host_s == pytest.approx(0.004 + 30e-6 * 115)  # ResNet-32: 115 profile layers
+    # ResNet-32 launches 266 kernels a step: 33 convs x 3, 33 batch norms x 2, 31 ReLUs x 2, 15 adds x 2,
+    # pooling 2, dense 3, softmax + cross-entropy 4.
+    assert layer_arrays("resnet_cifar_32").kernel_count() == 266
+    assert fn.host_s == pytest.approx(0.004 + 30e-6 * 266)
     # Overhead-bound at small batch (flat), work-bound at large batch (close to linear).
     assert fn.at(64) / fn.at(32) < 1.05
     assert fn.at(8192) / fn.at(4096) > 1.8
+
+
+def test_host_overhead_is_per_kernel_and_fusing_runtimes_launch_fewer() -> None:
+    # Twelve more basic blocks (ResNet-32 -> 56): each launches 2 convs x 3 + 2 BN x 2 + 2 ReLU x 2 + add x 2.
+    k32, k56 = layer_arrays("resnet_cifar_32"), layer_arrays("resnet_cifar_56")
+    assert k56.kernel_count() - k32.kernel_count() == 12 * 16
+    # torch.compile / XLA fold ReLUs and adds into their neighbours: 10 kernels a block.
+    assert k56.kernel_count("torch-compile") - k32.kernel_count("torch-compile") == 12 * 10
+    eff = Efficiency(0.4, 0.6, 0.002, 20e-6)
+    eager = step_fn("resnet_cifar_32", "h100", Calibration(per_gpu={"*/pytorch-eager": eff}), runtime="pytorch-eager")
+    fused = step_fn("resnet_cifar_32", "h100", Calibration(per_gpu={"*/torch-compile": eff}), runtime="torch-compile")
+    assert fused.host_s < eager.host_s and fused.gpu_s(1024)[0] < eager.gpu_s(1024)[0]  # fewer passes over memory
+
+
+def test_occupancy_is_per_layer_small_stages_need_bigger_batches() -> None:
+    fn = step_fn("resnet_cifar_32", "h100", TRUTH)
+    arrays = layer_arrays("resnet_cifar_32")
+    stage1 = arrays.elements == REFERENCE_ELEMENTS  # 32x32x16 layers
+    stage3 = arrays.elements == REFERENCE_ELEMENTS / 4  # 8x8x64 layers
+    assert stage1.any() and stage3.any()
+    assert np.allclose(fn.h[stage3], 4 * fn.h[stage1][0]) and np.allclose(fn.h[stage1], fn.h[stage1][0])
+    # A layer at batch b runs at b / (b + h) of its roofline rate: per-example time falls with the batch.
+    per_example = fn.gpu_s(np.array([32.0, 4096.0])) / np.array([32.0, 4096.0])
+    assert per_example[0] > per_example[1]
+
+
+def test_any_cifar_resnet_depth_has_a_profile() -> None:
+    p44 = model_profile("resnet_cifar_44")
+    assert sum(layer.kind == "conv" for layer in p44.layers) == 43 + 2  # 6n+1 3x3 convs + 2 projections
+    assert layer_arrays("resnet_cifar_44").layers == len(p44.layers)
+    with pytest.raises(LookupError):
+        model_profile("resnet_cifar_45")
 
 
 def test_step_time_increases_with_batch_and_faster_gpus_are_faster() -> None:
@@ -83,6 +128,48 @@ def test_one_point_uses_priors_and_says_so() -> None:
     rep = fit_report(one)
     assert any("1 measured point(s) for 5 parameters" in w for w in rep.warnings)
     assert predict(one[0], rep.calibration) == pytest.approx(0.0134, rel=0.02)
+    fitted, prior = rep.calibration.for_gpu("h100", "pytorch-eager"), prior_for("pytorch-eager")
+    assert 0 < fitted.eff_compute <= 1 and 0 < fitted.eff_memory <= 1 and fitted.overhead_s >= 0
+    # One host-bound point moves the host overhead; the GPU's efficiencies stay near their priors.
+    assert fitted.eff_compute == pytest.approx(prior.eff_compute, rel=0.25)
+
+
+def test_gpu_parameters_are_shared_across_runtimes_of_one_gpu() -> None:
+    rows = [m for m in load_measurements(data_dir() / "measurements")
+            if m.is_compute and m.gpu == "h100" and m.model == "resnet_cifar_32"]
+    cal = fit_calibration(rows)
+    eager, bf16, compiled = (cal.for_gpu("h100", k) for k in ("pytorch-eager", "pytorch-eager+bf16", "torch-compile"))
+    assert eager.eff_compute == bf16.eff_compute == compiled.eff_compute
+    assert eager.half_batch == bf16.half_batch == compiled.half_batch
+    assert eager.overhead_per_kernel_s != compiled.overhead_per_kernel_s  # the runtime's own host cost
+
+
+def test_steps_measured_in_a_ps_cluster_include_the_round_trip() -> None:
+    base = Measurement("resnet_cifar_32", "k80", 128, 0.216)
+    in_ps = Measurement("resnet_cifar_32", "k80", 128, 0.216, ps_count=1, workers=1, ps_machine_type="n1-standard-4")
+    cal = Calibration()
+    trip = comm_s(in_ps, cal, load_catalog())
+    assert trip > 1e-3 and comm_s(base, cal, load_catalog()) == 0.0
+    assert predict(in_ps, cal) == pytest.approx(predict(base, cal) + trip)
+
+
+def test_spec_ratios_predict_a_held_out_2019_gpu() -> None:
+    # ICAC'19 TF runs (ResNet-32, batch 128): fit two of K80 / P100 / V100, predict the third from its datasheet.
+    v = leave_one_gpu_out([m for m in load_measurements(data_dir() / "measurements") if m.key == "tf1-graph"])
+    assert {p.gpu for p in v.per_gpu} == {"k80", "p100", "v100"}
+    assert all(p.mape < 0.10 for p in v.per_gpu)
+
+
+def test_memory_keeps_what_backward_needs() -> None:
+    prof = model_profile("resnet_cifar_56")
+    # Per basic block, both convolutions' and both ReLUs' outputs are kept; batch-norm and add outputs not.
+    blocks = [layer for layer in prof.layers if layer.name.startswith("s0b1_")]
+    assert [layer.kind for layer in blocks] == ["conv", "batchnorm", "relu", "conv", "batchnorm", "add", "relu"]
+    one_block = needed_activation_bytes(model_profile("resnet_cifar_56")) - needed_activation_bytes(
+        model_profile("resnet_cifar_50"))
+    assert one_block == 4 * (16384 + 8192 + 4096) * 4  # one block per stage, 4 tensors of each stage's size
+    need = MemoryParams(needed_only=True)
+    assert memory_bytes("resnet_cifar_56", 256, need) < memory_bytes("resnet_cifar_56", 256)  # default: every output
 
 
 def test_synthetic_truth_is_recovered_for_held_out_gpus() -> None:
@@ -93,7 +180,7 @@ def test_synthetic_truth_is_recovered_for_held_out_gpus() -> None:
 
 def test_real_h100_curve_in_sample() -> None:
     # Real data (../shared/measurements via data/measurements): the model has the shape real GPUs show.
-    rows = [m for m in load_measurements(data_dir() / "measurements")
+    rows = [m for m in load_measurements(data_dir() / "measurements" / "h100-torch-resnet-cifar.csv")
             if m.is_compute and m.key == "pytorch-eager" and m.model == "resnet_cifar_32"]
     assert len(rows) == 7
     cal = fit_calibration(rows)

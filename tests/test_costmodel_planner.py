@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestrator.core.costmodel import Candidate, PlanResult, Score, max_batch, plan
-from orchestrator.core.costmodel.planner import PlanContext, pareto_front
+from orchestrator.core.costmodel.planner import pareto_front
+from orchestrator.core.costmodel.planner.scoring import PlanContext
 from orchestrator.core.spec import validate_spec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,16 +8,30 @@ over SSH, the exit-code check, the image and the cleanup. The recipe is replaced
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import text as sql_text
 
+from orchestrator.control.bake_record import BakeRecord
+from orchestrator.control.daemon import sweep
+from orchestrator.control.driver import spec_to_yaml
+from orchestrator.control.gc import find_orphans, finish_pending_deletes
 from orchestrator.control.images import BakeError, bake_image
+from orchestrator.control.launcher import cancel_job
+from orchestrator.control.signals import Terminated
+from orchestrator.core.catalog import CURRENT_BOOK, load_catalog
 from orchestrator.core.errors import UserError
+from orchestrator.core.instances import InstanceRequest, Role
 from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import load_spec
+from orchestrator.core.status import InstanceStatus, JobStatus
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator_testing.cloud import provider_settings
 from orchestrator_testing.gce_emulator import GceEmulator
@@ -38,6 +52,11 @@ QUICK_RETRY = RetrySettings(
     wait_call_timeout_s=5.0, operation_timeout_s=10.0,
 )
 FAST_BAKE: dict[str, Any] = {"poll_s": 0.05, "ssh_timeout_s": 15.0, "boot_timeout_s": 15.0, "wait_s": 30.0}
+
+
+@pytest.fixture(autouse=True)
+def _home() -> None:
+    user_dir()  # the per-test home holds the results DB (conftest points ORCHESTRATOR_DB_URL there)
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +121,15 @@ def test_bake_creates_family_image_and_deletes_builder(
     assert image == "orch-test-img"
     body = emu.image(image, P)
     assert body is not None and body["family"] == "orchestrator-worker-v100"
-    builder = "bake-orch-test-img"
-    assert emu.instance(builder) is None, "the builder VM must be deleted"
-    # What the builder looked like: on-demand, one V100, labelled for `orchestrator gc`.
+    # What the builder looked like: on-demand, one V100, labelled for `orchestrator gc` and its sweep.
     (vm,) = running
-    assert vm["name"] == builder
+    builder = vm["name"]
+    assert builder.startswith("bake-orch-test-img-"), "named after the image, stamped: a retry gets its own"
+    assert emu.instance(builder) is None, "the builder VM must be deleted"
     assert vm["labels"]["orchestrator"] == "1" and vm["labels"]["orch-job"] == builder
+    assert float(vm["labels"]["orch-bake-until"]) > time.time(), "the sweep leaves it alone until then"
     assert vm["scheduling"].get("provisioningModel", "STANDARD") != "SPOT"
+    assert int(vm["scheduling"]["maxRunDuration"]["seconds"]) > FAST_BAKE["wait_s"], "GCE bounds its spend"
     assert [a["acceleratorType"].rsplit("/", 1)[-1] for a in vm["guestAccelerators"]] == ["nvidia-tesla-v100"]
     # The recipe was pushed to the instance's disk and the command ran there, with GPU in its environment.
     disk = tmp_path / "disks" / builder
@@ -124,9 +145,11 @@ def test_failing_recipe_leaves_no_vm_and_no_image(emu: GceEmulator, spec: Path, 
         bake_image(role="ps", gpu=None, spec_path=spec, name="orch-bad-img", provider=gce,
                    recipe_command=["sh", "-c", "echo boom; exit 7"], **FAST_BAKE)
     assert err.value.exit_code == 1
-    assert emu.instance("bake-orch-bad-img") is None
     assert emu.image("orch-bad-img", P) is None
     assert emu.snapshot()["images"] == [] and emu.snapshot()["instances"] == []
+    (bake,) = _sql("SELECT status, mode, cost_usd FROM job_summary")
+    assert bake[:2] == ("failed", "bake") and bake[2] > 0, "a failed bake is billed too"
+    assert _sql("SELECT role FROM ledger") == [("builder",)]
 
 
 def test_builder_that_cannot_be_deleted_is_reported(emu: GceEmulator, spec: Path, gce: GceProvider) -> None:
@@ -135,8 +158,16 @@ def test_builder_that_cannot_be_deleted_is_reported(emu: GceEmulator, spec: Path
         bake_image(role="ps", gpu=None, spec_path=spec, name="orch-leak-img", provider=gce,
                    recipe_command=["true"], **FAST_BAKE)
     assert emu.image("orch-leak-img", P) is not None
+    (builder,) = [i["name"] for i in emu.snapshot()["instances"]]
+    # Still billing: its row stays open (costed to now) until it is gone.
+    assert _sql("SELECT i.status, c.ledger FROM instances i JOIN instance_costs c ON c.instance_id = i.id") == [
+        ("deleting", "open")]
     emu.clear_faults()
-    gce.delete("bake-orch-leak-img", ZONE)
+    # What the message says to run: the bake is over, so its builder is an orphan now, label or not.
+    assert [o.name for _, o in find_orphans()] == [builder]
+    assert finish_pending_deletes() == []
+    assert emu.instance(builder) is None
+    assert _sql("SELECT status FROM instances") == [("deleted",)] and len(_sql("SELECT id FROM ledger")) == 1
 
 
 def test_refusals_cost_nothing(emu: GceEmulator, spec: Path, tmp_path: Path) -> None:
@@ -154,3 +185,99 @@ def test_refusals_cost_nothing(emu: GceEmulator, spec: Path, tmp_path: Path) -> 
     with pytest.raises(UserError, match="CPU-only"):
         bake_image(role="ps", gpu="t4", spec_path=spec)
     assert emu.snapshot()["calls"] == {}, "refused before any API call"
+
+
+def _sql(query: str) -> list[tuple[Any, ...]]:
+    from sqlalchemy import text
+
+    from orchestrator.store.db import open_session
+
+    with open_session() as session:
+        return [tuple(r) for r in session.execute(text(query)).all()]
+
+
+def _request(name: str, job: str, labels: dict[str, str]) -> InstanceRequest:
+    return InstanceRequest(name=name, job_id=job, role=Role.PS, index=0, generation=0, zone=ZONE,
+                           machine_type="n1-standard-4", spot=False, labels=labels)
+
+
+def test_sweep_during_a_bake_keeps_the_builder_and_the_ledger_bills_the_bake(
+    emu: GceEmulator, spec: Path, gce: GceProvider
+) -> None:
+    # A real orphan (a job this DB never recorded) waits in the project; the daemon's sweep runs while the
+    # recipe is about to start, as it would every 5 minutes during a real bake.
+    gce.create(_request("lost-job-ps-0-0", "lost-job", {}))
+    swept: list[str] = []
+
+    def say(line: str) -> None:
+        if line.startswith("running ") and not swept:
+            sweep()
+            swept.append(line)
+
+    bake_image(role="ps", gpu=None, spec_path=spec, name="orch-swept-img", provider=gce,
+               recipe_command=["sh", "-c", "sleep 0.3"], say=say, **FAST_BAKE)
+    assert swept, "the sweep ran mid-bake"
+    assert emu.image("orch-swept-img", P) is not None, "the builder survived the sweep: the bake finished"
+    assert emu.instance("lost-job-ps-0-0") is None, "the sweep still deletes a real orphan"
+    # The ledger: one row for the builder, seconds x its on-demand price, under a 'bake' pseudo-job.
+    price = load_catalog().price_book(CURRENT_BOOK).instance_price("n1-standard-4", None, 0, spot=False)
+    ((job, role, seconds, hourly, usd),) = _sql("SELECT job_id, role, seconds, price_per_hour, usd FROM ledger")
+    assert job.startswith("bake-orch-swept-img-") and role == "builder" and hourly == pytest.approx(price)
+    assert seconds > 0 and usd == pytest.approx(seconds * price / 3600)
+    assert _sql("SELECT mode, status, cost_usd, cluster_shape FROM job_summary") == [
+        ("bake", "succeeded", pytest.approx(usd), "builder n1-standard-4")]
+
+
+def test_sweep_respects_the_label_alone_until_it_expires(emu: GceEmulator, spec: Path, gce: GceProvider) -> None:
+    # The bakes run from another machine (another DB): only the labels speak for them. One recorded gce job
+    # (finished) makes the sweep list this project.
+    from orchestrator.control.launcher import create_job
+    from orchestrator.store.db import open_session
+
+    with open_session() as session:
+        job_id = create_job(session, load_spec(spec)).id
+        session.execute(sql_text("UPDATE jobs SET status = 'cancelled' WHERE id = :j"), {"j": job_id})
+    later, past = str(int(time.time()) + 3600), str(int(time.time()) - 1)
+    gce.create(_request("bake-live", "bake-live", {"orch-bake": "1", "orch-bake-until": later}))
+    gce.create(_request("bake-stale", "bake-stale", {"orch-bake": "1", "orch-bake-until": past}))
+    gce.create(_request(f"{job_id}-ps-0-0", job_id, {}))  # its job is over
+    sweep()
+    assert emu.instance("bake-live") is not None, "a bake in progress keeps its builder"
+    assert emu.instance("bake-stale") is None, "past its time limit the builder is an orphan"
+    assert emu.instance(f"{job_id}-ps-0-0") is None
+
+
+def test_an_abandoned_bake_is_closed_by_the_sweep(emu: GceEmulator, spec: Path, gce: GceProvider) -> None:
+    # The bake process died (kill -9) after creating its builder; the time limit has passed.
+    record = BakeRecord.start(job_id="bake-dead", builder="bake-dead", image="img-dead", spec_yaml=spec_to_yaml(
+        load_spec(spec)), price_book="2026-11", shape="builder n1-standard-4", gpu=None,
+        machine_type="n1-standard-4", zone=ZONE, price_per_hour=0.19, limit_s=0.0)
+    gce.create(_request("bake-dead", "bake-dead", {"orch-bake": "1", "orch-bake-until": "1"}))
+    record.step("builder VM created", JobStatus.PROVISIONING, InstanceStatus.PROVISIONING)
+    sweep()
+    assert emu.instance("bake-dead") is None
+    assert _sql("SELECT status, status_reason FROM jobs")[0][0] == "failed"
+    ((seconds, usd),) = _sql("SELECT seconds, usd FROM ledger")
+    assert usd == pytest.approx(seconds * 0.19 / 3600)
+
+
+def test_cancel_of_a_bake_says_who_drives_it(spec: Path) -> None:
+    BakeRecord.start(job_id="bake-x", builder="bake-x", image="img-x", spec_yaml=spec_to_yaml(load_spec(spec)),
+                     price_book="2026-11", shape="builder n1-standard-4", gpu=None, machine_type="n1-standard-4",
+                     zone=ZONE, price_per_hour=0.19, limit_s=600.0)
+    with pytest.raises(UserError, match="driven by its own `orchestrator image bake` process"):
+        cancel_job("bake-x")
+
+
+def test_sigterm_mid_bake_deletes_the_builder(emu: GceEmulator, spec: Path, gce: GceProvider) -> None:
+    def say(line: str) -> None:
+        if line.startswith("running "):
+            os.kill(os.getpid(), signal.SIGTERM)  # `kill` / `timeout` of `orchestrator image bake`
+
+    with pytest.raises(Terminated):
+        bake_image(role="ps", gpu=None, spec_path=spec, name="orch-term-img", provider=gce,
+                   recipe_command=["sh", "-c", "sleep 30"], say=say, **FAST_BAKE)
+    assert emu.snapshot()["instances"] == [] and emu.image("orch-term-img", P) is None
+    assert _sql("SELECT status, status_reason FROM jobs") == [("cancelled", "interrupted (SIGTERM); builder deleted")]
+    assert _sql("SELECT status FROM instances") == [("deleted",)] and len(_sql("SELECT id FROM ledger")) == 1
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the previous handler is back"

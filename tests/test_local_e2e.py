@@ -113,3 +113,30 @@ def test_daemon_killed_mid_job_and_restarted(tmp_path: Path) -> None:
 
     assert LocalProvider(tmp_path / "home" / "local").list(None) == []  # nothing orphaned
     assert processes_under(tmp_path) == []
+
+
+def test_chief_on_worker0_runs_in_worker0s_process(tmp_path: Path) -> None:
+    # cluster.chief.on_worker0 (the ICAC'19 setup): no chief instance, no chief ledger row; worker 0's task
+    # runs the chief, and worker 0's revocation rolls training back like a chief's would, then it finishes.
+    env = _env(tmp_path)
+    spec = tmp_path / "job.yaml"
+    text_ = tiny_spec("onw0", tmp_path / "runs", schedule=[("worker-0", 25.0)], steps=400)
+    spec.write_text(text_.replace("  parameter_servers: {count: 1}",
+                                  "  parameter_servers: {count: 1}\n  chief: {on_worker0: true}"))
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    db_url = env["ORCHESTRATOR_DB_URL"]
+    with create_engine(db_url).connect() as conn:
+        summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+        roles = sorted(r[0] for r in conn.execute(text("SELECT DISTINCT role FROM instances")))
+        ledger_roles = sorted(r[0] for r in conn.execute(text("SELECT DISTINCT role FROM ledger")))
+        restarts = conn.execute(text("SELECT reason FROM events WHERE to_status = 'restart'")).scalars().all()
+    assert summary["status"] == "succeeded" and summary["accuracy"] > 0.2, summary
+    assert summary["cluster_shape"].startswith("1ps+chief@worker0+")
+    assert roles == ["ps", "worker"] and ledger_roles == ["ps", "worker"], "no chief instance, no chief bill"
+    assert summary["chief_cost_usd"] == 0.0 and summary["revocations"] >= 1
+    assert any("worker-0" in r for r in restarts), restarts  # worker 0 took the chief down with it
+    logs = "".join(f.read_text() for f in (tmp_path / "runs").glob("*/logs/*-worker-0-*.log"))
+    assert "worker:0 runs the chief at" in logs and "done: step 400" in logs  # in worker 0's own task
+    _check_ledger_exact(db_url, summary["job_id"])
+    assert processes_under(tmp_path) == []

@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import ast
 import csv
 import dataclasses
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from orchestrator import control, sim
+from orchestrator.control import driver
 from orchestrator.core import policy, reconcile
 from orchestrator.core.actions import Action, CreateInstance
 from orchestrator.core.costmodel.accounting import run_accounting
@@ -22,7 +29,8 @@ from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
 from orchestrator.core.state import InstanceView, JobView, Observation
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.sim import cluster as sim_cluster
-from orchestrator.sim import engine
+from orchestrator.sim import engine, from_spec
+from orchestrator.sim import observed as sim_observed
 from orchestrator.sim.engine import RunResult, SimCluster, SimSlot, simulate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -79,9 +87,48 @@ def _never_replace_workers(decide: Callable[..., policy.Replacement]) -> Callabl
     return changed
 
 
+def _modules(package: ModuleType) -> list[ModuleType]:
+    return [importlib.import_module(m.name) for m in pkgutil.iter_modules(package.__path__, package.__name__ + ".")]
+
+
+# The daemon: control/ (driver.py runs core.reconcile every pass and executes its actions) and the reconcile.
+DAEMON = (reconcile, *_modules(control))
+SIMULATOR = tuple(_modules(sim))
+
+
+def _policy_names(module: ModuleType) -> tuple[set[str], set[str]]:
+    """What ``module`` takes from core.policy: ``policy.<name>`` reads, and ``from ...policy import <name>``."""
+    tree = ast.parse(inspect.getsource(module))
+    read = {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "policy"
+            and vars(module).get("policy") is policy}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == policy.__name__
+                for a in n.names}
+    return read, imported
+
+
 def test_the_daemon_and_the_simulator_use_one_policy_module() -> None:
-    # The import line in each: ``from orchestrator.core import policy``.
-    assert all(vars(module)["policy"] is policy for module in (reconcile, engine, sim_cluster))
+    # The import line in each: ``from orchestrator.core import policy`` (the module object itself, not a copy).
+    assert vars(driver)["reconcile"] is reconcile.reconcile  # what the daemon runs every pass
+    for module in (reconcile, engine, sim_cluster, sim_observed, from_spec):
+        assert vars(module)["policy"] is policy, module.__name__
+    # ``from orchestrator.core.policy import <name>``: the very function of core.policy, not a re-implementation.
+    for module in (*DAEMON, *SIMULATOR):
+        for name in _policy_names(module)[1]:
+            assert vars(module)[name] is getattr(policy, name), (module.__name__, name)
+
+
+def test_the_daemon_and_the_simulator_call_the_same_policy_functions() -> None:
+    daemon = set().union(*(set.union(*_policy_names(m)) for m in DAEMON))
+    simulator = set().union(*(set.union(*_policy_names(m)) for m in SIMULATOR))
+    decisions = {"decide_replacement", "replacement_zones", "is_critical", "revoke_after_s"}
+    assert decisions <= daemon & simulator, (sorted(daemon), sorted(simulator))
+    assert all(hasattr(policy, name) for name in daemon | simulator)  # nothing else is looked up there
+    # Neither side defines a function of its own under a policy function's name.
+    own = {name for name, f in vars(policy).items() if inspect.isfunction(f) and f.__module__ == policy.__name__}
+    for module in (*DAEMON, *SIMULATOR):
+        defined = {n.name for n in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(n, ast.FunctionDef)}
+        assert not defined & own, (module.__name__, defined & own)
 
 
 def test_a_policy_change_shows_in_the_daemon_and_in_simulation(monkeypatch: pytest.MonkeyPatch) -> None:

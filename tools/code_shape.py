@@ -1,13 +1,18 @@
-"""Print the package's import cycles and its longest functions and modules.
+"""Print the package's import cycles, its function-level imports and its longest functions and modules.
 
 `python tools/code_shape.py` (from the repo root). Module-level imports only, as Python resolves them; an
-import inside a function is listed separately (they hide dependencies from the map).
+import inside a function is listed separately (they hide dependencies from the map). Such an import is
+kept only for a reason (an optional heavy dependency, start-up time, a cycle) written as a comment on its
+line: the ones without are listed by place.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,31 +35,54 @@ def resolve(node: ast.ImportFrom, current: str, is_pkg: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imports(path: Path, modules: set[str]) -> tuple[set[str], set[str], int]:
-    """Module-level imports of package modules, function-level ones, and the count of the latter."""
-    tree = ast.parse(path.read_text())
+@dataclass(frozen=True)
+class NestedImport:
+    """An import below the top level of a module (in a function, or a try/if) outside TYPE_CHECKING."""
+
+    path: str
+    line: int
+    module: str
+    of_package: bool  # imports a module of the package (else the standard library or a dependency)
+    reason: str | None  # the comment on its line(s)
+
+
+def imports(path: Path, modules: set[str]) -> tuple[set[str], set[str], list[NestedImport]]:
+    """Module-level imports of package modules, function-level ones, and every function-level import."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    comments = _comments(source)
     current, is_pkg = module_name(path), path.name == "__init__.py"
     found: set[str] = set()
     hidden: set[str] = set()
-    nested = 0
+    nested: list[NestedImport] = []
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
+            mod = names[0]
         elif isinstance(node, ast.ImportFrom):
             mod = resolve(node, current, is_pkg)
             names = [f"{mod}.{a.name}" for a in node.names] + [mod]
         else:
             continue
         targets = {n for n in (_owner(n, modules) for n in names) if n and n != current}
-        if not targets:
-            continue
         if node.col_offset > 0 and not _in_type_checking(tree, node):
-            nested += 1
+            lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            reason = " ".join(comments[n] for n in lines if n in comments) or None
+            nested.append(NestedImport(str(path.relative_to(ROOT)), node.lineno, mod, bool(targets), reason))
             hidden |= targets
             continue
         found |= targets
     return found, hidden, nested
+
+
+def _comments(source: str) -> dict[int, str]:
+    """Line number -> the comment on that line."""
+    out: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            out[tok.start[0]] = tok.string.lstrip("#").strip()
+    return out
 
 
 def _owner(name: str, modules: set[str]) -> str | None:
@@ -118,16 +146,27 @@ def longest_functions(paths: list[Path], top: int) -> list[tuple[int, str]]:
     return sorted(rows, reverse=True)[:top]
 
 
+def print_nested(nested: list[NestedImport]) -> None:
+    for of_package, what in ((True, "package modules"), (False, "other modules (standard library, dependencies)")):
+        rows = [n for n in nested if n.of_package == of_package]
+        reasoned = sum(1 for n in rows if n.reason)
+        print(f"function-level imports of {what}: {len(rows)} ({reasoned} with a reason comment)")
+    missing = sorted((n for n in nested if not n.reason), key=lambda n: (n.path, n.line))
+    print(f"function-level imports without a reason comment: {len(missing)}")
+    for n in missing:
+        print(f"  {n.path}:{n.line} {n.module}")
+
+
 def main() -> int:
     paths = sorted((ROOT / PACKAGE).rglob("*.py"))
     modules = {module_name(p) for p in paths}
     graph: dict[str, set[str]] = {}
     full: dict[str, set[str]] = {}
-    nested_total = 0
+    nested: list[NestedImport] = []
     for p in paths:
-        top, hidden, nested = imports(p, modules)
+        top, hidden, found_nested = imports(p, modules)
         graph[module_name(p)], full[module_name(p)] = top, top | hidden
-        nested_total += nested
+        nested += found_nested
     found = cycles(graph)
     print(f"import cycles (module-level imports): {len(found)}")
     for comp in found:
@@ -137,7 +176,7 @@ def main() -> int:
     for comp in found_all:
         print("  " + " <-> ".join(comp))
     found = found + found_all
-    print(f"function-level imports of package modules: {nested_total}")
+    print_nested(nested)
     print("longest functions:")
     for n, where in longest_functions(paths, 8):
         print(f"  {n:4d}  {where}")

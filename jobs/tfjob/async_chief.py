@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -28,7 +29,7 @@ from .common import (
 from .hparams import get_hparams
 from .models import build_model
 from .reporting import MetricsWriter, NoticeWatcher, WindowStats, write_json_atomic
-from .task import Task
+from .task import Task, chief_address
 
 CONNECT_TIMEOUT_S = float(os.environ.get("TFJOB_CONNECT_TIMEOUT_S", "600"))
 PS_CHECK_EVERY_S = 2.0  # while no step completes, probe the PS ports this often
@@ -221,3 +222,18 @@ class AsyncChief:
 def run_chief(task: Task) -> int:
     task.storage.mkdir(parents=True, exist_ok=True)
     return AsyncChief(task).train()
+
+
+def run_worker_with_chief(task: Task) -> int:
+    """cluster.chief.on_worker0 (the ICAC'19 setup): worker 0's process serves its worker task and runs the
+    chief beside it, as TensorFlow's in-process clusters do, so the job needs no VM for its chief. The
+    chief's exit (its result written, or a failure) is this process's, and ends the server with it."""
+    from .server import start_server
+
+    server = start_server(task)
+    address = chief_address(task.cluster)
+    log(f"worker:0 runs the chief at {address}")
+    chief = replace(task, role="chief", index=0, cluster={**task.cluster, "chief": [address]})
+    code = run_chief(chief)
+    del server  # served until the chief was done; the process exits next
+    return code

@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{task.instance}: mode={task.mode} role={task.role}:{task.index} pid={os.getpid()} cwd={os.getcwd()}"
     )
     try:
+        if task.hosts_chief:  # cluster.chief.on_worker0: this worker's process runs the chief too
+            configure_local_threads()
+            from .async_chief import run_worker_with_chief
+
+            return run_worker_with_chief(task)
         if task.mode == "async" and task.role in ("ps", "worker"):
             from .server import run_server
 

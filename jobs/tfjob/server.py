@@ -34,7 +34,8 @@ def wait_for_port(address: str, timeout_s: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def run_server(task: Task) -> int:
+def start_server(task: Task) -> tf.distribute.Server:
+    """This ps / worker task's gRPC server, serving from now on (in the background)."""
     wait_for_port(task.cluster[task.role][task.index])
     if task.role == "worker":
         # Per-worker files read in-graph by the dataset function the chief sends (see pipeline.py).
@@ -48,5 +49,9 @@ def run_server(task: Task) -> int:
         start=True,
     )
     log(f"{task.role}:{task.index} serving at {task.cluster[task.role][task.index]} ({server.target})")
-    server.join()
+    return server
+
+
+def run_server(task: Task) -> int:
+    start_server(task).join()
     return 0

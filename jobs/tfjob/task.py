@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,16 @@ class Task:
         return len(self.cluster.get("worker", []))
 
     @property
+    def hosts_chief(self) -> bool:
+        """Async worker 0 of a cluster without a chief task (cluster.chief.on_worker0, the ICAC'19 setup):
+        its process serves the worker task and runs the chief beside it."""
+        return self.mode == "async" and self.role == "worker" and self.index == 0 and not self.cluster.get("chief")
+
+    @property
     def is_chief(self) -> bool:
-        """The task doing the job's I/O: async chief, or sync worker 0."""
+        """The task doing the job's I/O: async chief (or the worker running it), or sync worker 0."""
         if self.mode == "async":
-            return self.role == "chief"
+            return self.role == "chief" or self.hosts_chief
         return self.role == "worker" and self.index == 0
 
     def batch_for(self, worker_index: int) -> int:
@@ -94,9 +101,10 @@ def parse_task(raw: dict[str, Any]) -> Task:
     if task.mode == "sync":
         _require(set(task.cluster) == {"worker"}, "sync mode: cluster must only have 'worker' tasks")
     else:
+        # No chief task: worker 0 runs it (cluster.chief.on_worker0).
         _require(
-            len(task.cluster.get("chief", [])) == 1 and len(task.cluster.get("ps", [])) >= 1,
-            "async mode: cluster needs one chief and at least one ps",
+            len(task.cluster.get("chief", [])) <= 1 and len(task.cluster.get("ps", [])) >= 1,
+            "async mode: cluster needs at most one chief (none: worker 0 runs it) and at least one ps",
         )
     _require(
         len(task.training.batch_per_worker) == task.num_workers,
@@ -118,3 +126,16 @@ def load_task(path: str | Path) -> Task:
     if not isinstance(raw, dict):
         raise TaskError("task.json must hold an object")
     return parse_task(raw)
+
+
+def chief_address(cluster: dict[str, list[str]]) -> str:
+    """Where the chief that worker 0 runs listens: on worker 0's host, at the next port when that host is
+    worker 0's alone (a cloud VM: its firewall opens the task port range there), else at any free port
+    (tasks that share one address, e.g. every local instance, each have a port of their own)."""
+    host, _, port = cluster["worker"][0].rpartition(":")
+    hosts = [a.rpartition(":")[0] for addresses in cluster.values() for a in addresses]
+    if hosts.count(host) == 1:
+        return f"{host}:{int(port) + 1}"
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return f"{host}:{probe.getsockname()[1]}"

@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     from torchjob.train import Trainer, WorldChange
 
     backend = "nccl" if _cuda() else "gloo"
+    if backend == "nccl":
+        import torch
+
+        # Before the process group: NCCL (its communicators, object collectives, barrier, DCP) uses the
+        # current device; without this every rank of a multi-GPU host would take GPU 0.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))))
     try:
         Trainer(task).run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from orchestrator.cli.render import console
 from orchestrator.control.keep_logs import log_key
 from orchestrator.core.errors import UserError
 from orchestrator.core.status import InstanceStatus
@@ -29,8 +30,7 @@ def print_instance_log(job_ref: str, instance: str, *, follow: bool, lines: int)
         sys.stdout.write(f"# {name} ({inst.status}): the log kept in the job's storage\n")
         sys.stdout.write("\n".join(kept.splitlines()[-lines:]) + "\n")
         return
-    from orchestrator.cli.render import console
-    from orchestrator.control.logs import print_logs
+    from orchestrator.control.logs import print_logs  # lazy: the providers and transports, only for a live log
 
     print_logs(job_ref, instance=name, follow=follow, lines=lines,
                say=lambda line: console.print(line, highlight=False, markup=False))

@@ -14,16 +14,20 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from orchestrator.cli.render import console, duration, err_console, money, pct, table, when
+from orchestrator.cli.render import console, duration, err_console, money, pct, print_report, table, when
+from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
+from orchestrator.core.quotas import Quotas, QuotaSource, headroom, quota_needs, quota_problems, read_quotas
 from orchestrator.core.spec import GceProvider, JobSpec, load_spec
+from orchestrator.core.torch_spec import secret_problems
+from orchestrator.providers.registry import backend_for
+from orchestrator.store.db import open_session
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from orchestrator.core.costmodel import PlanResult
-    from orchestrator.core.quotas import Quotas
 
 
 def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
@@ -31,7 +35,7 @@ def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
     spec = load_spec(spec_path)
     if spec.cluster is not None:
         return spec, None
-    from orchestrator.sim.from_spec import plan_job as plan
+    from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
 
     result = plan(spec)
     if result.chosen is None:
@@ -44,7 +48,7 @@ def check_budget(spec: JobSpec) -> None:
     """Refuse, before anything is created, a cluster the cost model says cannot finish within the budget."""
     if spec.policy.budget_usd is None:
         return
-    from orchestrator.sim.from_spec import plan_job as plan
+    from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
 
     est = plan(spec).chosen
     if est is not None and est.cost_usd > spec.policy.budget_usd:
@@ -64,10 +68,6 @@ def read_spec_quotas(spec: JobSpec, plan: LaunchPlan | None = None,
     gce = spec.provider.as_gce()
     if gce is None:
         return None
-    from orchestrator.core.cloud_errors import ProviderError
-    from orchestrator.core.quotas import QuotaSource, quota_needs, read_quotas
-    from orchestrator.providers.registry import backend_for
-
     needs = quota_needs(list((plan or plan_spec(spec)).slots))
     if not _explicit_gce_credentials(gce):
         # Without configured credentials, Application Default Credentials would probe the GCE metadata
@@ -99,8 +99,6 @@ def check_quotas(spec: JobSpec, plan: LaunchPlan | None = None) -> None:
     found = read_spec_quotas(spec, plan)
     if found is None:
         return
-    from orchestrator.core.quotas import quota_problems
-
     problems = quota_problems(*found)
     if problems:
         raise UserError(f"not enough GCE quota ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
@@ -120,7 +118,7 @@ def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: Launch
                         ["slot", "role", "gpu", "machine", "zone", "billing", "batch", "$/h"], rows))
     console.print(f"hourly cost of the whole cluster: [bold]{money(total)}/h[/bold]")
     try:
-        from orchestrator.sim.from_spec import plan_job as plan
+        from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
 
         est = plan(spec).chosen
         if est is not None:
@@ -132,8 +130,6 @@ def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: Launch
         console.print(f"budget: {money(spec.policy.budget_usd)}")
     found = read_spec_quotas(spec, launch_plan)
     if found is not None:
-        from orchestrator.core.quotas import headroom, quota_problems
-
         console.print(table("GCE quota headroom", ["region", "metric", "needs", "free", "limit", ""],
                             [[h.scope, h.metric, f"{h.need:g}", f"{h.free:g}", f"{h.limit:g}",
                               "ok" if h.ok else "[red]NOT ENOUGH[/red]"] for h in headroom(*found)]))
@@ -150,19 +146,17 @@ def launch(
     quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
 ) -> None:
     """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy."""
-    from orchestrator.control.launcher import preflight
+    from orchestrator.control.launcher import preflight  # lazy: the control layer (~0.3 s) only for launch
 
     spec, planned = resolve_spec(spec_path)
     preflight(spec)  # the SSH inventory's content, also for a dry run
     plan = plan_spec(spec)  # the one expansion: the dry run, the quota check and the launch all use it
     if dry_run and spec.provider.kind == "gce":
         # The exact Compute API requests a launch would send (instances, firewall rules, disks), as JSON.
-        from orchestrator.providers.gce.dry_run import gce_dry_run
+        from orchestrator.providers.gce.dry_run import gce_dry_run  # lazy: the Google Cloud SDK (~2 s)
 
         out = gce_dry_run(spec, plan=plan)
         if (found := read_spec_quotas(spec, plan)) is not None:  # regions.get / projects.get: reads, not requests
-            from orchestrator.core.quotas import headroom, quota_problems
-
             out["quota_headroom"] = [{"scope": h.scope, "metric": h.metric, "needs": h.need, "free": h.free,
                                       "limit": h.limit, "ok": h.ok} for h in headroom(*found)]
             out["launch_would_be_refused"] = bool(quota_problems(*found))
@@ -173,12 +167,10 @@ def launch(
         return
     check_budget(spec)
     check_quotas(spec, plan)
-    from orchestrator.core.torch_spec import secret_problems
-
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
-    from orchestrator.cli.launch_view import ConsoleReporter
-    from orchestrator.control.launcher import launch_job
+    from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer
+    from orchestrator.control.launcher import launch_job  # lazy: the control layer
 
     launch_job(spec, planned, plan, detach=detach, poll_s=poll, reporter=ConsoleReporter(quiet=quiet))
 
@@ -193,8 +185,7 @@ def status(
     if watch:
         _watch(job)
         return
-    from orchestrator.store import queries
-    from orchestrator.store.db import open_session
+    from orchestrator.store import queries  # lazy: the ORM models (~30 ms) only for verbs that read the DB
 
     with open_session() as session:
         if job is None:
@@ -249,8 +240,8 @@ def logs(
 
 def cancel(job: str = typer.Argument(..., help="job id or name")) -> None:
     """Tear down every instance of the job and close its ledger."""
-    from orchestrator.cli.launch_view import print_cancel
-    from orchestrator.control.launcher import cancel_job
+    from orchestrator.cli.launch_view import print_cancel  # lazy: loads the control layer
+    from orchestrator.control.launcher import cancel_job  # lazy: the control layer
 
     print_cancel(cancel_job(job))
 
@@ -262,8 +253,7 @@ def report(
                                      "this .png or .svg (one job)"),
 ) -> None:
     """Cost (by role), wall time, accuracy, revocations and replacements per job."""
-    from orchestrator.store import queries
-    from orchestrator.store.db import open_session
+    from orchestrator.store import queries  # lazy: the ORM models (~30 ms) only for verbs that read the DB
 
     if fmt not in {"table", "csv", "json"}:
         raise UserError(f"--format: '{fmt}' is not one of table, csv, json")
@@ -278,7 +268,7 @@ def report(
         rows: list[dict[str, Any]] = queries.job_summaries(session, ids or None)
         if plot is not None:
             _write_plot(session, ids[0], plot)
-        from orchestrator.cli.torch_report import training_section
+        from orchestrator.cli.torch_report import training_section  # lazy: the ORM models
 
         training = training_section(session, rows) if fmt == "table" else []
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
@@ -293,8 +283,6 @@ def report(
         writer.writerows(rows)
         sys.stdout.write(buf.getvalue())
     else:
-        from orchestrator.cli.render import print_report
-
         print_report(rows, title=f"report ({time.strftime('%Y-%m-%d %H:%M')})")
         if training:  # framework, world-size timeline (PyTorch elastic), examples/s, accuracy, cost
             sys.stdout.write("training:\n" + "".join(f"  {line}\n" for line in training))
@@ -303,18 +291,18 @@ def report(
 def _watch(job: str | None) -> None:
     if job is None:
         raise UserError("--watch needs a job: `orchestrator status JOB --watch`")
-    from orchestrator.cli.progress import follow_job
+    from orchestrator.cli.progress import follow_job  # lazy: the ORM models
 
     follow_job(job, watch_live=True, metrics=True, lines=30, follow=True)
 
 
 def _logs(job: str, instance: str | None, follow: bool, lines: int) -> None:
     if instance is None:
-        from orchestrator.cli.progress import follow_job
+        from orchestrator.cli.progress import follow_job  # lazy: the ORM models
 
         follow_job(job, watch_live=False, metrics=True, lines=lines, follow=follow)
         return
-    from orchestrator.cli.instance_logs import print_instance_log
+    from orchestrator.cli.instance_logs import print_instance_log  # lazy: the ORM models, storage clients
 
     print_instance_log(job, instance, follow=follow, lines=lines)
 
@@ -322,7 +310,7 @@ def _logs(job: str, instance: str | None, follow: bool, lines: int) -> None:
 def _check_plot_args(plot: Path | None, jobs: list[str] | None) -> None:
     if plot is None:
         return
-    from orchestrator.cli.plots import format_for
+    from orchestrator.cli.plots import format_for  # lazy: the ORM models
 
     format_for(plot)
     if len(jobs or []) != 1:
@@ -330,7 +318,7 @@ def _check_plot_args(plot: Path | None, jobs: list[str] | None) -> None:
 
 
 def _write_plot(session: Session, job_id: str, path: Path) -> None:
-    from orchestrator.cli.plots import write_plot
+    from orchestrator.cli.plots import write_plot  # lazy: the ORM models
 
     write_plot(session, job_id, path)
     err_console.print(f"plot written to {path}", highlight=False)

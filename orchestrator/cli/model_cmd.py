@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
+from sqlalchemy import select
 
 from orchestrator.cli.render import console, table
 from orchestrator.core.catalog import CatalogError, load_catalog
@@ -18,18 +20,22 @@ from orchestrator.core.costmodel import (
     Calibration,
     Efficiency,
     Measurement,
+    ModelProfile,
     UnknownModelError,
+    Validation,
     get_profile,
     leave_one_gpu_out,
     load_calibration,
     load_measurements,
     max_batch,
 )
-from orchestrator.core.costmodel.calibration import fit_report, measurements_from_dicts
+from orchestrator.core.costmodel.accounting import fit_local_host
+from orchestrator.core.costmodel.calibration import FitReport, fit_report, measurements_from_dicts
 from orchestrator.core.costmodel.calibration import mape as in_sample_mape
 from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
 from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
 from orchestrator.core.errors import UserError
+from orchestrator.store.db import open_session
 
 app = typer.Typer(no_args_is_help=True, help="Cost model: profile, calibrate, predict, validate.")
 
@@ -42,8 +48,7 @@ def resolve_calibration(ref: str | None) -> Calibration | None:
     if ref is None:
         return None
     if ref.strip().isdigit():
-        from orchestrator.store.db import open_session
-        from orchestrator.store.queries import load_calibration as load_row
+        from orchestrator.store.queries import load_calibration as load_row  # lazy: the ORM models (~30 ms)
 
         try:
             with open_session() as session:
@@ -68,12 +73,9 @@ def resolve_calibration(ref: str | None) -> Calibration | None:
 
 def latest_calibration() -> Calibration | None:
     """The newest calibration stored in the results DB (jobs refine it), or None."""
+    from orchestrator.store.models import Calibration as Row  # lazy: the ORM models (~30 ms) only for DB verbs
+
     try:
-        from sqlalchemy import select
-
-        from orchestrator.store.db import open_session
-        from orchestrator.store.models import Calibration as Row
-
         with open_session() as session:
             row = session.execute(select(Row).order_by(Row.created_at.desc()).limit(1)).scalar_one_or_none()
             if row is None:
@@ -86,11 +88,7 @@ def latest_calibration() -> Calibration | None:
 
 def _with_local_host(calib: Calibration) -> Calibration:
     """Add this host's CPU step, start-up and teardown fitted on the DB's finished local jobs."""
-    from dataclasses import replace
-
-    from orchestrator.core.costmodel.accounting import fit_local_host
-    from orchestrator.store.db import open_session
-    from orchestrator.store.queries import local_run_timings
+    from orchestrator.store.queries import local_run_timings  # lazy: the ORM models (~30 ms) only for DB verbs
 
     with open_session() as session:
         runs = local_run_timings(session)
@@ -117,8 +115,7 @@ def _measurements(path: Path | None, from_db: bool) -> list[Measurement]:
         except ValueError as exc:
             raise UserError(str(exc)) from None
     if from_db:
-        from orchestrator.store.db import open_session
-        from orchestrator.store.queries import step_time_measurements
+        from orchestrator.store.queries import step_time_measurements  # lazy: the ORM models (~30 ms)
 
         with open_session() as session:
             found = step_time_measurements(session)
@@ -184,31 +181,15 @@ def calibrate(
 ) -> None:
     """Fit the step-time model (per GPU x runtime x model) and network constants to measured points."""
     measurements = measurements or file
-    rows = _measurements(measurements, from_db)
+    rows = _without_emulated(_measurements(measurements, from_db))
     label = name or time.strftime("calibration-%Y%m%d-%H%M%S")
     source = ", ".join(
         s for s in (str(measurements) if measurements else "", "results DB" if from_db else "") if s
     )
-    if any(m.emulated for m in rows) and not all(m.emulated for m in rows):
-        real = [m for m in rows if not m.emulated]
-        console.print(f"warning: {len(rows) - len(real)} step times of emulated (local) GPUs left out: they "
-                      "calibrate nothing real")
-        rows = real
-    base = None
-    if from_db and not all(m.emulated for m in rows):  # jobs refine the newest stored (or shipped) calibration
-        base = latest_calibration() or DEFAULT_CALIBRATION
-        if base.emulated:
-            base = DEFAULT_CALIBRATION
-        console.print(f"refining calibration {escape(base.name)}")
-    try:
-        report = fit_report(rows, name=label, base=base)
-        calib = report.calibration
-        gpus = {load_catalog().gpu(m.gpu).key for m in rows if m.is_compute}
-        validation = leave_one_gpu_out(rows) if len(gpus) >= 2 else None
-    except (ValueError, CatalogError, UnknownModelError) as exc:
-        raise UserError(str(exc)) from None
+    report, validation = _fit(rows, label, from_db)
     for w in report.warnings:
         console.print(f"warning: {escape(w)}")
+    calib = report.calibration
     if calib.emulated:
         console.print("note: fitted on emulated (local provider) GPUs: stored apart, never used to plan real GPUs")
         calib = _with_local_host(calib) if from_db else calib
@@ -218,11 +199,45 @@ def calibrate(
         calib.save(out)
     stored: int | None = None
     if from_db or save:
-        from orchestrator.store.db import open_session
-        from orchestrator.store.queries import save_calibration
+        from orchestrator.store.queries import save_calibration  # lazy: the ORM models (~30 ms)
 
         with open_session() as session:
             stored = save_calibration(session, label, source, calib.to_dict(), err)
+    _print_calibration(label, calib, rows, err)
+    if out is not None:
+        console.print(f"wrote {out}")
+    if stored is not None:
+        console.print(f"stored as calibration {stored} (use --calibration {stored})")
+
+
+def _without_emulated(rows: list[Measurement]) -> list[Measurement]:
+    """Mixed rows lose the emulated (local) GPUs' step times; rows of emulated GPUs only are kept."""
+    if any(m.emulated for m in rows) and not all(m.emulated for m in rows):
+        real = [m for m in rows if not m.emulated]
+        console.print(f"warning: {len(rows) - len(real)} step times of emulated (local) GPUs left out: they "
+                      "calibrate nothing real")
+        return real
+    return rows
+
+
+def _fit(rows: list[Measurement], label: str, from_db: bool) -> tuple[FitReport, Validation | None]:
+    """The fitted calibration and, with two GPU types or more, its leave-one-GPU-out validation."""
+    base = None
+    if from_db and not all(m.emulated for m in rows):  # jobs refine the newest stored (or shipped) calibration
+        base = latest_calibration() or DEFAULT_CALIBRATION
+        if base.emulated:
+            base = DEFAULT_CALIBRATION
+        console.print(f"refining calibration {escape(base.name)}")
+    try:
+        report = fit_report(rows, name=label, base=base)
+        gpus = {load_catalog().gpu(m.gpu).key for m in rows if m.is_compute}
+        validation = leave_one_gpu_out(rows) if len(gpus) >= 2 else None
+    except (ValueError, CatalogError, UnknownModelError) as exc:
+        raise UserError(str(exc)) from None
+    return report, validation
+
+
+def _print_calibration(label: str, calib: Calibration, rows: list[Measurement], err: float | None) -> None:
     console.print(
         table(
             f"calibration {escape(label)}: {escape(calib.source)}",
@@ -243,10 +258,6 @@ def calibrate(
             else " (one GPU type: no leave-one-GPU-out validation)"
         )
     )
-    if out is not None:
-        console.print(f"wrote {out}")
-    if stored is not None:
-        console.print(f"stored as calibration {stored} (use --calibration {stored})")
 
 
 @app.command("predict")
@@ -330,58 +341,50 @@ def profile(
 ) -> None:
     """Per-layer FLOPs, bytes, parameters and activation memory of a model (pure analytic profile)."""
     if model is None:
-        rows = []
-        for name in MODEL_NAMES:
-            p = get_profile(name)
-            rows.append(
-                [
-                    name,
-                    f"{p.params:,}",
-                    f"{p.total_params:,}",
-                    f"{p.macs / 1e6:,.1f}",
-                    f"{p.flops / 1e6:,.1f}",
-                    f"{p.param_bytes / 2**20:,.2f}",
-                    f"{p.activation_bytes / 2**20:,.2f}",
-                    len(p.layers),
-                    p.example,
-                ]
-            )
-        console.print(
-            table(
-                "model profiles (forward pass, per example; FLOPs = 2 x MACs + element-wise)",
-                [
-                    "model",
-                    "trainable params",
-                    "all params",
-                    "MMACs",
-                    "MFLOPs",
-                    "param MiB",
-                    "activations MiB",
-                    "layers",
-                    "one example",
-                ],
-                rows,
-            )
-        )
+        _print_profiles()
         return
     _check_model(model)
     p = get_profile(model)
-    cols = [
-        "layer",
-        "kind",
-        "output",
-        "params",
-        "MFLOPs",
-        "read KiB",
-        "write KiB",
-        "weights KiB",
-        "saved KiB",
-    ]
+    cols = ["layer", "kind", "output", "params", "MFLOPs", "read KiB", "write KiB", "weights KiB", "saved KiB"]
     times: tuple[Any, Any] | None = None
     if gpu is not None:
         g = load_catalog().gpu(gpu)
         times = layer_times(model, g.key, batch)
         cols += [f"compute ms (b={batch})", "memory ms", "bound"]
+    console.print(table(f"{p.name}: {p.description}; one example = {p.example}", cols, _layer_rows(p, times)))
+    console.print(
+        f"total: {p.params:,} trainable + {p.non_trainable_params:,} non-trainable parameters "
+        f"({p.param_bytes / 2**20:.2f} MiB), {p.macs / 1e6:,.1f} MMACs = {p.flops / 1e6:,.1f} MFLOPs "
+        f"forward, {p.activation_bytes / 2**20:.2f} MiB activations per example"
+    )
+    if times is not None:
+        total = float(sum(max(float(a), float(b)) for a, b in zip(times[0], times[1], strict=True)))
+        fn = step_fn(model, gpu or "", DEFAULT_CALIBRATION)
+        console.print(
+            f"step on {gpu} at batch {batch}: {fn.at(batch) * 1e3:.2f} ms = smooth max of {total * 1e3:.2f} ms of "
+            f"GPU layers and {fn.host_s * 1e3:.1f} ms of host overhead (calibration {DEFAULT_CALIBRATION.name})"
+        )
+
+
+def _print_profiles() -> None:
+    """One line per model: parameters, MACs, FLOPs, bytes and layers."""
+    rows = []
+    for name in MODEL_NAMES:
+        p = get_profile(name)
+        rows.append([name, f"{p.params:,}", f"{p.total_params:,}", f"{p.macs / 1e6:,.1f}", f"{p.flops / 1e6:,.1f}",
+                     f"{p.param_bytes / 2**20:,.2f}", f"{p.activation_bytes / 2**20:,.2f}", len(p.layers), p.example])
+    console.print(
+        table(
+            "model profiles (forward pass, per example; FLOPs = 2 x MACs + element-wise)",
+            ["model", "trainable params", "all params", "MMACs", "MFLOPs", "param MiB", "activations MiB", "layers",
+             "one example"],
+            rows,
+        )
+    )
+
+
+def _layer_rows(p: ModelProfile, times: tuple[Any, Any] | None) -> list[list[Any]]:
+    """A row per layer; with ``times`` (compute and memory seconds per layer), which one bounds it."""
     rows = []
     for i, layer in enumerate(p.layers):
         row: list[Any] = [
@@ -399,16 +402,4 @@ def profile(
             c, m = float(times[0][i]), float(times[1][i])
             row += [f"{c * 1e3:.3f}", f"{m * 1e3:.3f}", "compute" if c >= m else "memory"]
         rows.append(row)
-    console.print(table(f"{p.name}: {p.description}; one example = {p.example}", cols, rows))
-    console.print(
-        f"total: {p.params:,} trainable + {p.non_trainable_params:,} non-trainable parameters "
-        f"({p.param_bytes / 2**20:.2f} MiB), {p.macs / 1e6:,.1f} MMACs = {p.flops / 1e6:,.1f} MFLOPs "
-        f"forward, {p.activation_bytes / 2**20:.2f} MiB activations per example"
-    )
-    if times is not None:
-        total = float(sum(max(float(a), float(b)) for a, b in zip(times[0], times[1], strict=True)))
-        fn = step_fn(model, gpu or "", DEFAULT_CALIBRATION)
-        console.print(
-            f"step on {gpu} at batch {batch}: {fn.at(batch) * 1e3:.2f} ms = smooth max of {total * 1e3:.2f} ms of "
-            f"GPU layers and {fn.host_s * 1e3:.1f} ms of host overhead (calibration {DEFAULT_CALIBRATION.name})"
-        )
+    return rows

@@ -141,13 +141,28 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
         if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
             raise typer.Exit(1)
         return
+    _print_plan(spec.name, result, top)
+    if result.chosen is not None and not result.chosen.feasible:
+        raise UserError(f"the pinned cluster breaks a constraint: {'; '.join(result.chosen.reasons)}",
+                        hint="raise policy.budget_usd / policy.deadline, or change the cluster")
+    if result.chosen is None:
+        miss = result.best_infeasible
+        raise UserError(
+            "no candidate cluster meets the constraints"
+            + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
+            hint="raise policy.budget_usd / policy.deadline or widen search",
+        )
+
+
+def _print_plan(name: str, result: PlanResult, top: int) -> None:
+    """The plan as text: limits and notes, the chosen cluster, the runner-ups and the Pareto front."""
     limits = []
     if result.budget_usd is not None:
         limits.append(f"budget {money(result.budget_usd)}")
     if result.deadline_s is not None:
         limits.append(f"deadline {duration(result.deadline_s)}")
     console.print(
-        f"[bold]{spec.name}[/bold]: {result.model}, {result.mode} training, {result.train_steps:,} steps; "
+        f"[bold]{name}[/bold]: {result.model}, {result.mode} training, {result.train_steps:,} steps; "
         f"{len(result.candidates):,} candidate{'s' if len(result.candidates) != 1 else ''} in "
         f"{result.elapsed_s * 1e3:.0f} ms; objective {result.objective}"
         + (f"; {', '.join(limits)}" if limits else "")
@@ -174,14 +189,4 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
                 _COLUMNS,
                 [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)],
             )
-        )
-    if result.chosen is not None and not result.chosen.feasible:
-        raise UserError(f"the pinned cluster breaks a constraint: {'; '.join(result.chosen.reasons)}",
-                        hint="raise policy.budget_usd / policy.deadline, or change the cluster")
-    if result.chosen is None:
-        miss = result.best_infeasible
-        raise UserError(
-            "no candidate cluster meets the constraints"
-            + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
-            hint="raise policy.budget_usd / policy.deadline or widen search",
         )

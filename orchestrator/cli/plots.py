@@ -10,12 +10,19 @@ import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.control.driver import job_spec
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import plan_spec
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job, Metric
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 FORMATS = {".png": "png", ".svg": "svg"}
 # One colour per GPU type in every plot (a P100 is the same green in each job's picture).
@@ -66,9 +73,6 @@ def _on_demand_prices(session: Session, job: Job) -> dict[str, float]:
     try:
         plan = queries.stored_intent(session, job.id)
         if plan is None:  # a job recorded before plans were stored: read-only here, so not stored
-            from orchestrator.control.driver import job_spec
-            from orchestrator.core.plan import plan_spec
-
             plan = plan_spec(job_spec(job.spec_yaml), book=job.price_book)
         return {s.name: s.on_demand_price_per_hour or s.price_per_hour for s in plan.slots}
     except Exception:  # noqa: BLE001 - an old spec the catalog no longer prices: the comparison line is left out
@@ -131,12 +135,24 @@ def _time_unit(span_s: float) -> tuple[float, str]:
 
 
 def render(data: PlotData, fmt: str = "png") -> bytes:
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    """The three plots, one above the other on one time axis, as PNG or SVG bytes."""
+    from matplotlib.figure import Figure  # lazy: matplotlib (~0.3 s) loads only when a plot is drawn
 
     fig = Figure(figsize=(11, 8.5), dpi=110, layout="constrained")
     ax_tl, ax_cost, ax_tp = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
     scale, unit = _time_unit(max([data.end] + [b.end for b in data.bars]))
+    _draw_timeline(ax_tl, data, scale)
+    _draw_cost(ax_cost, data, scale)
+    _draw_throughput(ax_tp, data, scale, unit)
+    for ax in (ax_tl, ax_cost, ax_tp):
+        ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _draw_timeline(ax: Axes, data: PlotData, scale: float) -> None:
+    """A bar per instance on its slot's row (hatched: spot), revocations, replacements and checkpoints."""
     slots = data.slots
     gpus = sorted({b.gpu for b in data.bars if b.gpu})
     spare = iter(SPARE_COLOURS * 4)
@@ -144,29 +160,35 @@ def render(data: PlotData, fmt: str = "png") -> bytes:
     for b in data.bars:
         y = slots.index(b.slot)
         alive_end = b.end if b.revoked is None else b.revoked
-        ax_tl.barh(y, (alive_end - b.start) / scale, left=b.start / scale, height=0.6,
-                   color=colour.get(b.gpu or "", CPU_COLOUR), alpha=0.55 if b.spot else 0.95,
-                   hatch="///" if b.spot else None, edgecolor="black", linewidth=0.6)
+        ax.barh(y, (alive_end - b.start) / scale, left=b.start / scale, height=0.6,
+                color=colour.get(b.gpu or "", CPU_COLOUR), alpha=0.55 if b.spot else 0.95,
+                hatch="///" if b.spot else None, edgecolor="black", linewidth=0.6)
         if b.revoked is not None and b.end > b.revoked:  # billed until the delete is confirmed
-            ax_tl.barh(y, (b.end - b.revoked) / scale, left=b.revoked / scale, height=0.25, color="#bdbdbd",
-                       edgecolor="#616161", linewidth=0.5, zorder=3)  # over the replacement's bar
+            ax.barh(y, (b.end - b.revoked) / scale, left=b.revoked / scale, height=0.25, color="#bdbdbd",
+                    edgecolor="#616161", linewidth=0.5, zorder=3)  # over the replacement's bar
         if b.replacement:  # below the bar, so it does not hide its predecessor's revocation mark
-            ax_tl.plot(b.start / scale, y + 0.42, marker="^", color="#2e7d32", markersize=9, zorder=4)
+            ax.plot(b.start / scale, y + 0.42, marker="^", color="#2e7d32", markersize=9, zorder=4)
         if b.revoked is not None:
-            ax_tl.plot(b.revoked / scale, y, marker="X", color="#c62828", markersize=11, zorder=5,
-                       markeredgecolor="white")
+            ax.plot(b.revoked / scale, y, marker="X", color="#c62828", markersize=11, zorder=5,
+                    markeredgecolor="white")
             if b.notice:
-                ax_tl.plot(b.revoked / scale, y - 0.42, marker="v", color="#ef6c00", markersize=9, zorder=5)
+                ax.plot(b.revoked / scale, y - 0.42, marker="v", color="#ef6c00", markersize=9, zorder=5)
     for t, _step in data.checkpoints:
-        ax_tl.axvline(t / scale, color="#607d8b", linewidth=0.7, linestyle=":", zorder=1)
+        ax.axvline(t / scale, color="#607d8b", linewidth=0.7, linestyle=":", zorder=1)
     for t in data.notice_checkpoints:
-        ax_tl.axvline(t / scale, color="#ef6c00", linewidth=1.4, linestyle="--", zorder=2)
-    ax_tl.set_yticks(range(len(slots)), slots)
-    ax_tl.set_ylim(len(slots) - 0.35, -0.65)
-    ax_tl.set_title(f"{data.job_id} ({data.status}): instances by slot")
-    from matplotlib.lines import Line2D
+        ax.axvline(t / scale, color="#ef6c00", linewidth=1.4, linestyle="--", zorder=2)
+    ax.set_yticks(range(len(slots)), slots)
+    ax.set_ylim(len(slots) - 0.35, -0.65)
+    ax.set_title(f"{data.job_id} ({data.status}): instances by slot")
+    _timeline_legend(ax, data, colour)
 
-    handles: list[Patch | Line2D] = [Patch(facecolor=colour[g], edgecolor="black", label=g.upper()) for g in gpus]
+
+def _timeline_legend(ax: Axes, data: PlotData, colour: dict[str, str]) -> None:
+    """GPU colours, billing, and only the marks this picture has."""
+    from matplotlib.lines import Line2D  # lazy: matplotlib, as in render
+    from matplotlib.patches import Patch  # lazy: matplotlib, as in render
+
+    handles: list[Patch | Line2D] = [Patch(facecolor=c, edgecolor="black", label=g.upper()) for g, c in colour.items()]
     if any(b.gpu is None for b in data.bars):
         handles.append(Patch(facecolor=CPU_COLOUR, edgecolor="black", label="CPU (ps, chief)"))
     handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="spot"),
@@ -183,40 +205,39 @@ def render(data: PlotData, fmt: str = "png") -> bytes:
              (bool(data.notice_checkpoints),
               Line2D([], [], color="#ef6c00", linestyle="--", label="checkpoint on notice"))]
     handles += [h for shown, h in marks if shown]  # only what this picture has
-    ax_tl.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
+
+def _draw_cost(ax: Axes, data: PlotData, scale: float) -> None:
+    """Cumulative spend against the same instance-hours at on-demand prices."""
     ts, spent, od = cost_curves(data)
     xs = [t / scale for t in ts]
-    ax_cost.plot(xs, spent, color="#1565c0", label=f"spent (${spent[-1]:.4f})")
-    ax_cost.plot(xs, od, color="#6d4c41", linestyle="--", label=f"same hours on-demand (${od[-1]:.4f})")
-    ax_cost.fill_between(xs, spent, od, color="#a5d6a7", alpha=0.4, label="saved by spot")
-    ax_cost.set_ylabel("cumulative cost (USD)")
-    ax_cost.set_ylim(bottom=0)
-    ax_cost.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.plot(xs, spent, color="#1565c0", label=f"spent (${spent[-1]:.4f})")
+    ax.plot(xs, od, color="#6d4c41", linestyle="--", label=f"same hours on-demand (${od[-1]:.4f})")
+    ax.fill_between(xs, spent, od, color="#a5d6a7", alpha=0.4, label="saved by spot")
+    ax.set_ylabel("cumulative cost (USD)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
+
+def _draw_throughput(ax: Axes, data: PlotData, scale: float, unit: str) -> None:
+    """The cluster's examples/s and each worker's."""
     if data.throughput:
-        ax_tp.plot([t / scale for t, _ in data.throughput], [v for _, v in data.throughput], color="black",
-                   linewidth=1.4, label="cluster")
+        ax.plot([t / scale for t, _ in data.throughput], [v for _, v in data.throughput], color="black",
+                linewidth=1.4, label="cluster")
     for name, pts in sorted(data.worker_rates.items()):
-        ax_tp.plot([t / scale for t, _ in pts], [v for _, v in pts], linewidth=0.8, alpha=0.8, label=name)
-    ax_tp.set_ylabel("examples / s")
-    ax_tp.set_ylim(bottom=0)
-    ax_tp.set_xlabel(f"{unit} since the job started")
-    ax_tp.set_xlim(left=0)
+        ax.plot([t / scale for t, _ in pts], [v for _, v in pts], linewidth=0.8, alpha=0.8, label=name)
+    ax.set_ylabel("examples / s")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(f"{unit} since the job started")
+    ax.set_xlim(left=0)
     if data.throughput or data.worker_rates:
-        ax_tp.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     else:
-        ax_tp.text(0.5, 0.5, "no training metrics yet", transform=ax_tp.transAxes, ha="center", va="center")
-    for ax in (ax_tl, ax_cost, ax_tp):
-        ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt)
-    return buf.getvalue()
+        ax.text(0.5, 0.5, "no training metrics yet", transform=ax.transAxes, ha="center", va="center")
 
 
 def format_for(path: Path) -> str:
-    from orchestrator.core.errors import UserError
-
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise UserError(f"--plot: '{path}' must end in .png or .svg")

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
+from rich.live import Live
 from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.core.errors import UserError
 from orchestrator.core.status import FINAL_JOB
 from orchestrator.store import queries
+from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Instance, Job, Metric
 
 ENV_EVERY = "ORCHESTRATOR_PROGRESS_S"
@@ -216,11 +219,6 @@ def live_view(session: Session, job: Job, evs: list[Event]) -> Group:
 def follow_job(job_ref: str, *, watch_live: bool, metrics: bool, lines: int | None, follow: bool,
                poll_s: float = 1.0) -> None:
     """``status --watch`` / ``logs [-f]``: print (or show live) until the job is final, whoever drives it."""
-    from rich.live import Live
-
-    from orchestrator.core.errors import UserError
-    from orchestrator.store.db import open_session
-
     with open_session() as session:
         job = queries.get_job(session, job_ref)
         if job is None:

@@ -6,7 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from orchestrator.cli.model_cmd import resolve_calibration
 from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
 from orchestrator.core.revocation.model import KINDS, FitSummary, RevocationModel, load_revocation_model
 from orchestrator.core.revocation.traces import TraceError
@@ -14,6 +18,8 @@ from orchestrator.core.spec import load_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo
+from orchestrator.sim.replay_db import replay_job
+from orchestrator.store.db import open_session
 
 
 def simulate_command(
@@ -31,42 +37,14 @@ def simulate_command(
     cloud: bool = False,
 ) -> None:
     """Simulate each spec ``runs`` times; print (or --json) the distributions of time and cost."""
-    if runs < 1:
-        raise UserError("--runs must be at least 1")
-    if model_kind not in KINDS:
-        raise UserError(f"'{model_kind}' is not a revocation model; use one of: {', '.join(KINDS)}")
-    if not specs and not fit and replay is None:
-        raise UserError(
-            "give one or more job specs to simulate (or --fit, or --replay JOB_ID)",
-            hint="orchestrator simulate examples/reproduce-icac19.yaml --runs 2000",
-        )
+    _check_args(specs, runs, fit, replay, model_kind)
     try:
         model = load_revocation_model(trace)
     except TraceError as exc:
         raise UserError(str(exc)) from None
-    out: dict[str, Any] = {}
-    if fit:
-        if json_out:
-            out["fits"] = [_fit_dict(f) for f in model.fits()]
-        else:
-            _print_fits(model)
-    if replay is not None:
-        result = _replay(replay)
-        if json_out:
-            out["replay"] = result
-        else:
-            _print_replay(result)
-    from orchestrator.cli.model_cmd import resolve_calibration
-
+    out = _fits_and_replay(model, fit, replay, json_out)
     calib = resolve_calibration(calibration)
-    results: list[tuple[Path, MonteCarloResult]] = []
-    for path in specs:
-        spec = load_spec(path)
-        try:
-            cluster = cluster_from_spec(spec, price_book=price_book, calibration=calib, as_cloud=cloud)
-        except SimSpecError as exc:
-            raise UserError(f"{path}: {exc}") from None
-        results.append((path, run_monte_carlo(cluster, runs, seed, model=model, kind=model_kind)))
+    results = [(path, _monte_carlo(path, runs, seed, price_book, calib, cloud, model, model_kind)) for path in specs]
     summaries = [_summary(path, mc) for path, mc in results]
     for s, (_, mc) in zip(summaries, results, strict=True):
         # Which lifetime model each GPU type gets: GPUs the 2019 trace lacks (L4, A100, H100...) use the pooled fit.
@@ -85,6 +63,48 @@ def simulate_command(
         write_cdf_plot(results, plot)
         if not json_out:
             console.print(f"wrote {plot}")
+
+
+def _check_args(specs: list[Path], runs: int, fit: bool, replay: str | None, model_kind: str) -> None:
+    if runs < 1:
+        raise UserError("--runs must be at least 1")
+    if model_kind not in KINDS:
+        raise UserError(f"'{model_kind}' is not a revocation model; use one of: {', '.join(KINDS)}")
+    if not specs and not fit and replay is None:
+        raise UserError(
+            "give one or more job specs to simulate (or --fit, or --replay JOB_ID)",
+            hint="orchestrator simulate examples/reproduce-icac19.yaml --runs 2000",
+        )
+
+
+def _fits_and_replay(model: RevocationModel, fit: bool, replay: str | None, json_out: bool) -> dict[str, Any]:
+    """--fit and --replay: printed now, or returned for the JSON document."""
+    out: dict[str, Any] = {}
+    if fit:
+        if json_out:
+            out["fits"] = [_fit_dict(f) for f in model.fits()]
+        else:
+            _print_fits(model)
+    if replay is not None:
+        with open_session() as session:
+            result = replay_job(session, replay)
+        if json_out:
+            out["replay"] = result
+        else:
+            _print_replay(result)
+    return out
+
+
+def _monte_carlo(
+    path: Path, runs: int, seed: int, price_book: str | None, calibration: Calibration | None, cloud: bool,
+    model: RevocationModel, model_kind: str,
+) -> MonteCarloResult:
+    spec = load_spec(path)
+    try:
+        cluster = cluster_from_spec(spec, price_book=price_book, calibration=calibration, as_cloud=cloud)
+    except SimSpecError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    return run_monte_carlo(cluster, runs, seed, model=model, kind=model_kind)
 
 
 def _summary(path: Path, mc: MonteCarloResult) -> dict[str, Any]:
@@ -211,16 +231,6 @@ def _print_fits(model: RevocationModel) -> None:
                   f"{model.calendar.weekend:g} when a start time is given.[/dim]")
 
 
-def _replay(job_id: str) -> dict[str, Any]:
-    try:
-        from orchestrator.sim.replay_db import replay_job
-        from orchestrator.store.db import open_session
-    except ImportError as exc:  # pragma: no cover - the store ships with the package
-        raise UserError(f"--replay needs the results DB ({exc})") from None
-    with open_session() as session:
-        return replay_job(session, job_id)
-
-
 def _print_replay(result: dict[str, Any]) -> None:
     m, s = result["measured"], result["simulated"]
     rows = [
@@ -246,11 +256,10 @@ def _print_replay(result: dict[str, Any]) -> None:
 
 def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> None:
     """PNG with the empirical CDFs of wall time (hours) and cost (USD), one line per spec."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (~0.3 s) loads only when a plot is asked for
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # lazy: matplotlib; after use("Agg"), so no display is needed
 
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
     t_max = max(float(np.max(mc.time_s)) for _, mc in results)

@@ -4,22 +4,31 @@ The daemon and the foreground `launch` both call ``run_pass``; a lease on each j
 of them drives it, and an expired lease (a killed driver) lets the other take over. Each job's pass is
 isolated: whatever one job raises (auth, network, provider, a forbidden transition, a corrupt row) becomes an
 event on that job with a backoff (control/failures.py); the other jobs go on.
+
+Nothing in a pass waits on the cloud: a provider with a slow API lists in the background (the pass reads its
+latest snapshot) and runs its creates and deletes as operations that later passes settle
+(control/operations.py). A job none of whose instances changed after that snapshot began is decided from
+it; otherwise it waits for the next one (an instance missing from a listing older than its last change may
+simply be newer than the listing).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import yaml
 from sqlalchemy import Connection, Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
-from orchestrator.control import torch_task
+from orchestrator.control import operations, torch_task
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import ingest_metrics, read_result
@@ -33,8 +42,9 @@ from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec, validate_spec
 from orchestrator.core.state import InstanceView, JobView, Observation
 from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.providers.operations import Snapshot, SupportsSnapshots
 from orchestrator.providers.registry import Backend, backend_for
-from orchestrator.storage import open_storage
+from orchestrator.storage import JobStorage, open_storage
 from orchestrator.store import queries
 from orchestrator.store.models import Job
 
@@ -54,6 +64,8 @@ def spec_to_yaml(spec: JobSpec) -> str:
 
 NEW_PER_PASS = 8  # a daemon takes on at most this many more jobs per pass (several daemons spread them)
 _inflight: dict[str, Future[None]] = {}  # backend key -> its group's work still running (daemon)
+_reported: dict[str, int] = {}  # backend key -> its background listing's failed attempt already reported
+SNAPSHOT_MAX_AGE_S = 300.0  # a background listing older than this is not acted on (its refresh is stuck)
 _pools: list[ThreadPoolExecutor] = []
 
 
@@ -106,23 +118,21 @@ def _drive_group_alone(bind: Engine | Connection, backend: Backend, group: list[
 
 
 def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str | None]]) -> None:
-    try:
-        observed_all = backend.provider.list([job_id for job_id, _ in group])  # one call for every job it drives
-    except Exception as exc:  # noqa: BLE001 - each job of the group gets the error, with its backoff
-        for job_id, token in group:
-            with guarded(session, job_id, token):
-                job_failed(session, job_id, "list", exc)
+    snapshot = _observe(session, backend, group)
+    if snapshot is None:
         return
     by_job: dict[str, dict[str, ObservedInstance]] = defaultdict(dict)
-    for o in observed_all:
+    for o in snapshot.instances:
         by_job[o.job_id][o.name] = o
     for job_id, token in group:
         with guarded(session, job_id, token):
             try:
-                job = session.get(Job, job_id)
+                # Read afresh with its instances: an object kept in the session's identity map since an earlier
+                # pass would show the instances as they were then (and a create would record one twice).
+                job = session.get(Job, job_id, populate_existing=True, options=[selectinload(Job.instances)])
                 if job is None or job.lease_token != token:
                     continue  # taken over since the claim
-                drive(session, job, backend, by_job.get(job_id, {}))
+                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at)
                 job_recovered(session, job)
             except LeaseLost as exc:
                 session.rollback()
@@ -131,10 +141,41 @@ def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str 
                 job_failed(session, job_id, "drive", exc)
 
 
-def drive(session: Session, job: Job, backend: Backend, observed: dict[str, ObservedInstance]) -> None:
+def _observe(session: Session, backend: Backend, group: list[tuple[str, str | None]]) -> Snapshot | None:
+    """What the group's provider reports now: its background listing's latest snapshot (never waits), or one
+    ``list()`` call where listing is instant (local, ssh). None: nothing to decide from this pass (the first
+    listing is under way, or listing failed: each failure is an event on every job of the group, once)."""
+    provider = backend.provider
+    try:
+        if isinstance(provider, SupportsSnapshots):
+            snapshot = provider.snapshot()
+        else:
+            started = time.time()
+            snapshot = Snapshot(tuple(provider.list([job_id for job_id, _ in group])), started)
+    except Exception as exc:  # noqa: BLE001 - each job of the group gets the error, with its backoff
+        snapshot = Snapshot((), time.time(), exc, attempt=-1)
+    if snapshot is None:
+        return None
+    if snapshot.error is not None:
+        if snapshot.attempt < 0 or _reported.get(backend.key) != snapshot.attempt:
+            _reported[backend.key] = snapshot.attempt
+            for job_id, token in group:
+                with guarded(session, job_id, token):
+                    job_failed(session, job_id, "list", snapshot.error)
+        return None
+    if snapshot.age_s > SNAPSHOT_MAX_AGE_S:
+        log.warning("the latest listing of %s is %.0fs old; its jobs wait for a newer one", backend.key,
+                    snapshot.age_s)
+        return None
+    return snapshot
+
+
+def drive(session: Session, job: Job, backend: Backend, observed: dict[str, ObservedInstance],
+          seen_at: float | None = None) -> None:
+    """One job's pass; ``seen_at``: when the listing ``observed`` comes from began."""
     spec = job_spec(job.spec_yaml)
     slots = list(queries.job_plan(session, job, spec).slots)  # the desired state stored at launch
-    storage = open_storage(job.storage_uri, job.id)
+    storage = job_storage(job.storage_uri, job.id)
     try:
         ingest_metrics(session, job, storage, slots)
         torch_task.ingest_events(session, job, storage)  # PyTorch: world shrink / grow, checkpoint on notice
@@ -147,6 +188,10 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
         job.final_step = result.step
         job.final_loss = result.loss
     session.commit()
+    ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec))
+    operations.settle(ctx)  # what the provider answered since the last pass
+    if seen_at is not None and _newer_than_view(job, observed, seen_at):
+        return  # decided from the next listing
     procs = observe_tasks(job, backend, observed)
     now = time.time()
     view = job_view(session, job, spec, slots, now, backend.stable_addresses)
@@ -161,8 +206,32 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     actions = reconcile(view, obs, now)
     if actions:
         log.debug("job %s: %s", job.id, actions)
-    ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec))
     execute(ctx, actions)
+
+
+def _newer_than_view(job: Job, observed: dict[str, ObservedInstance], seen_at: float) -> bool:
+    """Did an instance change after the listing began, and is it absent from it? Then the listing cannot say
+    whether it is gone, and nothing is decided from it (never a deletion older than what it contradicts)."""
+    return any(i.status != InstanceStatus.DELETED.value and i.name not in observed and i.updated_at >= seen_at
+               for i in job.instances)
+
+
+_gcs_clients: dict[str, Any] = {}  # GCS endpoint -> the process's one storage client for it
+_gcs_lock = threading.Lock()
+
+
+def job_storage(uri: str, job_id: str) -> JobStorage:
+    """A job's storage; every job on GCS shares this process's one client (not one per job and pass)."""
+    if not uri.startswith("gs://"):
+        return open_storage(uri, job_id)
+    from orchestrator.storage.gcs import GcsStorage, make_client  # google-cloud-storage: gs:// jobs only
+
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST", "")  # a client is bound to the endpoint it was made for
+    with _gcs_lock:
+        if endpoint not in _gcs_clients:
+            _gcs_clients[endpoint] = make_client()
+        client = _gcs_clients[endpoint]
+    return GcsStorage(uri, job_id, client=client)
 
 
 def blocked_zones(session: Session, spec: JobSpec, slots: list[Slot]) -> dict[str, tuple[str, ...]]:

@@ -1,22 +1,18 @@
 """Carry out the reconciler's actions: record intent, call the provider / transport, record the outcome.
 
 Cloud calls never run inside an open DB transaction: intent is committed first ("requested X"), then
-the call, then the outcome, so a crash in between is visible to the next pass and reconciled.
+the call, then the outcome, so a crash in between is visible to the next pass and reconciled. Creates and
+deletes are operations the pass starts and later passes settle (control/operations.py): none waits.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.orm import Session
-
-from orchestrator.control import torch_task
-from orchestrator.control.billing import provider_end_time
-from orchestrator.control.keep_logs import keep_log
+from orchestrator.control import operations, torch_task
+from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.core import task as task_schema
 from orchestrator.core.actions import (
     Action,
@@ -29,51 +25,28 @@ from orchestrator.core.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.core.blocks import block_for, blocked, provider_key
-from orchestrator.core.cloud_errors import (
-    AuthError,
-    CapacityError,
-    InvalidRequestError,
-    ProviderError,
-    QuotaError,
-    TransientError,
-)
-from orchestrator.core.instances import InstanceRequest, ObservedInstance, ProcState, Role, instance_name
+from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
+from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
-from orchestrator.core.policy import revoke_after_s
-from orchestrator.core.slots import Slot
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.core.status import EndReason, InstanceStatus
 from orchestrator.core.task import TaskConfig, TrainingSection
 from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
-from orchestrator.providers.base import SupportsOwnPricing
-from orchestrator.providers.registry import Backend
-from orchestrator.storage.base import NOTICES, JobStorage
 from orchestrator.store import queries
-from orchestrator.store.models import Block, Instance, Job
+from orchestrator.store.models import Instance
 from orchestrator.transport.base import Endpoint, TransportError
 from orchestrator.transport.local import UnsafePathError
 
+__all__ = ["TASK", "JobContext", "cluster_addresses", "execute", "log_action"]
 log = logging.getLogger(__name__)
-TASK = "task"  # the process name of the training task on every instance
 SYNC = "storage-sync"  # beside it when the job's storage is remote (gs://): mirrors ./storage
 SEED_TIMEOUT_S = 120.0
 
 
-@dataclass
-class JobContext:
-    session: Session
-    job: Job
-    spec: JobSpec
-    slots: list[Slot]
-    backend: Backend
-    storage: JobStorage
-    observed: dict[str, ObservedInstance]
-    emulation_sleep: Callable[[str | None, int], float]  # (gpu, batch) -> extra seconds per step (local)
-
-
 def execute(ctx: JobContext, actions: list[Action]) -> None:
     for action in actions:
+        if operations.waits(ctx, action):
+            continue  # its instance's operation under way ends first; a later pass asks again
         try:
             _one(ctx, action)
             log_action(ctx.job.id, action)
@@ -83,36 +56,15 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
             queries.note(ctx.session, ctx.job.id, "provider_error", f"{type(exc).__name__}: {exc.message}")
             ctx.session.commit()
             if isinstance(exc, AuthError | InvalidRequestError):
-                _fail_job(ctx, f"{type(exc).__name__}: {exc.message}")
+                fail_job(ctx, f"{type(exc).__name__}: {exc.message}")
                 return
         except (TransportError, TimeoutError) as exc:
             ctx.session.rollback()
             queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}"[:500])
             ctx.session.commit()
             if isinstance(exc, UnsafePathError):  # the job's files can never be pushed as listed
-                _fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
+                fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
                 return
-
-
-def _fail_job(ctx: JobContext, reason: str) -> None:
-    if ctx.job.status not in (JobStatus.TEARING_DOWN, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
-        ctx.job.outcome = JobStatus.FAILED.value
-        queries.switch_status(ctx.session, ctx.job, JobStatus.TEARING_DOWN, reason)
-        ctx.session.commit()
-
-
-def _instance(ctx: JobContext, name: str) -> Instance:
-    inst = next((i for i in ctx.job.instances if i.name == name), None)
-    if inst is None:
-        raise LookupError(f"no instance {name} in job {ctx.job.id}")
-    observed = ctx.observed.get(name)
-    if observed is not None and observed.zone != inst.zone:
-        # Created in a fallback zone by a pass that died before recording it: adopt the VM where it is,
-        # or its delete would go to the wrong zone (not found there: "deleted") and leave it running.
-        queries.note(ctx.session, ctx.job.id, "zone_fallback",
-                     f"{name} found in {observed.zone}, recorded in {inst.zone}", instance_id=inst.id)
-        inst.zone = observed.zone
-    return inst
 
 
 def _one(ctx: JobContext, action: Action) -> None:
@@ -124,14 +76,14 @@ def _one(ctx: JobContext, action: Action) -> None:
             queries.switch_status(s, ctx.job, status, reason)
             s.commit()
         case SetInstanceStatus(name=name, status=status, reason=reason, end_reason=end_reason):
-            inst = _instance(ctx, name)
+            inst = instance_row(ctx, name)
             if end_reason is not None and inst.end_reason is None:
                 inst.end_reason = end_reason.value
-            until = provider_end_time(ctx.backend.provider, name) if status == InstanceStatus.DELETED else None
+            until = operations.billed_until(ctx, name) if status == InstanceStatus.DELETED else None
             queries.switch_status(s, inst, status, reason, billed_until=until)
             s.commit()
         case CreateInstance():
-            _create(ctx, action)
+            operations.create(ctx, action)
         case PrepareInstance(name=name):
             _prepare(ctx, name)
         case StartTask(name=name, reason=reason):
@@ -141,11 +93,11 @@ def _one(ctx: JobContext, action: Action) -> None:
         case RestartTraining(reason=reason, fatal=fatal):
             _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
-            _delete(ctx, name, reason, end_reason)
+            operations.delete(ctx, name, reason, end_reason)
 
 
 def _prepare(ctx: JobContext, name: str) -> None:
-    inst = _instance(ctx, name)
+    inst = instance_row(ctx, name)
     observed = ctx.observed[name]
     ep = ctx.backend.endpoint(observed)
     ctx.backend.transport.wait_reachable(ep, timeout_s=120)
@@ -159,7 +111,7 @@ def _prepare(ctx: JobContext, name: str) -> None:
 
 def _start_task(ctx: JobContext, name: str, reason: str) -> None:
     s = ctx.session
-    inst = _instance(ctx, name)
+    inst = instance_row(ctx, name)
     ep = ctx.backend.endpoint(ctx.observed[name])
     t = ctx.backend.transport
     if ctx.storage.local_path() is None:
@@ -171,7 +123,7 @@ def _start_task(ctx: JobContext, name: str, reason: str) -> None:
     try:  # the spec's env: and secrets (read now, never stored) for the payload's process only
         env = {**ctx.backend.task_env, **payload_env(ctx.spec)}
     except SecretError as exc:
-        _fail_job(ctx, str(exc))
+        fail_job(ctx, str(exc))
         return
     t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), env)
     if inst.status != InstanceStatus.TRAINING:
@@ -193,27 +145,13 @@ def _restart(ctx: JobContext, reason: str, fatal: bool) -> None:
     s.commit()
 
 
-def _delete(ctx: JobContext, name: str, reason: str, end_reason: EndReason | None) -> None:
-    s = ctx.session
-    inst = _instance(ctx, name)
-    if end_reason is not None and inst.end_reason is None:
-        inst.end_reason = end_reason.value
-    queries.switch_status(s, inst, InstanceStatus.DELETING, reason)
-    s.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
-    keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
-    ctx.backend.provider.delete(name, inst.zone)
-    queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted",
-                          billed_until=provider_end_time(ctx.backend.provider, name))
-    s.commit()
-
-
 def log_action(job_id: str, action: Action) -> None:
     """The daemon's log: one line per action on a job, naming the job and the instance."""
     match action:
         case SetInstanceStatus(name=name, status=status, reason=reason):
             log.info("job %s instance %s: %s (%s)", job_id, name, status.value, reason)
         case DeleteInstance(name=name, reason=reason):
-            log.info("job %s instance %s: deleted (%s)", job_id, name, reason)
+            log.info("job %s instance %s: deleting (%s)", job_id, name, reason)
         case StartTask(name=name, reason=reason):
             log.info("job %s instance %s: task started (%s)", job_id, name, reason)
         case RestartTraining(reason=reason):
@@ -227,19 +165,6 @@ def log_action(job_id: str, action: Action) -> None:
             log.info("job %s instance %s: ready (files pushed)", job_id, name)
 
 
-def _cloud_deadline(ctx: JobContext, slot: Slot, now: float) -> int | None:
-    """The VM's cloud-side time limit from what is left of the job's deadline and budget (see gce_requests)."""
-    if ctx.spec.provider.kind != "gce":
-        return None
-    from orchestrator.providers.gce.requests import cloud_max_run_s  # pulls google-cloud-compute: gce only
-
-    job = ctx.job
-    spent = queries.job_cost(ctx.session, job.id)["total"] if job.budget_usd is not None else 0.0
-    return cloud_max_run_s(deadline_s=job.deadline_s, elapsed_s=now - (job.started_at or now),
-                           budget_usd=job.budget_usd, spent_usd=spent,
-                           cluster_usd_per_hour=sum(s.price_per_hour for s in ctx.slots), flex_start=slot.flex_start)
-
-
 def _record_log_tail(ctx: JobContext, name: str, reason: str, lines: int = 20) -> None:
     observed = ctx.observed.get(name)
     try:
@@ -247,131 +172,10 @@ def _record_log_tail(ctx: JobContext, name: str, reason: str, lines: int = 20) -
     except (TransportError, OSError) as exc:
         data = f"(log unreadable: {exc})".encode()
     tail = "\n".join(data.decode(errors="replace").splitlines()[-lines:]) or "(empty log)"
-    inst = _instance(ctx, name)
+    inst = instance_row(ctx, name)
     queries.note(ctx.session, ctx.job.id, "log_tail", f"{reason}; last lines of {name}:\n{tail}"[-500:],
                  instance_id=inst.id)
     ctx.session.commit()
-
-
-def _requested(ctx: JobContext, action: CreateInstance, name: str, now: float) -> Instance:
-    """The instance's row, recorded (and committed) before the create call: intent first."""
-    inst = next((i for i in ctx.job.instances if i.name == name), None)
-    if inst is not None:
-        return inst
-    slot = action.slot
-    inst = Instance(
-        job_id=ctx.job.id, name=name, role=slot.role.value, slot_index=slot.index, generation=action.generation,
-        gpu=slot.gpu, machine_type=slot.machine_type, zone=action.zones[0], spot=action.spot,
-        price_per_hour=slot.price(action.spot), batch=slot.batch, port=ctx.backend.task_port(action.port),
-        status=InstanceStatus.REQUESTED.value, status_reason=action.reason, requested_at=now, updated_at=now,
-    )
-    ctx.session.add(inst)
-    ctx.session.flush()
-    queries.note(ctx.session, ctx.job.id, "requested", action.reason, instance_id=inst.id, now=now)
-    ctx.session.commit()
-    return inst
-
-
-def _metadata(ctx: JobContext, name: str) -> dict[str, str]:
-    metadata = ctx.backend.instance_metadata(ctx.job.id, name, ctx.storage)
-    shared = ctx.storage.local_path()
-    if shared is not None:
-        # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
-        metadata["notice-file"] = str(shared / NOTICES / name)
-    metadata.update(ctx.backend.request_metadata(ctx.spec, ctx.slots, ctx.emulation_sleep))  # local: progress clock
-    return metadata
-
-
-def _accepted(ctx: JobContext, inst: Instance, action: CreateInstance, zone: str) -> None:
-    s = ctx.session
-    provider = ctx.backend.provider
-    if isinstance(provider, SupportsOwnPricing):
-        own = provider.price_per_hour(inst.name)
-        if own is not None:
-            inst.price_per_hour = own  # e.g. an on-prem host's price from the inventory, not a price book
-    if zone != inst.zone:
-        queries.note(s, ctx.job.id, "zone_fallback", f"{inst.name} created in {zone} instead of {inst.zone}",
-                     instance_id=inst.id)
-        inst.zone = zone
-    queries.switch_status(s, inst, InstanceStatus.PROVISIONING, "create accepted")
-    s.commit()
-    log.info("job %s instance %s: %s in %s (%s)", ctx.job.id, inst.name,
-             "replaced" if action.generation > 0 else "created", zone, action.reason)
-
-
-def _create(ctx: JobContext, action: CreateInstance) -> None:
-    s = ctx.session
-    slot = action.slot
-    name = instance_name(ctx.job.id, slot.role, slot.index, action.generation)
-    now = time.time()
-    inst = _requested(ctx, action, name, now)
-    last_error: ProviderError | None = None
-    ctx.backend.ensure_network()  # e.g. the firewall rule that keeps the gRPC ports inside the cluster
-    metadata = _metadata(ctx, name)
-    blocks = _blocks(ctx)
-    skipped: list[str] = []
-    for zone in action.zones:
-        why_blocked = blocked(blocks, zone, slot.gpu)
-        if why_blocked is not None:  # a stockout or quota seen earlier (this pass or another job's)
-            skipped.append(f"{zone}: {why_blocked}")
-            continue
-        request = InstanceRequest(
-            name=name, job_id=ctx.job.id, role=slot.role, index=slot.index, generation=action.generation, zone=zone,
-            machine_type=slot.machine_type, spot=action.spot, gpu=slot.gpu, gpu_count=slot.gpu_count if slot.gpu else 0,
-            price_per_hour=inst.price_per_hour,
-            metadata=metadata,
-            revoke_after_s=_revoke_after(ctx, slot, action, now),
-            max_run_s=_cloud_deadline(ctx, slot, now), flex_start=slot.flex_start and not action.spot,
-        )
-        try:
-            ctx.backend.provider.create(request)
-        except (CapacityError, QuotaError) as exc:
-            last_error = exc
-            if isinstance(exc, QuotaError):
-                why = f"{zone}: quota {exc.metric or '?'} exhausted in {exc.region}: {exc.message}; next region"
-                queries.note(s, ctx.job.id, "quota", why, instance_id=inst.id)
-            else:
-                queries.note(s, ctx.job.id, "stockout", f"{zone}: {exc.message}; trying the next allowed zone",
-                             instance_id=inst.id)
-            _remember_block(ctx, blocks, exc, zone, slot.gpu)
-            s.commit()
-            continue
-        except TransientError as exc:
-            queries.note(s, ctx.job.id, "provider_error", f"{zone}: {exc.message} (will retry)", instance_id=inst.id)
-            s.commit()
-            return  # REQUESTED stays; the reconciler asks again
-        _accepted(ctx, inst, action, zone)
-        return
-    inst.end_reason = EndReason.CREATE_FAILED.value
-    msg = "; ".join(([last_error.message] if last_error else []) + skipped) or "no zone to try"
-    queries.switch_status(s, inst, InstanceStatus.FAILED, f"every allowed zone refused: {msg}"[:500])
-    s.commit()
-    log.warning("job %s instance %s: create failed in every allowed zone: %s", ctx.job.id, name, msg)
-
-
-def _blocks(ctx: JobContext) -> list[Block]:
-    """Blocks apply to clouds (GCE); an inventory's hosts free up as jobs end, so ssh and local keep none."""
-    if not ctx.spec.provider.is_cloud:
-        return []
-    return queries.active_blocks(ctx.session, provider_key(ctx.spec))
-
-
-def _remember_block(ctx: JobContext, blocks: list[Block], exc: CapacityError | QuotaError, zone: str,
-                    gpu: str | None) -> None:
-    if not ctx.spec.provider.is_cloud:
-        return
-    scope, location, resource, ttl = block_for(exc, zone, gpu)
-    blocks.append(queries.add_block(ctx.session, provider_key(ctx.spec), scope, location, resource, exc.message, ttl))
-    log.warning("job %s: %s %s blocked for %s for %.0fs: %s", ctx.job.id, scope, location, resource, ttl,
-                exc.message)
-
-
-def _revoke_after(ctx: JobContext, slot: Slot, action: CreateInstance, now: float) -> float | None:
-    local = ctx.spec.provider.as_local()
-    if local is None:
-        return None
-    return revoke_after_s(local, slot.role, slot.index, action.generation, slot.gpu, action.zones[0],
-                          action.spot, ctx.job.started_at, now)
 
 
 def _push_files(ctx: JobContext, ep: Endpoint) -> None:
@@ -397,8 +201,9 @@ def _task_argv(spec: JobSpec, python: str) -> list[str]:
 
 def _writes_job_files(spec: JobSpec, inst: Instance) -> bool:
     """The task that writes metrics, checkpoints and the result: the async chief, or sync worker 0."""
-    if spec.mode == TrainingMode.ASYNC:
-        return inst.role == Role.CHIEF.value
+    if spec.mode == TrainingMode.ASYNC:  # the chief runs on worker 0 with cluster.chief.on_worker0
+        host = Role.WORKER if spec.pinned.chief.on_worker0 else Role.CHIEF
+        return inst.role == host.value and inst.slot_index == 0
     return inst.role == Role.WORKER.value and inst.slot_index == 0
 
 

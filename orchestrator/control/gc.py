@@ -1,17 +1,23 @@
 """`orchestrator gc`: labelled instances whose job is finished or unknown — the last defence against
-paying for forgotten VMs — and the deletes a job closed without its provider left pending."""
+paying for forgotten VMs — and the deletes a job closed without its provider left pending.
+
+Image builders (control/images.py) are the exception: labelled with their bake's time limit, they are
+left alone until it passes, and an abandoned bake's record is closed here (``close_abandoned_bakes``)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.control.bake_record import close as close_bake
+from orchestrator.control.billing import provider_end_time
 from orchestrator.control.driver import job_spec
 from orchestrator.control.failures import describe
-from orchestrator.core.instances import ObservedInstance
-from orchestrator.core.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus
+from orchestrator.core.instances import BAKE_MODE, LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance
+from orchestrator.core.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
@@ -65,9 +71,26 @@ def find_orphans(unchecked: dict[str, str] | None = None) -> list[tuple[Backend,
     listed = list(by_name.values())
     if not listed:
         return []
+    builders = {inst.job_id for _, inst in listed if LABEL_BAKE in inst.labels}
     with open_session() as session:
         active = {j for (j,) in session.query(Job.id).filter(Job.status.in_([s.value for s in ACTIVE_JOB]))}
-    return [(backend, inst) for backend, inst in listed if inst.job_id not in active]
+        ended = {j for (j,) in session.query(Job.id).filter(Job.id.in_(builders),
+                                                             Job.status.in_([s.value for s in FINAL_JOB]))}
+    now = time.time()
+    return [(backend, inst) for backend, inst in listed if _orphan(inst, active, ended, now)]
+
+
+def _orphan(inst: ObservedInstance, active: set[str], ended: set[str], now: float) -> bool:
+    if LABEL_BAKE not in inst.labels:
+        return inst.job_id not in active
+    # An image builder: its bake is driven by its own process, maybe against another DB, so the DB cannot
+    # tell it is alive; the label's time limit can. Past it (the bake's process died), or once its bake is
+    # recorded as over (a builder it could not delete), it is an orphan like any other.
+    try:
+        until = float(inst.labels.get(LABEL_BAKE_UNTIL, "0"))
+    except ValueError:
+        until = 0.0
+    return now >= until or inst.job_id in ended
 
 
 def mark_deleted(session: Session, name: str, reason: str) -> None:
@@ -100,6 +123,33 @@ def finish_pending_deletes(job_ids: list[str] | None = None) -> list[str]:
                         backend.provider.delete(inst.name, observed[inst.name].zone)
                     mark_deleted(session, inst.name, "deleted (pending delete done)")
                     log.info("job %s instance %s: deleted (pending delete done)", job.id, inst.name)
+            except Exception as exc:  # noqa: BLE001 - tried again at the next sweep
+                session.rollback()
+                problems.append(f"{job.id}: {describe(exc)}")
+    if job_ids is None:
+        problems += close_abandoned_bakes()
+    return problems
+
+
+def close_abandoned_bakes(now: float | None = None) -> list[str]:
+    """Bakes still open past their time limit: their `image bake` process died. Delete the builder where it
+    is still listed, and close the record as failed (the builder's ledger row closes with it)."""
+    now = time.time() if now is None else now
+    problems: list[str] = []
+    with open_session() as session:
+        q = select(Job).where(Job.mode == BAKE_MODE, Job.status.in_([s.value for s in ACTIVE_JOB]))
+        for job in session.scalars(q).all():
+            if job.created_at + (job.deadline_s or 0.0) > now or not job.instances:
+                continue
+            try:
+                provider = backend_for(job_spec(job.spec_yaml)).provider
+                for observed in provider.list([job.id]):
+                    provider.delete(observed.name, observed.zone)
+                builder = job.instances[0]
+                close_bake(session, job, builder, JobStatus.FAILED, "bake abandoned: its `orchestrator image bake` "
+                           "process stopped before the end; builder VM deleted by the sweep", builder_deleted=True,
+                           billed_until=provider_end_time(provider, builder.name))
+                log.warning("job %s instance %s: abandoned bake closed, builder deleted", job.id, builder.name)
             except Exception as exc:  # noqa: BLE001 - tried again at the next sweep
                 session.rollback()
                 problems.append(f"{job.id}: {describe(exc)}")

@@ -1,15 +1,18 @@
 """`orchestrator image bake`: build a worker or parameter-server boot image on GCE.
 
-One bake: create an on-demand builder VM from Debian 12 (with the GPU attached for a worker image),
-labelled like any orchestrator VM (job id ``bake-...``) so that ``orchestrator gc`` finds it if this
-process dies; give it a per-bake SSH key through the ``ssh-keys`` metadata; push the recipe from
-``images/``; run it detached over SSH and follow its log until it exits; check the exit code; image the
-boot disk into the family ``orchestrator-<role>[-<gpu>]``; and delete the builder VM whatever happened.
+One bake: record it in the results DB (a ``bake`` pseudo-job, control/bake_record.py, so the builder's
+seconds x price land in the ledger); create an on-demand builder VM from Debian 12 (with the GPU attached
+for a worker image), labelled like any orchestrator VM (job id ``bake-...``) plus ``orch-bake-until``, the
+end of the bake's time limit, which the daemon's orphan sweep respects (control/gc.py); give it a per-bake
+SSH key through the ``ssh-keys`` metadata; push the recipe from ``images/``; run it detached over SSH and
+follow its log until it exits; check the exit code; image the boot disk into the family
+``orchestrator-<role>[-<gpu>]``; and delete the builder VM whatever happened (Ctrl-C and SIGTERM included).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import shlex
 import sys
@@ -21,13 +24,26 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from orchestrator.core.catalog import CURRENT_BOOK, CatalogError, load_catalog
+from orchestrator.control.bake_record import BakeRecord
+from orchestrator.control.driver import spec_to_yaml
+from orchestrator.control.signals import Terminated, sigterm_raises
+from orchestrator.core.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
 from orchestrator.core.cloud_errors import CapacityError, ProviderError, QuotaError
 from orchestrator.core.errors import UserError
-from orchestrator.core.instances import InstanceRequest, ObservedInstance, ObservedState, ProcState, Role
+from orchestrator.core.instances import (
+    LABEL_BAKE,
+    LABEL_BAKE_UNTIL,
+    InstanceRequest,
+    ObservedInstance,
+    ObservedState,
+    ProcState,
+    Role,
+)
 from orchestrator.core.offerings import retired_message
 from orchestrator.core.paths import _bundled
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.core.spec import JobSpec, load_spec
+from orchestrator.core.status import InstanceStatus, JobStatus
 from orchestrator.providers.base import Provider, SupportsImages
 from orchestrator.providers.gce.network import published_host_keys
 from orchestrator.providers.gce.provider import DEFAULT_IMAGE
@@ -38,6 +54,8 @@ ROLES = ("worker", "ps")
 PROC = "bake"  # the recipe's process name on the builder (logs/bake.log, procs/bake.exit)
 PS_MACHINE_TYPE = "n1-standard-4"
 DEFAULT_PS_ZONE = "us-central1-c"
+IMAGING_S = 1800.0  # after the recipe: stopping the builder and imaging its disk (GCE: minutes)
+_JOB_ID_MAX = 40  # jobs.id
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # TF 2.21 needs CUDA 12, which dropped Kepler; see images/worker.sh for the versions that still ran on it.
 _UNSUPPORTED_GPUS = {
@@ -60,9 +78,17 @@ class BakePlan:
     gpu: str | None
     image: str  # image name
     family: str
-    builder: str  # builder VM name; also its job id and its SSH key's name
+    builder: str  # builder VM name; also its SSH key's name
     machine_type: str
     zones: tuple[str, ...]  # tried in order on stockouts / quota
+    job_id: str = ""  # the bake's pseudo-job (and the builder's job label): the builder name, cut to fit jobs.id
+    price_per_hour: float = 0.0  # on-demand, today's price book: what the ledger bills
+    price_book: str = CURRENT_BOOK
+
+    @property
+    def shape(self) -> str:
+        """What job_summary.cluster_shape shows for the bake."""
+        return f"builder {self.machine_type}{'+1x' + self.gpu if self.gpu else ''}"
 
 
 def image_family(role: str, gpu: str | None) -> str:
@@ -102,34 +128,7 @@ def plan_bake(
         if not gpu:
             raise UserError("a worker image is built for one GPU type: give --gpu (e.g. --gpu v100)")
         gpu = gpu.lower()
-        current = ", ".join(catalog.current_gpus())  # only what GCE sells today (data/gpu_lifecycle.csv)
-        if gpu in _UNSUPPORTED_GPUS:
-            raise UserError(
-                f"cannot bake a worker image for {gpu}: {_UNSUPPORTED_GPUS[gpu]}",
-                hint=f"bake for one of: {current}; images/README.md says what a legacy K80 image would need",
-            )
-        try:
-            info = catalog.gpu(gpu)
-        except CatalogError as exc:
-            raise UserError(str(exc), hint=f"GPUs GCE sells today: {current}") from None
-        if (gone := retired_message(catalog, gpu, catalog.price_book(CURRENT_BOOK))) is not None:
-            raise UserError(f"cannot bake a worker image for {gpu}: {gone}", hint=f"bake for one of: {current}")
-        offered = catalog.zones_for(gpu)
-        zones = [z for z in spec_zones if z in offered]
-        if not zones:
-            # The image is global: where it is built does not matter, only that the GPU is there.
-            zones = list(offered)
-            if spec_zones:
-                say(
-                    f"none of provider.zones ({', '.join(spec_zones)}) offers {gpu}; "
-                    f"building in {zones[0] if zones else '?'} instead"
-                )
-        if not zones:
-            raise UserError(f"the catalog knows no zone offering {gpu}")
-        # n1 hosts take any single GPU; a2 / g2 / a3 shapes come with theirs.
-        machine_type = (
-            "n1-standard-4" if info.default_machine_type.startswith("n1-") else info.default_machine_type
-        )
+        zones, machine_type = _worker_placement(catalog, gpu, spec_zones, say)
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
     family = image_family(role, gpu)
     image = name or f"{family}-{stamp}"
@@ -138,9 +137,63 @@ def plan_bake(
             f"{image!r} is not a valid image name: 1-63 lowercase letters, digits and '-', "
             "starting with a letter"
         )
-    builder = f"bake-{name}" if name else f"bake-{role}{'-' + gpu if gpu else ''}-{stamp}"
-    builder = builder[:63].rstrip("-")
-    return BakePlan(role, gpu, image, family, builder, machine_type, tuple(zones))
+    # Stamped even when named: a bake retried under the same name gets a builder (and a record) of its own.
+    base = f"bake-{name or role + ('-' + gpu if gpu else '')}"
+    builder = f"{base[:63 - len(stamp) - 1].rstrip('-')}-{stamp}"
+    price_book, price = _on_demand_price(catalog, machine_type, gpu, say)
+    return BakePlan(role, gpu, image, family, builder, machine_type, tuple(zones), job_id=_bake_id(builder),
+                    price_per_hour=price, price_book=price_book)
+
+
+def _worker_placement(catalog: Catalog, gpu: str, spec_zones: list[str],
+                      say: Callable[[str], None]) -> tuple[list[str], str]:
+    """(zones to try, machine type) for a worker image's builder; refuses GPUs GCE does not sell today."""
+    current = ", ".join(catalog.current_gpus())  # only what GCE sells today (data/gpu_lifecycle.csv)
+    if gpu in _UNSUPPORTED_GPUS:
+        raise UserError(
+            f"cannot bake a worker image for {gpu}: {_UNSUPPORTED_GPUS[gpu]}",
+            hint=f"bake for one of: {current}; images/README.md says what a legacy K80 image would need",
+        )
+    try:
+        info = catalog.gpu(gpu)
+    except CatalogError as exc:
+        raise UserError(str(exc), hint=f"GPUs GCE sells today: {current}") from None
+    if (gone := retired_message(catalog, gpu, catalog.price_book(CURRENT_BOOK))) is not None:
+        raise UserError(f"cannot bake a worker image for {gpu}: {gone}", hint=f"bake for one of: {current}")
+    offered = catalog.zones_for(gpu)
+    zones = [z for z in spec_zones if z in offered]
+    if not zones:
+        # The image is global: where it is built does not matter, only that the GPU is there.
+        zones = list(offered)
+        if spec_zones:
+            say(
+                f"none of provider.zones ({', '.join(spec_zones)}) offers {gpu}; "
+                f"building in {zones[0] if zones else '?'} instead"
+            )
+    if not zones:
+        raise UserError(f"the catalog knows no zone offering {gpu}")
+    # n1 hosts take any single GPU; a2 / g2 / a3 shapes come with theirs.
+    machine_type = "n1-standard-4" if info.default_machine_type.startswith("n1-") else info.default_machine_type
+    return zones, machine_type
+
+
+def _on_demand_price(catalog: Catalog, machine_type: str, gpu: str | None,
+                     say: Callable[[str], None]) -> tuple[str, float]:
+    """(price book, USD per hour) the ledger bills the builder at: today's on-demand price."""
+    book = catalog.resolve_book(CURRENT_BOOK)
+    try:
+        return book, catalog.price_book(book).instance_price(machine_type, gpu, 1 if gpu else 0, spot=False)
+    except CatalogError as exc:  # a price missing from the book must not stop a bake; the ledger says $0
+        say(f"no price for the builder VM ({exc}); the ledger bills it $0")
+        return book, 0.0
+
+
+def _bake_id(builder: str) -> str:
+    """The builder's name when it fits jobs.id, else a prefix made unique with a hash of the whole name."""
+    if len(builder) <= _JOB_ID_MAX:
+        return builder
+    digest = hashlib.sha1(builder.encode()).hexdigest()[:6]
+    return f"{builder[:_JOB_ID_MAX - 7].rstrip('-')}-{digest}"
 
 
 def bake_image(
@@ -163,78 +216,23 @@ def bake_image(
     default to a ``GceProvider`` built from the spec and an ``SshTransport``. ``recipe_command`` replaces
     ``bash <role>.sh`` (tests); the recipe is pushed either way. ``base_image`` only applies to a provider
     built here (an injected provider boots its own image)."""
-    if spec_path is None:
-        raise UserError("give --spec: a job spec with provider.kind: gce (project, zones, credentials)")
-    spec = load_spec(spec_path)
+    spec = _gce_spec(spec_path)
     gce = spec.provider.as_gce()
-    if gce is None:
-        raise UserError(
-            f"{spec_path}: provider.kind is {spec.provider.kind!r}; images are baked on GCE (provider.kind: gce)"
-        )
+    assert gce is not None
     plan = plan_bake(role, gpu, list(gce.zones), name=name, say=say)
     recipe = recipe_path(plan.role)
     command = list(recipe_command) if recipe_command is not None else ["bash", recipe.name]
-
+    limits = Limits(wait_s=wait_s, boot_s=boot_timeout_s, ssh_s=ssh_timeout_s, poll_s=poll_s)
     own_provider = provider is None
-    if provider is None:
-        from orchestrator.providers.gce.backend import TF_PORTS
-        from orchestrator.providers.gce.network import IsolatedGceProvider, address_learner
-
-        # The builder is a job of its own: its own tag and rules (SSH from this controller), made by
-        # create and deleted with it; it opens no training ports, so an open network does not matter.
-        provider = IsolatedGceProvider(
-            gce.project, ports=TF_PORTS, ssh_ranges=gce.ssh_source_ranges, allow_open_network=True,
-            learn_address=address_learner(gce.api_endpoint), credentials=gce.credentials,
-            api_endpoint=gce.api_endpoint, image=base_image, network=gce.network,
-        )
-    if not isinstance(provider, SupportsImages):
-        raise UserError(f"provider {provider.name or type(provider).__name__} cannot create images")
-    own_transport = transport is None
-    if transport is None:
-        from orchestrator.transport.ssh import SshTransport
-
-        transport = SshTransport()
-    user = gce.ssh_user  # as providers.gce.backend reaches a job's VMs
-
-    what = f"{plan.role} image{' for ' + plan.gpu if plan.gpu else ''}"
-    say(f"baking the {what}: image {plan.image}, family {plan.family}")
-    key_path, public = job_key(plan.builder)
-    tried: list[str] = []
+    provider = provider or _builder_provider(gce, base_image)
     try:
-        zone = _create_builder(provider, plan, gce.ssh_user, public, tried, say)
-        observed = _wait_running(provider, plan.builder, boot_timeout_s, poll_s)
-        ep = Endpoint(
-            workdir=observed.workdir or "orchestrator",
-            host=observed.host or "127.0.0.1",
-            port=observed.ssh_port or 22,
-            user=user,
-            key_path=str(key_path),
-            host_key_source=partial(published_host_keys, provider, plan.builder, zone),  # pinned
-        )
-        say(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
-        transport.wait_reachable(ep, ssh_timeout_s)
-        transport.put(ep, recipe, recipe.name)
-        env = {"ROLE": plan.role, "GPU": plan.gpu or ""}
-        say(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
-        _run_recipe(transport, ep, command, env, wait_s, poll_s, say)
-        if own_transport:
-            _close(transport)  # the VM is about to stop; do not keep a dead connection around
-        say(f"recipe done; imaging the boot disk of {plan.builder} into {plan.image}")
-        provider.create_image(plan.image, plan.builder, zone, family=plan.family)
-    except (ProviderError, TransportError) as exc:
-        raise BakeError(f"baking the {what} failed: {exc}") from exc
+        if not isinstance(provider, SupportsImages):
+            raise UserError(f"provider {provider.name or type(provider).__name__} cannot create images")
+        with sigterm_raises():  # `kill` / `timeout` delete the builder as Ctrl-C does
+            _Bake(plan, provider, transport, gce.ssh_user, limits, say).run(spec_to_yaml(spec), recipe, command)
     finally:
-        leaked = _cleanup(provider, plan.builder, tried, say)
-        delete_job_key(plan.builder)
-        if own_transport:
-            _close(transport)
         if own_provider:
             provider.close()
-        if leaked and sys.exc_info()[0] is None:
-            raise BakeError(
-                f"image {plan.image} was created, but the builder VM {plan.builder} could not be deleted "
-                f"in {', '.join(leaked)}: delete it yourself or run `orchestrator gc --yes`"
-            )
     project = getattr(provider, "project", "<project>")
     say(
         f"image {plan.image} created in family {plan.family}; use it with\n"
@@ -243,14 +241,150 @@ def bake_image(
     return plan.image
 
 
-def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, tried: list[str],
-                    say: Callable[[str], None]) -> str:
+@dataclass(frozen=True)
+class Limits:
+    wait_s: float  # the recipe's run
+    boot_s: float  # create -> RUNNING
+    ssh_s: float  # RUNNING -> reachable over SSH
+    poll_s: float
+
+    @property
+    def total_s(self) -> float:
+        """The longest a bake can keep its builder: the sweep's label and the VM's cloud-side limit."""
+        return self.boot_s + self.ssh_s + self.wait_s + IMAGING_S
+
+
+def _gce_spec(spec_path: str | Path | None) -> JobSpec:
+    if spec_path is None:
+        raise UserError("give --spec: a job spec with provider.kind: gce (project, zones, credentials)")
+    spec = load_spec(spec_path)
+    if spec.provider.as_gce() is None:
+        raise UserError(
+            f"{spec_path}: provider.kind is {spec.provider.kind!r}; images are baked on GCE (provider.kind: gce)"
+        )
+    return spec
+
+
+def _builder_provider(gce: GceSpec, base_image: str) -> Provider:
+    from orchestrator.providers.gce.backend import TF_PORTS
+    from orchestrator.providers.gce.network import IsolatedGceProvider, address_learner
+
+    # The builder is a job of its own: its own tag and rules (SSH from this controller), made by
+    # create and deleted with it; it opens no training ports, so an open network does not matter.
+    return IsolatedGceProvider(
+        gce.project, ports=TF_PORTS, ssh_ranges=gce.ssh_source_ranges, allow_open_network=True,
+        learn_address=address_learner(gce.api_endpoint), credentials=gce.credentials,
+        api_endpoint=gce.api_endpoint, image=base_image, network=gce.network,
+    )
+
+
+class _Bake:
+    """One bake, step by step: record it, create the builder, reach it, run the recipe, image its disk.
+    Whatever happens, the builder is deleted and the record closed (its ledger row with it)."""
+
+    def __init__(self, plan: BakePlan, provider: Provider, transport: Transport | None, user: str,
+                 limits: Limits, say: Callable[[str], None]) -> None:
+        self.plan, self.provider, self.user, self.limits, self.say = plan, provider, user, limits, say
+        self.own_transport = transport is None
+        if transport is None:
+            from orchestrator.transport.ssh import SshTransport
+
+            transport = SshTransport()
+        self.transport = transport
+        self.tried: list[str] = []  # zones a create was sent to: the cleanup deletes in each
+        self.what = f"{plan.role} image{' for ' + plan.gpu if plan.gpu else ''}"
+
+    def run(self, spec_yaml: str, recipe: Path, command: list[str]) -> None:
+        plan = self.plan
+        self.say(f"baking the {self.what}: image {plan.image}, family {plan.family}")
+        record = BakeRecord.start(
+            job_id=plan.job_id, builder=plan.builder, image=plan.image, spec_yaml=spec_yaml,
+            price_book=plan.price_book, shape=plan.shape, gpu=plan.gpu, machine_type=plan.machine_type,
+            zone=plan.zones[0], price_per_hour=plan.price_per_hour, limit_s=self.limits.total_s)
+        outcome, why = JobStatus.FAILED, "the bake failed"
+        try:
+            zone = self._create(record)
+            ep = self._connect(zone, record)
+            self._run(ep, recipe, command, record)
+            self.say(f"recipe done; imaging the boot disk of {plan.builder} into {plan.image}")
+            record.step(f"imaging the builder's boot disk into {plan.image}")
+            assert isinstance(self.provider, SupportsImages)  # checked by bake_image
+            self.provider.create_image(plan.image, plan.builder, zone, family=plan.family)
+            outcome, why = JobStatus.SUCCEEDED, f"image {plan.image} created in family {plan.family}"
+        except (ProviderError, TransportError) as exc:
+            why = f"baking the {self.what} failed: {exc}"
+            raise BakeError(why) from exc
+        except KeyboardInterrupt as exc:
+            outcome = JobStatus.CANCELLED
+            why = f"interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}); builder deleted"
+            raise
+        except BaseException as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._end(record, outcome, why)
+
+    def _create(self, record: BakeRecord) -> str:
+        plan, limit = self.plan, self.limits.total_s
+        _, public = job_key(plan.builder)
+        labels = {LABEL_BAKE: "1", LABEL_BAKE_UNTIL: str(int(time.time() + limit))}
+        try:
+            zone = _create_builder(self.provider, plan, self.user, public, labels, int(limit), self.tried, self.say)
+        except (CapacityError, QuotaError) as exc:
+            record.create_failed(f"every zone refused the builder: {exc.message}")
+            raise
+        record.step(f"builder VM created in {zone}", JobStatus.PROVISIONING, InstanceStatus.PROVISIONING, zone=zone)
+        return zone
+
+    def _connect(self, zone: str, record: BakeRecord) -> Endpoint:
+        plan = self.plan
+        observed = _wait_running(self.provider, plan.builder, self.limits.boot_s, self.limits.poll_s)
+        key_path, _ = job_key(plan.builder)
+        ep = Endpoint(
+            workdir=observed.workdir or "orchestrator",
+            host=observed.host or "127.0.0.1",
+            port=observed.ssh_port or 22,
+            user=self.user,  # as providers.gce.backend reaches a job's VMs
+            key_path=str(key_path),
+            host_key_source=partial(published_host_keys, self.provider, plan.builder, zone),  # pinned
+        )
+        self.say(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
+        self.transport.wait_reachable(ep, self.limits.ssh_s)
+        record.step("builder VM reachable over SSH", builder=InstanceStatus.READY, host=ep.host)
+        return ep
+
+    def _run(self, ep: Endpoint, recipe: Path, command: list[str], record: BakeRecord) -> None:
+        plan = self.plan
+        self.transport.put(ep, recipe, recipe.name)
+        env = {"ROLE": plan.role, "GPU": plan.gpu or ""}
+        record.step(f"recipe `{shlex.join(command)}` running", JobStatus.RUNNING, InstanceStatus.TRAINING)
+        self.say(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
+        _run_recipe(self.transport, ep, command, env, self.limits.wait_s, self.limits.poll_s, self.say)
+        if self.own_transport:
+            _close(self.transport)  # the VM is about to stop; do not keep a dead connection around
+
+    def _end(self, record: BakeRecord, outcome: JobStatus, why: str) -> None:
+        plan = self.plan
+        leaked = _cleanup(self.provider, plan.builder, self.tried, self.say)
+        delete_job_key(plan.builder)
+        if self.own_transport:
+            _close(self.transport)
+        record.finish(outcome, why, builder_deleted=not leaked)
+        if leaked and sys.exc_info()[0] is None:
+            raise BakeError(
+                f"image {plan.image} was created, but the builder VM {plan.builder} could not be deleted "
+                f"in {', '.join(leaked)}: delete it yourself or run `orchestrator gc --yes`"
+            )
+
+
+def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, labels: dict[str, str],
+                    max_run_s: int, tried: list[str], say: Callable[[str], None]) -> str:
     """Create the builder in the first zone that has capacity; returns that zone."""
     last: ProviderError | None = None
     for zone in plan.zones:
         request = InstanceRequest(
             name=plan.builder,
-            job_id=plan.builder,
+            job_id=plan.job_id,
             role=Role.WORKER if plan.role == "worker" else Role.PS,
             index=0,
             generation=0,
@@ -259,13 +393,15 @@ def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, 
             spot=False,  # a revoked builder would waste the whole bake
             gpu=plan.gpu,
             gpu_count=1 if plan.gpu else 0,
-            labels={"orch-bake": "1"},
+            price_per_hour=plan.price_per_hour,
+            labels=labels,
             metadata={"ssh-keys": f"{user}:{public}", "block-project-ssh-keys": "true",
                       "enable-guest-attributes": "TRUE"},  # the guest agent publishes the host keys
+            max_run_s=max_run_s,  # spend stays bounded if this process dies: GCE deletes the builder itself
         )
         say(
             f"creating builder VM {plan.builder} ({plan.machine_type}"
-            f"{', 1x' + plan.gpu if plan.gpu else ''}, on-demand) in {zone}"
+            f"{', 1x' + plan.gpu if plan.gpu else ''}, on-demand, ${plan.price_per_hour:.2f}/h) in {zone}"
         )
         tried.append(zone)
         try:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy.orm import Session
@@ -22,7 +20,9 @@ from sqlalchemy.orm import Session
 from orchestrator.control.daemon import daemon_running
 from orchestrator.control.driver import release, run_pass, spec_to_yaml
 from orchestrator.control.gc import finish_pending_deletes
+from orchestrator.control.signals import Terminated, sigterm_raises
 from orchestrator.core.errors import UserError
+from orchestrator.core.instances import BAKE_MODE
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.status import FINAL_JOB, JobStatus
@@ -131,26 +131,11 @@ def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | Non
     return job_id
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, `timeout`, a stopping service): handled like Ctrl-C, never an orphaned instance."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
-
-
 def drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter | None = None) -> None:
     """Drive the job here until it ends. Ctrl-C or SIGTERM cancels it: a running daemon gets the teardown
     (handed over), else it is done here; either way the launch then exits non-zero (130 / 143)."""
-    try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread (embedded use): SIGTERM keeps its handler
-        previous = None
-    try:
+    with sigterm_raises():
         code = _drive_foreground(job_id, poll_s=poll_s, reporter=reporter or LogReporter())
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     if code:
         raise SystemExit(code)
 
@@ -230,6 +215,11 @@ def cancel_job(job_ref: str, wait_s: float = 120.0) -> CancelResult:
             raise UserError(f"no job '{job_ref}'; `orchestrator status` lists them")
         if job.status in FINAL_JOB:
             return CancelResult(job.id, job.status, already_final=True)
+        if job.mode == BAKE_MODE:  # no driver of ours would ever act on the flag
+            raise UserError(f"{job.id} is an image bake, driven by its own `orchestrator image bake` process",
+                            hint="stop that process (Ctrl-C or kill -TERM): it deletes its builder VM; if it is "
+                                 "gone, the daemon's sweep or `orchestrator gc --yes` deletes the builder once the "
+                                 "bake's time limit has passed")
         job.cancel_requested = True
         job.retry_at = None  # a job backing off after failed passes is driven at once
         session.commit()

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import event, or_, select
 from sqlalchemy.orm import Session
 
+from orchestrator.core.instances import BAKE_MODE
 from orchestrator.core.status import ACTIVE_JOB
 from orchestrator.store import queries
 from orchestrator.store.models import Job
@@ -40,6 +41,7 @@ def claim(session: Session, owner: str, job_ids: Sequence[str] | None, now: floa
     ``max_new``: take at most this many jobs it does not hold yet (daemons sharing a database spread the
     jobs instead of the first one taking them all)."""
     q = select(Job).where(Job.status.in_([s.value for s in ACTIVE_JOB]))
+    q = q.where(Job.mode != BAKE_MODE)  # an image bake is driven by its own process (control/images.py)
     if job_ids is not None:
         q = q.where(Job.id.in_(list(job_ids)))
     q = q.where(or_(Job.lease_owner.is_(None), Job.lease_owner == owner, Job.lease_until < now))

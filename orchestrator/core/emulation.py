@@ -52,10 +52,21 @@ def _rows() -> tuple[tuple[str, str, str, str, int, float, str], ...]:
 
 
 @functools.cache
+def _curve_source() -> str:
+    """The measuring session with the most batches of the curve: one session's points, since sessions
+    differ by up to ~15% at small batch and a curve mixing them would zigzag."""
+    batches: dict[str, set[int]] = {}
+    for g, rt, p, model, b, _, src in _rows():
+        if (g, rt, p) == CURVE and model == REFERENCE_MODEL:
+            batches.setdefault(src, set()).add(b)
+    return max(batches, key=lambda src: len(batches[src])) if batches else ""
+
+
+@functools.cache
 def batch_curve() -> tuple[tuple[int, ...], tuple[float, ...]]:
     """(batches, seconds) of the measured curve, sorted by batch."""
-    pts = sorted({(b, t) for g, rt, p, model, b, t, _ in _rows()
-                  if (g, rt, p) == CURVE and model == REFERENCE_MODEL})
+    pts = sorted({(b, t) for g, rt, p, model, b, t, src in _rows()
+                  if (g, rt, p) == CURVE and model == REFERENCE_MODEL and src == _curve_source()})
     if len(pts) < 2:
         raise RuntimeError("data/measurements lacks the H100 ResNet-32 batch curve the emulation follows")
     return tuple(b for b, _ in pts), tuple(t for _, t in pts)
@@ -80,10 +91,10 @@ def reference_step_s(gpu: str) -> Reference:
     """The GPU's ResNet-32 batch-128 step time: measured where data/measurements has it (TF 2019 runs
     preferred, the study's framework), else the V100's scaled by the datasheet FP32 ratio."""
     key = gpu.lower()
-    found = [(rt != "tf1-graph", t, src) for g, rt, p, model, b, t, src in _rows()
+    found = [(rt != "tf1-graph", src != _curve_source(), t, src) for g, rt, p, model, b, t, src in _rows()
              if g == key and model == REFERENCE_MODEL and b == REFERENCE_BATCH and p == "fp32"]
     if found:
-        _, t, src = min(found)
+        *_, t, src = min(found)
         return Reference(t, src.split(":")[0])
     cat = load_catalog()
     v100 = reference_step_s("v100")

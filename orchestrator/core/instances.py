@@ -5,6 +5,7 @@ Pure vocabulary shared by the core (reconcile, policy), the providers and the tr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -21,6 +22,11 @@ LABEL_JOB = "orch-job"
 LABEL_ROLE = "orch-role"
 LABEL_INDEX = "orch-index"
 LABEL_GENERATION = "orch-gen"
+# The image builder VM (control/images.py) is labelled as a job of its own, plus these: the orphan sweep
+# leaves it alone until LABEL_BAKE_UNTIL (epoch seconds), when its bake is over whatever happened.
+LABEL_BAKE = "orch-bake"
+LABEL_BAKE_UNTIL = "orch-bake-until"
+BAKE_MODE = "bake"  # jobs.mode of the pseudo-job that records one bake and bills its builder VM
 
 
 def instance_name(job_id: str, role: Role | str, index: int, generation: int) -> str:
@@ -93,6 +99,7 @@ class ObservedInstance:
     spot: bool = False
     # Address inside the cluster's network (TensorFlow traffic; the firewall opens its ports only there).
     internal_host: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)  # as the provider reports them
 
 
 class ProcState(StrEnum):

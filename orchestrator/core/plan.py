@@ -76,7 +76,7 @@ def _slot_dict(s: Slot) -> dict[str, Any]:
     return {"role": s.role.value, "index": s.index, "gpu": s.gpu, "machine_type": s.machine_type, "zone": s.zone,
             "spot": s.spot, "price_per_hour": s.price_per_hour, "batch": s.batch, "group": s.group,
             "on_demand_price_per_hour": s.on_demand_price_per_hour, "zones": list(s.zones),
-            "gpu_count": s.gpu_count, "flex_start": s.flex_start}
+            "gpu_count": s.gpu_count, "flex_start": s.flex_start, "hosts_chief": s.hosts_chief}
 
 
 def _slot(raw: dict[str, Any]) -> Slot:
@@ -86,4 +86,5 @@ def _slot(raw: dict[str, Any]) -> Slot:
                 batch=None if batch is None else int(batch), group=int(raw["group"]),
                 on_demand_price_per_hour=float(raw["on_demand_price_per_hour"]),
                 zones=tuple(str(z) for z in raw["zones"]), gpu_count=int(raw["gpu_count"]),
-                flex_start=bool(raw["flex_start"]))
+                flex_start=bool(raw["flex_start"]),
+                hosts_chief=bool(raw.get("hosts_chief", False)))  # absent from plans stored before it existed

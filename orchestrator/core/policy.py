@@ -122,8 +122,7 @@ def revoke_after_s(provider: LocalProvider, role: Role, index: int, generation: 
             return None
         started = job_started_at if job_started_at is not None else now
         return max(0.1, started + times[generation] - now)
-    # Imported here: the fitted model pulls in SciPy, which the reconcile loop never needs.
-    from orchestrator.core.revocation.model import load_revocation_model
+    from orchestrator.core.revocation.model import load_revocation_model  # lazy: SciPy; the reconcile never needs it
 
     model = load_revocation_model()
     cloud_s = float(model.sample_lifetimes(gpu, None if zone == "local" else zone, 1,

@@ -210,7 +210,8 @@ def _replace(p: _Pass, slot: Slot, last: InstanceView) -> list[Action] | None:
     end_reason = p.end_reason(last)
     decision = policy.decide_replacement(
         slot.role, preempted=end_reason == EndReason.PREEMPTED, spot=last.spot,
-        on_revocation=job.on_revocation, replacements=p.replacements, max_replacements=job.max_replacements)
+        on_revocation=job.on_revocation, replacements=p.replacements, max_replacements=job.max_replacements,
+        hosts_chief=slot.hosts_chief)
     if decision.verdict == policy.Verdict.SHRINK:
         p.shrunk.add(slot.name)
         return None
@@ -294,13 +295,14 @@ def _tasks(p: _Pass) -> list[Action]:
 
 
 def _async_restart_reason(p: _Pass, by_name: dict[str, InstanceView], exited: dict[str, ProcStatus]) -> str | None:
-    critical_lost = [why for slot, why in p.lost.items() if policy.is_critical(p.lost_role[slot])]
+    hosts = _chief_hosts(p.job)
+    critical_lost = [why for slot, why in p.lost.items() if policy.is_critical(p.lost_role[slot], slot in hosts)]
     if critical_lost:
         return "lost " + ", ".join(critical_lost)
     for name, pr in exited.items():
-        if policy.is_critical(by_name[name].role):
+        if policy.is_critical(by_name[name].role, by_name[name].slot in hosts):
             return f"{by_name[name].slot} task exited with code {pr.exit_code}"
-    chief_training = any(i.role == Role.CHIEF for i in by_name.values())
+    chief_training = bool(hosts) or any(i.role == Role.CHIEF for i in by_name.values())
     if not p.job.stable_addresses and chief_training:
         moved = [i.slot for i in _live(p.job, p.status, Role.WORKER)
                  if p.status[i.name] == S.READY and i.generation > 0]
@@ -347,10 +349,15 @@ def _start_sync(p: _Pass) -> list[Action]:
 
 
 def _is_writer(job: JobView, inst: InstanceView) -> bool:
-    """The task whose end is the job's end: the async chief, or sync worker 0."""
+    """The task whose end is the job's end: the async chief (or the worker that runs it), or sync worker 0."""
     if job.mode == TrainingMode.ASYNC:
-        return inst.role == Role.CHIEF
+        return inst.role == Role.CHIEF or inst.slot in _chief_hosts(job)
     return inst.role == Role.WORKER and inst.index == 0
+
+
+def _chief_hosts(job: JobView) -> set[str]:
+    """The slot whose task also runs the async chief (cluster.chief.on_worker0), if any."""
+    return {s.name for s in job.slots if s.hosts_chief}
 
 
 def _exit_verdict(job: JobView, by_name: dict[str, InstanceView], ended: dict[str, ProcStatus]) -> list[Action] | None:

@@ -6,7 +6,7 @@ with the next generation, so names stay deterministic: ``<job>-worker-2-1``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.batches import DEFAULT_BATCH as DEFAULT_BATCH  # re-exported: callers import them here
@@ -38,6 +38,9 @@ class Slot:
     zones: tuple[str, ...] = ()  # where to create it, in order: a stockout moves on to the next
     gpu_count: int = 1  # GPUs on the instance: an accelerator-optimized type's fixed count (a3-highgpu-2g: 2)
     flex_start: bool = False  # workers only: provisioning: flex_start (GCE Dynamic Workload Scheduler)
+    # Worker 0 of an async job with cluster.chief.on_worker0 (the ICAC'19 setup): its task runs the chief too,
+    # so the job has no chief slot (no VM, no bill) and this worker's loss stops training like a chief's.
+    hosts_chief: bool = False
 
     def price(self, spot: bool) -> float:
         """Hourly price as requested: the slot's own, or on-demand for a fallback replacement."""
@@ -60,7 +63,8 @@ def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -
 
 
 def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> list[Slot]:
-    """Every slot of a pinned cluster: parameter servers, the chief (async only), then the workers."""
+    """Every slot of a pinned cluster: parameter servers, the chief (async, unless it runs on worker 0), then
+    the workers."""
     cat = catalog or load_catalog()
     prices = price_book_for(spec, cat, book)
     cluster = spec.pinned
@@ -75,11 +79,9 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
                     on_demand_price_per_hour=prices.instance_price(machine, None, 0, False) + disk, zones=zones)
 
     slots = [cpu_slot(Role.PS, i, cluster.parameter_servers) for i in range(spec.ps_count)]
-    if spec.mode == TrainingMode.ASYNC:
-        chief = cpu_slot(Role.CHIEF, 0, cluster.chief)
-        if cluster.chief.on_worker0:  # the study's setup: on worker 0's VM, billed there
-            chief = replace(chief, spot=False, price_per_hour=0.0, on_demand_price_per_hour=0.0)
-        slots.append(chief)
+    chief_on_worker0 = spec.mode == TrainingMode.ASYNC and cluster.chief.on_worker0
+    if spec.mode == TrainingMode.ASYNC and not chief_on_worker0:
+        slots.append(cpu_slot(Role.CHIEF, 0, cluster.chief))
     batches = worker_batches(spec, cat)
     index = 0
     for g, group in enumerate(cluster.workers):
@@ -102,6 +104,7 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
                     zones=zones,
                     gpu_count=cat.gpus_per_instance(machine),
                     flex_start=group.provisioning == "flex_start",
+                    hosts_chief=chief_on_worker0 and index == 0,
                 )
             )
             index += 1

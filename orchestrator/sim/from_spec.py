@@ -1,7 +1,7 @@
 """JobSpec -> SimCluster: slots with prices (price book), zones, batches and step rates (cost model).
 
-This is the only module of ``orchestrator.sim`` that uses the cost model; it imports it lazily so
-the engine works (with explicit step rates) without it.
+This is the only module of ``orchestrator.sim`` that uses the cost model; the engine itself works with
+explicit step rates.
 """
 
 from __future__ import annotations
@@ -9,16 +9,37 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import policy
-from orchestrator.core.catalog import Catalog, load_catalog
-from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Calibration, PlanResult, plan
+from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
+from orchestrator.core.costmodel import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    PlanResult,
+    get_profile,
+    plan,
+    predict_step_time,
+    split_batch,
+)
+from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
+from orchestrator.core.costmodel.cluster import estimate_from_compute
+from orchestrator.core.costmodel.compute import step_fn
+from orchestrator.core.costmodel.planner.candidates import Candidate
+from orchestrator.core.costmodel.planner.scoring import PlanContext, Score
+from orchestrator.core.emulation import emulation_sleep
+from orchestrator.core.slots import Slot, expand, price_book_for
 from orchestrator.core.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
-from orchestrator.sim.engine import RateFn, SimCluster, SimSlot
-
-if TYPE_CHECKING:
-    from orchestrator.core.slots import Slot
+from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
+from orchestrator.sim.engine import (
+    FixedLifetimes,
+    LifetimeSource,
+    NoRevocations,
+    RateFn,
+    ScheduleLifetimes,
+    SimCluster,
+    SimSlot,
+    simulate,
+)
 
 DEFAULT_MODEL_MB = 2.0
 PREEMPTIBLE_BOOKS = frozenset({"2019-02"})  # books from the era of 24 h-capped preemptible VMs
@@ -28,26 +49,11 @@ class SimSpecError(ValueError):
     """The spec cannot be simulated as it is; the message says what to do."""
 
 
-def _costmodel() -> Any:
-    try:
-        import orchestrator.core.costmodel as cm
-    except ImportError as exc:  # pragma: no cover - the cost model ships with the package
-        raise SimSpecError(f"the cost model is not available ({exc}); pass explicit step_rates") from None
-    missing = [f for f in ("predict_step_time", "cluster_steps_per_s", "split_batch") if not hasattr(cm, f)]
-    if missing:
-        raise SimSpecError(
-            f"orchestrator.core.costmodel lacks {', '.join(missing)}; pass explicit step_rates (steps/s per GPU)"
-        )
-    return cm
-
-
 def model_size_mb(profile: str) -> float:
     """Checkpoint size in MB: the cost-model profile's parameter bytes, or 2 MB if there is no profile."""
     try:
-        from orchestrator.core.costmodel.profiles import get_profile
-
         return float(get_profile(profile).param_bytes) / 1e6
-    except (ImportError, LookupError, AttributeError, ValueError):
+    except (LookupError, AttributeError, ValueError):
         return DEFAULT_MODEL_MB
 
 
@@ -81,102 +87,22 @@ def cluster_from_spec(
     them); ``as_cloud`` simulates instead the cloud cluster it emulates (cost-model step rates, cloud boot,
     checkpoint and lifetimes; the ICAC'19 reproduction).
     """
-    from orchestrator.core.slots import expand, price_book_for
-
-    if cluster is not None:
-        spec = spec.with_cluster(cluster)
-    if spec.cluster is None:
-        raise SimSpecError(
-            f"spec '{spec.name}' does not pin a cluster (it only gives search:); run `orchestrator plan` "
-            "on it and simulate the cluster it picks (write it under cluster:), or pass a cluster"
-        )
+    spec = _pinned(spec, cluster)
     cat = catalog or load_catalog()
-    book = price_book_for(spec, cat, price_book)
-    slots = expand(spec, cat, price_book)
-    training = spec.training
-    profile = training.profile_name
-    mode = spec.mode.value
-    cloud = spec.provider.is_cloud
-    allowed = spec.provider.allowed_zones
-
-    from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
-
-    local = spec.provider.emulates_gpus and not as_cloud
-    cm = None if (step_rates is not None or local) else _costmodel()
-    if local and step_rates is None:  # emulated GPUs: this host's CPU step + the measured curves
-        workers = [s for s in slots if s.gpu is not None]
-        calib = calibration if isinstance(calibration, Calibration) else None
-        steps = local_worker_steps(spec, [s.gpu or "" for s in workers], [s.batch or 0 for s in workers], calib)
-        step_rates = {}
-        for s, t in zip(workers, steps, strict=True):
-            step_rates.setdefault(s.gpu or "", 1.0 / t)
-    sim_slots: list[SimSlot] = []
-    on_w0 = spec.mode == TrainingMode.ASYNC and spec.pinned.chief.on_worker0
-    if on_w0:  # the chief lives on worker 0's VM: no slot of its own, worker 0 is critical
-        slots = [s for s in slots if s.role.value != "chief"]
-    for s in slots:
-        od_price = book.instance_price(s.machine_type, s.gpu, 1 if s.gpu else 0, False)
-        rate = 0.0
-        batch = s.batch or 0
-        if s.gpu is not None:
-            if step_rates is not None:
-                if s.gpu not in step_rates:
-                    raise SimSpecError(
-                        f"no step rate for GPU '{s.gpu}'; step_rates has {', '.join(step_rates)}"
-                    )
-                rate = float(step_rates[s.gpu])
-            else:
-                assert cm is not None
-                rate = 1.0 / float(cm.predict_step_time(profile, s.gpu, batch, calibration))
-        alt: tuple[str, ...] = ()
-        if cloud and s.gpu is not None:
-            offered = cat.zones_for(s.gpu)
-            alt = tuple(z for z in allowed if z in offered and z != s.zone)
-        sim_slots.append(
-            SimSlot(
-                name=s.name,
-                role=s.role.value,
-                gpu=s.gpu,
-                zone=s.zone,
-                spot=s.spot,
-                price_per_hour=s.price_per_hour,
-                on_demand_price_per_hour=od_price,
-                step_rate=rate,
-                batch=batch,
-                replacement_zones=alt,
-                hosts_chief=on_w0 and s.role.value == "worker" and s.index == 0,
-            )
-        )
-
-    rate_fn: RateFn | None = None
-    if cm is not None:
-        machines = {s.name: s.machine_type for s in slots}
-        rate_fn = _cost_model_rate_fn(cm, spec, sim_slots, calibration, machines, cat)
-
-    mb = model_mb if model_mb is not None else model_size_mb(profile)
-    schedule: tuple[tuple[str, float], ...] | None = None
-    provider = spec.provider.as_local()
-    if provider is not None:
-        if provider.revocations == RevocationMode.NONE:
-            schedule = ()
-        elif provider.revocations == RevocationMode.SCHEDULE:
-            # Like the local provider: only spot instances, only a slot's first instance, and at_s
-            # taken as seconds of simulated time after the start.
-            spot_slots = {s.name for s in sim_slots if s.spot}
-            schedule = tuple((r.instance, r.at_s) for r in provider.schedule if r.instance in spot_slots)
-    book_name = price_book or spec.pricing.book
     calib = calibration if isinstance(calibration, Calibration) else None
+    local = spec.provider.emulates_gpus and not as_cloud
+    slots, sim_slots, rate_fn = _slots(spec, cat, price_book, step_rates, calib, local)
+    mb = model_mb if model_mb is not None else model_size_mb(spec.training.profile_name)
     acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
-    lifetime_fn = None
-    if local and provider is not None and provider.revocations == RevocationMode.MODEL:
-        lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s)
+    lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None
+    book_name = price_book or spec.pricing.book
     return SimCluster(
         slots=tuple(sim_slots),
-        train_steps=training.train_steps,
-        mode=mode,
+        train_steps=spec.training.train_steps,
+        mode=spec.mode.value,
         ps_capacity_steps_per_s=ps_capacity_steps_per_s if ps_capacity_steps_per_s is not None else math.inf,
         rate_fn=rate_fn,
-        checkpoint_every=training.checkpoint_every,
+        checkpoint_every=spec.training.checkpoint_every,
         checkpoint_cost_s=acc.checkpoint_s if model_mb is None else policy.checkpoint_s(mb),
         policy=spec.policy.on_revocation.value,
         max_replacements=spec.policy.max_replacements,
@@ -192,33 +118,123 @@ def cluster_from_spec(
         time_scale=spec.provider.time_scale if local else 1.0,
         name=spec.name,
         model_mb=mb,
-        schedule=schedule,
+        schedule=_revocation_schedule(spec.provider.as_local(), sim_slots),
         lifetime_fn=lifetime_fn,
     )
 
 
+def _pinned(spec: JobSpec, cluster: Cluster | None) -> JobSpec:
+    """``spec`` with ``cluster`` (if given); a spec that still pins no cluster cannot be simulated."""
+    if cluster is not None:
+        spec = spec.with_cluster(cluster)
+    if spec.cluster is None:
+        raise SimSpecError(
+            f"spec '{spec.name}' does not pin a cluster (it only gives search:); run `orchestrator plan` "
+            "on it and simulate the cluster it picks (write it under cluster:), or pass a cluster"
+        )
+    return spec
+
+
+def _slots(
+    spec: JobSpec, catalog: Catalog, price_book: str | None, step_rates: Mapping[str, float] | None,
+    calibration: Calibration | None, local: bool,
+) -> tuple[list[Slot], list[SimSlot], RateFn | None]:
+    """The cluster's slots, as the controller expands them and as the simulator sees them, and the cluster
+    rate of a set of live workers (from the cost model; None: the engine's default rule on ``step_rates``)."""
+    book = price_book_for(spec, catalog, price_book)
+    slots = expand(spec, catalog, price_book)
+    use_cost_model = step_rates is None and not local
+    if local and step_rates is None:
+        step_rates = _local_step_rates(spec, slots, calibration)
+    on_w0 = spec.mode == TrainingMode.ASYNC and spec.pinned.chief.on_worker0
+    if on_w0:  # the chief lives on worker 0's VM: no slot of its own, worker 0 is critical
+        slots = [s for s in slots if s.role.value != "chief"]
+    sim_slots = [_sim_slot(spec, s, book, catalog, step_rates, calibration, on_w0) for s in slots]
+    if not use_cost_model:
+        return slots, sim_slots, None
+    machines = {s.name: s.machine_type for s in slots}
+    return slots, sim_slots, _cost_model_rate_fn(spec, sim_slots, calibration, machines, catalog)
+
+
+def _local_step_rates(spec: JobSpec, slots: Sequence[Slot], calibration: Calibration | None) -> dict[str, float]:
+    """Emulated GPUs: steps/s of each GPU type from this host's CPU step plus the measured curves."""
+    workers = [s for s in slots if s.gpu is not None]
+    steps = local_worker_steps(spec, [s.gpu or "" for s in workers], [s.batch or 0 for s in workers], calibration)
+    rates: dict[str, float] = {}
+    for s, t in zip(workers, steps, strict=True):
+        rates.setdefault(s.gpu or "", 1.0 / t)
+    return rates
+
+
+def _sim_slot(
+    spec: JobSpec, s: Slot, book: PriceBook, catalog: Catalog, step_rates: Mapping[str, float] | None,
+    calibration: Calibration | None, on_w0: bool,
+) -> SimSlot:
+    """One slot as the simulator sees it: prices, its worker's own step rate, where a replacement may go."""
+    alt: tuple[str, ...] = ()
+    if spec.provider.is_cloud and s.gpu is not None:
+        offered = catalog.zones_for(s.gpu)
+        alt = tuple(z for z in spec.provider.allowed_zones if z in offered and z != s.zone)
+    return SimSlot(
+        name=s.name,
+        role=s.role.value,
+        gpu=s.gpu,
+        zone=s.zone,
+        spot=s.spot,
+        price_per_hour=s.price_per_hour,
+        on_demand_price_per_hour=book.instance_price(s.machine_type, s.gpu, 1 if s.gpu else 0, False),
+        step_rate=_step_rate(spec, s, step_rates, calibration),
+        batch=s.batch or 0,
+        replacement_zones=alt,
+        hosts_chief=on_w0 and s.role.value == "worker" and s.index == 0,
+    )
+
+
+def _step_rate(
+    spec: JobSpec, s: Slot, step_rates: Mapping[str, float] | None, calibration: Calibration | None
+) -> float:
+    """A worker's own steps/s: given per GPU type, else the cost model's prediction; 0 for a CPU role."""
+    if s.gpu is None:
+        return 0.0
+    if step_rates is None:
+        return 1.0 / float(predict_step_time(spec.training.profile_name, s.gpu, s.batch or 0, calibration))
+    if s.gpu not in step_rates:
+        raise SimSpecError(f"no step rate for GPU '{s.gpu}'; step_rates has {', '.join(step_rates)}")
+    return float(step_rates[s.gpu])
+
+
+def _revocation_schedule(
+    provider: LocalProvider | None, sim_slots: Sequence[SimSlot]
+) -> tuple[tuple[str, float], ...] | None:
+    """A local spec's fixed revocations (none, or its schedule); None: lifetimes are drawn."""
+    if provider is None or provider.revocations == RevocationMode.MODEL:
+        return None
+    if provider.revocations == RevocationMode.NONE:
+        return ()
+    # Like the local provider: only spot instances, only a slot's first instance, and at_s
+    # taken as seconds of simulated time after the start.
+    spot_slots = {s.name for s in sim_slots if s.spot}
+    return tuple((r.instance, r.at_s) for r in provider.schedule if r.instance in spot_slots)
+
+
 def _seeded_lifetimes(
     spec: JobSpec, slots: Sequence[Slot], sim_slots: Sequence[SimSlot], until_training_s: float
-) -> Callable[[int, int], float]:
+) -> Callable[[int, int], float] | None:
     """The local provider's own draws (``control.revocations``, seeded per job, slot and generation). It
     revokes on the training-progress clock: after ``revoke_after_s x nominal steps/s`` steps (nominal =
     the emulated sleeps alone); here that many steps at the simulated rate, after the instance is up and
-    its task is training."""
-    from orchestrator.core.emulation import emulation_sleep
-    from orchestrator.core.policy import revoke_after_s
-    from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
-
+    its task is training. None: the spec's revocations are not drawn (none, or a schedule)."""
+    provider = spec.provider.as_local()
+    if provider is None or provider.revocations != RevocationMode.MODEL:
+        return None
     step_s = float(progress_clock_for(spec, slots, emulation_sleep(spec)).get(PROGRESS_STEP_S, 0) or 0)
     rates = [s.step_rate for s in sim_slots if s.role == "worker"]
     rate = (min(rates) if spec.mode == TrainingMode.SYNC else sum(rates)) or 1.0
     by_name = {s.name: s for s in slots}
-    provider = spec.provider.as_local()
-    if provider is None:  # only local specs draw seeded lifetimes
-        raise SimSpecError(f"spec '{spec.name}' is not a local spec; seeded lifetimes are the local provider's")
 
     def lifetime(slot: int, generation: int) -> float:
         s = by_name[sim_slots[slot].name]
-        after = revoke_after_s(provider, s.role, s.index, generation, s.gpu, "local", True, None, 0.0)
+        after = policy.revoke_after_s(provider, s.role, s.index, generation, s.gpu, "local", True, None, 0.0)
         if after is None:
             return math.inf
         if step_s <= 0:  # no emulation: the provider stays on the wall clock
@@ -229,15 +245,12 @@ def _seeded_lifetimes(
 
 
 def _cost_model_rate_fn(
-    cm: Any, spec: JobSpec, slots: list[SimSlot], calibration: object | None, machines: Mapping[str, str],
+    spec: JobSpec, slots: list[SimSlot], calibration: Calibration | None, machines: Mapping[str, str],
     catalog: Catalog,
 ) -> RateFn:
     """Cluster steps/s for a set of live workers, from the cost model as the planner computes it (the
     workers' host machine types and the round trips between zones included; memoised by the live set)."""
-    from orchestrator.core.costmodel.cluster import estimate_from_compute
-    from orchestrator.core.costmodel.compute import step_fn
-
-    calib = calibration if isinstance(calibration, Calibration) else DEFAULT_CALIBRATION
+    calib = calibration or DEFAULT_CALIBRATION
     ps_zone = next((s.zone for s in slots if s.role == "ps"), None)
     profile = spec.training.profile_name
     mode = spec.mode.value
@@ -255,8 +268,8 @@ def _cost_model_rate_fn(
             return cache[key]
         members = [slots[i] for i in key]
         gpus = [s.gpu or "" for s in members]
-        if resplit:
-            batches = [int(b) for b in cm.split_batch(profile, gpus, global_batch, calibration)]
+        if global_batch is not None and resplit:
+            batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration)]
         else:
             batches = [s.batch for s in members]
         # A machine type with k GPUs (a3-highgpu-2g) trains as k GPU-workers, as the planner counts it.
@@ -281,12 +294,11 @@ class LocalRunScorer:
     revocations, or its schedule), so ``plan`` and ``simulate`` give the same answer for a local run."""
 
     def __init__(self, spec: JobSpec, calibration: object | None = None) -> None:
-        from orchestrator.sim.engine import FixedLifetimes, NoRevocations, ScheduleLifetimes, simulate
-
         # The planner judges budget and deadline itself: score the whole run, not one the limits cut short.
         cluster = replace(cluster_from_spec(spec, calibration=calibration), enforce_limits=False)
+        source: LifetimeSource
         if cluster.schedule is not None:
-            source: Any = ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True)
+            source = ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True)
         elif cluster.lifetime_fn is not None:
             source = FixedLifetimes(cluster.lifetime_fn)
         else:
@@ -294,9 +306,7 @@ class LocalRunScorer:
         self.result = simulate(cluster, source)
         self.base = simulate(cluster, NoRevocations())
 
-    def score(self, candidate: Any, context: Any) -> Any:
-        from orchestrator.core.costmodel.planner import Score
-
+    def score(self, candidate: Candidate, context: PlanContext) -> Score:
         r = self.result
         return Score(r.wall_time_s, r.cost_usd, float(r.revocations), r.wall_time_s - self.base.wall_time_s)
 

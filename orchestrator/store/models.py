@@ -150,6 +150,32 @@ class Block(Base):
     expires_at: Mapped[float] = mapped_column(Float, index=True)
 
 
+class Operation(Base):
+    """A cloud call a pass started and later passes follow (control/operations.py): nothing waits on it.
+
+    The row is written before the call (intent first) with the call's ``request_id``, so a call whose answer
+    was lost with the process that sent it is sent again with the same id and the cloud answers with the
+    first one's operation. ``name`` is the provider's operation id once known; ``ended_at`` the provider's
+    own end time (a delete's endTime closes the instance's ledger there).
+    """
+
+    __tablename__ = "operations"
+    __table_args__ = (Index("ix_operations_job_status", "job_id", "status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(8))  # insert | delete
+    zone: Mapped[str] = mapped_column(String(32))
+    zones_left: Mapped[str] = mapped_column(String(200), default="")  # insert: where to try next, in order
+    request_id: Mapped[str] = mapped_column(String(36), unique=True)
+    name: Mapped[str | None] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(12))  # pending | done | failed | timed_out
+    error: Mapped[str | None] = mapped_column(String(500))
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+
+
 class Plan(Base):
     __tablename__ = "plans"
 

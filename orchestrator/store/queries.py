@@ -20,7 +20,18 @@ from orchestrator.core.status import (
     JobStatus,
     TransitionError,
 )
-from orchestrator.store.models import Block, Calibration, Event, Instance, Intent, Job, LedgerEntry, Metric, Plan
+from orchestrator.store.models import (
+    Block,
+    Calibration,
+    Event,
+    Instance,
+    Intent,
+    Job,
+    LedgerEntry,
+    Metric,
+    Operation,
+    Plan,
+)
 
 
 def switch_status(
@@ -163,6 +174,23 @@ def active_blocks(session: Session, provider: str, now: float | None = None) -> 
     now = time.time() if now is None else now
     return list(session.scalars(select(Block).where(Block.provider == provider[:200], Block.expires_at > now)
                                 .order_by(Block.created_at)))
+
+
+# ---------------------------------------------------------------- cloud operations under way
+
+OP_PENDING = "pending"
+
+
+def pending_operations(session: Session, job_id: str) -> list[tuple[str, Operation]]:
+    """The job's operations still under way, oldest first, with their instance's name."""
+    rows = session.execute(select(Instance.name, Operation).join(Instance, Instance.id == Operation.instance_id)
+                           .where(Operation.job_id == job_id, Operation.status == OP_PENDING)
+                           .order_by(Operation.id)).all()
+    return [(str(name), op) for name, op in rows]
+
+
+def instance_by_name(session: Session, name: str) -> Instance | None:
+    return session.scalar(select(Instance).where(Instance.name == name))
 
 
 # ---------------------------------------------------------------- metrics

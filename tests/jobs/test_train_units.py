@@ -11,7 +11,7 @@ import pytest
 from tfjob import data
 from tfjob.hparams import HPARAM_SETS, get_hparams
 from tfjob.reporting import MetricsWriter, NoticeWatcher, WindowStats, write_json_atomic
-from tfjob.task import TaskError, load_task, parse_task
+from tfjob.task import TaskError, chief_address, load_task, parse_task
 
 CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]}
 
@@ -41,6 +41,24 @@ def test_parse_task(tmp_path: Path) -> None:
     assert not t.is_chief and parse_task(_raw(role="chief", index=0)).is_chief
     sync = parse_task(_raw(mode="sync", index=0, cluster={"worker": CLUSTER["worker"]}))
     assert sync.is_chief
+
+
+def test_worker0_runs_the_chief_when_the_cluster_has_none() -> None:
+    # cluster.chief.on_worker0: the controller leaves the chief out of the cluster; worker 0 runs it.
+    no_chief = {k: v for k, v in CLUSTER.items() if k != "chief"}
+    w0 = parse_task(_raw(index=0, cluster=no_chief))
+    assert w0.hosts_chief and w0.is_chief
+    assert not parse_task(_raw(index=1, cluster=no_chief)).hosts_chief
+    assert not parse_task(_raw(index=0)).hosts_chief, "a chief task of its own"
+    assert not parse_task(_raw(role="ps", index=0, cluster=no_chief)).hosts_chief
+    with pytest.raises(TaskError, match="at most one chief"):
+        parse_task(_raw(cluster={**CLUSTER, "chief": ["127.0.0.1:1", "127.0.0.1:9"]}))
+    # A VM of its own (cloud): the next port, inside the firewall's task port range; one shared address
+    # (local instances): any free port.
+    vms = {"worker": ["10.0.0.5:2222", "10.0.0.6:2222"], "ps": ["10.0.0.7:2222"]}
+    assert chief_address(vms) == "10.0.0.5:2223"
+    host, _, port = chief_address(no_chief).rpartition(":")
+    assert host == "127.0.0.1" and int(port) not in (1, 2, 3, 4)
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,9 @@ from orchestrator.core.costmodel.compute import (
     step_time,
 )
 from orchestrator.core.costmodel.memory import max_batch
-from orchestrator.core.costmodel.planner import AnalyticScorer, Candidate, PlanResult, Score, Scorer, plan
+from orchestrator.core.costmodel.planner import plan
+from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
+from orchestrator.core.costmodel.planner.scoring import AnalyticScorer, Score, Scorer
 from orchestrator.core.costmodel.profiles import MODEL_NAMES, ModelProfile, UnknownModelError, get_profile
 from orchestrator.core.costmodel.split import SplitError, split_batch
 

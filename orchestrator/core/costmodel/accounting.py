@@ -32,8 +32,9 @@ from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.costmodel.compute import Calibration
 from orchestrator.core.costmodel.profiles import get_profile
+from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.paths import data_dir
-from orchestrator.core.spec import JobSpec
+from orchestrator.core.spec import JobSpec, validate_spec
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,6 @@ def local_worker_steps(
 ) -> list[float]:
     """Seconds a step of each local worker takes: CPU work (shared by every worker on this host's
     cores) plus the emulated GPU's sleep."""
-    from orchestrator.core.emulation import emulation_sleep
-
     host = local_host(calibration)
     sleep = emulation_sleep(spec)
     model = spec.training.profile_name
@@ -127,9 +126,6 @@ def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """This host's figures from finished local jobs (``store.queries.local_run_timings``): the CPU step
     (reference model and batch) that best explains the workers' measured steps given their emulated
     sleeps, and the median start-up and teardown."""
-    from orchestrator.core.emulation import emulation_sleep
-    from orchestrator.core.spec import validate_spec
-
     host = dict(_host_file())
     cases = []
     startups, teardowns = [], []
@@ -154,7 +150,7 @@ def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         return sum(math.log(p / m) ** 2 for unit, naps, meas in cases
                    for p, m in zip(_contended([u * c_ref for u in unit], naps, cores), meas, strict=True))
 
-    from scipy.optimize import minimize_scalar
+    from scipy.optimize import minimize_scalar  # lazy: SciPy only for this fit, never to plan
 
     best = minimize_scalar(loss, bounds=(1e-3, 10.0), method="bounded")
     return {"cpu_step_s": float(best.x), "cpu_step_fixed_s": 0.0, "startup_s": float(np.median(startups)),

@@ -3,29 +3,42 @@
 Real GPUs show two regimes (data/measurements: eager ResNet-32 on an H100 takes ~13 ms a step from
 batch 32 to 512, then 20.6 ms at 1024 and 38.5 ms at 2048):
 
-    host(m)    = overhead_s + overhead_per_layer_s * layers(m)          # framework / kernel launches
-    gpu(m,g,b) = sum_l max( c_l * (b + half_batch),  m_l * b + w_l )    # occupancy-limited roofline
+    host(m,r)  = overhead_s + overhead_per_kernel_s * kernels_r(m)          # framework: launches, dispatch
+    gpu(m,g,b) = sum_l (b + h_l) * max(c_l, m_l) + w_l                      # occupancy-limited roofline
     c_l = 3 F_l / (eff_compute * peak_g),  m_l = 3 A_l / (eff_memory * bw_g),  w_l = 3 W_l / (eff_memory * bw_g)
-    step       = (host^P + gpu^P)^(1/P)                                  # P: how far host and GPU overlap
+    h_l = half_batch * REFERENCE_ELEMENTS / elements_l
+    step       = (host^P + gpu^P)^(1/P)                                     # P: how far host and GPU overlap
 
-* ``host``: the per-step runtime overhead: a fixed part (session run / Python step, optimizer launch)
-  and a part per layer (each layer launches kernels forward and backward). It depends on the framework
-  and runtime (TF1 graph, Keras/XLA, PyTorch eager, torch.compile), which is why the runtime is a
+* ``host``: the per-step runtime overhead: a fixed part (session run / Python step, the optimizer's
+  multi-tensor launches) and a part per launched kernel. ``kernels_r(m)`` is counted from the layer
+  kinds (``KERNELS``: a training step launches forward and backward kernels, e.g. 3 for a convolution:
+  forward, data gradient, weight gradient; 2 for a batch norm or a ReLU), so a deeper model pays for
+  every block it adds; a fusing runtime (``FUSING_RUNTIMES``: XLA, torch.compile) folds ReLUs and adds
+  into their neighbours (no launch, no extra pass over memory). Host costs depend on the framework and
+  runtime (TF1 graph, Keras/XLA, PyTorch eager, torch.compile), which is why the runtime is a
   calibration dimension.
-* per-example compute that saturates with occupancy: a layer's arithmetic at batch ``b`` runs at
-  ``eff_compute * peak * b / (b + half_batch)``, i.e. a small batch leaves most of the GPU idle;
-  ``half_batch`` is the batch at which half the GPU is busy (bigger GPUs need bigger batches).
-* FP32 convolutions run on TF32 tensor cores on Ampere and later GPUs (``TF32_GPUS``; the frameworks'
-  default), so their compute peak is the TF32 one; 16-bit precisions use the FP16/BF16 tensor peak.
-* memory-bound layers (batch norm, ReLU, adds) move their activations and weights at ``eff_memory`` of
-  the datasheet bandwidth; forward + backward is ~3x the forward work for FLOPs and traffic alike.
+* per-example work that saturates with occupancy: a layer at batch ``b`` runs at ``b / (b + h_l)`` of
+  its roofline rate, where ``h_l`` is the batch that half-fills the GPU for that layer. A layer with
+  fewer output elements per example (the 64-channel 8x8 stage of a CIFAR ResNet has a quarter of the
+  16-channel 32x32 stage's) needs a proportionally bigger batch: ``h_l = half_batch x
+  REFERENCE_ELEMENTS / elements_l``; ``half_batch`` (the batch that half-fills the GPU for a 32x32x16
+  layer) is a GPU property, prior ``HALF_BATCH_PER_TFLOP x`` its FP32 TFLOP/s (bigger GPUs need bigger
+  batches). At small batch every layer costs ``h_l max(c_l, m_l)``: about the same for every
+  memory-bound layer, i.e. a per-kernel floor on the GPU.
+* the roofline per layer: arithmetic (``c_l``) or memory traffic (``m_l``: batch norm, ReLU, adds, and
+  the activations every convolution reads and writes), whichever is slower. FP32 convolutions run on
+  TF32 tensor cores on Ampere and later GPUs (``TF32_GPUS``; the frameworks' default), so their compute
+  peak is the TF32 one; 16-bit precisions use the FP16/BF16 tensor peak and move half the bytes.
+  Forward + backward is ~3x the forward work for FLOPs and traffic alike.
 * the two overlap (the host enqueues kernels asynchronously), so the step is a smooth maximum; the
   exponent ``P`` (``Efficiency.overlap``, prior 8: within ~9% of a hard max where the two are equal)
   is a runtime property, fitted where a batch curve has a middle point (``calibration._has_curve``):
   P = 1 means host and GPU time add (a runtime that waits for the GPU between its host phases).
 
-Efficiencies are fractions of the datasheet (``<= 1``, enforced); calibration fits them per GPU x
-runtime (x model, for jobs). Communication (PS / all-reduce) is in ``comm.py``; memory in ``memory.py``.
+Efficiencies are fractions of the datasheet (``<= 1``, enforced); ``eff_compute``, ``eff_memory`` and
+``half_batch`` belong to the GPU (the same cuDNN kernels under every runtime) and are fitted jointly
+over a GPU's runtimes; the overheads and ``P`` belong to the runtime. Communication (PS / all-reduce)
+is in ``comm.py``; memory in ``memory.py``.
 """
 
 from __future__ import annotations
@@ -41,16 +54,43 @@ import numpy as np
 import numpy.typing as npt
 
 from orchestrator.core.catalog import Catalog, Gpu, load_catalog
-from orchestrator.core.costmodel.profiles import get_profile
+from orchestrator.core.costmodel.profiles import (
+    BYTES_PER_VALUE,
+    ModelProfile,
+    UnknownModelError,
+    get_profile,
+    resnet_cifar,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
 TRAINING_FACTOR = 3.0  # forward + backward ~= 3x forward (FLOPs and activation traffic)
 WEIGHT_TRAFFIC_FACTOR = 3.0  # weights read forward and backward, gradient written once
 SMOOTH_MAX_P = 8.0
-HALF_BATCH_PER_TFLOP = 2.5  # ASSUMPTION (prior): parallel work needed to fill a GPU grows with its peak
+# ASSUMPTION (prior): the parallel work that half-fills a GPU grows with its peak (cores x clock): a
+# layer of REFERENCE_ELEMENTS output elements per example (32x32x16) half-fills it at a batch of
+# HALF_BATCH_PER_TFLOP x its FP32 TFLOP/s, i.e. about one element per resident thread (H100: 132 SMs x
+# 2048 threads = 270k = 16.75 x 16384; K80 die: 13 SMX x 2048 = 27k, the prior 1.1 x 16384 = 18k).
+HALF_BATCH_PER_TFLOP = 0.25
+REFERENCE_ELEMENTS = 32 * 32 * 16
 DEFAULT_RUNTIME = "tf1-graph"  # the project's TensorFlow PS job
 RUNTIMES = ("tf1-graph", "keras-xla", "pytorch-eager", "torch-compile")
+FUSING_RUNTIMES = frozenset({"keras-xla", "torch-compile"})  # element-wise layers fused into neighbours
+# Kernels a training step launches per layer kind (forward + backward): a convolution or dense layer
+# runs forward, data gradient and weight gradient; batch norm and layer norm one kernel each way; a
+# ReLU forward and its mask backward; a residual add forward and the gradient accumulation of the
+# branching input; softmax with cross-entropy two each way; an embedding a gather and a scatter-add.
+# The optimizer's multi-tensor launches are in the per-step overhead.
+KERNELS: dict[str, int] = {
+    "conv": 3, "dense": 3, "matmul": 3, "batchnorm": 2, "layernorm": 2, "relu": 2, "add": 2,
+    "avgpool": 2, "maxpool": 2, "softmax": 4, "embedding": 2,
+}
+FUSED_KINDS = frozenset({"relu", "add"})  # what a fusing runtime folds into the neighbouring kernel
+# 16-bit autocast casts each FP32 weight of a convolution / dense / matmul to 16 bits every forward and
+# the weight gradient back to FP32 (PyTorch autocast, Keras mixed precision): two more kernels each.
+CAST_KINDS = frozenset({"conv", "dense", "matmul"})
+CAST_KERNELS = 2
+KERNELS_PER_LAYER = 2.3  # a CIFAR ResNet's kernels per profile layer (only for per-layer displays)
 
 
 def runtime_key(runtime: str, precision: str = "fp32") -> str:
@@ -61,12 +101,13 @@ def runtime_key(runtime: str, precision: str = "fp32") -> str:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fitted constants of one GPU x runtime: fractions of the datasheet peaks, and the host overhead."""
+    """Fitted constants of one GPU x runtime: fractions of the datasheet peaks, the GPU's half-occupancy
+    batch, and the runtime's host overhead and overlap."""
 
     eff_compute: float
     eff_memory: float
     overhead_s: float
-    overhead_per_layer_s: float = 0.0
+    overhead_per_kernel_s: float = 0.0
     half_batch: float | None = None  # None: the prior, HALF_BATCH_PER_TFLOP x the GPU's FP32 TFLOP/s
     overlap: float = SMOOTH_MAX_P  # blend exponent of host and GPU time: 1 = they add, large = they overlap
 
@@ -75,21 +116,26 @@ class Efficiency:
             raise ValueError(f"implausible efficiency {self}: efficiencies must be in (0, 1]")
         if not 1.0 <= self.overlap <= 64.0:
             raise ValueError(f"implausible efficiency {self}: overlap must be in [1, 64]")
-        if self.overhead_s < 0 or self.overhead_per_layer_s < 0 or (self.half_batch or 0) < 0:
+        if self.overhead_s < 0 or self.overhead_per_kernel_s < 0 or (self.half_batch or 0) < 0:
             raise ValueError(f"implausible efficiency {self}: overheads and half_batch must be >= 0")
+
+    @property
+    def overhead_per_layer_s(self) -> float:
+        """The per-kernel overhead as a CIFAR ResNet's per-layer figure (for displays)."""
+        return self.overhead_per_kernel_s * KERNELS_PER_LAYER
 
     def half_batch_for(self, gpu: Gpu) -> float:
         return HALF_BATCH_PER_TFLOP * gpu.fp32_tflops if self.half_batch is None else self.half_batch
 
-    def host_s(self, layers: int) -> float:
-        return self.overhead_s + self.overhead_per_layer_s * layers
+    def host_s(self, kernels: float) -> float:
+        return self.overhead_s + self.overhead_per_kernel_s * kernels
 
     def to_dict(self) -> dict[str, float | None]:
         return {
             "eff_compute": self.eff_compute,
             "eff_memory": self.eff_memory,
             "overhead_s": self.overhead_s,
-            "overhead_per_layer_s": self.overhead_per_layer_s,
+            "overhead_per_kernel_s": self.overhead_per_kernel_s,
             "half_batch": self.half_batch,
             "overlap": self.overlap,
         }
@@ -97,26 +143,38 @@ class Efficiency:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Efficiency:
         hb = d.get("half_batch")
+        per_kernel = d.get("overhead_per_kernel_s")
+        if per_kernel is None:  # files written before kernels were counted: a per-layer figure
+            per_kernel = float(d.get("overhead_per_layer_s") or 0.0) / KERNELS_PER_LAYER
         return cls(
             float(d["eff_compute"]),
             float(d["eff_memory"]),
             float(d["overhead_s"]),
-            float(d.get("overhead_per_layer_s") or 0.0),
+            float(per_kernel),
             None if hb is None else float(hb),
             float(d.get("overlap") or SMOOTH_MAX_P),
         )
 
 
-# PRIORS, used where no measurement constrains a parameter. Physical reasoning, not fits: a kernel
-# launch costs ~5-10 us of host time and a training step launches ~8 kernels a layer (forward,
-# backward, optimizer) in eager PyTorch; TF1's executor dispatches ops at ~10 us each but runs a
-# session call (feed, fetch, PS round trips) of a few ms; XLA fuses most element-wise layers; FP32
-# training of small CNNs reaches ~40% of the datasheet FLOP/s and ~60% of the bandwidth.
+# PRIORS, used where no measurement constrains a parameter. Physical reasoning, not fits: a CUDA
+# kernel launch costs ~5 us of host time and eager PyTorch's dispatch, autograd bookkeeping and Python
+# module calls roughly as much again (~20 us a kernel); TorchInductor's generated Python wrapper
+# launches each Triton kernel through Triton's Python launcher (~30 us) and a compiled step's fixed
+# cost is its guard check plus the eager optimizer's few multi-tensor launches (~1 ms); TF1's executor
+# dispatches ops at ~15 us each on a 2019 4-8 vCPU VM and runs a session call (feed, fetch) of a few
+# ms; XLA launches whole fused clusters (~5 us); FP32 training of small CNNs reaches ~40% of the
+# datasheet FLOP/s and ~60% of the bandwidth. TF 1.x moves more bytes than the profile counts: its
+# default NHWC layout is transposed to and from cuDNN's NCHW around every convolution (TensorFlow
+# performance guide: "NCHW is the optimal format for cuDNN") and its batch norm, ReLU and adds run
+# unfused, ~2.5x the profile's traffic, hence 0.6 / 2.5 = 0.25 of the bandwidth. (Which of compute and
+# memory dominates decides how a GPU's step time scales with its datasheet; leave-one-GPU-out on the
+# ICAC'19 K80 / P100 / V100 runs is within 3% for any memory prior from 0.1 to 0.3, and off by up to
+# 23% with 0.6: the P100's step time follows its bandwidth, not its FP32 FLOP/s.)
 RUNTIME_PRIORS: dict[str, Efficiency] = {
-    "tf1-graph": Efficiency(0.4, 0.6, 0.005, 40e-6),
-    "keras-xla": Efficiency(0.4, 0.6, 0.002, 10e-6),
-    "pytorch-eager": Efficiency(0.4, 0.6, 0.002, 80e-6),
-    "torch-compile": Efficiency(0.4, 0.6, 0.004, 80e-6),
+    "tf1-graph": Efficiency(0.4, 0.25, 0.005, 15e-6),
+    "keras-xla": Efficiency(0.4, 0.6, 0.002, 5e-6),
+    "pytorch-eager": Efficiency(0.4, 0.6, 0.002, 20e-6),
+    "torch-compile": Efficiency(0.4, 0.6, 0.001, 30e-6),
 }
 DEFAULT_EFFICIENCY = RUNTIME_PRIORS[DEFAULT_RUNTIME]
 
@@ -276,6 +334,23 @@ def load_calibration(path: str | Path) -> Calibration:
 # ---------------------------------------------------------------- per-layer arrays
 
 
+def model_profile(model: str) -> ModelProfile:
+    """The model's profile; a CIFAR ResNet of any depth 6n+2 (``resnet_cifar_44``) is built on demand."""
+    try:
+        return get_profile(model)
+    except UnknownModelError:
+        prefix, _, depth = model.rpartition("_")
+        if prefix == "resnet_cifar" and depth.isdigit() and int(depth) >= 8 and (int(depth) - 2) % 6 == 0:
+            n = (int(depth) - 2) // 6
+            return _resnet_of_depth(model, n)
+        raise
+
+
+@functools.cache
+def _resnet_of_depth(model: str, n: int) -> ModelProfile:
+    return resnet_cifar(model, (n, n, n), (16, 32, 64))
+
+
 @dataclass(frozen=True)
 class LayerArrays:
     """Per-layer totals of a profile as arrays (per example, forward)."""
@@ -284,21 +359,45 @@ class LayerArrays:
     act_bytes: FloatArray  # read + write
     weight_bytes: FloatArray
     conv: FloatArray  # 1.0 for convolutions (tensor cores at TF32 on GPUs that have them), else 0.0
+    elements: FloatArray  # parallel work: elements the layer reads or writes, whichever is more
+    kernels: FloatArray  # kernels a training step launches for the layer (KERNELS)
+    fusable: FloatArray  # 1.0 for layers a fusing runtime folds into their neighbours (FUSED_KINDS)
+    castable: FloatArray  # 1.0 for layers whose weights 16-bit autocast casts every step (CAST_KINDS)
 
     @property
     def layers(self) -> int:
         return len(self.flops)
 
+    def kernel_count(self, runtime: str = DEFAULT_RUNTIME, precision: str = "fp32") -> float:
+        """Kernels launched per training step (without the optimizer's, which are per step)."""
+        fused = runtime.split("+")[0] in FUSING_RUNTIMES
+        n = float(np.sum(self.kernels * (1.0 - self.fusable) if fused else self.kernels))
+        if _sixteen_bit(precision):
+            n += CAST_KERNELS * float(np.sum(self.castable))
+        return n
+
 
 @functools.cache
 def layer_arrays(model: str) -> LayerArrays:
-    prof = get_profile(model)
+    prof = model_profile(model)
+    ls = prof.layers
     return LayerArrays(
-        flops=np.array([layer.flops for layer in prof.layers], dtype=np.float64),
-        act_bytes=np.array([layer.read_bytes + layer.write_bytes for layer in prof.layers], dtype=np.float64),
-        weight_bytes=np.array([layer.weight_bytes for layer in prof.layers], dtype=np.float64),
-        conv=np.array([float(layer.kind == "conv") for layer in prof.layers], dtype=np.float64),
+        flops=np.array([layer.flops for layer in ls], dtype=np.float64),
+        act_bytes=np.array([layer.read_bytes + layer.write_bytes for layer in ls], dtype=np.float64),
+        weight_bytes=np.array([layer.weight_bytes for layer in ls], dtype=np.float64),
+        conv=np.array([float(layer.kind == "conv") for layer in ls], dtype=np.float64),
+        elements=np.array(
+            [max(layer.read_bytes, layer.write_bytes, BYTES_PER_VALUE) / BYTES_PER_VALUE for layer in ls],
+            dtype=np.float64,
+        ),
+        kernels=np.array([float(KERNELS.get(layer.kind, 2)) for layer in ls], dtype=np.float64),
+        fusable=np.array([float(layer.kind in FUSED_KINDS) for layer in ls], dtype=np.float64),
+        castable=np.array([float(layer.kind in CAST_KINDS) for layer in ls], dtype=np.float64),
     )
+
+
+def _sixteen_bit(precision: str) -> bool:
+    return precision.lower().startswith(("bf16", "fp16"))
 
 
 # GPUs whose tensor cores run FP32 convolutions as TF32, which cuDNN does by default in PyTorch
@@ -311,7 +410,7 @@ def _peaks(gpu: Gpu, precision: str, conv: FloatArray) -> tuple[FloatArray, floa
     """(per-layer FLOP/s, bytes/s scale) of a precision: 16-bit uses the tensor peak and moves half the
     bytes; FP32 convolutions use the TF32 tensor peak where the GPU has one."""
     fp32 = gpu.fp32_tflops * 1e12
-    if precision.lower().startswith(("bf16", "fp16")) and gpu.fp16_tflops > 0:
+    if _sixteen_bit(precision) and gpu.fp16_tflops > 0:
         return np.full_like(conv, gpu.fp16_tflops * 1e12), 2.0
     if gpu.key in TF32_GPUS and gpu.fp16_tflops > 0:
         return np.where(conv > 0, max(fp32, gpu.fp16_tflops * 1e12 / 2), fp32), 1.0
@@ -320,20 +419,24 @@ def _peaks(gpu: Gpu, precision: str, conv: FloatArray) -> tuple[FloatArray, floa
 
 @dataclass(frozen=True)
 class StepTimeFn:
-    """t(b) = smooth max(host, sum_l max(c_l (b + h), m_l b + w_l)), vectorised over batches."""
+    """t(b) = smooth max(host, sum_l (b + h_l) max(c_l, m_l) + w_l), vectorised over batches."""
 
     host_s: float
     c: FloatArray
     m: FloatArray
     w: FloatArray
-    half_batch: float
+    h: FloatArray  # per-layer half-occupancy batch
     overlap: float = SMOOTH_MAX_P
+
+    @functools.cached_property
+    def _slope(self) -> FloatArray:
+        return np.asarray(np.maximum(self.c, self.m), dtype=np.float64)
 
     def gpu_s(self, batch: npt.ArrayLike) -> FloatArray:
         b = np.atleast_1d(np.asarray(batch, dtype=np.float64))
-        comp = np.outer(b + self.half_batch, self.c)
-        mem = np.outer(b, self.m) + self.w
-        return np.asarray(np.maximum(comp, mem).sum(axis=1), dtype=np.float64)
+        per_example = float(self._slope.sum())
+        fixed = float((self._slope * self.h).sum() + self.w.sum())
+        return np.asarray(b * per_example + fixed, dtype=np.float64)
 
     def __call__(self, batch: npt.ArrayLike) -> FloatArray:
         g = self.gpu_s(batch)
@@ -347,14 +450,24 @@ class StepTimeFn:
         """Step times for batches 1..max_batch (index i holds batch i + 1)."""
         return self(np.arange(1, max_batch + 1, dtype=np.float64))
 
+    def layer_s(self, batch: float) -> tuple[FloatArray, FloatArray]:
+        """Per-layer (compute seconds, memory seconds) of one step at this batch."""
+        occ = batch + self.h
+        return self.c * occ, self.m * occ + self.w
 
-def build_step_fn(arrays: LayerArrays, gpu: Gpu, eff: Efficiency, precision: str = "fp32") -> StepTimeFn:
+
+def build_step_fn(
+    arrays: LayerArrays, gpu: Gpu, eff: Efficiency, precision: str = "fp32", runtime: str = DEFAULT_RUNTIME
+) -> StepTimeFn:
     flops, byte_scale = _peaks(gpu, precision, arrays.conv)
     bw = eff.eff_memory * gpu.memory_bw_gbs * 1e9 * byte_scale
+    fused = runtime.split("+")[0] in FUSING_RUNTIMES
+    act = arrays.act_bytes * (1.0 - arrays.fusable) if fused else arrays.act_bytes
     c = TRAINING_FACTOR * arrays.flops / (eff.eff_compute * flops)
-    m = TRAINING_FACTOR * arrays.act_bytes / bw
+    m = TRAINING_FACTOR * act / bw
     w = WEIGHT_TRAFFIC_FACTOR * arrays.weight_bytes / bw
-    return StepTimeFn(eff.host_s(arrays.layers), c, m, w, eff.half_batch_for(gpu), eff.overlap)
+    h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
+    return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
 
 
 def step_fn(
@@ -368,7 +481,7 @@ def step_fn(
     cat = catalog or load_catalog()
     g = cat.gpu(gpu)
     eff = (calibration or DEFAULT_CALIBRATION).for_gpu(g.key, runtime_key(runtime, precision), model)
-    return build_step_fn(layer_arrays(model), g, eff, precision)
+    return build_step_fn(layer_arrays(model), g, eff, precision, runtime)
 
 
 def step_time(
@@ -392,5 +505,4 @@ def layer_times(
     """Per-layer (compute seconds, memory seconds) of one training step, in profile order."""
     cat = catalog or load_catalog()
     g = cat.gpu(gpu)
-    fn = step_fn(model, g.key, calibration, cat)
-    return fn.c * (batch + fn.half_batch), fn.m * batch + fn.w
+    return step_fn(model, g.key, calibration, cat).layer_s(float(batch))

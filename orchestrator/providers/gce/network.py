@@ -153,6 +153,7 @@ class IsolatedGceProvider(GceProvider):
         self._ranges: list[str] | None = None
         self._ready: set[str] = set()
         self._lock = threading.Lock()
+        self._job_locks: dict[str, threading.Lock] = {}
 
     def check_network(self) -> None:
         """Refuse a network whose existing rules open the training ports to every VM."""
@@ -171,20 +172,31 @@ class IsolatedGceProvider(GceProvider):
                     "compute networks create orchestrator --subnet-mode=auto), or accept it with "
                     "provider.allow_open_network: true")
 
-    def ensure_job_network(self, job_id: str) -> None:
+    def _job_lock(self, job_id: str) -> threading.Lock:
+        # One lock per job: jobs set up their rules in parallel (each takes several API calls).
         with self._lock:
-            if job_id in self._ready:
-                return
+            return self._job_locks.setdefault(job_id, threading.Lock())
+
+    def _ssh_ranges(self) -> list[str]:
+        with self._lock:  # once per provider; every job's first VM needs it
             if self._ranges is None:
                 self.check_network()
                 self._ranges = ssh_source_ranges(self._configured_ranges, self._learn)
-            for rule in job_rules(self.network, job_id, self.ports, self._ranges):
+            return self._ranges
+
+    def ensure_job_network(self, job_id: str) -> None:
+        if job_id in self._ready:
+            return
+        with self._job_lock(job_id):
+            if job_id in self._ready:
+                return
+            for rule in job_rules(self.network, job_id, self.ports, self._ssh_ranges()):
                 self._ensure_firewall(rule)
             self._ready.add(job_id)
 
     def delete_job_network(self, job_id: str) -> None:
         """Delete the job's rules (missing is fine)."""
-        with self._lock:
+        with self._job_lock(job_id):
             self._ready.discard(job_id)
             for rule in job_rules(self.network, job_id, self.ports, ["0.0.0.0/32"]):
                 self._delete_firewall(rule.name)
@@ -201,12 +213,18 @@ class IsolatedGceProvider(GceProvider):
         if (error := operation_error(op, what, self.project)) is not None and not op_has_code(op, "RESOURCE_NOT_FOUND"):
             raise error
 
-    def create(self, request: InstanceRequest) -> None:
+    def _before_create(self, request: InstanceRequest) -> None:
         self.ensure_job_network(request.job_id)
-        super().create(request)
 
-    def delete(self, name: str, zone: str) -> None:
-        super().delete(name, zone)
+    def _prerequisite(self, request: InstanceRequest) -> tuple[str, Callable[[], None]] | None:
+        if request.job_id in self._ready:
+            return None
+        return request.job_id, partial(self.ensure_job_network, request.job_id)
+
+    def _cleanup_key(self, name: str) -> str | None:
+        return _job_of(name)
+
+    def _after_delete(self, name: str) -> None:
         job = _job_of(name)
         if not self.list([job]):  # the job's last VM is gone: so are its rules
             self.delete_job_network(job)

@@ -6,27 +6,37 @@ one bounded exponential backoff applies everywhere and every failure surfaces as
 ``GlobalOperationsClient.wait`` rather than ``.result()``, whose internal polling client ignores a
 custom ``api_endpoint`` (the emulator). Real stockouts and most quota failures arrive as errors on a
 DONE operation, not as HTTP errors, so both paths are mapped.
+
+``create`` / ``delete`` / ``list`` block (the CLI, gc, image bake use them). The controller's passes use the
+non-blocking side instead (``start_create`` / ``start_delete`` / ``operation`` / ``snapshot``, run by
+providers/gce/background.py), so no pass waits on an operation or a listing.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
+import threading
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import google.auth
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
-from google.auth import exceptions as auth_exc
-from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.credentials import Credentials
 from google.cloud import compute_v1
-from google.oauth2 import service_account
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from requests.adapters import HTTPAdapter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from orchestrator.core.cloud_errors import (
     InvalidRequestError,
@@ -45,8 +55,9 @@ from orchestrator.core.instances import (
     Role,
 )
 from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages
+from orchestrator.providers.gce.background import GceBackground, epoch
+from orchestrator.providers.gce.credentials import load_credentials
 from orchestrator.providers.gce.errors import (
-    AUTH_HINT,
     GceCredentialsError,
     GcePermissionError,
     GceProjectError,
@@ -65,6 +76,7 @@ from orchestrator.providers.gce.requests import (
     image_url,
     instance_resource,
 )
+from orchestrator.providers.operations import OpKind, OpRef, OpState, Snapshot, SupportsOperations, SupportsSnapshots
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE", "DEFAULT_IMAGE", "GPU_ACCELERATORS", "GceCredentialsError", "GcePermissionError",
@@ -113,35 +125,7 @@ def _gpu(inst: compute_v1.Instance) -> str | None:
     return next((key for key, name in GPU_ACCELERATORS.items() if name == accelerator), accelerator)
 
 
-def _load_credentials(
-    credentials: Credentials | str | os.PathLike[str] | None, api_endpoint: str | None, project: str
-) -> Credentials:
-    """ADC by default, a key file if a path is given, anonymous for an emulator endpoint."""
-    if isinstance(credentials, Credentials):
-        return credentials
-    if credentials is not None:
-        path = os.fspath(credentials)
-        try:
-            loaded: Credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
-                path, scopes=[CLOUD_PLATFORM_SCOPE]
-            )
-            return loaded
-        except (OSError, ValueError, auth_exc.GoogleAuthError) as exc:
-            # Only the exception type: a parse error message could quote the key file.
-            raise GceCredentialsError(
-                f"cannot load service-account key file {path} ({type(exc).__name__}); "
-                + AUTH_HINT.format(project=project)
-            ) from None
-    if api_endpoint:
-        return AnonymousCredentials()  # type: ignore[no-untyped-call]
-    try:
-        creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
-    except auth_exc.DefaultCredentialsError:
-        raise GceCredentialsError("no Google credentials found: " + AUTH_HINT.format(project=project)) from None
-    return creds
-
-
-class GceProvider(Provider, SupportsFirewall, SupportsImages):
+class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations, SupportsSnapshots):
     """Creates, deletes and lists the orchestrator's VMs in one GCE project."""
 
     name = "gce"
@@ -188,7 +172,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         self.retry = retry or RetrySettings()
         self.page_size = page_size
         # The credentials go to the clients only: never kept on self, never logged.
-        kwargs: dict[str, Any] = {"credentials": _load_credentials(credentials, api_endpoint, project)}
+        kwargs: dict[str, Any] = {"credentials": load_credentials(credentials, api_endpoint, project)}
         if api_endpoint:
             kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
         self._instances = compute_v1.InstancesClient(**kwargs)
@@ -198,11 +182,17 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         self._images = compute_v1.ImagesClient(**kwargs)
         self._regions = compute_v1.RegionsClient(**kwargs)
         self._projects = compute_v1.ProjectsClient(**kwargs)
+        self._background: GceBackground | None = None  # made by the first pass that uses it
+        self.background_threads = 16  # calls (and, apart, polls) under way at once for the passes
+        self._background_lock = threading.Lock()
+        self._stopped_at: dict[str, float] = {}  # VM -> lastStopTimestamp, while listings see it TERMINATED
 
     def __repr__(self) -> str:
         return f"GceProvider(project={self.project!r})"
 
     def close(self) -> None:
+        if self._background is not None:
+            self._background.close()
         for client in (
             self._instances,
             self._zone_ops,
@@ -241,68 +231,114 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
     # ------------------------------------------------------------------ Provider
 
     def create(self, request: InstanceRequest) -> None:
-        zone = request.zone
-        resource = request.gpu or request.machine_type
-        instance = instance_resource(request, self.settings)
-        # One requestId per create(): the retries below reuse it, so a retried insert whose first try
-        # did reach GCE never creates twice. Not derived from the name alone, because GCE replays the
-        # original (possibly failed) operation for a known requestId: a later create after a stockout,
-        # or in another zone, must be a new request.
-        insert = compute_v1.InsertInstanceRequest(
-            project=self.project, zone=zone, instance_resource=instance, request_id=str(uuid.uuid4())
-        )
-        what = f"create {request.name} in {zone}"
-        log.info(
-            "creating %s (%s, %s%s) in %s",
-            request.name,
-            request.machine_type,
-            f"{request.gpu_count}x{request.gpu}, " if request.gpu else "",
-            "spot" if request.spot else "on-demand",
-            zone,
-        )
-        try:
-            op = self._call(
-                what,
-                partial(
-                    self._instances.insert_unary,
-                    request=insert,
-                    retry=None,
-                    timeout=self.retry.request_timeout_s,
-                ),
-                zone=zone,
-                passthrough=(gexc.Conflict,),
-            )
-        except gexc.Conflict:
-            log.info("%s already exists; nothing to do", request.name)
+        what = f"create {request.name} in {request.zone}"
+        # One requestId per create(): the retries reuse it, so a retried insert whose first try did reach
+        # GCE never creates twice. Not derived from the name alone, because GCE replays the original
+        # (possibly failed) operation for a known requestId: a later create after a stockout, or in another
+        # zone, must be a new request.
+        op = self._send_insert(request, str(uuid.uuid4()))
+        if op is None:
             return
-        op = self._wait(op, what, zone=zone)
-        error = operation_error(op, what, self.project, zone=zone, resource=resource)
+        op = self._wait(op, what, zone=request.zone)
+        error = operation_error(op, what, self.project, zone=request.zone, resource=request.gpu or request.machine_type)
         if error is not None and not op_has_code(op, "RESOURCE_ALREADY_EXISTS"):
             raise error
 
     def delete(self, name: str, zone: str) -> None:
         what = f"delete {name} in {zone}"
-        req = compute_v1.DeleteInstanceRequest(
-            project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())
-        )
+        op = self._send_delete(name, zone, str(uuid.uuid4()))
+        if op is not None:
+            op = self._wait(op, what, zone=zone)
+            error = operation_error(op, what, self.project, zone=zone)
+            if error is not None and not op_has_code(op, "RESOURCE_NOT_FOUND"):
+                raise error
+        self._after_delete(name)
+
+    def _before_create(self, request: InstanceRequest) -> None:
+        """What must exist before the job's VM (IsolatedGceProvider: the job's firewall rules)."""
+
+    def _prerequisite(self, request: InstanceRequest) -> tuple[str, Callable[[], None]] | None:
+        """(key, call) that must be done before the insert, once per key (``_before_create``'s slow part):
+        the background runs it once and queues the key's inserts after it, instead of each waiting in a thread."""
+        return None
+
+    def _after_delete(self, name: str) -> None:
+        """What goes once the VM is gone (IsolatedGceProvider: the job's rules, with its last VM)."""
+
+    def _cleanup_key(self, name: str) -> str | None:
+        """Deletes whose ``_after_delete`` may be merged into one (None: nothing to do after a delete)."""
+        return None
+
+    def _send_insert(self, request: InstanceRequest, request_id: str) -> compute_v1.Operation | None:
+        """Send the insert (bounded retries, one requestId); its operation, or None if the VM exists."""
+        self._before_create(request)
+        insert = compute_v1.InsertInstanceRequest(project=self.project, zone=request.zone, request_id=request_id,
+                                                  instance_resource=instance_resource(request, self.settings))
+        log.info("creating %s (%s, %s%s) in %s", request.name, request.machine_type,
+                 f"{request.gpu_count}x{request.gpu}, " if request.gpu else "",
+                 "spot" if request.spot else "on-demand", request.zone)
         try:
-            op = self._call(
-                what,
-                partial(
-                    self._instances.delete_unary,
-                    request=req,
-                    retry=None,
-                    timeout=self.retry.request_timeout_s,
-                ),
-                zone=zone,
-                passthrough=(gexc.NotFound,),
-            )
+            return self._call(f"create {request.name} in {request.zone}",
+                              partial(self._instances.insert_unary, request=insert, retry=None,
+                                      timeout=self.retry.request_timeout_s),
+                              zone=request.zone, passthrough=(gexc.Conflict,))
+        except gexc.Conflict:
+            log.info("%s already exists; nothing to do", request.name)
+            return None
+
+    def _send_delete(self, name: str, zone: str, request_id: str) -> compute_v1.Operation | None:
+        """Send the delete (bounded retries, one requestId); its operation, or None if the VM is gone."""
+        req = compute_v1.DeleteInstanceRequest(project=self.project, zone=zone, instance=name, request_id=request_id)
+        try:
+            return self._call(f"delete {name} in {zone}",
+                              partial(self._instances.delete_unary, request=req, retry=None,
+                                      timeout=self.retry.request_timeout_s),
+                              zone=zone, passthrough=(gexc.NotFound,))
         except gexc.NotFound:
-            return
-        op = self._wait(op, what, zone=zone)
-        error = operation_error(op, what, self.project, zone=zone)
-        if error is not None and not op_has_code(op, "RESOURCE_NOT_FOUND"):
-            raise error
+            return None
+
+    # ------------------------------------------------------------------ without waiting (the controller's passes)
+
+    @property
+    def operation_timeout_s(self) -> float:  # type: ignore[override]
+        return self.retry.operation_timeout_s
+
+    def _bg(self) -> GceBackground:
+        with self._background_lock:
+            if self._background is None:
+                self._background = GceBackground(self, threads=self.background_threads)
+                self._widen_pools(2 * self.background_threads + 4)
+            return self._background
+
+    def _widen_pools(self, connections: int) -> None:
+        """As many kept-alive connections as background threads (requests keeps 10 per host by default)."""
+        for client in (self._instances, self._zone_ops, self._global_ops, self._firewalls):
+            session = getattr(client.transport, "_session", None)
+            if session is not None and hasattr(session, "mount"):
+                for scheme in ("http://", "https://"):
+                    session.mount(scheme, HTTPAdapter(pool_connections=4, pool_maxsize=connections))
+
+    def start_create(self, request: InstanceRequest, request_id: str) -> None:
+        ref = OpRef(OpKind.INSERT, request.name, request.zone, request_id)
+        self._bg().start(ref, partial(self._send_insert, request, request_id), request.gpu or request.machine_type,
+                         prerequisite=self._prerequisite(request))
+
+    def start_delete(self, name: str, zone: str, request_id: str) -> None:
+        ref = OpRef(OpKind.DELETE, name, zone, request_id)
+        self._bg().start(ref, partial(self._send_delete, name, zone, request_id))
+
+    def operation(self, ref: OpRef) -> OpState:
+        return self._bg().operation(ref)
+
+    def forget(self, ref: OpRef) -> None:
+        self._bg().forget(ref)
+
+    def snapshot(self) -> Snapshot | None:
+        return self._bg().snapshot()
+
+    def ended_at(self, name: str) -> float | None:
+        """When the VM stopped by itself (a preemption's hard off), as its record says (lastStopTimestamp)."""
+        return self._stopped_at.get(name)
 
     def list(self, job_ids: Collection[str] | None = None) -> list[ObservedInstance]:
         jobs = None if job_ids is None else set(job_ids)
@@ -394,17 +430,10 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         image = compute_v1.Image(name=name, source_disk=boot_disk, labels={LABEL_MANAGED: "1"})
         if family:
             image.family = family
-        req = compute_v1.InsertImageRequest(
-            project=self.project, image_resource=image, request_id=str(uuid.uuid4())
-        )
+        req = compute_v1.InsertImageRequest(project=self.project, image_resource=image, request_id=str(uuid.uuid4()))
         try:
-            op = self._call(
-                what,
-                partial(
-                    self._images.insert_unary, request=req, retry=None, timeout=self.retry.request_timeout_s
-                ),
-                passthrough=(gexc.Conflict,),
-            )
+            op = self._call(what, partial(self._images.insert_unary, request=req, retry=None,
+                                          timeout=self.retry.request_timeout_s), passthrough=(gexc.Conflict,))
         except gexc.Conflict:
             log.info("image %s already exists", name)
             return
@@ -414,19 +443,10 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
     def _stopped_boot_disk(self, source_instance: str, zone: str, what: str) -> str:
         """The instance's boot disk, once the instance is stopped (stopping it if it runs)."""
         try:
-            inst = self._call(
-                what,
-                partial(
-                    self._instances.get,
-                    project=self.project,
-                    zone=zone,
-                    instance=source_instance,
-                    retry=None,
-                    timeout=self.retry.request_timeout_s,
-                ),
-                zone=zone,
-                passthrough=(gexc.NotFound,),
-            )
+            inst = self._call(what, partial(self._instances.get, project=self.project, zone=zone,
+                                            instance=source_instance, retry=None,
+                                            timeout=self.retry.request_timeout_s),
+                              zone=zone, passthrough=(gexc.NotFound,))
         except gexc.NotFound:
             raise InvalidRequestError(f"{what}: no instance {source_instance} in {zone}", zone=zone) from None
         boot = next((d for d in inst.disks if d.boot), None)
@@ -434,16 +454,10 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             raise InvalidRequestError(f"{what}: the instance has no boot disk", zone=zone)
         if inst.status not in ("TERMINATED", "SUSPENDED"):
             log.info("stopping %s before imaging its disk", source_instance)
-            stop = compute_v1.StopInstanceRequest(
-                project=self.project, zone=zone, instance=source_instance, request_id=str(uuid.uuid4())
-            )
-            op = self._call(
-                what,
-                partial(
-                    self._instances.stop_unary, request=stop, retry=None, timeout=self.retry.request_timeout_s
-                ),
-                zone=zone,
-            )
+            stop = compute_v1.StopInstanceRequest(project=self.project, zone=zone, instance=source_instance,
+                                                  request_id=str(uuid.uuid4()))
+            op = self._call(what, partial(self._instances.stop_unary, request=stop, retry=None,
+                                          timeout=self.retry.request_timeout_s), zone=zone)
             done = self._wait(op, what, zone=zone)
             if (error := operation_error(done, what, self.project, zone=zone)) is not None:
                 raise error
@@ -472,6 +486,9 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         host, internal = self._addresses(inst)
         metadata = {item.key: item.value for item in inst.metadata.items}
         port = metadata.get(SSH_PORT_KEY)
+        stopped = epoch(inst.last_stop_timestamp) if inst.status == "TERMINATED" else None
+        if stopped is not None:  # it stopped by itself (we delete, never stop): the bill ends there
+            self._stopped_at[inst.name] = stopped
         return ObservedInstance(
             name=inst.name,
             job_id=job_id,
@@ -489,6 +506,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
             gpu=_gpu(inst),
             spot=spot,
             internal_host=internal,
+            labels=labels,
         )
 
     def _addresses(self, inst: compute_v1.Instance) -> tuple[str | None, str | None]:
@@ -545,18 +563,17 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages):
         log.warning("%s (attempt %d/%d); retrying in %.2fs", exc, state.attempt_number, self.retry.attempts, pause)
 
     def _wait(self, op: compute_v1.Operation, what: str, *, zone: str | None = None) -> compute_v1.Operation:
-        """Poll with operations.wait (each call returns when DONE or after ~2 min) until DONE."""
-        deadline = time.monotonic() + self.retry.operation_timeout_s
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() >= deadline:
-                raise TransientError(
-                    f"{what}: operation {op.name} not done after {self.retry.operation_timeout_s:.0f}s",
-                    zone=zone,
-                )
-            op = self._call(
-                f"{what} (waiting for {op.name})", partial(self._wait_once, op.name, zone), zone=zone
-            )
-        return op
+        """Poll with operations.wait (each call returns when DONE or after ~2 min) until DONE (blocking calls only)."""
+        if op.status == compute_v1.Operation.Status.DONE:
+            return op
+        waiting = Retrying(retry=retry_if_result(lambda o: o.status != compute_v1.Operation.Status.DONE),
+                           stop=stop_after_delay(self.retry.operation_timeout_s), retry_error_callback=lambda _: None)
+        done: compute_v1.Operation | None = waiting(
+            self._call, f"{what} (waiting for {op.name})", partial(self._wait_once, op.name, zone), zone=zone)
+        if done is None:
+            raise TransientError(f"{what}: operation {op.name} not done after {self.retry.operation_timeout_s:.0f}s",
+                                 zone=zone)
+        return done
 
     def _wait_once(self, operation: str, zone: str | None) -> compute_v1.Operation:
         timeout = self.retry.wait_call_timeout_s

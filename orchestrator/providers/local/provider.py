@@ -129,7 +129,7 @@ class LocalProvider(Provider):
                 name=st["name"], job_id=labels[LABEL_JOB], role=Role(st["role"]), index=st["index"],
                 generation=st["generation"], zone=st["zone"], state=state, provider_id=str(path.parent),
                 host="127.0.0.1", workdir=st["workdir"], preempted=bool(st.get("preempted")), gpu=st.get("gpu"),
-                spot=bool(st["spot"]),
+                spot=bool(st["spot"]), labels=dict(labels),
             ))
         return out
 

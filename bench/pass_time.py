@@ -1,0 +1,175 @@
+"""How long a daemon pass takes over 100 jobs / 1,000 instances when every Compute API call is slow.
+
+    python bench/pass_time.py                          # 2 s per API request, then none (~3 minutes)
+    python bench/pass_time.py --latency 2 --jobs 100 --workers 10
+
+Each run starts the Compute API emulator as its own process on 127.0.0.1 (``--latency-s``: every request is
+answered that many seconds late) and a fresh ORCHESTRATOR_HOME with its SQLite DB, records the jobs (command
+jobs of ``--workers`` spot T4 workers) and runs the daemon's own tick (control/daemon.tick with threads=0:
+the whole pass, every job, waited for) every ``--interval`` seconds, timing each. Phases, each time-limited:
+
+  launch    the creates are started and settled: every instance REQUESTED -> PROVISIONING
+  steady    nothing to change: listing, polling, reconciling
+  teardown  every job cancelled and the emulator's clock moved past the boot, so the inserts finish and the
+            deletes start and settle (as far as the phase's time allows)
+
+The VMs boot only when the teardown moves the clock, so no instance ever needs SSH: this measures the
+cloud side of the pass (listing, operations, DB), which is what the API latency touches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BOOT_S = 3600.0  # emulated: VMs stay PROVISIONING until the teardown advances the emulator's clock
+PHASES = {"launch": 80.0, "steady": 15.0, "teardown": 40.0}  # seconds each phase may take at most
+
+
+def spec_yaml(name: str, url: str, storage: Path, workers: int) -> str:
+    return f"""name: {name}
+provider: {{kind: gce, project: bench-project, zones: [us-central1-c, us-central1-a], api_endpoint: "{url}",
+            ssh_source_ranges: ["127.0.0.1/32"], task_port: 0}}
+storage: {storage}
+training: {{job: command, command: "sleep 600", mode: sync, train_steps: 100}}
+cluster:
+  parameter_servers: {{count: 0}}
+  workers: [{{gpu: t4, count: {workers}, spot: true}}]
+policy: {{on_revocation: replace, max_replacements: 0}}
+pricing: {{book: 2026-11}}
+"""
+
+
+class Emulator:
+    """The Compute API emulator in its own process (its threads never compete with the daemon's)."""
+
+    def __init__(self, root: Path, latency_s: float) -> None:
+        config = root / "emulator.json"
+        config.write_text(json.dumps({"boot_delay_s": BOOT_S, "delete_delay_s": 1.0, "op_delay_s": 0.5}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator_testing.gce_emulator", "--host", "127.0.0.1", "--port", "0",
+             "--config", str(config), "--latency-s", str(latency_s)],
+            cwd=REPO, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"the emulator did not start: {self.url!r}")
+
+    def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.url}/_emulator/{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out: dict[str, Any] = json.loads(r.read() or b"{}")
+            return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def stats(durations: list[float]) -> str:
+    if not durations:
+        return "no passes"
+    a = np.array(durations)
+    p50, p95, p99 = np.percentile(a, [50, 95, 99])
+    return (f"{len(a):4d} passes  p50 {p50:6.3f}s  p95 {p95:6.3f}s  p99 {p99:6.3f}s  max {a.max():6.3f}s")
+
+
+def run(latency_s: float, jobs: int, workers: int, interval_s: float, threads: int) -> dict[str, list[float]]:
+    home = Path(tempfile.mkdtemp(prefix="pass-time-"))
+    os.environ["ORCHESTRATOR_HOME"] = str(home)
+    os.environ.pop("ORCHESTRATOR_DB_URL", None)
+    # Imported once the home is set: the DB lives there.
+    from sqlalchemy import func, select, update
+
+    from orchestrator.control.daemon import tick
+    from orchestrator.control.launcher import create_job
+    from orchestrator.core.spec import validate_spec
+    from orchestrator.core.status import FINAL_JOB
+    from orchestrator.providers.gce.provider import GceProvider
+    from orchestrator.providers.registry import backend_for
+    from orchestrator.store.db import open_session
+    from orchestrator.store.models import Instance, Job
+
+    import yaml
+
+    emulator = Emulator(home, latency_s)
+    times: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    try:
+        with open_session() as session:
+            for k in range(jobs):
+                spec = validate_spec(yaml.safe_load(spec_yaml(f"b{k:03d}", emulator.url, home / "runs", workers)))
+                create_job(session, spec)
+        provider = backend_for(spec).provider  # every job shares it (one backend per provider settings)
+        assert isinstance(provider, GceProvider)
+        provider.background_threads = threads
+
+        def counts() -> dict[str, int]:
+            with open_session() as session:
+                rows = session.execute(select(Instance.status, func.count()).group_by(Instance.status)).all()
+                final = session.scalar(select(func.count()).where(Job.status.in_([s.value for s in FINAL_JOB])))
+            return {**{str(s): int(n) for s, n in rows}, "jobs final": int(final or 0)}
+
+        def phase(name: str, done: Callable[[dict[str, int]], bool]) -> dict[str, int]:
+            deadline = time.monotonic() + PHASES[name]
+            while True:
+                started = time.perf_counter()
+                tick("bench-daemon", threads=0)
+                times[name].append(time.perf_counter() - started)
+                now = counts()
+                if done(now) or time.monotonic() > deadline:
+                    print(f"  {name:9s} {stats(times[name])}   {now}", flush=True)
+                    return now
+                time.sleep(max(0.0, interval_s - (time.perf_counter() - started)))
+
+        total = jobs * workers
+        phase("launch", lambda c: c.get("provisioning", 0) == total)
+        steady_until = len(times["steady"]) + 20
+        phase("steady", lambda c: len(times["steady"]) >= steady_until)
+        with open_session() as session:
+            session.execute(update(Job).values(cancel_requested=True))
+        emulator.control("POST", "advance", {"seconds": BOOT_S})  # the VMs boot: their inserts finish
+        phase("teardown", lambda c: c["jobs final"] == jobs)
+        calls = emulator.control("GET", "snapshot")["calls"]
+        print(f"  API calls: {', '.join(f'{k} {v}' for k, v in sorted(calls.items()))}", flush=True)
+    finally:
+        emulator.stop()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--latency", type=float, nargs="*", default=[2.0, 0.0],
+                        help="seconds added to every API request; one run each (default: 2 0)")
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=10, help="instances per job")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds from one pass's start to the next")
+    parser.add_argument("--threads", type=int, default=64, help="the provider's background calls at once")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    for latency in args.latency:
+        print(f"{args.jobs} jobs x {args.workers} instances, API latency {latency:g}s per request, "
+              f"a pass every {args.interval:g}s:", flush=True)
+        times = run(latency, args.jobs, args.workers, args.interval, args.threads)
+        print(f"  all       {stats([t for ts in times.values() for t in ts])}\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

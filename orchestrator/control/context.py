@@ -1,0 +1,54 @@
+"""What one job's pass works with (``JobContext``), and the small helpers every part of dispatch shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from orchestrator.core.instances import ObservedInstance
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.status import JobStatus
+from orchestrator.providers.registry import Backend
+from orchestrator.storage.base import JobStorage
+from orchestrator.store import queries
+from orchestrator.store.models import Instance, Job, Operation
+
+TASK = "task"  # the process name of the training task on every instance
+
+
+@dataclass
+class JobContext:
+    session: Session
+    job: Job
+    spec: JobSpec
+    slots: list[Slot]
+    backend: Backend
+    storage: JobStorage
+    observed: dict[str, ObservedInstance]
+    emulation_sleep: Callable[[str | None, int], float]  # (gpu, batch) -> extra seconds per step (local)
+    # Each instance's cloud operation under way (control/operations.py), by instance name: at most one.
+    pending: dict[str, Operation] = field(default_factory=dict)
+
+
+def instance_row(ctx: JobContext, name: str) -> Instance:
+    inst = next((i for i in ctx.job.instances if i.name == name), None)
+    if inst is None:
+        raise LookupError(f"no instance {name} in job {ctx.job.id}")
+    observed = ctx.observed.get(name)
+    if observed is not None and observed.zone != inst.zone:
+        # Created in a fallback zone by a pass that died before recording it: adopt the VM where it is,
+        # or its delete would go to the wrong zone (not found there: "deleted") and leave it running.
+        queries.note(ctx.session, ctx.job.id, "zone_fallback",
+                     f"{name} found in {observed.zone}, recorded in {inst.zone}", instance_id=inst.id)
+        inst.zone = observed.zone
+    return inst
+
+
+def fail_job(ctx: JobContext, reason: str) -> None:
+    if ctx.job.status not in (JobStatus.TEARING_DOWN, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+        ctx.job.outcome = JobStatus.FAILED.value
+        queries.switch_status(ctx.session, ctx.job, JobStatus.TEARING_DOWN, reason)
+        ctx.session.commit()

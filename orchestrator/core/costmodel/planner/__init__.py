@@ -1,0 +1,130 @@
+"""Planner: enumerate candidate clusters, predict their time and cost, return the Pareto front and a choice.
+
+For each candidate (worker GPUs, per-worker batches, PS count, zone, spot or on-demand):
+
+* compute step time per worker (compute.py), split of the batch (split.py) under memory caps (memory.py);
+* cluster steps/s and PS load (cluster.py / comm.py); ``T0 = train_steps / steps_per_s`` (async: global
+  steps, every worker step is one; sync: synchronous steps);
+* expected revocation overhead (the default :class:`AnalyticScorer`): a spot instance is revoked at rate
+  ``lambda`` (risk.py); a revoked worker costs the replacement boot delay (``replacement_boot_delay`` in
+  data/cloud_facts.csv) of *its* throughput (async: the cluster rate lost while it is missing), a revoked
+  sync worker, spot PS or spot chief stalls everything for that delay and rolls back half a checkpoint
+  interval. With ``L = sum_i lambda_i * loss_i`` seconds lost per second, the expected time solves
+  ``T = T0 + L T``, i.e. ``T = T0 / (1 - L)``; expected revocations ``sum_i lambda_i * T``;
+* cost = hourly price of every instance (PS, chief, workers; price book with the spec's overrides) x T.
+
+Candidates over ``policy.budget_usd`` or ``policy.deadline`` are kept but flagged infeasible. The front
+is the set of feasible candidates no other feasible one beats on both time and cost; the choice is the
+cheapest (``search.objective: cost``) or fastest (``time``) of it. Zones change only price and risk, so
+the throughput of a worker set is computed once and reused for every zone and spot choice.
+
+Hook for the simulator: any object with ``score(candidate, context) -> Score`` can replace the analytic
+revocation model (``plan(..., scorer=...)``); it gets the failure-free prediction and returns the
+expected time, cost and revocations.
+
+The parts: ``layouts`` (the clusters to evaluate, packing included), ``evaluate`` (a layout's rate, time
+and price), ``scoring`` (expected time and cost under revocations), ``candidates`` (the result types);
+here, the search that ties them together and the choice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
+from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
+from orchestrator.core.costmodel.planner.evaluate import Evaluator
+from orchestrator.core.costmodel.planner.layouts import layouts
+from orchestrator.core.costmodel.planner.scoring import AnalyticScorer, Scorer, plan_context, score_candidates
+from orchestrator.core.spec import JobSpec
+
+
+def pareto_front(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates no other beats on both time and cost (one of each tie), fastest first."""
+    finite = [c for c in candidates if math.isfinite(c.time_s) and math.isfinite(c.cost_usd)]
+    finite.sort(key=lambda c: (c.time_s, c.cost_usd))
+    front: list[Candidate] = []
+    best_cost = math.inf
+    for c in finite:
+        if c.cost_usd < best_cost:
+            front.append(c)
+            best_cost = c.cost_usd
+    return front
+
+
+def _objective_key(objective: str) -> Callable[[Candidate], tuple[bool, float, float]]:
+    if objective == "time":
+        return lambda c: (not c.feasible, c.time_s, c.cost_usd)
+    return lambda c: (not c.feasible, c.cost_usd, c.time_s)
+
+
+
+def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) -> str:
+    """Which calibration (and how many measured points) stands behind each GPU's step time."""
+    if spec.provider.emulates_gpus:
+        src = (f"calibration {calib.name} (fitted on {calib.local_host.get('jobs', 0):.0f} local jobs)"
+               if calib.local_host else "data/local_host.csv")
+        return (f"step times: this host's measured CPU step and start-up ({src}) + the emulated GPUs' measured "
+                "curves (orchestrator.core.emulation); no GPU calibration")
+    gpus = dict.fromkeys(best.gpus if best else [])
+    model = spec.training.profile_name
+    return "calibration: " + "; ".join(f"{g}: {calib.describe(g, model=model)}" for g in gpus)
+
+
+def plan(
+    spec: JobSpec,
+    catalog: Catalog | None = None,
+    calibration: Calibration | None = None,
+    scorer: Scorer | None = None,
+) -> PlanResult:
+    """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring."""
+    started = time.perf_counter()
+    context = plan_context(spec, catalog, calibration)
+    cat = context.catalog
+    calib = calibration or DEFAULT_CALIBRATION
+    ev = Evaluator(spec, cat, calib, context.book)
+    base = [ev.evaluate(layout) for layout in layouts(spec, cat)]
+    notes: list[str] = []
+    if not base:
+        notes.append("no candidate: no allowed zone offers the GPU types searched")
+    policy = spec.policy
+    scored = score_candidates(base, context, scorer or AnalyticScorer(), policy.budget_usd, policy.deadline)
+    objective = spec.search.objective if spec.search is not None else "cost"
+    scored.sort(key=_objective_key(objective))
+    feasible = [c for c in scored if c.feasible]
+    front = pareto_front(feasible or scored)
+    if not feasible and scored:
+        notes.append("no candidate meets every constraint; the front and the choice below are infeasible")
+    key = _objective_key(objective)
+    best = min(front, key=key) if front else (scored[0] if scored else None)
+    # A pinned cluster is what will run: it is the choice even when it breaks the budget or deadline.
+    # From a search, only a feasible candidate is chosen; the best infeasible one is reported apart.
+    chosen = best if (best is not None and (best.feasible or spec.cluster is not None)) else None
+    best_infeasible = best if chosen is None else None
+    if best is not None and best.risk_assumed:
+        notes.append("no revocation data for some GPU types: their risk is the mean of the measured types")
+    notes.append(calibration_note(spec, calib, best))
+    return PlanResult(
+        model=ev.model,
+        mode=ev.mode,
+        objective=objective,
+        train_steps=ev.train_steps,
+        candidates=tuple(scored),
+        front=tuple(front),
+        chosen=chosen,
+        feasible=bool(chosen and chosen.feasible),
+        best_infeasible=best_infeasible,
+        budget_usd=policy.budget_usd,
+        deadline_s=policy.deadline,
+        elapsed_s=time.perf_counter() - started,
+        calibration=calib.name,
+        notes=tuple(notes),
+    )
+
+
+
+
+__all__ = ["calibration_note", "pareto_front", "plan"]

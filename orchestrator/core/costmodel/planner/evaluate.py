@@ -1,0 +1,251 @@
+"""Evaluating a layout: per-worker batches, step times, PS load and prices -> a ``Candidate``.
+
+Step times come from compute.py, batch splits from split.py under memory caps (memory.py), cluster
+steps/s and PS load from cluster.py / comm.py; ``base_time_s`` (no revocations) from the run accounting the
+simulator shares. Zones change only price and risk, so a worker set's estimate is cached and reused for
+every zone and spot choice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.core.catalog import Catalog, CatalogError, PriceBook
+from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
+from orchestrator.core.costmodel.batches import worker_batches
+from orchestrator.core.costmodel.cluster import ClusterEstimate, estimate_from_compute
+from orchestrator.core.costmodel.compute import Calibration, StepTimeFn, step_fn
+from orchestrator.core.costmodel.memory import max_batch
+from orchestrator.core.costmodel.planner.candidates import Candidate, WorkerPlan
+from orchestrator.core.costmodel.planner.layouts import Layout
+from orchestrator.core.costmodel.profiles import get_profile
+from orchestrator.core.costmodel.split import SplitError, min_max_split
+from orchestrator.core.spec import JobSpec, TrainingMode
+
+LOCAL_MACHINE = "local"  # how non-cloud instances are priced (as the spec validation does)
+
+
+class Evaluator:
+    """Per-plan caches: step-time functions, memory caps, splits and cluster estimates."""
+
+    def __init__(self, spec: JobSpec, catalog: Catalog, calibration: Calibration, book: PriceBook) -> None:
+        self.spec = spec
+        self.catalog = catalog
+        self.calibration = calibration
+        self.book = book
+        self.model = spec.training.profile_name
+        self.profile = get_profile(self.model)
+        self.mode = str(TrainingMode(spec.mode))
+        self.cloud = spec.provider.is_cloud
+        self.train_steps = spec.training.train_steps
+        self.accounting = run_accounting(spec, catalog, calibration)  # boot, checkpoints, teardown: as the sim
+        self._fns: dict[str, StepTimeFn] = {}
+        self._caps: dict[str, int] = {}
+        self._batches: dict[tuple[tuple[str, int | None], ...], tuple[list[int], str | None]] = {}
+        self._estimates: dict[tuple[Any, ...], ClusterEstimate] = {}
+        self._prices: dict[tuple[str, str | None, bool], float | str] = {}
+
+    def fn(self, gpu: str) -> StepTimeFn:
+        if gpu not in self._fns:
+            self._fns[gpu] = step_fn(self.model, gpu, self.calibration, self.catalog)
+        return self._fns[gpu]
+
+    def cap(self, gpu: str) -> int:
+        if gpu not in self._caps:
+            self._caps[gpu] = max_batch(self.model, gpu, self.catalog)
+        return self._caps[gpu]
+
+    def gpus_per_instance(self, machine: str) -> int:
+        return self.catalog.gpus_per_instance(machine) if self.cloud else 1
+
+    def price(self, machine: str, gpu: str | None, spot: bool) -> float | str:
+        """USD/h, or the reason it has no price."""
+        key = (machine if self.cloud else LOCAL_MACHINE, gpu, spot)
+        if key not in self._prices:
+            try:
+                self._prices[key] = self.book.instance_price(key[0], gpu, 1 if gpu else 0, spot)
+            except CatalogError as exc:
+                self._prices[key] = str(exc)
+        return self._prices[key]
+
+    def pinned_batches(self) -> tuple[list[int], str | None]:
+        """A pinned cluster runs the batches the controller computes (``orchestrator.core.slots``)."""
+        try:
+            out = list(worker_batches(self.spec, self.catalog))
+        except SplitError as exc:
+            n = self.spec.worker_count
+            return [max(1, (self.spec.training.global_batch or n) // n)] * n, str(exc)
+        return out, self._check_caps([g.gpu for g in self.spec.pinned.workers for _ in range(g.count)], out)
+
+    def _check_caps(self, gpus: Sequence[str], batches: Sequence[int]) -> str | None:
+        for g, b in zip(gpus, batches, strict=True):
+            if b > self.cap(g):
+                return f"batch {b} does not fit {g} memory (at most {self.cap(g)} for {self.model})"
+        return None
+
+    def batches(self, slots: Sequence[tuple[str, int | None]]) -> tuple[list[int], str | None]:
+        """Per-worker batches of a searched cluster and an error, if the batch cannot be placed.
+
+        async: ``training.batch_per_worker`` or, with ``training.global_batch``, the split that equalises
+        step times, else the profile's default; sync: the global batch (``global_batch``, or the per-worker
+        batch times the workers) split so the slowest worker is fastest.
+        """
+        key = tuple(slots)
+        if key in self._batches:
+            return self._batches[key]
+        tr = self.spec.training
+        n = len(slots)
+        fixed = [b for _, b in slots]
+        free = [i for i, b in enumerate(fixed) if b is None]
+        out = [b or 0 for b in fixed]
+        err: str | None = None
+        if free:
+            per_worker = tr.batch_per_worker or (None if tr.global_batch else self.profile.default_batch)
+            if self.mode == "async" and per_worker is not None:
+                for i in free:
+                    out[i] = per_worker
+            else:
+                total = tr.global_batch or (per_worker or self.profile.default_batch) * n
+                remaining = total - sum(b for b in fixed if b is not None)
+                gpus = [slots[i][0] for i in free]
+                longest = max(1, remaining - len(free) + 1)
+                tables = {g: self.fn(g).table(max(0, min(self.cap(g), longest))) for g in set(gpus)}
+                try:
+                    split = min_max_split([tables[g] for g in gpus], remaining)
+                    for i, b in zip(free, split, strict=True):
+                        out[i] = b
+                except SplitError as exc:
+                    err = str(exc)
+                    for i in free:
+                        out[i] = max(1, remaining // len(free))
+        if err is None:
+            err = self._check_caps([g for g, _ in slots], out)
+        self._batches[key] = (out, err)
+        return out, err
+
+    def estimate(
+        self,
+        gpus: tuple[str, ...],
+        batches: tuple[int, ...],
+        machines: tuple[str, ...],
+        ps_count: int,
+        ps_machine: str,
+        zones: tuple[str | None, ...],
+        ps_zone: str | None,
+    ) -> ClusterEstimate:
+        # Zones matter only when they differ (round trips); one-zone clusters share one estimate.
+        spread = len(set(zones) | ({ps_zone} if ps_count else set())) > 1
+        key = (
+            gpus,
+            batches,
+            machines,
+            ps_count,
+            ps_machine,
+            zones if spread else (),
+            ps_zone if spread else None,
+        )
+        est = self._estimates.get(key)
+        if est is None:
+            if self.spec.provider.emulates_gpus:  # emulated GPUs: host CPU + measured curves
+                compute_s = local_worker_steps(self.spec, gpus, batches, self.calibration)
+            else:
+                compute_s = [self.fn(g).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
+            est = estimate_from_compute(
+                self.model,
+                compute_s,
+                machines,
+                ps_count,
+                ps_machine,
+                self.mode,
+                self.calibration,
+                self.catalog,
+                worker_zones=zones if spread else None,
+                ps_zone=ps_zone if spread else None,
+            )
+            self._estimates[key] = est
+        return est
+
+    def evaluate(self, layout: Layout) -> Candidate:
+        """The layout's failure-free rate, time and hourly price; ``reasons`` say what makes it infeasible."""
+        slots = layout.workers
+        machines = tuple(s.machine_type or self.catalog.gpu(s.gpu).default_machine_type for s in slots)
+        # A machine type with k GPUs (a3-highgpu-2g) is one instance, priced once, that trains as k
+        # GPU-workers (one process per GPU): the estimate sees k copies, each at the per-GPU batch.
+        owner = [i for i, m in enumerate(machines) for _ in range(self.gpus_per_instance(m))]
+        batches, err = self._gpu_batches(layout, machines, owner)
+        est = self.estimate(
+            tuple(slots[i].gpu for i in owner), tuple(batches), tuple(machines[i] for i in owner), layout.ps_count,
+            layout.ps_machine_type, tuple(slots[i].zone for i in owner), layout.ps_zone,
+        )
+        reasons: list[str] = [err] if err else []
+        workers = self._worker_plans(layout, machines, owner, batches, est, reasons)
+        hourly = sum([w.price_per_hour for w in workers] + self._cpu_prices(layout, reasons))
+        rate = est.steps_per_s
+        return Candidate(
+            mode=self.mode,
+            workers=tuple(workers),
+            ps_count=layout.ps_count,
+            ps_machine_type=layout.ps_machine_type,
+            ps_spot=layout.ps_spot,
+            ps_zone=layout.ps_zone,
+            chief_machine_type=layout.chief_machine_type,
+            chief_spot=layout.chief_spot,
+            chief_zone=layout.chief_zone,
+            steps_per_s=rate,
+            ps_capacity=est.ps_capacity,
+            ps_load=est.ps_load,
+            bottleneck=est.bottleneck,
+            base_time_s=self.accounting.failure_free_s(
+                self.train_steps, self.spec.training.checkpoint_every, rate,
+                layout.ps_spot or layout.chief_spot or all(s.spot for s in slots)),
+            hourly_usd=hourly,
+            feasible=not reasons,
+            reasons=tuple(dict.fromkeys(reasons)),
+        )
+
+    def _gpu_batches(
+        self, layout: Layout, machines: Sequence[str], owner: Sequence[int]
+    ) -> tuple[list[int], str | None]:
+        """Each GPU-worker's batch, and why the batches cannot be placed (None: they can)."""
+        slots = layout.workers
+        if not layout.pinned:
+            return self.batches([(slots[i].gpu, slots[i].batch) for i in owner])
+        # Batches are per GPU; a global batch the controller splits per instance is shared by its GPUs.
+        per_slot, err = self.pinned_batches()
+        split = self.spec.training.global_batch is not None
+        return [max(1, per_slot[i] // self.gpus_per_instance(machines[i])) if split else per_slot[i]
+                for i in owner], err
+
+    def _worker_plans(
+        self, layout: Layout, machines: Sequence[str], owner: Sequence[int], batches: Sequence[int],
+        est: ClusterEstimate, reasons: list[str],
+    ) -> list[WorkerPlan]:
+        """One plan per worker instance: its first GPU's batch and step time, all its GPUs' rate and share."""
+        plans = []
+        for i, (s, m) in enumerate(zip(layout.workers, machines, strict=True)):
+            copies = [j for j, o in enumerate(owner) if o == i]
+            first = copies[0]
+            price = self._priced(m, s.gpu, s.spot, reasons)
+            plans.append(WorkerPlan(
+                s.gpu, batches[first], s.spot, s.zone, m, est.compute_s[first], est.comm_s[first],
+                sum(est.worker_steps_per_s[j] for j in copies), sum(est.shares[j] for j in copies),
+                self.cap(s.gpu), price,
+            ))
+        return plans
+
+    def _cpu_prices(self, layout: Layout, reasons: list[str]) -> list[float]:
+        """USD/h of each parameter server and of the chief's own VM (none when it runs on worker 0)."""
+        cpu = [(layout.ps_machine_type, layout.ps_spot)] * layout.ps_count
+        if layout.chief_machine_type is not None:
+            cpu.append((layout.chief_machine_type, layout.chief_spot))
+        return [self._priced(machine, None, spot, reasons) for machine, spot in cpu]
+
+    def _priced(self, machine: str, gpu: str | None, spot: bool, reasons: list[str]) -> float:
+        """USD/h; an instance without a price adds why to ``reasons`` and costs infinity."""
+        price = self.price(machine, gpu, spot)
+        if isinstance(price, str):
+            reasons.append(price)
+            return math.inf
+        return price

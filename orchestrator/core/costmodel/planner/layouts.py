@@ -1,0 +1,154 @@
+"""The clusters the planner evaluates: the pinned one, or every shape of ``spec.search``.
+
+A shape is a worker set (one GPU type, or with ``search.mixed`` two or three types in every proportion),
+a zone, spot or on-demand, a PS count, and how the workers are packed: one instance per GPU, or on gce
+into each multi-GPU machine type whose fixed GPU count divides them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from orchestrator.core.catalog import Catalog
+from orchestrator.core.spec import LOCAL_ZONE, Chief, JobSpec, ParameterServers, TrainingMode
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """One worker instance of a layout; ``None``: the GPU's default machine type, a batch to split."""
+
+    gpu: str
+    spot: bool
+    zone: str | None
+    machine_type: str | None
+    batch: int | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A cluster shape before evaluation."""
+
+    workers: tuple[WorkerSlot, ...]
+    ps_count: int
+    ps_machine_type: str
+    ps_spot: bool
+    ps_zone: str | None
+    chief_machine_type: str | None
+    chief_spot: bool
+    chief_zone: str | None
+    pinned: bool = False
+
+
+def _compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
+    """Ways to write n as an ordered sum of k positive integers."""
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0, *cuts, n)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(k))
+
+
+def _worker_sets(gpus: Sequence[str], lo: int, hi: int, mixed: bool) -> list[tuple[str, ...]]:
+    types = list(dict.fromkeys(gpus))
+    out: list[tuple[str, ...]] = []
+    for n in range(lo, hi + 1):
+        out += [(g,) * n for g in types]
+        if mixed:
+            for k in (2, 3):
+                for combo in itertools.combinations(types, k):
+                    for parts in _compositions(n, k):
+                        out.append(tuple(g for g, p in zip(combo, parts, strict=True) for _ in range(p)))
+    return out
+
+
+def _search_zones(spec: JobSpec, catalog: Catalog) -> list[str | None]:
+    search = spec.search
+    assert search is not None
+    if search.zones:
+        return list(search.zones)
+    if spec.provider.is_cloud:
+        if spec.provider.allowed_zones:
+            return list(spec.provider.allowed_zones)
+        zones: dict[str, None] = {}
+        for g in search.gpus:
+            zones.update(dict.fromkeys(catalog.zones_for(g)))
+        return list(zones)
+    return [None]
+
+
+def _pinned_zone(spec: JobSpec, catalog: Catalog, zone: str | None, gpu: str | None) -> str | None:
+    """Where the controller puts an instance the spec leaves unplaced: the first allowed zone offering it."""
+    if zone is not None or not spec.provider.is_cloud:
+        return zone
+    offered = catalog.zones_for(gpu) if gpu else catalog.all_zones()
+    return next((z for z in spec.provider.allowed_zones if z in offered), None)
+
+
+def _offered(catalog: Catalog, gpus: set[str], zone: str | None) -> bool:
+    return zone is None or zone == LOCAL_ZONE or all(zone in catalog.zones_for(g) for g in gpus)
+
+
+def layouts(spec: JobSpec, catalog: Catalog) -> Iterator[Layout]:
+    """The pinned cluster, or every cluster ``spec.search`` allows, in a stable order."""
+    if spec.cluster is not None:
+        yield _pinned_layout(spec, catalog)
+    else:
+        yield from _searched_layouts(spec, catalog)
+
+
+def _pinned_layout(spec: JobSpec, catalog: Catalog) -> Layout:
+    cluster = spec.pinned
+    slots = tuple(
+        WorkerSlot(g.gpu, g.spot, _pinned_zone(spec, catalog, g.zone, g.gpu), g.machine_type, g.batch)
+        for g in cluster.workers
+        for _ in range(g.count)
+    )
+    ps, ch = cluster.parameter_servers, cluster.chief
+    is_async = spec.mode == TrainingMode.ASYNC
+    return Layout(
+        slots,
+        spec.ps_count,
+        ps.machine_type,
+        ps.spot,
+        _pinned_zone(spec, catalog, ps.zone, None),
+        ch.machine_type if is_async and not ch.on_worker0 else None,
+        ch.spot,
+        _pinned_zone(spec, catalog, ch.zone, None),
+        pinned=True,
+    )
+
+
+def _searched_layouts(spec: JobSpec, catalog: Catalog) -> Iterator[Layout]:
+    search = spec.search
+    assert search is not None
+    is_async = spec.mode == TrainingMode.ASYNC
+    ps_default, chief_default = ParameterServers(), Chief()
+    ps_counts = range(1, search.max_ps + 1) if is_async else range(0, 1)
+    chief_machine = chief_default.machine_type if is_async else None
+    zones = _search_zones(spec, catalog)
+    for worker_set in _worker_sets(search.gpus, search.min_workers, search.max_workers, search.mixed):
+        types = set(worker_set)
+        for zone in zones:
+            if not _offered(catalog, types, zone):
+                continue
+            for slots in _shapes(spec, catalog, worker_set, zone, search.spot):
+                for n_ps in ps_counts:
+                    yield Layout(slots, n_ps, ps_default.machine_type, ps_default.spot, zone,
+                                 chief_machine, chief_default.spot, zone)
+
+
+def _shapes(
+    spec: JobSpec, catalog: Catalog, worker_set: tuple[str, ...], zone: str | None, spots: Sequence[bool]
+) -> Iterator[tuple[WorkerSlot, ...]]:
+    """The workers as one instance per GPU (the GPU's default type) and, on gce, packed into each
+    accelerator-optimized type whose fixed GPU count divides them (8 x H100 = 4 x a3-highgpu-2g)."""
+    packings: list[tuple[str | None, int]] = [(None, 1)]
+    if spec.provider.is_cloud and len(set(worker_set)) == 1:
+        gpu = worker_set[0]
+        default = catalog.gpu(gpu).default_machine_type
+        packings += [(m.name, m.gpu_count) for m in catalog.machine_types_for(gpu)
+                     if m.name != default and m.gpu_count > 1 and len(worker_set) % m.gpu_count == 0]
+    for spot in spots:
+        for machine, k in packings:
+            yield tuple(WorkerSlot(g, spot, zone, machine, None) for g in worker_set[::k])
+

@@ -1,0 +1,222 @@
+"""Semantic checks of a parsed spec against the catalog: zones, machine types, prices, GPUs, memory.
+
+Each check appends ``FieldError``s in the order the spec is read (provider, pricing, search, cluster), so a
+user sees every problem at once, each at its field path.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.catalog import Catalog, CatalogError, Gpu, PriceBook
+from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
+from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
+from orchestrator.core.spec.job import Cluster, JobSpec, WorkerGroup
+from orchestrator.core.spec.training import TrainingMode
+from orchestrator.core.specfile import MAX_CANDIDATES, search_size
+
+
+def check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
+    """Every problem the catalog finds in ``spec``; [] when it can be planned and launched."""
+    return _CatalogCheck(spec, catalog).run()
+
+
+class _CatalogCheck:
+    """One pass over a spec; ``errors`` collects what is wrong, each with its field path."""
+
+    def __init__(self, spec: JobSpec, catalog: Catalog) -> None:
+        self.spec = spec
+        self.catalog = catalog
+        self.cloud = spec.provider.is_cloud
+        self.allowed_zones = spec.provider.allowed_zones
+        self.errors: list[FieldError] = []
+        self.book: PriceBook | None = None
+
+    def run(self) -> list[FieldError]:
+        for i, z in enumerate(self.allowed_zones):
+            self._zone_known(f"provider.zones[{i}]", z)
+        self.book = self._price_book()
+        self._search()
+        cluster = self.spec.cluster
+        if cluster is not None:
+            self._cpu_roles(cluster)
+            for i, group in enumerate(cluster.workers):
+                self._worker_group(f"cluster.workers[{i}]", group)
+            self._ps_count(cluster)
+            self._local_schedule()
+            self._global_batch()
+        return self.errors
+
+    def _error(self, path: str, message: str) -> None:
+        self.errors.append(FieldError(path=path, message=message))
+
+    # ---- shared checks
+
+    def _zone_known(self, path: str, zone: str | None) -> None:
+        if zone is None or zone == LOCAL_ZONE:
+            return
+        if zone not in self.catalog.all_zones():
+            self._error(path, f"'{zone}' is not a known zone; known: {', '.join(self.catalog.all_zones())}")
+        elif self.allowed_zones and zone not in self.allowed_zones:
+            self._error(path, f"'{zone}' is not in provider.zones ({', '.join(self.allowed_zones)})")
+
+    def _machine_ok(self, path: str, name: str) -> bool:
+        if name in self.catalog.machine_types:
+            return True
+        self._error(path, f"'{name}' is not a machine type; known: {', '.join(self.catalog.machine_types)}")
+        return False
+
+    def _priced(self, path: str, machine: str, gpu: str | None, spot: bool) -> None:
+        if self.book is None:
+            return
+        try:
+            self.book.instance_price(machine if self.cloud else "local", gpu, 1 if gpu else 0, spot)
+        except CatalogError as exc:
+            self._error(path, str(exc))
+
+    def _retired(self, gpu: str) -> str | None:
+        """Why a cloud can no longer give this GPU type, else None."""
+        if not self.cloud or self.book is None:
+            return None
+        return retired_message(self.catalog, gpu, self.book)
+
+    def _unknown_gpu(self, path: str, key: str) -> bool:
+        if key in self.catalog.gpus:
+            return False
+        self._error(path, f"'{key}' is not a GPU type; known: {', '.join(self.catalog.gpus)}")
+        return True
+
+    # ---- the parts of the spec, in the order they are read
+
+    def _price_book(self) -> PriceBook | None:
+        """The spec's price book with its overrides; None (and an error) if the book is unknown."""
+        pricing = self.spec.pricing
+        try:
+            book: PriceBook | None = self.catalog.price_book(pricing.book)
+        except CatalogError as exc:
+            self._error("pricing.book", str(exc))
+            book = None
+        machine_types = self.catalog.machine_types
+        for key in pricing.overrides:
+            if key not in self.catalog.gpus and key not in machine_types:
+                self._error(f"pricing.overrides.{key}",
+                            f"'{key}' is neither a GPU type ({', '.join(self.catalog.gpus)}) nor a machine type")
+        if book is None:
+            return None
+        return book.with_overrides({k: (v.on_demand, v.spot) for k, v in pricing.overrides.items()}, set(machine_types))
+
+    def _search(self) -> None:
+        search = self.spec.search
+        if search is None:
+            return
+        for i, key in enumerate(search.gpus):
+            if not self._unknown_gpu(f"search.gpus[{i}]", key) and (gone := self._retired(key)):
+                self._error(f"search.gpus[{i}]", gone)
+        for i, z in enumerate(search.zones):
+            self._zone_known(f"search.zones[{i}]", z)
+
+    def _cpu_roles(self, cluster: Cluster) -> None:
+        """The parameter servers' and the chief's zones, machine types and prices."""
+        is_async = self.spec.mode == TrainingMode.ASYNC
+        roles: list[tuple[str, str, str | None, bool]] = []
+        if self.spec.ps_count > 0:
+            ps = cluster.parameter_servers
+            roles.append(("cluster.parameter_servers", ps.machine_type, ps.zone, ps.spot))
+        if is_async and cluster.chief.on_worker0 and self.cloud:
+            self._error("cluster.chief.on_worker0",
+                        "a gce launch cannot co-locate the chief with worker 0 yet; use it with the local provider, "
+                        "or drop it (the chief then gets its own VM)")
+        if is_async and not cluster.chief.on_worker0:
+            ch = cluster.chief
+            roles.append(("cluster.chief", ch.machine_type, ch.zone, ch.spot))
+        for path, machine, zone, spot in roles:
+            self._zone_known(f"{path}.zone", zone)
+            if self._machine_ok(f"{path}.machine_type", machine):
+                self._priced(f"{path}.machine_type", machine, None, spot)
+
+    def _worker_group(self, path: str, group: WorkerGroup) -> None:
+        if self._unknown_gpu(f"{path}.gpu", group.gpu):
+            return
+        gpu = self.catalog.gpus[group.gpu]
+        machine = group.machine_type or gpu.default_machine_type
+        if group.machine_type is not None:
+            self._machine_ok(f"{path}.machine_type", group.machine_type)
+        if gone := self._retired(gpu.key):
+            self._error(f"{path}.gpu", gone)
+            return
+        if self.cloud and (wrong := machine_type_message(self.catalog, gpu.key, group.machine_type)):
+            self._error(f"{path}.machine_type", wrong)
+            return
+        if group.provisioning == "flex_start" and (not self.cloud or flex_start_message(machine)):
+            self._error(f"{path}.provisioning",
+                        flex_start_message(machine) or "provisioning: flex_start needs provider kind: gce")
+        self._zone_known(f"{path}.zone", group.zone)
+        self._worker_zone_offers(path, group, gpu)
+        self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
+        self._batch_fits(path, group, gpu)
+
+    def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
+        """The group's zone offers its GPU type; on a cloud, an unplaced group has an allowed zone that does."""
+        offered = self.catalog.zones_for(gpu.key)
+        zone = group.zone
+        if zone and zone != LOCAL_ZONE and zone in self.catalog.all_zones() and zone not in offered:
+            self._error(path, f"{gpu.gce_accelerator} is not offered in zone {zone}; it is in: {', '.join(offered)}")
+        if self.cloud and zone is None and not any(z in offered for z in self.allowed_zones):
+            where = f"provider.zones ({', '.join(self.allowed_zones)})" if self.allowed_zones else "no zone given"
+            self._error(f"{path}.zone",
+                        f"no zone for {gpu.gce_accelerator}: {where}; it is offered in: {', '.join(offered)}")
+
+    def _batch_fits(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
+        training = self.spec.training
+        batch = group.batch or training.batch_per_worker
+        if batch is None:
+            return
+        from orchestrator.core.costmodel.memory import max_batch  # cycle: costmodel's __init__ imports the spec
+
+        cap = max_batch(training.profile_name, gpu.key)
+        if batch > cap:
+            self._error(f"{path}.batch" if group.batch else "training.batch_per_worker",
+                        f"batch {batch} does not fit a {gpu.key}'s {gpu.memory_gb:g} GB "
+                        f"for {training.profile_name}; at most {cap}")
+
+    def _ps_count(self, cluster: Cluster) -> None:
+        count = cluster.parameter_servers.count
+        if self.spec.mode == TrainingMode.SYNC and count:
+            self._error("cluster.parameter_servers.count",
+                        "synchronous training uses all-reduce, not parameter servers; set 0 or training.mode: async")
+        if self.spec.mode == TrainingMode.ASYNC and count == 0:
+            self._error("cluster.parameter_servers.count", "async training needs at least 1 parameter server")
+
+    def _local_schedule(self) -> None:
+        """Every scheduled revocation of a local spec names a slot of this cluster."""
+        local = self.spec.provider.as_local()
+        if local is None:
+            return
+        spec = self.spec
+        slots = {f"ps-{i}" for i in range(spec.ps_count)} | {f"worker-{i}" for i in range(spec.worker_count)}
+        if spec.mode == TrainingMode.ASYNC:
+            slots.add("chief-0")
+        for i, item in enumerate(local.schedule):
+            if item.instance not in slots:
+                self._error(f"provider.schedule[{i}].instance",
+                            f"'{item.instance}' is not in this cluster; slots: {', '.join(sorted(slots))}")
+
+    def _global_batch(self) -> None:
+        total, workers = self.spec.training.global_batch, self.spec.worker_count
+        if total is not None and total < workers:
+            self._error("training.global_batch", f"{total} is smaller than the {workers} workers; give each >= 1")
+
+
+def search_too_big(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
+    """A search of 11 GPU types x 256 mixed workers would keep `plan` and `launch` busy for days."""
+    s = spec.search
+    if s is None or spec.cluster is not None:
+        return []
+    zones = s.zones or spec.provider.allowed_zones
+    if not zones and spec.provider.is_cloud:
+        zones = sorted({z for g in s.gpus if g in catalog.gpus for z in catalog.zones_for(g)})
+    ps = s.max_ps if spec.mode == TrainingMode.ASYNC else 1
+    size = search_size(len(set(s.gpus)), s.min_workers, s.max_workers, s.mixed, len(zones), len(set(s.spot)), ps)
+    if size <= MAX_CANDIDATES:
+        return []
+    return [FieldError(path="search", message=f"about {size:,} candidate clusters (GPU types x workers x zones x "
+                       f"spot x parameter servers); the planner takes at most {MAX_CANDIDATES:,}: lower "
+                       "max_workers or max_ps, list fewer gpus or zones, or set mixed: false")]

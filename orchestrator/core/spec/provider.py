@@ -1,0 +1,161 @@
+"""``provider:`` of the spec: where the instances come from (local, ssh, gce), one model per kind."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.core.spec.base import StrictModel
+from orchestrator.core.specfile import short
+
+SSH_USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]*$"  # POSIX portable user names (no newline, colon or space)
+_CIDR = r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$"
+
+
+class RevocationMode(StrEnum):
+    MODEL = "model"  # lifetimes drawn from the hazard model fitted to the 2019 GCE trace
+    SCHEDULE = "schedule"  # deterministic: revoke <instance> at t seconds
+    NONE = "none"
+
+
+class ScheduledRevocation(StrictModel):
+    """Revoke a slot's instance at ``at_s``; the k-th entry naming a slot applies to its k-th instance."""
+
+    instance: str = Field(description="slot name such as 'worker-2', 'ps-0' or 'chief-0'")
+    at_s: float = Field(gt=0, le=1e9, description="seconds of wall time after the job starts")
+
+    @field_validator("instance")
+    @classmethod
+    def _slot(cls, v: str) -> str:
+        if not re.fullmatch(r"(ps|chief|worker)-\d+", v):
+            raise ValueError(f"'{short(v)}' is not a slot; use 'worker-<i>', 'ps-<i>' or 'chief-0'")
+        return v
+
+
+class _ProviderBase(StrictModel):
+    """What the rest of the product asks a provider spec, answered per kind (no isinstance dispatch)."""
+
+    # gce: machines rented from a cloud (zones, machine types, blocks, quotas, Compute requests).
+    is_cloud: ClassVar[bool] = False
+    # local: GPUs emulated on this host (measured step curves, simulated revocations, scaled time).
+    emulates_gpus: ClassVar[bool] = False
+
+    @property
+    def allowed_zones(self) -> list[str]:
+        """The zones a launch may use, in order of preference; [] where zones mean nothing (local, ssh)."""
+        return []
+
+    @property
+    def inventory_path(self) -> Path | None:
+        """The ssh inventory file; None for providers without one."""
+        return None
+
+    @property
+    def stopped_disk_billed(self) -> bool:
+        """A preempted VM leaves a stopped boot disk that bills until deleted (gce termination_action STOP)."""
+        return False
+
+    def as_local(self) -> LocalProvider | None:
+        """This spec as a local provider (its revocation model, seed, emulation speed), else None."""
+        return None
+
+    def as_gce(self) -> GceProvider | None:
+        """This spec as a gce provider (project, endpoint, image), else None."""
+        return None
+
+    def owner_key(self) -> str:
+        """Whose blocks and quotas these are: one cloud project or inventory; never credentials."""
+        return self.kind_name()
+
+    @classmethod
+    def kind_name(cls) -> str:
+        return str(cls.model_fields["kind"].default)
+
+
+class _RealTime(_ProviderBase):
+    @property
+    def time_scale(self) -> float:
+        """Seconds of cloud time per wall second: 1 on real machines."""
+        return 1.0
+
+
+class LocalProvider(_ProviderBase):
+    kind: Literal["local"] = "local"
+    emulates_gpus: ClassVar[bool] = True
+    # One real second stands for `time_scale` seconds of cloud time (lifetimes, notice window, boot delay).
+    # Bounded: 1e-300 would stretch a 70 s boot past the age of the universe (a hang, not an error).
+    time_scale: float = Field(default=60.0, ge=0.01, le=100_000)
+    revocations: RevocationMode = RevocationMode.MODEL
+    schedule: list[ScheduledRevocation] = Field(default_factory=list)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    # Emulated GPU speed: seconds of sleep per step for the slowest GPU in the catalog (K80); faster
+    # types sleep proportionally less (ratio from the cost model, which uses the catalog specs).
+    emulation_k80_step_s: float = Field(default=0.3, ge=0, le=60)
+    base_port: int = Field(default=0, ge=0, le=65000, description="0 = pick free ports")
+
+    @model_validator(mode="after")
+    def _schedule_needs_mode(self) -> LocalProvider:
+        if self.schedule and self.revocations != RevocationMode.SCHEDULE:
+            raise ValueError("a revocation schedule is given, so set revocations: schedule")
+        return self
+
+    def as_local(self) -> LocalProvider:
+        return self
+
+
+class SshProvider(_RealTime):
+    kind: Literal["ssh"] = "ssh"
+    inventory: Path = Field(description="YAML file listing your machines (host, port, user, key, gpu, ...)")
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.inventory
+
+    def owner_key(self) -> str:
+        return f"ssh:{self.inventory.expanduser().resolve()}"
+
+
+class GceProvider(_RealTime):
+    kind: Literal["gce"] = "gce"
+    is_cloud: ClassVar[bool] = True
+    project: str = Field(min_length=6, max_length=30)
+    zones: list[str] = Field(default_factory=list, description="allowed zones, in order of preference")
+    credentials: Path | None = Field(default=None, description="service-account key file; default: ADC")
+    image: str = "projects/debian-cloud/global/images/family/debian-12"
+    network: str = "global/networks/default"
+    api_endpoint: str | None = Field(default=None, description="Compute API endpoint (emulator, tests)")
+    # A POSIX login name: it goes into the ssh-keys metadata as "user:key", where a newline adds a key.
+    ssh_user: str = Field(default="orchestrator", pattern=SSH_USER_PATTERN, max_length=32)
+    ssh_source_ranges: list[Annotated[str, Field(pattern=_CIDR)]] | None = Field(
+        default=None, description="who may SSH to the VMs; default: this controller's public address/32")
+    # The network's own rules may open every port between all VMs (default-allow-internal on `default`):
+    # launching there is refused (providers/gce/network.py) unless this says the exposure is accepted.
+    allow_open_network: bool = False
+    python: str = Field(default="python3", min_length=1, description="the payload's interpreter on the VMs")
+    # 0: each task gets a distinct free port of this machine, for VMs that all answer at this machine's address
+    # (e.g. the Compute API emulator); a replacement then keeps its slot's address (host and port).
+    task_port: int = Field(default=2222, ge=0, le=65535, description="TF gRPC port on each VM; 0: one per slot")
+    # What GCE does to a preempted (or time-limited) spot VM: DELETE (default: nothing left billing) or STOP
+    # (the stopped VM keeps its boot disk, billed until the controller deletes it; the ledger prices the disk).
+    termination_action: Literal["DELETE", "STOP"] = "DELETE"
+
+    @property
+    def allowed_zones(self) -> list[str]:
+        return list(self.zones)
+
+    @property
+    def stopped_disk_billed(self) -> bool:
+        return self.termination_action == "STOP"
+
+    def as_gce(self) -> GceProvider:
+        return self
+
+    def owner_key(self) -> str:
+        return f"gce:{self.project}:{self.api_endpoint or ''}"
+
+
+ProviderSpec = Annotated[LocalProvider | SshProvider | GceProvider, Field(discriminator="kind")]
