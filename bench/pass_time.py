@@ -5,8 +5,10 @@
 
 Each run starts the Compute API emulator as its own process on 127.0.0.1 (``--latency-s``: every request is
 answered that many seconds late) and a fresh ORCHESTRATOR_HOME with its SQLite DB, records the jobs (command
-jobs of ``--workers`` spot T4 workers) and runs the daemon's own tick (control/daemon.tick with threads=0:
-the whole pass, every job, waited for) every ``--interval`` seconds, timing each. Phases, each time-limited:
+jobs of ``--workers`` spot T4 workers) and runs the daemon's own tick every ``--interval`` seconds (the
+daemon's: control/daemon.tick, which claims the jobs (at most driver.NEW_PER_PASS new ones a pass) and drives
+each provider's jobs in a worker thread); a pass is timed from the tick's start until that worker has driven
+every job once. Phases, each time-limited:
 
   launch    the creates are started and settled: every instance REQUESTED -> PROVISIONING
   steady    nothing to change: listing, polling, reconciling
@@ -99,6 +101,7 @@ def run(latency_s: float, jobs: int, workers: int, interval_s: float, threads: i
     # Imported once the home is set: the DB lives there.
     from sqlalchemy import func, select, update
 
+    from orchestrator.control import driver
     from orchestrator.control.daemon import tick
     from orchestrator.control.launcher import create_job
     from orchestrator.core.spec import validate_spec
@@ -131,7 +134,9 @@ def run(latency_s: float, jobs: int, workers: int, interval_s: float, threads: i
             deadline = time.monotonic() + PHASES[name]
             while True:
                 started = time.perf_counter()
-                tick("bench-daemon", threads=0)
+                tick("bench-daemon")  # the daemon's tick: the provider's jobs are driven in a worker thread ...
+                for work in list(driver._inflight.values()):
+                    work.result()  # ... and the pass is over when that worker has driven them all
                 times[name].append(time.perf_counter() - started)
                 now = counts()
                 if done(now) or time.monotonic() > deadline:

@@ -13,7 +13,8 @@ otherwise, or with TORCHJOB_DEVICE=cpu). Data: the offline digits (``data_dir`` 
    of each logging window; the first --warm-windows windows (CUDA start, cuDNN autotuning) are left out and
    ``step_ms`` is the median window's seconds per step.
 2. --cross-bn: the same runs with TORCHJOB_BN=cross (the cross-rank batch-norm statistics that a world of
-   several ranks uses, here at world 1: its cost on one GPU).
+   several ranks uses, here at world 1: its cost on one GPU); --variant SUFFIX:NAME=VALUE likewise with any
+   of the payload's environment knobs (e.g. nchw:TORCHJOB_MEMORY_FORMAT=contiguous).
 3. Preemption: a run at --notice-batch; once a ``step`` line reaches --notice-at, the driver writes
    ``storage/notices/<instance>`` as the controller does; the rank must save a torch.distributed.checkpoint
    and take its torchrun agent down. Then a replacement instance (a new instance name, the same job and
@@ -293,7 +294,9 @@ class Driver:
             r = self.summary["runs"].get(f"b{b}")  # type: ignore[union-attr]
             if not r or r.get("step_ms") is None:
                 continue
-            cross = self.summary["runs"].get(f"b{b}-crossbn", {})  # type: ignore[union-attr]
+            variants = {k[len(f"b{b}-"):]: v["step_ms"] for k, v in self.summary["runs"].items()  # type: ignore[union-attr]
+                        if k.startswith(f"b{b}-") and v.get("step_ms")}
+            fmt = "channels_last" if env.get("cuda_available") else "NCHW"
             rows.append({
                 "gpu": "h100", "framework": f"pytorch {env.get('torch', '?')}", "runtime": "pytorch-eager",
                 "model": a.hparam, "depth": DEPTH.get(a.hparam, ""), "batch": b, "precision": "fp32",
@@ -302,13 +305,12 @@ class Driver:
                 "source": "measured by this project on a lent H100, 2026-11-24, jobs/torchjob via "
                           "bench/gpu/torchjob_gpu.*",
                 "method": (f"the payload itself (node.py -> torchrun --nproc-per-node=1, c10d rendezvous, NCCL, "
-                           f"DDP world 1, CrossRankBatchNorm -> native BN at world 1, NCHW, cudnn.benchmark, "
+                           f"DDP world 1, CrossRankBatchNorm -> native BN at world 1, {fmt}, cudnn.benchmark, "
                            f"true fp32), offline digits 32x32x3 held on the GPU; {a.steps} steps, its own "
                            f"step lines every {a.log_every} steps; step_ms = median window of the last "
                            f"{r['timed_windows']} (first {a.warm_windows} windows left out; spread "
                            f"{r['spread_pct']}%); includes the per-step control all-reduce + sync"
-                           + (f"; with TORCHJOB_BN=cross (cross-rank BN statistics) {cross['step_ms']} ms"
-                              if cross.get("step_ms") else "")),
+                           + "".join(f"; variant {k}: {ms} ms" for k, ms in variants.items())),
             })
         with open(self.out / "rows.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
@@ -326,6 +328,9 @@ def main() -> int:
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--warm-windows", type=int, default=3)
     p.add_argument("--cross-bn", action="store_true", help="also run each batch with TORCHJOB_BN=cross")
+    p.add_argument("--variant", action="append", default=[], metavar="SUFFIX:NAME=VALUE",
+                   help="also run each batch with the payload's environment variable NAME=VALUE (repeatable)")
+    p.add_argument("--variant-batches", default="", help="the batches of the variants (default: --batches)")
     p.add_argument("--notice-batch", type=int, default=128)
     p.add_argument("--notice-steps", type=int, default=300)
     p.add_argument("--notice-at", type=int, default=100, help="write the notice after this step's line")
@@ -336,15 +341,19 @@ def main() -> int:
     p.add_argument("--work")
     args = p.parse_args()
     args.batch_list = [int(b) for b in args.batches.split(",") if b]
+    args.variant_batch_list = [int(b) for b in args.variant_batches.split(",") if b]
     d = Driver(args)
     t0 = time.time()
     d.environment()
     ok = True
     for b in args.batch_list:
         ok = ok and d.train(f"b{b}", b)["exit"] == 0  # after a failure only the baseline runs (fail fast)
-    if args.cross_bn and ok:
-        for b in args.batch_list:
-            d.train(f"b{b}-crossbn", b, {"TORCHJOB_BN": "cross"})
+    variants = [*(["crossbn:TORCHJOB_BN=cross"] if args.cross_bn else []), *args.variant]
+    for v in variants if ok else []:
+        suffix, _, assign = v.partition(":")
+        name, _, value = assign.partition("=")
+        for b in args.variant_batch_list or args.batch_list:
+            d.train(f"b{b}-{suffix}", b, {name: value})
     if not args.no_notice and ok:
         d.preemption()
     if args.baseline:

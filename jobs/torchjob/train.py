@@ -51,8 +51,14 @@ class Trainer:
                                    else "cpu")
         if task.threads:
             torch.set_num_threads(task.threads)
+        # On GPUs the model and its inputs are channels_last (NHWC); its cuDNN kernels and their speed-up
+        # than NCHW are measured in data/measurements/h100-torchjob-payload.csv (bench/gpu/torchjob_gpu.py).
+        # TORCHJOB_MEMORY_FORMAT=contiguous keeps NCHW. The CPU path stays NCHW.
+        self.memory_format = torch.contiguous_format
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed shapes per world: pick the fastest conv algorithms
+            if os.environ.get("TORCHJOB_MEMORY_FORMAT", "") != "contiguous":
+                self.memory_format = torch.channels_last
         torch.manual_seed(task.seed)
         set_bn_group(dist.new_group(backend=dist.get_backend()) if self.world > 1 else None)
         # Who is where: each rank's slot (stable) and the planner's batch for it (its split weight).
@@ -66,7 +72,7 @@ class Trainer:
         self.batch = self.batches[self.rank]
         self.offset = offsets(self.batches)[self.rank]
         self.sleep_s = interpolate(task.sleep_table, self.batch)
-        model = resnet(task.hparam_set).to(self.device)
+        model = resnet(task.hparam_set).to(self.device, memory_format=self.memory_format)
         # Batch-norm buffers are equal on every rank already (global statistics): no per-forward broadcast.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -98,7 +104,7 @@ class Trainer:
             self._control(step)
             idx = global_indices(task.seed, step, len(y_all), task.global_batch)[self.offset: self.offset + self.batch]
             idx_t = torch.from_numpy(idx).to(self.device)
-            x, y = x_all[idx_t], y_all[idx_t]
+            x, y = x_all[idx_t].contiguous(memory_format=self.memory_format), y_all[idx_t]
             if task.data_dir and step % 2:
                 x = x.flip(3)  # the cheapest augmentation that keeps the step deterministic
             self._set_lr(step)

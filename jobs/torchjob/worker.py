@@ -38,13 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     from torchjob.train import Trainer, WorldChange
 
     backend = "nccl" if _cuda() else "gloo"
+    device_id = None
     if backend == "nccl":
         import torch
 
         # Before the process group: NCCL (its communicators, object collectives, barrier, DCP) uses the
-        # current device; without this every rank of a multi-GPU host would take GPU 0.
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))))
+        # current device; without this every rank of a multi-GPU host would take GPU 0. device_id binds the
+        # group to it (and mutes barrier()'s "using the device under current context" warning).
+        device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device_id)
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))),
+                            device_id=device_id)
     try:
         Trainer(task).run()
     except WorldChange as e:

@@ -21,7 +21,6 @@ from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.quotas import Quotas, QuotaSource, headroom, quota_needs, quota_problems, read_quotas
 from orchestrator.core.spec import GceProvider, JobSpec, load_spec
 from orchestrator.core.torch_spec import secret_problems
-from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
 
 if TYPE_CHECKING:
@@ -76,6 +75,8 @@ def read_spec_quotas(spec: JobSpec, plan: LaunchPlan | None = None,
                           "GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)[/dim]",
                           soft_wrap=True)
         return None
+    from orchestrator.providers.registry import backend_for  # lazy: the provider backends (~20 ms), gce only
+
     try:
         provider = backend_for(spec).provider
         if not isinstance(provider, QuotaSource):  # a capability, not a kind: the gce backend reads quotas

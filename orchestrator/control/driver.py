@@ -22,21 +22,23 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from sqlalchemy import Connection, Engine
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from orchestrator.control import operations, torch_task
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
-from orchestrator.control.ingest import ingest_metrics, read_result
+from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
 from orchestrator.control.torch_task import torch_view
 from orchestrator.core.blocks import blocked, provider_key
 from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.instances import ObservedInstance, ProcStatus, Role
+from orchestrator.core.plan import LaunchPlan
 from orchestrator.core.reconcile import reconcile
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec, validate_spec
@@ -46,7 +48,7 @@ from orchestrator.providers.operations import Snapshot, SupportsSnapshots
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.storage import JobStorage, open_storage
 from orchestrator.store import queries
-from orchestrator.store.models import Job
+from orchestrator.store.models import Block, Job, Operation
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +126,14 @@ def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str 
     by_job: dict[str, dict[str, ObservedInstance]] = defaultdict(dict)
     for o in snapshot.instances:
         by_job[o.job_id][o.name] = o
+    reads = GroupReads.load(session, [job_id for job_id, _ in group])
     for job_id, token in group:
         with guarded(session, job_id, token):
             try:
-                # Read afresh with its instances: an object kept in the session's identity map since an earlier
-                # pass would show the instances as they were then (and a create would record one twice).
-                job = session.get(Job, job_id, populate_existing=True, options=[selectinload(Job.instances)])
+                job = reads.jobs.get(job_id)
                 if job is None or job.lease_token != token:
                     continue  # taken over since the claim
-                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at)
+                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at, reads)
                 job_recovered(session, job)
             except LeaseLost as exc:
                 session.rollback()
@@ -170,12 +171,60 @@ def _observe(session: Session, backend: Backend, group: list[tuple[str, str | No
     return snapshot
 
 
+@dataclass
+class GroupReads:
+    """What a pass reads for all of one provider's jobs at once: a query each, not one per job.
+
+    The jobs are read afresh with their instances (``populate_existing``): a Job kept in the session's
+    identity map since an earlier pass would otherwise show the instances as they were then, and a create
+    would record one of them twice (the unique name then fails the whole pass)."""
+
+    jobs: dict[str, Job]
+    plans: dict[str, LaunchPlan]
+    costs: dict[str, float]
+    pending: dict[str, list[tuple[str, Operation]]]
+    _blocks: dict[str, list[Block]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, session: Session, job_ids: list[str]) -> GroupReads:
+        return cls(queries.jobs_with_instances(session, job_ids), queries.latest_plans(session, job_ids),
+                   queries.job_costs(session, job_ids), queries.pending_operations(session, job_ids))
+
+    def blocks(self, session: Session, spec: JobSpec) -> list[Block]:
+        """The provider's active blocks, read once per pass (a create reads them afresh before asking)."""
+        key = provider_key(spec)
+        if key not in self._blocks:
+            self._blocks[key] = queries.active_blocks(session, key)
+        return self._blocks[key]
+
+
 def drive(session: Session, job: Job, backend: Backend, observed: dict[str, ObservedInstance],
-          seen_at: float | None = None) -> None:
-    """One job's pass; ``seen_at``: when the listing ``observed`` comes from began."""
+          seen_at: float | None = None, reads: GroupReads | None = None) -> None:
+    """One job's pass; ``seen_at``: when the listing ``observed`` comes from began; ``reads``: the group's."""
+    reads = reads or GroupReads.load(session, [job.id])
     spec = job_spec(job.spec_yaml)
-    slots = list(queries.job_plan(session, job, spec).slots)  # the desired state stored at launch
+    plan = reads.plans.get(job.id) or queries.job_plan(session, job, spec)  # the desired state stored at launch
+    slots = list(plan.slots)
     storage = job_storage(job.storage_uri, job.id)
+    result, result_error = _ingest(session, job, storage, slots)
+    ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec))
+    operations.settle(ctx, reads.pending.get(job.id, []))  # what the provider answered since the last pass
+    if seen_at is not None and _newer_than_view(job, observed, seen_at):
+        return  # decided from the next listing
+    now = time.time()
+    view = job_view(session, job, spec, slots, now, backend.stable_addresses, cost=reads.costs.get(job.id))
+    blocks = reads.blocks(session, spec) if spec.provider.is_cloud else []
+    obs = Observation(instances=observed, procs=observe_tasks(job, backend, observed), notices=_notices(job, storage),
+                      result=result.raw if result is not None else None, payload_error=result_error,
+                      failed_zones=blocked_zones(session, spec, slots, blocks))
+    actions = reconcile(view, obs, now)
+    if actions:
+        log.debug("job %s: %s", job.id, actions)
+    execute(ctx, actions)
+
+
+def _ingest(session: Session, job: Job, storage: JobStorage, slots: list[Slot]) -> tuple[Result | None, str | None]:
+    """What the payload wrote since the last pass (metrics, events, its result); untrusted, never raises."""
     try:
         ingest_metrics(session, job, storage, slots)
         torch_task.ingest_events(session, job, storage)  # PyTorch: world shrink / grow, checkpoint on notice
@@ -188,25 +237,15 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
         job.final_step = result.step
         job.final_loss = result.loss
     session.commit()
-    ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec))
-    operations.settle(ctx)  # what the provider answered since the last pass
-    if seen_at is not None and _newer_than_view(job, observed, seen_at):
-        return  # decided from the next listing
-    procs = observe_tasks(job, backend, observed)
-    now = time.time()
-    view = job_view(session, job, spec, slots, now, backend.stable_addresses)
+    return result, result_error
+
+
+def _notices(job: Job, storage: JobStorage) -> frozenset[str]:
     try:
-        notices = frozenset(storage.notices())
+        return frozenset(storage.notices())
     except (OSError, ValueError) as exc:  # notices/ replaced by a file: no notice, the provider's view decides
         log.info("job %s: notices cannot be listed: %s", job.id, exc)
-        notices = frozenset()
-    obs = Observation(instances=observed, procs=procs, notices=notices,
-                      result=result.raw if result is not None else None, payload_error=result_error,
-                      failed_zones=blocked_zones(session, spec, slots))
-    actions = reconcile(view, obs, now)
-    if actions:
-        log.debug("job %s: %s", job.id, actions)
-    execute(ctx, actions)
+        return frozenset()
 
 
 def _newer_than_view(job: Job, observed: dict[str, ObservedInstance], seen_at: float) -> bool:
@@ -234,11 +273,12 @@ def job_storage(uri: str, job_id: str) -> JobStorage:
     return GcsStorage(uri, job_id, client=client)
 
 
-def blocked_zones(session: Session, spec: JobSpec, slots: list[Slot]) -> dict[str, tuple[str, ...]]:
+def blocked_zones(session: Session, spec: JobSpec, slots: list[Slot],
+                  blocks: list[Block] | None = None) -> dict[str, tuple[str, ...]]:
     """Each slot's allowed zones that a persisted block (stockout, quota) rules out now (clouds only)."""
     if not spec.provider.is_cloud:
         return {}
-    blocks = queries.active_blocks(session, provider_key(spec))
+    blocks = queries.active_blocks(session, provider_key(spec)) if blocks is None else blocks
     if not blocks:
         return {}
     return {s.name: tuple(z for z in s.zones if blocked(blocks, z, s.gpu)) for s in slots}
@@ -256,8 +296,8 @@ def observe_tasks(job: Job, backend: Backend, observed: dict[str, ObservedInstan
 
 
 def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: float,
-             stable_addresses: bool = True) -> JobView:
-    cost = queries.job_cost(session, job.id)["total"]
+             stable_addresses: bool = True, cost: float | None = None) -> JobView:
+    cost = queries.job_cost(session, job.id)["total"] if cost is None else cost
     instances = tuple(
         InstanceView(id=i.id, name=i.name, role=Role(i.role), index=i.slot_index, generation=i.generation,
                      status=InstanceStatus(i.status), spot=i.spot, zone=i.zone, port=i.port,

@@ -17,6 +17,8 @@ from orchestrator.control.billing import provider_end_time
 from orchestrator.control.driver import job_spec
 from orchestrator.control.failures import describe
 from orchestrator.core.instances import BAKE_MODE, LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance
+from orchestrator.core.spec import LocalProvider
+from orchestrator.core.spec import validate_spec as _validate
 from orchestrator.core.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.store import queries
@@ -28,9 +30,6 @@ log = logging.getLogger("orchestrator.daemon")
 
 def _backends(unchecked: dict[str, str] | None = None) -> list[Backend]:
     """Every backend that any recorded job used (each listed once); ``unchecked`` gets the ones that fail."""
-    from orchestrator.core.spec import LocalProvider
-    from orchestrator.core.spec import validate_spec as _validate
-
     seen: dict[str, Backend] = {}
     with open_session() as session:
         for (job_id, spec_yaml) in session.query(Job.id, Job.spec_yaml):

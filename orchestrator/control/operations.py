@@ -88,7 +88,7 @@ def create(ctx: JobContext, action: CreateInstance) -> None:
 
 
 def _requested(ctx: JobContext, action: CreateInstance, name: str, now: float) -> Instance:
-    """The instance's row, recorded (and committed) before the create call: intent first.
+    """The instance's row, recorded before the create call (committed with its operation: intent first).
 
     Looked up in the DB, not only in the job's loaded instances: those may predate a row another pass (or
     driver) recorded, and inserting it again would break the unique name."""
@@ -114,7 +114,6 @@ def _requested(ctx: JobContext, action: CreateInstance, name: str, now: float) -
             raise
         return found
     queries.note(ctx.session, ctx.job.id, "requested", action.reason, instance_id=inst.id, now=now)
-    ctx.session.commit()
     return inst
 
 
@@ -142,7 +141,7 @@ def _insert(ctx: JobContext, inst: Instance, zones: list[str], why: list[str]) -
         ctx.session.commit()  # intent first: a crash from here on resends this request id
         ctx.pending[inst.name] = op
         _ops(ctx).start_create(_request(ctx, inst, zone, now), op.request_id)
-        _settle(ctx, inst.name, op)
+        _settled(ctx, [_settle(ctx, inst.name, op)])  # an inline provider has answered already
         return
     inst.end_reason = EndReason.CREATE_FAILED.value
     msg = "; ".join(why) or "no zone to try"
@@ -220,43 +219,57 @@ def _remember_block(ctx: JobContext, exc: CapacityError | QuotaError, zone: str,
 
 
 def delete(ctx: JobContext, name: str, reason: str, end_reason: EndReason | None) -> None:
-    """DELETING (committed), then the delete starts; ``keep_log`` runs before, while the disk exists."""
+    """DELETING and the delete's operation (one commit: intent first), then the delete starts."""
     inst = instance_row(ctx, name)
+    if inst.ready_at is not None:  # never ready: no task ran there, no log to keep (and no SSH to wait on)
+        keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
     if end_reason is not None and inst.end_reason is None:
         inst.end_reason = end_reason.value
     queries.switch_status(ctx.session, inst, InstanceStatus.DELETING, reason)
-    ctx.session.commit()  # intent first: a crash from here on leaves DELETING, which the next pass finishes
-    if inst.ready_at is not None:  # never ready: no task ran there, no log to keep (and no SSH to wait on)
-        keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
     op = Operation(job_id=ctx.job.id, instance_id=inst.id, kind=OpKind.DELETE.value, zone=inst.zone, zones_left="",
                    request_id=str(uuid.uuid4()), status=queries.OP_PENDING, started_at=time.time())
     ctx.session.add(op)
-    ctx.session.commit()
+    ctx.session.commit()  # a crash from here on leaves DELETING and the request id, which the next pass resends
     ctx.pending[name] = op
     _ops(ctx).start_delete(name, inst.zone, op.request_id)
-    _settle(ctx, name, op)
+    _settled(ctx, [_settle(ctx, name, op)])
 
 
 # ---------------------------------------------------------------- settle
 
 
-def settle(ctx: JobContext) -> None:
-    """Follow each of the job's operations under way; act on the finished ones (see the module docstring)."""
-    rows = queries.pending_operations(ctx.session, ctx.job.id)
+def settle(ctx: JobContext, rows: list[tuple[str, Operation]] | None = None) -> None:
+    """Follow each of the job's operations under way (``rows``: as read for the whole group); act on the
+    finished ones (see the module docstring), and commit what they changed once."""
+    if rows is None:
+        rows = queries.pending_operations(ctx.session, [ctx.job.id])[ctx.job.id]
     ctx.pending = dict(rows)  # two drivers that raced may have started two for one instance: both settle
+    finished: list[OpRef | None] = []
     for name, op in rows:
         try:
-            _settle(ctx, name, op)
+            finished.append(_settle(ctx, name, op))
         except ProviderError as exc:  # e.g. the next zone's request cannot be built: this operation only
-            ctx.session.rollback()
+            ctx.session.rollback()  # what settled before it is asked about again (and answered alike)
+            finished.clear()
             queries.note(ctx.session, ctx.job.id, "provider_error", f"{name}: {type(exc).__name__}: {exc.message}")
-            ctx.session.commit()
+    _settled(ctx, finished)
     under_way = {name: op for name, op in rows if op.status == queries.OP_PENDING}
     under_way.update({name: op for name, op in ctx.pending.items() if op.status == queries.OP_PENDING})
     ctx.pending = under_way  # including the next zone's inserts started just now
 
 
-def _settle(ctx: JobContext, name: str, op: Operation) -> None:
+def _settled(ctx: JobContext, finished: list[OpRef | None]) -> None:
+    """Commit the outcomes, then let the provider drop those operations (not before: a crash in between
+    finds them pending, asks again, and gets the same answer)."""
+    ctx.session.commit()
+    ops = _ops(ctx)
+    for ref in finished:
+        if ref is not None:
+            ops.forget(ref)
+
+
+def _settle(ctx: JobContext, name: str, op: Operation) -> OpRef | None:
+    """Act on what is known of ``op`` now (nothing committed here); its ref once it is finished with."""
     ops = _ops(ctx)
     ref = _ref(op, name)
     state = ops.operation(ref)
@@ -264,21 +277,20 @@ def _settle(ctx: JobContext, name: str, op: Operation) -> None:
         state = _resend(ctx, name, op, ref)
     if state.name is not None and op.name != state.name:
         op.name = state.name  # persisted: another process can follow the operation from here
-        ctx.session.commit()
     if state.phase == OpPhase.DONE:
-        ops.forget(ref)
         _unpend(ctx, name, op)
         if op.kind == OpKind.INSERT.value:
             _insert_done(ctx, name, op, state)
         else:
             _delete_done(ctx, name, op, state)
-    elif time.time() - op.started_at > ops.operation_timeout_s:
-        ops.forget(ref)
+        return ref
+    if time.time() - op.started_at > ops.operation_timeout_s:
         _unpend(ctx, name, op)
         _close(op, TIMED_OUT, f"not done after {ops.operation_timeout_s:.0f}s", time.time())
         queries.note(ctx.session, ctx.job.id, "provider_error", f"{op.kind} of {name} in {op.zone}: operation "
                      f"{op.name or op.request_id} not done after {ops.operation_timeout_s:.0f}s; asked again")
-        ctx.session.commit()
+        return ref
+    return None
 
 
 def _unpend(ctx: JobContext, name: str, op: Operation) -> None:
@@ -312,7 +324,6 @@ def _insert_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     if error is None:
         if inst.status == InstanceStatus.REQUESTED.value:
             _accepted(ctx, inst)
-        s.commit()
         return
     if isinstance(error, CapacityError | QuotaError):
         if isinstance(error, QuotaError):
@@ -322,12 +333,10 @@ def _insert_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
             queries.note(s, ctx.job.id, "stockout", f"{op.zone}: {error.message}; trying the next allowed zone",
                          instance_id=inst.id)
         _remember_block(ctx, error, op.zone, inst.gpu)
-        s.commit()
         if inst.status == InstanceStatus.REQUESTED.value:
-            _insert(ctx, inst, [z for z in op.zones_left.split(",") if z], [error.message])
+            _insert(ctx, inst, [z for z in op.zones_left.split(",") if z], [error.message])  # commits first
         return
     queries.note(s, ctx.job.id, "provider_error", f"{op.zone}: {error.message} (will retry)", instance_id=inst.id)
-    s.commit()
     if isinstance(error, AuthError | InvalidRequestError):
         fail_job(ctx, f"{type(error).__name__}: {error.message}")
 
@@ -351,12 +360,9 @@ def _delete_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     _close(op, DONE if error is None else FAILED, error.message if error else None, state.ended_at or time.time())
     if error is not None:  # DELETING stays: the reconciler asks again after its timeout
         queries.note(s, ctx.job.id, "provider_error", f"{error.message} (will retry)", instance_id=inst.id)
-        s.commit()
-        return
-    if inst.status == InstanceStatus.DELETING.value:
+    elif inst.status == InstanceStatus.DELETING.value:
         queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted", billed_until=billed_until(ctx, name,
                                                                                                   state.ended_at))
-    s.commit()
 
 
 def billed_until(ctx: JobContext, name: str, deleted_at: float | None = None) -> float | None:

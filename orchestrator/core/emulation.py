@@ -42,7 +42,7 @@ class Reference:
 
 @functools.cache
 def _rows() -> tuple[tuple[str, str, str, str, int, float, str], ...]:
-    from orchestrator.core.costmodel.calibration import load_measurements  # the CSV reader only, no model
+    from orchestrator.core.costmodel.calibration import load_measurements  # cycle (costmodel imports this); CSV only
 
     out = []
     for m in load_measurements(data_dir() / "measurements"):

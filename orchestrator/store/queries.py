@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import func, select, text
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import JobSpec
@@ -181,12 +181,43 @@ def active_blocks(session: Session, provider: str, now: float | None = None) -> 
 OP_PENDING = "pending"
 
 
-def pending_operations(session: Session, job_id: str) -> list[tuple[str, Operation]]:
-    """The job's operations still under way, oldest first, with their instance's name."""
+def pending_operations(session: Session, job_ids: Sequence[str]) -> dict[str, list[tuple[str, Operation]]]:
+    """Each job's operations still under way, oldest first, with their instance's name (one query)."""
     rows = session.execute(select(Instance.name, Operation).join(Instance, Instance.id == Operation.instance_id)
-                           .where(Operation.job_id == job_id, Operation.status == OP_PENDING)
+                           .where(Operation.job_id.in_(list(job_ids)), Operation.status == OP_PENDING)
                            .order_by(Operation.id)).all()
-    return [(str(name), op) for name, op in rows]
+    out: dict[str, list[tuple[str, Operation]]] = {j: [] for j in job_ids}
+    for name, op in rows:
+        out.setdefault(op.job_id, []).append((str(name), op))
+    return out
+
+
+def jobs_with_instances(session: Session, job_ids: Sequence[str]) -> dict[str, Job]:
+    """The jobs as the DB has them now, each with its instances loaded (two queries for them all)."""
+    q = (select(Job).where(Job.id.in_(list(job_ids))).options(selectinload(Job.instances))
+         .execution_options(populate_existing=True))  # objects kept in the session are read afresh too
+    return {job.id: job for job in session.scalars(q)}
+
+
+def job_costs(session: Session, job_ids: Sequence[str]) -> dict[str, float]:
+    """Each job's total cost so far (``job_cost(...)["total"]`` for many jobs in one query)."""
+    if not job_ids:
+        return {}
+    marks = ", ".join(f":j{i}" for i in range(len(job_ids)))
+    rows = session.execute(text(f"SELECT job_id, COALESCE(SUM(usd), 0) FROM instance_costs WHERE job_id IN ({marks}) "
+                                "GROUP BY job_id"), {f"j{i}": j for i, j in enumerate(job_ids)}).all()
+    costs = {j: 0.0 for j in job_ids}
+    costs.update({str(r[0]): float(r[1]) for r in rows})
+    return costs
+
+
+def latest_plans(session: Session, job_ids: Sequence[str]) -> dict[str, LaunchPlan]:
+    """Each job's plan in force (``stored_intent`` for many jobs in one query); jobs without one are left out."""
+    latest = (select(Intent.job_id, func.max(Intent.revision).label("revision"))
+              .where(Intent.job_id.in_(list(job_ids))).group_by(Intent.job_id).subquery())
+    rows = session.execute(select(Intent.job_id, Intent.plan).join(
+        latest, (Intent.job_id == latest.c.job_id) & (Intent.revision == latest.c.revision))).all()
+    return {str(job_id): _parse_plan(plan) for job_id, plan in rows}
 
 
 def instance_by_name(session: Session, name: str) -> Instance | None:

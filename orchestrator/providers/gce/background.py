@@ -57,15 +57,17 @@ class _Tracked:
     resource: str = ""  # the insert's GPU or machine type, named in a stockout's message
     polling: bool = False
     polled_at: float = field(default_factory=time.monotonic)
+    polls: int = 0
 
 
 class GceBackground:
     """Started calls and their operations, by request id; the background listing."""
 
     def __init__(self, provider: GceProvider, *, threads: int = 16, poll_every_s: float = 1.0,
-                 list_every_s: float = 1.0) -> None:
+                 poll_max_s: float = 15.0, list_every_s: float = 1.0) -> None:
         self.provider = provider
         self.poll_every_s = poll_every_s
+        self.poll_max_s = poll_max_s  # an operation running for long is asked less often (1, 2, 4 ... s)
         self._start_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-start")
         self._poll_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-poll")
         self._list_pool = ThreadPoolExecutor(1, thread_name_prefix="gce-list")
@@ -157,7 +159,8 @@ class GceBackground:
                 # Started by an earlier process, which recorded the operation's id: follow it from here.
                 tracked = self._ops[ref.request_id] = _Tracked(ref, OpState(OpPhase.RUNNING, ref.name), polled_at=0.0)
             state = tracked.state
-            due = time.monotonic() - tracked.polled_at >= self.poll_every_s
+            wait = min(self.poll_max_s, self.poll_every_s * 2 ** min(tracked.polls, 8))
+            due = time.monotonic() - tracked.polled_at >= wait
             if state.phase == OpPhase.RUNNING and not tracked.polling and due:
                 tracked.polling = True
                 try:
@@ -183,6 +186,7 @@ class GceBackground:
             tracked.state = state
             tracked.polling = False
             tracked.polled_at = time.monotonic()
+            tracked.polls += 1
 
     def forget(self, ref: OpRef) -> None:
         with self._lock:
