@@ -89,12 +89,13 @@ def test_chief_on_worker0_has_no_bill_and_falls_with_worker0() -> None:
     assert hit0.wall_time_s > hit1.wall_time_s > base.wall_time_s
 
 
-def test_gce_launch_refuses_chief_on_worker0() -> None:
+def test_gce_launch_takes_chief_on_worker0_with_no_chief_vm() -> None:
     doc = local_spec(chief={"on_worker0": True})
     doc["provider"] = {"kind": "gce", "project": "my-project", "zones": ["us-central1-c"]}
     doc["cluster"]["workers"] = [{"gpu": "v100", "count": 2}]
-    with pytest.raises(SpecError, match="on_worker0"):
-        validate_spec(doc)
+    slots = expand(validate_spec(doc))
+    assert [s.role.value for s in slots].count("chief") == 0
+    assert [s.hosts_chief for s in slots if s.role.value == "worker"] == [True, False]
 
 
 def test_local_host_is_fitted_from_local_jobs() -> None:

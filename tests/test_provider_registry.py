@@ -99,4 +99,4 @@ def test_an_emulator_is_reached_by_settings_alone(tmp_path: Path) -> None:
 
 def test_firewall_opens_a_task_port_outside_the_default_range() -> None:
     assert firewall_ports(GceProvider(project="test-project")) == TF_PORTS
-    assert firewall_ports(GceProvider(project="test-project", task_port=8470)) == f"{TF_PORTS},8470"
+    assert firewall_ports(GceProvider(project="test-project", task_port=8470)) == f"{TF_PORTS},8470-8471"

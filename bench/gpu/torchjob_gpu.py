@@ -26,6 +26,19 @@ Writes into OUT (at most 6 files): summary.json, metrics.jsonl (every run's metr
 runs.log (every run's torchrun / payload output), rows.csv (one row per batch of step 1, in the columns of
 data/measurements/h100-torch-resnet-cifar.csv). Run directories live under --work (default: a temp dir).
 Standard library only (torch is imported by the payload, and once for the environment line).
+
+Reproduce (2026-11-24, one lent H100 80GB HBM3, torch 2.11.0+cu130, NCCL 2.28.9, cuDNN 9.19; $OUT is the
+device tool's output folder; each command ran in about 5 minutes):
+
+    set -o pipefail; PYTHONUNBUFFERED=1 python3 bench/gpu/torchjob_gpu.py $OUT --cross-bn \
+        --variant nchw:TORCHJOB_MEMORY_FORMAT=contiguous --work /tmp/tjg 2>&1 | tee $OUT/driver.log
+
+gives data/measurements/h100-torchjob-payload.csv. An earlier call ran the payload before it used
+channels_last, plus ``--baseline build/torchjob_orig`` with the payload of commit 0d32d14 copied there
+(jobs/torchjob, jobs/tfjob, jobs/task_schema.py and orchestrator/core/task.py, carried to the device):
+that one failed at its first step line with ``RuntimeError: No backend type associated with device type
+cpu`` (a CPU tensor all-reduced over NCCL). Test here on CPU first (gloo), e.g.
+``--hparam resnet_tiny --batches 32 --steps 40 --log-every 10 --warm-windows 1 --notice-steps 60 --notice-at 20``.
 """
 
 from __future__ import annotations

@@ -26,21 +26,26 @@ from orchestrator.store.db import open_session
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from orchestrator.control.launcher import KnownBlock
     from orchestrator.core.costmodel import PlanResult
 
 
-def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None]:
-    """Validate the spec; if it does not pin the cluster, let the planner choose one."""
+def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None, list[KnownBlock]]:
+    """Validate the spec; if it does not pin the cluster, let the planner choose one. Placement avoids the
+    stockouts and quotas the cloud reported that are still in force (the blocks, also returned)."""
     spec = load_spec(spec_path)
+    from orchestrator.control.launcher import known_blocks  # lazy: the control layer (~0.3 s) only for launch
+
+    blocks = known_blocks(spec)
     if spec.cluster is not None:
-        return spec, None
+        return spec, None, blocks
     from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
 
-    result = plan(spec)
+    result = plan(spec, blocks=blocks)
     if result.chosen is None:
         raise UserError("the planner found no cluster within the budget and deadline",
                         hint="raise policy.budget_usd / policy.deadline or widen search")
-    return spec.with_cluster(result.chosen.to_cluster()), result
+    return spec.with_cluster(result.chosen.to_cluster()), result, blocks
 
 
 def check_budget(spec: JobSpec) -> None:
@@ -149,9 +154,9 @@ def launch(
     """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy."""
     from orchestrator.control.launcher import preflight  # lazy: the control layer (~0.3 s) only for launch
 
-    spec, planned = resolve_spec(spec_path)
+    spec, planned, blocks = resolve_spec(spec_path)
     preflight(spec)  # the SSH inventory's content, also for a dry run
-    plan = plan_spec(spec)  # the one expansion: the dry run, the quota check and the launch all use it
+    plan = plan_spec(spec, blocks=blocks)  # the one expansion: the dry run, the quota check and the launch all use it
     if dry_run and spec.provider.kind == "gce":
         # The exact Compute API requests a launch would send (instances, firewall rules, disks), as JSON.
         from orchestrator.providers.gce.dry_run import gce_dry_run  # lazy: the Google Cloud SDK (~2 s)

@@ -151,7 +151,7 @@ def _calibration_rows(calib: Calibration) -> list[list[Any]]:
     def row(key: str, e: Efficiency) -> list[Any]:
         hb = "prior" if e.half_batch is None else f"{e.half_batch:.0f}"
         return [key, f"{e.eff_compute:.3f}", f"{e.eff_memory:.3f}", _ms(e.overhead_s),
-                f"{e.overhead_per_layer_s * 1e6:.1f}", hb]
+                f"{e.overhead_per_kernel_s * 1e6:.1f}", hb]
 
     rows = [row("(default)", calib.default)]
     for key, e in sorted(calib.per_gpu.items()):
@@ -241,7 +241,7 @@ def _print_calibration(label: str, calib: Calibration, rows: list[Measurement], 
     console.print(
         table(
             f"calibration {escape(label)}: {escape(calib.source)}",
-            ["key (points)", "eff_compute", "eff_memory", "overhead ms", "per layer us", "half batch"],
+            ["key (points)", "eff_compute", "eff_memory", "overhead ms", "per kernel us", "half batch"],
             _calibration_rows(calib),
         )
     )

@@ -21,6 +21,7 @@ from orchestrator.control.daemon import daemon_running
 from orchestrator.control.driver import release, run_pass, spec_to_yaml
 from orchestrator.control.gc import finish_pending_deletes
 from orchestrator.control.signals import Terminated, sigterm_raises
+from orchestrator.core.blocks import provider_key
 from orchestrator.core.errors import UserError
 from orchestrator.core.instances import BAKE_MODE
 from orchestrator.core.plan import LaunchPlan, plan_spec
@@ -104,6 +105,31 @@ def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) 
 
 def owner_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}"[:64]
+
+
+@dataclass(frozen=True)
+class KnownBlock:
+    """A block row read out of its session (placement only reads these four fields)."""
+
+    scope: str
+    location: str
+    resource: str
+    reason: str | None
+
+
+def known_blocks(spec: JobSpec) -> list[KnownBlock]:
+    """The stockouts and quotas in force for this spec's cloud project, for placement. Read from an existing
+    results DB only: planning creates no file, and a DB it cannot read means no blocks, not an error."""
+    url = default_url()
+    if not spec.provider.is_cloud or (url.startswith("sqlite:///") and not Path(url[10:]).exists()):
+        return []
+    try:
+        with open_session(url) as session:
+            rows = queries.active_blocks(session, provider_key(spec))
+            return [KnownBlock(b.scope, b.location, b.resource, b.reason) for b in rows]
+    except Exception as exc:  # a courtesy: the executor still skips blocked zones at create time
+        log.warning("could not read stockout/quota blocks from %s: %s", url.split("@")[-1], exc)
+        return []
 
 
 def preflight(spec: JobSpec) -> None:

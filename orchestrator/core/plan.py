@@ -8,9 +8,11 @@ desired state recorded at launch instead of expanding the spec against today's c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from orchestrator.core.blocks import BlockLike, blocked, prefer_unblocked
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.instances import Role
 from orchestrator.core.slots import Slot, cluster_shape, expand, price_book_for
@@ -65,11 +67,23 @@ class LaunchPlan:
             raise PlanFormatError(f"stored plan unreadable: {exc!r}") from exc
 
 
-def plan_spec(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> LaunchPlan:
-    """The one expansion of a pinned spec (``book``: a recorded price book name instead of the spec's)."""
+def plan_spec(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None,
+              blocks: Sequence[BlockLike] = ()) -> LaunchPlan:
+    """The one expansion of a pinned spec (``book``: a recorded price book name instead of the spec's).
+    ``blocks`` (stockouts and quotas in force) move each slot's blocked zones last, so placement starts
+    where a create can succeed."""
     cat = catalog or load_catalog()
-    return LaunchPlan(slots=tuple(expand(spec, cat, book)), price_book=price_book_for(spec, cat, book).name,
-                      shape=cluster_shape(spec))
+    slots = tuple(_place(s, blocks) for s in expand(spec, cat, book))
+    return LaunchPlan(slots=slots, price_book=price_book_for(spec, cat, book).name, shape=cluster_shape(spec))
+
+
+def _place(slot: Slot, blocks: Sequence[BlockLike]) -> Slot:
+    zones = slot.zones or (slot.zone,)
+    bad = [z for z in zones if blocked(blocks, z, slot.gpu) is not None]
+    if not bad or len(bad) == len(zones):
+        return slot  # nothing to avoid, or nowhere better: the executor waits the blocks out
+    ordered = prefer_unblocked(zones, bad)
+    return replace(slot, zone=ordered[0], zones=ordered)
 
 
 def _slot_dict(s: Slot) -> dict[str, Any]:

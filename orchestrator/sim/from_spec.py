@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from orchestrator.core import policy
+from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.core.costmodel import (
     DEFAULT_CALIBRATION,
@@ -311,9 +312,10 @@ class LocalRunScorer:
         return Score(r.wall_time_s, r.cost_usd, float(r.revocations), r.wall_time_s - self.base.wall_time_s)
 
 
-def plan_job(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None) -> PlanResult:
+def plan_job(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None,
+             blocks: Sequence[BlockLike] = ()) -> PlanResult:
     """The planner, judging a local provider's pinned cluster as `simulate` plays the local run."""
     scorer = None
     if spec.provider.emulates_gpus and spec.cluster is not None:
         scorer = LocalRunScorer(spec, calibration or DEFAULT_CALIBRATION)
-    return plan(spec, catalog, calibration, scorer)
+    return plan(spec, catalog, calibration, scorer, blocks)

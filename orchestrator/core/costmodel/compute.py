@@ -119,11 +119,6 @@ class Efficiency:
         if self.overhead_s < 0 or self.overhead_per_kernel_s < 0 or (self.half_batch or 0) < 0:
             raise ValueError(f"implausible efficiency {self}: overheads and half_batch must be >= 0")
 
-    @property
-    def overhead_per_layer_s(self) -> float:
-        """The per-kernel overhead as a CIFAR ResNet's per-layer figure (for displays)."""
-        return self.overhead_per_kernel_s * KERNELS_PER_LAYER
-
     def half_batch_for(self, gpu: Gpu) -> float:
         return HALF_BATCH_PER_TFLOP * gpu.fp32_tflops if self.half_batch is None else self.half_batch
 

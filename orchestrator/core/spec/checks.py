@@ -120,10 +120,6 @@ class _CatalogCheck:
         if self.spec.ps_count > 0:
             ps = cluster.parameter_servers
             roles.append(("cluster.parameter_servers", ps.machine_type, ps.zone, ps.spot))
-        if is_async and cluster.chief.on_worker0 and self.cloud:
-            self._error("cluster.chief.on_worker0",
-                        "a gce launch cannot co-locate the chief with worker 0 yet; use it with the local provider, "
-                        "or drop it (the chief then gets its own VM)")
         if is_async and not cluster.chief.on_worker0:
             ch = cluster.chief
             roles.append(("cluster.chief", ch.machine_type, ch.zone, ch.spot))

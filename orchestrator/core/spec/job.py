@@ -33,7 +33,7 @@ class Chief(StrictModel):
     spot: bool = False
     zone: str | None = None
     # The ICAC'19 setup: the async chief runs on worker 0's VM, so it has no VM (and no bill) of its own
-    # and worker 0's revocation stops it. Local provider, plan and simulate (a gce launch: not yet).
+    # and worker 0's revocation stops it; its task listens on worker 0's host at the next port.
     on_worker0: bool = False
 
 

@@ -47,9 +47,12 @@ def shutdown_script(storage_uri: str, name: str) -> str | None:
 
 
 def firewall_ports(spec: GceSpec) -> str:
-    """The cluster ports the firewall opens between the job's VMs: TF_PORTS, plus a task port outside it."""
+    """The cluster ports the firewall opens between the job's VMs: TF_PORTS, plus a task port outside it
+    and the port after it (where a chief co-located with worker 0 listens)."""
     low, high = (int(p) for p in TF_PORTS.split("-"))
-    return TF_PORTS if spec.task_port == 0 or low <= spec.task_port <= high else f"{TF_PORTS},{spec.task_port}"
+    if spec.task_port == 0 or low <= spec.task_port < high:
+        return TF_PORTS
+    return f"{TF_PORTS},{spec.task_port}-{spec.task_port + 1}"
 
 
 def build(key: str, spec: GceSpec) -> Backend:

@@ -33,6 +33,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
@@ -79,17 +80,23 @@ def plan(
     catalog: Catalog | None = None,
     calibration: Calibration | None = None,
     scorer: Scorer | None = None,
+    blocks: Sequence[BlockLike] = (),
 ) -> PlanResult:
-    """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring."""
+    """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring.
+    ``blocks``: stockouts and quotas in force (the blocks table), which placement avoids."""
     started = time.perf_counter()
     context = plan_context(spec, catalog, calibration)
     cat = context.catalog
     calib = calibration or DEFAULT_CALIBRATION
     ev = Evaluator(spec, cat, calib, context.book)
-    base = [ev.evaluate(layout) for layout in layouts(spec, cat)]
+    base = [ev.evaluate(layout) for layout in layouts(spec, cat, blocks)]
     notes: list[str] = []
+    if blocks:
+        notes.append(f"placement avoided {len(blocks)} block(s) in force: "
+                     + "; ".join(f"{b.scope} {b.location} ({b.resource})" for b in blocks[:5]))
     if not base:
-        notes.append("no candidate: no allowed zone offers the GPU types searched")
+        notes.append("no candidate: no allowed zone offers the GPU types searched"
+                     + (" that no stockout or quota block rules out" if blocks else ""))
     policy = spec.policy
     scored = score_candidates(base, context, scorer or AnalyticScorer(), policy.budget_usd, policy.deadline)
     objective = spec.search.objective if spec.search is not None else "cost"

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from orchestrator.core.blocks import BlockLike, blocked
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.spec import LOCAL_ZONE, Chief, JobSpec, ParameterServers, TrainingMode
 
@@ -76,30 +77,41 @@ def _search_zones(spec: JobSpec, catalog: Catalog) -> list[str | None]:
     return [None]
 
 
-def _pinned_zone(spec: JobSpec, catalog: Catalog, zone: str | None, gpu: str | None) -> str | None:
-    """Where the controller puts an instance the spec leaves unplaced: the first allowed zone offering it."""
+def _pinned_zone(spec: JobSpec, catalog: Catalog, zone: str | None, gpu: str | None,
+                 blocks: Sequence[BlockLike] = ()) -> str | None:
+    """Where the controller puts an instance the spec leaves unplaced: the first allowed zone offering it,
+    one that no stockout or quota block rules out if there is such a zone."""
     if zone is not None or not spec.provider.is_cloud:
         return zone
     offered = catalog.zones_for(gpu) if gpu else catalog.all_zones()
-    return next((z for z in spec.provider.allowed_zones if z in offered), None)
+    allowed = [z for z in spec.provider.allowed_zones if z in offered]
+    return next((z for z in allowed if blocked(blocks, z, gpu) is None), allowed[0] if allowed else None)
 
 
 def _offered(catalog: Catalog, gpus: set[str], zone: str | None) -> bool:
     return zone is None or zone == LOCAL_ZONE or all(zone in catalog.zones_for(g) for g in gpus)
 
 
-def layouts(spec: JobSpec, catalog: Catalog) -> Iterator[Layout]:
-    """The pinned cluster, or every cluster ``spec.search`` allows, in a stable order."""
+def layouts(spec: JobSpec, catalog: Catalog, blocks: Sequence[BlockLike] = ()) -> Iterator[Layout]:
+    """The pinned cluster, or every cluster ``spec.search`` allows, in a stable order; ``blocks`` (stockouts
+    and quotas the cloud reported, still in force) steer placement away from where a create would fail."""
     if spec.cluster is not None:
-        yield _pinned_layout(spec, catalog)
+        yield _pinned_layout(spec, catalog, blocks)
     else:
-        yield from _searched_layouts(spec, catalog)
+        yield from _searched_layouts(spec, catalog, blocks)
 
 
-def _pinned_layout(spec: JobSpec, catalog: Catalog) -> Layout:
+def blocked_in(blocks: Sequence[BlockLike], gpus: set[str], zone: str | None) -> str | None:
+    """Why ``zone`` cannot take one of ``gpus`` now (a persisted block), or None."""
+    if zone is None or not blocks:
+        return None
+    return next((why for g in sorted(gpus) if (why := blocked(blocks, zone, g)) is not None), None)
+
+
+def _pinned_layout(spec: JobSpec, catalog: Catalog, blocks: Sequence[BlockLike]) -> Layout:
     cluster = spec.pinned
     slots = tuple(
-        WorkerSlot(g.gpu, g.spot, _pinned_zone(spec, catalog, g.zone, g.gpu), g.machine_type, g.batch)
+        WorkerSlot(g.gpu, g.spot, _pinned_zone(spec, catalog, g.zone, g.gpu, blocks), g.machine_type, g.batch)
         for g in cluster.workers
         for _ in range(g.count)
     )
@@ -118,7 +130,7 @@ def _pinned_layout(spec: JobSpec, catalog: Catalog) -> Layout:
     )
 
 
-def _searched_layouts(spec: JobSpec, catalog: Catalog) -> Iterator[Layout]:
+def _searched_layouts(spec: JobSpec, catalog: Catalog, blocks: Sequence[BlockLike]) -> Iterator[Layout]:
     search = spec.search
     assert search is not None
     is_async = spec.mode == TrainingMode.ASYNC
@@ -129,7 +141,7 @@ def _searched_layouts(spec: JobSpec, catalog: Catalog) -> Iterator[Layout]:
     for worker_set in _worker_sets(search.gpus, search.min_workers, search.max_workers, search.mixed):
         types = set(worker_set)
         for zone in zones:
-            if not _offered(catalog, types, zone):
+            if not _offered(catalog, types, zone) or blocked_in(blocks, types, zone) is not None:
                 continue
             for slots in _shapes(spec, catalog, worker_set, zone, search.spot):
                 for n_ps in ps_counts:
