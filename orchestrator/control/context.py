@@ -14,7 +14,7 @@ from orchestrator.core.status import JobStatus
 from orchestrator.providers.registry import Backend
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
-from orchestrator.store.models import Instance, Job, Operation
+from orchestrator.store.models import Block, Instance, Job, Operation
 
 TASK = "task"  # the process name of the training task on every instance
 
@@ -31,6 +31,8 @@ class JobContext:
     emulation_sleep: Callable[[str | None, int], float]  # (gpu, batch) -> extra seconds per step (local)
     # Each instance's cloud operation under way (control/operations.py), by instance name: at most one.
     pending: dict[str, Operation] = field(default_factory=dict)
+    # The provider's blocks as this pass read them, shared by its jobs (None: read them when needed).
+    blocks: list[Block] | None = None
 
 
 def instance_row(ctx: JobContext, name: str) -> Instance:

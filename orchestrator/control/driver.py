@@ -191,7 +191,7 @@ class GroupReads:
                    queries.job_costs(session, job_ids), queries.pending_operations(session, job_ids))
 
     def blocks(self, session: Session, spec: JobSpec) -> list[Block]:
-        """The provider's active blocks, read once per pass (a create reads them afresh before asking)."""
+        """The provider's active blocks, read once per pass; a block a job adds during it joins the list."""
         key = provider_key(spec)
         if key not in self._blocks:
             self._blocks[key] = queries.active_blocks(session, key)
@@ -207,16 +207,16 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     slots = list(plan.slots)
     storage = job_storage(job.storage_uri, job.id)
     result, result_error = _ingest(session, job, storage, slots)
-    ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec))
+    ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec),
+                     blocks=reads.blocks(session, spec) if spec.provider.is_cloud else None)
     operations.settle(ctx, reads.pending.get(job.id, []))  # what the provider answered since the last pass
     if seen_at is not None and _newer_than_view(job, observed, seen_at):
         return  # decided from the next listing
     now = time.time()
     view = job_view(session, job, spec, slots, now, backend.stable_addresses, cost=reads.costs.get(job.id))
-    blocks = reads.blocks(session, spec) if spec.provider.is_cloud else []
     obs = Observation(instances=observed, procs=observe_tasks(job, backend, observed), notices=_notices(job, storage),
                       result=result.raw if result is not None else None, payload_error=result_error,
-                      failed_zones=blocked_zones(session, spec, slots, blocks))
+                      failed_zones=blocked_zones(session, spec, slots, ctx.blocks))
     actions = reconcile(view, obs, now)
     if actions:
         log.debug("job %s: %s", job.id, actions)
@@ -260,13 +260,18 @@ _gcs_lock = threading.Lock()
 
 
 def job_storage(uri: str, job_id: str) -> JobStorage:
-    """A job's storage; every job on GCS shares this process's one client (not one per job and pass)."""
+    """A job's storage, made once per process (not per pass); every job on GCS shares one client."""
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST", "") if uri.startswith("gs://") else ""
+    return _job_storage(uri, job_id, endpoint)
+
+
+@functools.lru_cache(maxsize=4096)
+def _job_storage(uri: str, job_id: str, endpoint: str) -> JobStorage:
     if not uri.startswith("gs://"):
         return open_storage(uri, job_id)
     from orchestrator.storage.gcs import GcsStorage, make_client  # google-cloud-storage: gs:// jobs only
 
-    endpoint = os.environ.get("STORAGE_EMULATOR_HOST", "")  # a client is bound to the endpoint it was made for
-    with _gcs_lock:
+    with _gcs_lock:  # a client is bound to the endpoint it was made for (an emulator's, in tests)
         if endpoint not in _gcs_clients:
             _gcs_clients[endpoint] = make_client()
         client = _gcs_clients[endpoint]

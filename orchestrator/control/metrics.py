@@ -25,6 +25,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.status import ACTIVE_JOB, InstanceStatus
+from orchestrator.storage import open_storage
+from orchestrator.storage.base import NOTICES
+from orchestrator.store import queries
+from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Instance, Job
 
 log = logging.getLogger(__name__)
@@ -51,8 +55,6 @@ class DbCollector(Collector):
         return []  # registering must not need the DB; the names are only known from a scrape
 
     def collect(self) -> Iterable[Metric]:
-        from orchestrator.store.db import open_session
-
         try:
             with open_session(self.url) as session:
                 return list(db_metrics(session, time.time()))
@@ -91,8 +93,6 @@ def db_metrics(session: Session, now: float) -> Iterator[Metric]:
 
 
 def _job_series(session: Session, now: float) -> Iterator[Metric]:
-    from orchestrator.store import queries
-
     spend = GaugeMetricFamily("orchestrator_job_spend_usd", "Spend so far (open instances costed to now)",
                               labels=["job", "name", "provider", "state"])
     budget = GaugeMetricFamily("orchestrator_job_budget_usd", "The job's budget", labels=["job"])
@@ -143,9 +143,6 @@ class LatencyWatch:
 
 def _notice_time(session: Session, job_id: str, before: float) -> float | None:
     """The newest preemption notice of the job written before ``before`` (the notice file's own time)."""
-    from orchestrator.storage import open_storage
-    from orchestrator.storage.base import NOTICES
-
     job = session.get(Job, job_id)
     if job is None:
         return None

@@ -90,11 +90,9 @@ def create(ctx: JobContext, action: CreateInstance) -> None:
 def _requested(ctx: JobContext, action: CreateInstance, name: str, now: float) -> Instance:
     """The instance's row, recorded before the create call (committed with its operation: intent first).
 
-    Looked up in the DB, not only in the job's loaded instances: those may predate a row another pass (or
-    driver) recorded, and inserting it again would break the unique name."""
-    inst = next((i for i in ctx.job.instances if i.name == name), None)
-    if inst is None and (inst := queries.instance_by_name(ctx.session, name)) is not None:
-        ctx.session.expire(ctx.job, ["instances"])  # the loaded list is stale: reload it on next use
+    The job's instances are read afresh every pass (driver.GroupReads); a row another driver recorded since
+    breaks the unique name here, and that row is used."""
+    inst = next((i for i in ctx.job.instances if i.name == name), None)  # read afresh by this pass
     if inst is not None:
         return inst
     slot = action.slot
@@ -203,14 +201,19 @@ def _blocks(ctx: JobContext) -> list[Block]:
     """Blocks apply to clouds (GCE); an inventory's hosts free up as jobs end, so ssh and local keep none."""
     if not ctx.spec.provider.is_cloud:
         return []
-    return queries.active_blocks(ctx.session, provider_key(ctx.spec))
+    if ctx.blocks is None:
+        return queries.active_blocks(ctx.session, provider_key(ctx.spec))
+    now = time.time()
+    return [b for b in ctx.blocks if b.expires_at > now]  # as this pass read them, plus those it added
 
 
 def _remember_block(ctx: JobContext, exc: CapacityError | QuotaError, zone: str, gpu: str | None) -> None:
     if not ctx.spec.provider.is_cloud:
         return
     scope, location, resource, ttl = block_for(exc, zone, gpu)
-    queries.add_block(ctx.session, provider_key(ctx.spec), scope, location, resource, exc.message, ttl)
+    block = queries.add_block(ctx.session, provider_key(ctx.spec), scope, location, resource, exc.message, ttl)
+    if ctx.blocks is not None:
+        ctx.blocks.append(block)  # the next job's creates in this pass skip it too
     log.warning("job %s: %s %s blocked for %s for %.0fs: %s", ctx.job.id, scope, location, resource, ttl,
                 exc.message)
 

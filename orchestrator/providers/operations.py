@@ -26,7 +26,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from orchestrator.core.cloud_errors import ProviderError, TransientError
+from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider
 
@@ -160,25 +160,27 @@ class SupportsSnapshots(abc.ABC):
 class BackgroundListing:
     """Refreshes a provider's listing in the background, one refresh at a time, when asked and due.
 
-    Demand-driven (a refresh starts from ``latest()``), so nothing runs once no pass asks any more.
+    Demand-driven (a refresh starts from ``latest()``), so nothing runs once no pass asks any more. A refresh
+    starts ``every_s`` after the previous one started, and no sooner than as long after it ended as it took:
+    parsing a thousand VMs costs CPU that the passes (same process) need too.
     """
 
     def __init__(self, list_all: Callable[[], list[ObservedInstance]], executor: Executor,
-                 every_s: float = 1.0) -> None:
+                 every_s: float = 2.0) -> None:
         self._list_all = list_all
         self._executor = executor
         self.every_s = every_s
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
         self._running: Future[None] | None = None
-        self._last_start = 0.0
+        self._next_at = 0.0  # monotonic
         self._attempts = 0
 
     def latest(self) -> Snapshot | None:
         with self._lock:
             idle = self._running is None or self._running.done()
-            if idle and time.monotonic() - self._last_start >= self.every_s:
-                self._last_start = time.monotonic()
+            if idle and time.monotonic() >= self._next_at:
+                self._next_at = time.monotonic() + self.every_s
                 try:
                     self._running = self._executor.submit(self._refresh)
                 except RuntimeError:  # the executor was shut down (the provider is closed)
@@ -186,17 +188,18 @@ class BackgroundListing:
             return self._latest
 
     def _refresh(self) -> None:
-        started = time.time()
+        started, began = time.time(), time.monotonic()
         try:
             items = tuple(self._list_all())
+            error: Exception | None = None
         except Exception as exc:  # noqa: BLE001 - kept for the pass to report on the jobs it concerns
-            if not isinstance(exc, ProviderError):
-                exc = TransientError(f"list instances: {type(exc).__name__}: {exc}")
-            with self._lock:
-                self._attempts += 1
-                old = self._latest or Snapshot((), started)
-                self._latest = replace(old, error=exc, attempt=self._attempts)
-            return
+            items, error = (), exc
+        took = time.monotonic() - began
         with self._lock:
             self._attempts += 1
-            self._latest = Snapshot(items, started, None, self._attempts)
+            self._next_at = max(self._next_at, time.monotonic() + took)
+            if error is None:
+                self._latest = Snapshot(items, started, None, self._attempts)
+            else:
+                old = self._latest or Snapshot((), started)
+                self._latest = replace(old, error=error, attempt=self._attempts)

@@ -9,7 +9,7 @@ from orchestrator.storage.local import LocalStorage
 def open_storage(uri: str, job_id: str) -> JobStorage:
     """The storage of one job: ``<uri>/<job_id>/``."""
     if uri.startswith("gs://"):
-        from orchestrator.storage.gcs import GcsStorage
+        from orchestrator.storage.gcs import GcsStorage  # google-cloud-storage loads only for gs:// jobs
 
         return GcsStorage(uri, job_id)
     return LocalStorage(uri, job_id)

@@ -61,6 +61,7 @@ from orchestrator.core.costmodel.profiles import (
     get_profile,
     resnet_cifar,
 )
+from orchestrator.core.paths import data_dir
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -304,8 +305,6 @@ def _default_calibration() -> Calibration:
     """data/calibration.json: the fit to every real point in data/measurements (regenerate with
     ``orchestrator model calibrate data/measurements --name measured --out data/calibration.json``);
     the runtime priors if it is missing or unreadable."""
-    from orchestrator.core.paths import data_dir
-
     try:
         return Calibration.from_json((data_dir() / "calibration.json").read_text())
     except (OSError, ValueError, KeyError, TypeError):

@@ -64,10 +64,10 @@ class GceBackground:
     """Started calls and their operations, by request id; the background listing."""
 
     def __init__(self, provider: GceProvider, *, threads: int = 16, poll_every_s: float = 1.0,
-                 poll_max_s: float = 15.0, list_every_s: float = 1.0) -> None:
+                 poll_max_s: float = 30.0, list_every_s: float = 2.0) -> None:
         self.provider = provider
         self.poll_every_s = poll_every_s
-        self.poll_max_s = poll_max_s  # an operation running for long is asked less often (1, 2, 4 ... s)
+        self.poll_max_s = poll_max_s  # an operation running for long is asked less often (1, 2, 4 ... 30 s)
         self._start_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-start")
         self._poll_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-poll")
         self._list_pool = ThreadPoolExecutor(1, thread_name_prefix="gce-list")
