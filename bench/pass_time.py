@@ -34,10 +34,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
+from sqlalchemy import func, select, update
+
+from orchestrator.control import driver
+from orchestrator.control.daemon import tick
+from orchestrator.control.launcher import create_job
+from orchestrator.core.spec import validate_spec
+from orchestrator.core.status import FINAL_JOB
+from orchestrator.providers.gce.provider import GceProvider
+from orchestrator.providers.registry import backend_for
+from orchestrator.store.db import open_session
+from orchestrator.store.models import Instance, Job
 
 REPO = Path(__file__).resolve().parents[1]
 BOOT_S = 3600.0  # emulated: VMs stay PROVISIONING until the teardown advances the emulator's clock
-PHASES = {"launch": 80.0, "steady": 15.0, "teardown": 40.0}  # seconds each phase may take at most
+PHASES = {"launch": 75.0, "steady": 20.0, "teardown": 30.0}  # seconds each phase may take at most
 
 
 def spec_yaml(name: str, url: str, storage: Path, workers: int) -> str:
@@ -94,69 +106,74 @@ def stats(durations: list[float]) -> str:
     return (f"{len(a):4d} passes  p50 {p50:6.3f}s  p95 {p95:6.3f}s  p99 {p99:6.3f}s  max {a.max():6.3f}s")
 
 
-def run(latency_s: float, jobs: int, workers: int, interval_s: float, threads: int) -> dict[str, list[float]]:
-    home = Path(tempfile.mkdtemp(prefix="pass-time-"))
-    os.environ["ORCHESTRATOR_HOME"] = str(home)
-    os.environ.pop("ORCHESTRATOR_DB_URL", None)
-    # Imported once the home is set: the DB lives there.
-    from sqlalchemy import func, select, update
+class Run:
+    """One run: its emulator, its DB (in a fresh ORCHESTRATOR_HOME) and the passes' durations by phase."""
 
-    from orchestrator.control import driver
-    from orchestrator.control.daemon import tick
-    from orchestrator.control.launcher import create_job
-    from orchestrator.core.spec import validate_spec
-    from orchestrator.core.status import FINAL_JOB
-    from orchestrator.providers.gce.provider import GceProvider
-    from orchestrator.providers.registry import backend_for
-    from orchestrator.store.db import open_session
-    from orchestrator.store.models import Instance, Job
+    def __init__(self, latency_s: float, interval_s: float) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="pass-time-"))
+        os.environ["ORCHESTRATOR_HOME"] = str(self.home)  # read at each use: this run's DB lives here
+        os.environ.pop("ORCHESTRATOR_DB_URL", None)
+        self.latency_s = latency_s
+        self.interval_s = interval_s
+        self.emulator = Emulator(self.home, latency_s)
+        self.times: dict[str, list[float]] = {phase: [] for phase in PHASES}
+        self.provider: GceProvider | None = None
 
-    import yaml
-
-    emulator = Emulator(home, latency_s)
-    times: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    try:
+    def record(self, jobs: int, workers: int, threads: int) -> None:
         with open_session() as session:
             for k in range(jobs):
-                spec = validate_spec(yaml.safe_load(spec_yaml(f"b{k:03d}", emulator.url, home / "runs", workers)))
+                text = spec_yaml(f"b{k:03d}", self.emulator.url, self.home / "runs", workers)
+                spec = validate_spec(yaml.safe_load(text))
                 create_job(session, spec)
         provider = backend_for(spec).provider  # every job shares it (one backend per provider settings)
         assert isinstance(provider, GceProvider)
         provider.background_threads = threads
+        self.provider = provider
 
-        def counts() -> dict[str, int]:
-            with open_session() as session:
-                rows = session.execute(select(Instance.status, func.count()).group_by(Instance.status)).all()
-                final = session.scalar(select(func.count()).where(Job.status.in_([s.value for s in FINAL_JOB])))
-            return {**{str(s): int(n) for s, n in rows}, "jobs final": int(final or 0)}
+    @staticmethod
+    def counts() -> dict[str, int]:
+        with open_session() as session:
+            rows = session.execute(select(Instance.status, func.count()).group_by(Instance.status)).all()
+            final = session.scalar(select(func.count()).where(Job.status.in_([s.value for s in FINAL_JOB])))
+        return {**{str(s): int(n) for s, n in rows}, "jobs final": int(final or 0)}
 
-        def phase(name: str, done: Callable[[dict[str, int]], bool]) -> dict[str, int]:
-            deadline = time.monotonic() + PHASES[name]
-            while True:
-                started = time.perf_counter()
-                tick("bench-daemon")  # the daemon's tick: the provider's jobs are driven in a worker thread ...
-                for work in list(driver._inflight.values()):
-                    work.result()  # ... and the pass is over when that worker has driven them all
-                times[name].append(time.perf_counter() - started)
-                now = counts()
-                if done(now) or time.monotonic() > deadline:
-                    print(f"  {name:9s} {stats(times[name])}   {now}", flush=True)
-                    return now
-                time.sleep(max(0.0, interval_s - (time.perf_counter() - started)))
+    def phase(self, name: str, done: Callable[[dict[str, int]], bool]) -> None:
+        """Passes every ``interval_s`` until ``done(counts)`` or the phase's time limit."""
+        deadline = time.monotonic() + PHASES[name]
+        while True:
+            started = time.perf_counter()
+            tick("bench-daemon")  # the daemon's tick: the provider's jobs are driven in a worker thread ...
+            for work in list(driver._inflight.values()):
+                work.result()  # ... and the pass is over when that worker has driven them all
+            self.times[name].append(time.perf_counter() - started)
+            now = self.counts()
+            if done(now) or time.monotonic() > deadline:
+                print(f"  {name:9s} {stats(self.times[name])}   {now}", flush=True)
+                return
+            time.sleep(max(0.0, self.interval_s - (time.perf_counter() - started)))
 
-        total = jobs * workers
-        phase("launch", lambda c: c.get("provisioning", 0) == total)
-        steady_until = len(times["steady"]) + 20
-        phase("steady", lambda c: len(times["steady"]) >= steady_until)
+    def close(self) -> None:
+        if self.provider is not None:
+            self.provider.close()  # queued background calls are dropped; those under way end against a live cloud
+            time.sleep(self.latency_s + 1.0)
+        self.emulator.stop()
+
+
+def run(latency_s: float, jobs: int, workers: int, interval_s: float, threads: int) -> dict[str, list[float]]:
+    bench = Run(latency_s, interval_s)
+    try:
+        bench.record(jobs, workers, threads)
+        bench.phase("launch", lambda c: c.get("provisioning", 0) == jobs * workers)
+        bench.phase("steady", lambda c: len(bench.times["steady"]) >= 20)
         with open_session() as session:
             session.execute(update(Job).values(cancel_requested=True))
-        emulator.control("POST", "advance", {"seconds": BOOT_S})  # the VMs boot: their inserts finish
-        phase("teardown", lambda c: c["jobs final"] == jobs)
-        calls = emulator.control("GET", "snapshot")["calls"]
+        bench.emulator.control("POST", "advance", {"seconds": BOOT_S})  # the VMs boot: their inserts finish
+        bench.phase("teardown", lambda c: c["jobs final"] == jobs)
+        calls = bench.emulator.control("GET", "snapshot")["calls"]
         print(f"  API calls: {', '.join(f'{k} {v}' for k, v in sorted(calls.items()))}", flush=True)
     finally:
-        emulator.stop()
-    return times
+        bench.close()
+    return bench.times
 
 
 def main() -> None:
@@ -166,13 +183,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=10, help="instances per job")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds from one pass's start to the next")
-    parser.add_argument("--threads", type=int, default=64, help="the provider's background calls at once")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the provider's background calls under way at once (default: 64 when the API is slow, "
+                             "so 1,000 creates take a minute, else the provider's 16)")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     for latency in args.latency:
+        threads = args.threads or (64 if latency >= 0.5 else 16)
         print(f"{args.jobs} jobs x {args.workers} instances, API latency {latency:g}s per request, "
-              f"a pass every {args.interval:g}s:", flush=True)
-        times = run(latency, args.jobs, args.workers, args.interval, args.threads)
+              f"a pass every {args.interval:g}s, {threads} background calls at once:", flush=True)
+        times = run(latency, args.jobs, args.workers, args.interval, threads)
         print(f"  all       {stats([t for ts in times.values() for t in ts])}\n", flush=True)
 
 

@@ -14,7 +14,7 @@ from orchestrator.core.costmodel.calibration import load_measurements
 from orchestrator.core.emulation import curve_s, emulated_step_s, emulation_sleep, reference_step_s
 from orchestrator.core.paths import data_dir
 from orchestrator.core.slots import expand
-from orchestrator.core.spec import SpecError, validate_spec
+from orchestrator.core.spec import validate_spec
 from orchestrator.sim.engine import NoRevocations, ScheduleLifetimes, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
 from orchestrator.sim.from_spec import plan_job as plan

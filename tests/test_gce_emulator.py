@@ -492,3 +492,23 @@ def test_accelerator_optimized_types_time_limits_and_flex_start(emu: GceEmulator
     until(lambda: (emu.instance("a3-0") or {}).get("status") == "RUNNING")
     emu.advance(3601)
     until(lambda: emu.instance("a3-0") is None)
+
+
+def test_the_emulator_process_answers_every_request_after_the_latency_asked_for() -> None:
+    """``--latency-s``: a slow cloud for benchmarks (bench/pass_time.py); the control API stays instant."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator_testing.gce_emulator", "--port", "0",
+                             "--latency-s", "0.5"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{url}/compute/v1/projects/p/zones", timeout=10) as answer:
+            assert json.loads(answer.read())["kind"] == "compute#zoneList"
+        assert time.monotonic() - started >= 0.5
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{url}/_emulator/snapshot", timeout=10) as answer:
+            answer.read()
+        assert time.monotonic() - started < 0.5
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

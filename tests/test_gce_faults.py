@@ -61,9 +61,12 @@ class ControllerKilled(Exception):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_backends(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Backends are cached by endpoint URL; a later test's emulator may reuse a port.
     monkeypatch.setattr(backends, "_cache", {})
+    yield
+    for backend in backends._cache.values():  # their background calls end with the test's cloud
+        backend.provider.close()
 
 
 @pytest.fixture
@@ -316,9 +319,13 @@ def test_a_vm_created_by_a_controller_killed_before_recording_it_is_adopted(
         assert len(recorded) == 1 and recorded[0].name is None  # its request id, but not the answer
         assert vms(cloud)[first] == 1 and emu.instance(first, dies_in) is not None
 
+        dying.close()  # the controller is gone, its background calls with it
         monkeypatch.setattr(backends, "_cache", {})  # a new controller starts: nothing in memory
         backend = quick_backend(spec)
-        asked_again = lambda: (op := session.get(Operation, recorded[0].id)) is not None and op.name is not None  # noqa: E731
+        def asked_again() -> bool:  # the recorded request id sent again: its operation's id is known now
+            op = session.get(Operation, recorded[0].id)
+            return op is not None and op.name is not None
+
         job = passes_until(session, job_id, lambda j: statuses(j).get(first) == InstanceStatus.PROVISIONING.value
                            and len(j.instances) == 2 and asked_again())
         adopted = next(e for e in queries.events(session, job_id) if e.to_status == "provisioning"

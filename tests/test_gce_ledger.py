@@ -38,8 +38,11 @@ QUICK = RetrySettings(attempts=3, initial_backoff_s=0.005, max_backoff_s=0.02, r
 
 
 @pytest.fixture(autouse=True)
-def _fresh_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_backends(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(backends, "_cache", {})
+    yield
+    for backend in backends._cache.values():  # their background calls end with the test's cloud
+        backend.provider.close()
 
 
 @pytest.fixture
@@ -71,7 +74,10 @@ pricing: {{book: 2026-11}}
 
 
 def new_controller(spec: JobSpec, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A controller process starting: no backend, no operation or listing in memory."""
+    """A controller process starting: no backend, no operation or listing in memory (the previous one's
+    background calls die with it)."""
+    for backend in backends._cache.values():
+        backend.provider.close()
     monkeypatch.setattr(backends, "_cache", {})
     provider = backend_for(spec).provider
     assert isinstance(provider, GceProvider)

@@ -88,7 +88,7 @@ def test_migration_0003_up_and_down_and_a_job_from_before_it_is_planned_once(db_
             metrics_offset=0, cancel_requested=False))
         session.commit()
     db.upgrade(db_url)
-    assert db.current_revision(db_url) == "0003"
+    assert db.current_revision(db_url) == db.head_revision()  # 0003 and whatever came after it
     with Session(db.get_engine(db_url)) as session:
         job = session.get(Job, "legacy-abc123")
         assert job is not None and queries.stored_intent(session, job.id) is None

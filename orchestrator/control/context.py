@@ -33,6 +33,22 @@ class JobContext:
     pending: dict[str, Operation] = field(default_factory=dict)
     # The provider's blocks as this pass read them, shared by its jobs (None: read them when needed).
     blocks: list[Block] | None = None
+    # Creates and deletes this pass may still start for the provider's jobs, shared by them (None: no limit).
+    starts: Budget | None = None
+
+
+@dataclass
+class Budget:
+    """How many more cloud operations one pass may start: a burst (a hundred jobs launched or cancelled at
+    once) is spread over passes, so no pass takes long, and the cloud's rate limits are not hit at once."""
+
+    left: int
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
 
 
 def instance_row(ctx: JobContext, name: str) -> Instance:

@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from orchestrator.control import operations, torch_task
+from orchestrator.control.context import Budget
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
@@ -65,6 +66,7 @@ def spec_to_yaml(spec: JobSpec) -> str:
 
 
 NEW_PER_PASS = 8  # a daemon takes on at most this many more jobs per pass (several daemons spread them)
+STARTS_PER_PASS = 100  # creates and deletes one pass starts for one provider's jobs (a burst waits a pass)
 _inflight: dict[str, Future[None]] = {}  # backend key -> its group's work still running (daemon)
 _reported: dict[str, int] = {}  # backend key -> its background listing's failed attempt already reported
 SNAPSHOT_MAX_AGE_S = 300.0  # a background listing older than this is not acted on (its refresh is stuck)
@@ -81,8 +83,9 @@ def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None,
     """Drive every job this owner may drive; returns their ids.
 
     ``threads > 0`` (the daemon): each provider's jobs are driven in a worker thread with its own session,
-    and the pass does not wait for them; a provider still busy with a slow call from an earlier pass is
-    skipped, so one slow cloud does not hold up the jobs on the others (their leases are renewed anyway).
+    and the pass does not wait for them; a provider whose jobs are still being driven from an earlier pass
+    is skipped this time, so one provider's burst never holds up the others (their leases are renewed
+    anyway). No provider call in a pass waits on the cloud (see the module docstring).
     """
     now = time.time()
     jobs = claim(session, owner, job_ids, now, max_new=NEW_PER_PASS if threads > 0 else None)
@@ -184,6 +187,7 @@ class GroupReads:
     costs: dict[str, float]
     pending: dict[str, list[tuple[str, Operation]]]
     _blocks: dict[str, list[Block]] = field(default_factory=dict)
+    starts: Budget = field(default_factory=lambda: Budget(STARTS_PER_PASS))
 
     @classmethod
     def load(cls, session: Session, job_ids: list[str]) -> GroupReads:
@@ -208,7 +212,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     storage = job_storage(job.storage_uri, job.id)
     result, result_error = _ingest(session, job, storage, slots)
     ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec),
-                     blocks=reads.blocks(session, spec) if spec.provider.is_cloud else None)
+                     blocks=reads.blocks(session, spec) if spec.provider.is_cloud else None, starts=reads.starts)
     operations.settle(ctx, reads.pending.get(job.id, []))  # what the provider answered since the last pass
     if seen_at is not None and _newer_than_view(job, observed, seen_at):
         return  # decided from the next listing

@@ -127,6 +127,8 @@ def close_without_provider(session: Session, job: Job, outcome: JobStatus, reaso
     if job.status != JobStatus.TEARING_DOWN.value:
         job.outcome = outcome.value
         queries.switch_status(session, job, JobStatus.TEARING_DOWN, reason[:500])
+    for _name, op in queries.pending_operations(session, [job.id])[job.id]:
+        op.status, op.error = "failed", "the job was closed without its provider"  # no pass follows it any more
     final = JobStatus(job.outcome or outcome.value)
     tail = f"; {pending} instance(s) to delete when the provider can be reached" if pending else ""
     queries.switch_status(session, job, final, f"closed without the provider ({reason})"[:480] + tail)

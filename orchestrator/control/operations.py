@@ -48,22 +48,29 @@ from orchestrator.storage.base import NOTICES
 from orchestrator.store import queries
 from orchestrator.store.models import Block, Instance, Operation
 
-log = logging.getLogger("orchestrator.control.execute")
+log = logging.getLogger(__name__)
 DONE, FAILED, TIMED_OUT = "done", "failed", "timed_out"  # besides queries.OP_PENDING
 
 
 def waits(ctx: JobContext, action: Action) -> bool:
-    """Does this action wait for its instance's operation under way (asked again by a later pass)?"""
+    """Is this action put off to a later pass (which asks for it again)? It waits for its instance's
+    operation under way, or, a create or delete, for a pass with operations left to start (one is taken
+    from the pass's budget when it goes ahead)."""
     match action:
         case CreateInstance(slot=slot, generation=generation):
-            return instance_name(ctx.job.id, slot.role, slot.index, generation) in ctx.pending
+            name = instance_name(ctx.job.id, slot.role, slot.index, generation)
+            return name in ctx.pending or not _may_start(ctx)
         case DeleteInstance(name=name):
-            return name in ctx.pending
+            return name in ctx.pending or not _may_start(ctx)
         case SetInstanceStatus(name=name, status=InstanceStatus.DELETED):
             return name in ctx.pending
         case SetJobStatus(status=status) if status in FINAL_JOB:
             return bool(ctx.pending)  # its instances are not all done with while an operation is under way
     return False
+
+
+def _may_start(ctx: JobContext) -> bool:
+    return ctx.starts is None or ctx.starts.take()
 
 
 def _ops(ctx: JobContext) -> SupportsOperations:
@@ -366,6 +373,7 @@ def _delete_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     elif inst.status == InstanceStatus.DELETING.value:
         queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted", billed_until=billed_until(ctx, name,
                                                                                                   state.ended_at))
+        log.info("job %s instance %s: deleted", ctx.job.id, name)
 
 
 def billed_until(ctx: JobContext, name: str, deleted_at: float | None = None) -> float | None:

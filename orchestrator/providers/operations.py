@@ -116,7 +116,7 @@ class InlineOperations(SupportsOperations):
             self._done.pop(ref.request_id, None)
 
 
-_inline: weakref.WeakKeyDictionary[Provider, InlineOperations] = weakref.WeakKeyDictionary()
+_inline: dict[int, InlineOperations] = {}  # id(provider) -> its wrapper, dropped with the provider
 _inline_lock = threading.Lock()
 
 
@@ -124,10 +124,12 @@ def operations_of(provider: Provider) -> SupportsOperations:
     """The provider's own non-blocking operations, or its instant calls wrapped (one wrapper per provider)."""
     if isinstance(provider, SupportsOperations):
         return provider
+    key = id(provider)
     with _inline_lock:
-        found = _inline.get(provider)
-        if found is None:
-            found = _inline[provider] = InlineOperations(provider)
+        found = _inline.get(key)
+        if found is None or found.provider is not provider:
+            found = _inline[key] = InlineOperations(provider)
+            weakref.finalize(provider, _inline.pop, key, None)
         return found
 
 
@@ -161,8 +163,9 @@ class BackgroundListing:
     """Refreshes a provider's listing in the background, one refresh at a time, when asked and due.
 
     Demand-driven (a refresh starts from ``latest()``), so nothing runs once no pass asks any more. A refresh
-    starts ``every_s`` after the previous one started, and no sooner than as long after it ended as it took:
-    parsing a thousand VMs costs CPU that the passes (same process) need too.
+    starts ``every_s`` after the previous one started, and no sooner than twice the CPU time it took after it
+    ended: parsing a thousand VMs costs CPU that the passes (same process, same GIL) need too, while waiting
+    on a slow API costs none.
     """
 
     def __init__(self, list_all: Callable[[], list[ObservedInstance]], executor: Executor,
@@ -187,17 +190,22 @@ class BackgroundListing:
                     self._running = None
             return self._latest
 
+    def peek(self) -> Snapshot | None:
+        """The latest listing, starting nothing."""
+        with self._lock:
+            return self._latest
+
     def _refresh(self) -> None:
-        started, began = time.time(), time.monotonic()
+        started, cpu = time.time(), time.thread_time()
         try:
             items = tuple(self._list_all())
             error: Exception | None = None
         except Exception as exc:  # noqa: BLE001 - kept for the pass to report on the jobs it concerns
             items, error = (), exc
-        took = time.monotonic() - began
+        took = time.thread_time() - cpu
         with self._lock:
             self._attempts += 1
-            self._next_at = max(self._next_at, time.monotonic() + took)
+            self._next_at = max(self._next_at, time.monotonic() + 2 * took)
             if error is None:
                 self._latest = Snapshot(items, started, None, self._attempts)
             else:

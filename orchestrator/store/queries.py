@@ -98,7 +98,8 @@ def _close_ledger(session: Session, inst: Instance, end_at: float) -> None:
     """Billing runs from the create request to the confirmed deletion, at the instance's hourly price."""
     if inst.end_reason == "create_failed":
         end_at = inst.requested_at  # the cloud refused the create: nothing ran, nothing is billed
-    existing = session.scalar(select(LedgerEntry).where(LedgerEntry.instance_id == inst.id))
+    with session.no_autoflush:  # the row's own changes are flushed with it, at the caller's commit
+        existing = session.scalar(select(LedgerEntry).where(LedgerEntry.instance_id == inst.id))
     if existing is not None:
         return
     seconds = max(0.0, end_at - inst.requested_at)

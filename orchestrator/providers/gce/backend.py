@@ -59,8 +59,11 @@ def build(key: str, spec: GceSpec) -> Backend:
     """Everything that differs from one Compute endpoint to another comes from the spec's settings
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
     ssh port and work directory metadata): a Compute API emulator is reached like GCE itself."""
-    # google-cloud-compute takes ~2 s to import: only processes that drive a gce job pay for it.
-    from orchestrator.providers.gce.network import GUEST_ATTRIBUTES_KEY, IsolatedGceProvider, address_learner
+    from orchestrator.providers.gce.network import (  # google-cloud-compute: ~2 s to import, gce jobs only
+        GUEST_ATTRIBUTES_KEY,
+        IsolatedGceProvider,
+        address_learner,
+    )
 
     # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
     provider = IsolatedGceProvider(

@@ -18,21 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
-from typing import TYPE_CHECKING
 
 from google.cloud import compute_v1
 
 from orchestrator.core.cloud_errors import ProviderError, TransientError
+from orchestrator.core.instances import ObservedInstance, ObservedState
 from orchestrator.providers.gce.errors import op_has_code, operation_error
 from orchestrator.providers.operations import BackgroundListing, OpKind, OpPhase, OpRef, OpState, Snapshot
-
-if TYPE_CHECKING:
-    from orchestrator.providers.gce.provider import GceProvider
 
 log = logging.getLogger(__name__)
 PREEMPTED = "compute.instances.preempted"
@@ -50,6 +46,18 @@ def epoch(stamp: str) -> float | None:
         return None
 
 
+@dataclass(frozen=True)
+class GceCalls:
+    """What the background needs of the provider: its calls, each with the provider's bounded retries."""
+
+    project: str
+    list_all: Callable[[], list[ObservedInstance]]
+    get_operation: Callable[[str, str], compute_v1.Operation]  # (zone, name): zoneOperations.get
+    list_operations: Callable[[str, str], Iterable[compute_v1.Operation]]  # (zone, filter)
+    after_delete: Callable[[str], None]  # a VM is gone: e.g. its job's firewall rules go with its last VM
+    cleanup_key: Callable[[str], str | None]  # deletes whose after_delete may be merged (None: nothing to do)
+
+
 @dataclass
 class _Tracked:
     ref: OpRef
@@ -63,19 +71,21 @@ class _Tracked:
 class GceBackground:
     """Started calls and their operations, by request id; the background listing."""
 
-    def __init__(self, provider: GceProvider, *, threads: int = 16, poll_every_s: float = 1.0,
+    def __init__(self, calls: GceCalls, *, threads: int = 16, poll_every_s: float = 1.0,
                  poll_max_s: float = 30.0, list_every_s: float = 2.0) -> None:
-        self.provider = provider
+        self.calls = calls
         self.poll_every_s = poll_every_s
         self.poll_max_s = poll_max_s  # an operation running for long is asked less often (1, 2, 4 ... 30 s)
         self._start_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-start")
         self._poll_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-poll")
         self._list_pool = ThreadPoolExecutor(1, thread_name_prefix="gce-list")
-        self.listing = BackgroundListing(lambda: provider.list(None), self._list_pool, list_every_s)
+        self.listing = BackgroundListing(calls.list_all, self._list_pool, list_every_s)
         self._ops: dict[str, _Tracked] = {}
         self._prereqs: dict[str, Future[None]] = {}  # prerequisite key -> its call under way
         self._cleaning: set[str] = set()  # after-delete keys with a check under way
         self._recheck: set[str] = set()  # ... and another delete done since it began
+        self._seen_snapshot: Snapshot | None = None
+        self._seen_states: dict[str, ObservedState] = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -160,6 +170,8 @@ class GceBackground:
                 tracked = self._ops[ref.request_id] = _Tracked(ref, OpState(OpPhase.RUNNING, ref.name), polled_at=0.0)
             state = tracked.state
             wait = min(self.poll_max_s, self.poll_every_s * 2 ** min(tracked.polls, 8))
+            if ref.kind == OpKind.INSERT and self._listed().get(ref.target) == ObservedState.PENDING:
+                wait = self.poll_max_s  # its VM is listed, booting: the insert went through and ends with the boot
             due = time.monotonic() - tracked.polled_at >= wait
             if state.phase == OpPhase.RUNNING and not tracked.polling and due:
                 tracked.polling = True
@@ -173,12 +185,7 @@ class GceBackground:
         name = tracked.state.name
         assert name is not None
         try:
-            op = self.provider._call(
-                f"poll {tracked.ref.kind.value} of {tracked.ref.target} ({name})",
-                partial(self.provider._zone_ops.get, project=self.provider.project, zone=tracked.ref.zone,
-                        operation=name, retry=None, timeout=self.provider.retry.request_timeout_s),
-                zone=tracked.ref.zone)
-            state = self._state(tracked, op)
+            state = self._state(tracked, self.calls.get_operation(tracked.ref.zone, name))
         except ProviderError as exc:  # a failed poll is not a failed operation: the next one may answer
             log.info("polling %s: %s", name, exc.message)
             state = tracked.state
@@ -187,6 +194,14 @@ class GceBackground:
             tracked.polling = False
             tracked.polled_at = time.monotonic()
             tracked.polls += 1
+
+    def _listed(self) -> dict[str, ObservedState]:
+        """Each VM's state in the latest listing (kept per listing, not rebuilt on every question)."""
+        snapshot = self.listing.peek()
+        if snapshot is not self._seen_snapshot:
+            self._seen_snapshot = snapshot
+            self._seen_states = {i.name: i.state for i in snapshot.instances} if snapshot is not None else {}
+        return self._seen_states
 
     def forget(self, ref: OpRef) -> None:
         with self._lock:
@@ -202,7 +217,7 @@ class GceBackground:
         if op.status != compute_v1.Operation.Status.DONE:
             return OpState(OpPhase.RUNNING, op.name)
         what = f"{'create' if ref.kind == OpKind.INSERT else 'delete'} {ref.target} in {ref.zone}"
-        error = operation_error(op, what, self.provider.project, zone=ref.zone, resource=tracked.resource)
+        error = operation_error(op, what, self.calls.project, zone=ref.zone, resource=tracked.resource)
         if error is not None and op_has_code(op, _ALREADY[ref.kind]):
             error = None
         ended = epoch(op.end_time) if ref.kind == OpKind.DELETE and error is None else None
@@ -213,7 +228,7 @@ class GceBackground:
     def _after_delete(self, name: str) -> None:
         """Run the provider's after-delete work (the job's firewall rules) in the background, once per key
         at a time: a burst of deletes of one job's VMs makes one check, and one more after it."""
-        key = self.provider._cleanup_key(name)
+        key = self.calls.cleanup_key(name)
         if key is None:
             return
         with self._lock:
@@ -230,7 +245,7 @@ class GceBackground:
     def _clean(self, key: str, name: str) -> None:
         while True:
             try:
-                self.provider._after_delete(name)
+                self.calls.after_delete(name)
             except Exception as exc:  # noqa: BLE001 - the next delete of the job, or gc, tries again
                 log.warning("after deleting %s: %s", name, exc)
             with self._lock:
@@ -242,13 +257,8 @@ class GceBackground:
     def _preempted_at(self, name: str, zone: str) -> float | None:
         """When GCE preempted VM ``name`` (its preemption operation), if it did and still says so."""
         try:
-            pager = self.provider._call(
-                f"find the preemption of {name}",
-                partial(self.provider._zone_ops.list, request=compute_v1.ListZoneOperationsRequest(
-                    project=self.provider.project, zone=zone, filter=f'operationType = "{PREEMPTED}"'),
-                    retry=None, timeout=self.provider.retry.request_timeout_s),
-                zone=zone)
-            times = [epoch(op.end_time or op.insert_time) for op in pager
+            times = [epoch(op.end_time or op.insert_time)
+                     for op in self.calls.list_operations(zone, f'operationType = "{PREEMPTED}"')
                      if op.target_link.rstrip("/").endswith(f"/instances/{name}")]
         except ProviderError as exc:
             log.info("cannot read the preemption time of %s: %s", name, exc.message)

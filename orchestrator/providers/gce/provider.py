@@ -27,7 +27,6 @@ from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
-from requests.adapters import HTTPAdapter
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -44,18 +43,13 @@ from orchestrator.core.cloud_errors import (
     TransientError,
 )
 from orchestrator.core.instances import (
-    LABEL_GENERATION,
-    LABEL_INDEX,
     LABEL_JOB,
     LABEL_MANAGED,
-    LABEL_ROLE,
     InstanceRequest,
     ObservedInstance,
-    ObservedState,
-    Role,
 )
 from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages
-from orchestrator.providers.gce.background import GceBackground, epoch
+from orchestrator.providers.gce.background import GceBackground, GceCalls
 from orchestrator.providers.gce.credentials import load_credentials
 from orchestrator.providers.gce.errors import (
     GceCredentialsError,
@@ -65,6 +59,7 @@ from orchestrator.providers.gce.errors import (
     op_has_code,
     operation_error,
 )
+from orchestrator.providers.gce.observe import last_segment, observe
 from orchestrator.providers.gce.requests import (
     CLOUD_PLATFORM_SCOPE,
     DEFAULT_IMAGE,
@@ -84,23 +79,6 @@ __all__ = [
 ]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# Metadata items a VM may carry to say where its sshd listens and where tasks run, when not on port 22 and
-# in ``~/orchestrator`` (e.g. VMs that share one machine, as a Compute API emulator's do). GCE sets neither.
-SSH_PORT_KEY = "orchestrator-ssh-port"
-WORKDIR_KEY = "orchestrator-workdir"
-
-_STATES = {
-    "PROVISIONING": ObservedState.PENDING,
-    "STAGING": ObservedState.PENDING,
-    "REPAIRING": ObservedState.PENDING,  # host failure being repaired; the VM comes back
-    "RUNNING": ObservedState.RUNNING,
-    "STOPPING": ObservedState.STOPPING,
-    "SUSPENDING": ObservedState.STOPPING,
-    "TERMINATED": ObservedState.TERMINATED,
-    "SUSPENDED": ObservedState.TERMINATED,
-}
-
-
 @dataclass(frozen=True)
 class RetrySettings:
     """Bounded exponential backoff for 429 / 5xx / timeouts, and how long to wait for operations."""
@@ -111,18 +89,6 @@ class RetrySettings:
     request_timeout_s: float = 60.0  # one HTTP call (other than operations.wait)
     wait_call_timeout_s: float = 150.0  # one operations.wait call; GCE answers within ~2 min
     operation_timeout_s: float = 900.0  # give up waiting for one operation (raises TransientError)
-
-
-def _last(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _gpu(inst: compute_v1.Instance) -> str | None:
-    """The catalog key of the VM's GPU (the GCE accelerator name when the catalog has none)."""
-    if not inst.guest_accelerators:
-        return None
-    accelerator = _last(inst.guest_accelerators[0].accelerator_type)
-    return next((key for key, name in GPU_ACCELERATORS.items() if name == accelerator), accelerator)
 
 
 class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations, SupportsSnapshots):
@@ -306,17 +272,29 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
     def _bg(self) -> GceBackground:
         with self._background_lock:
             if self._background is None:
-                self._background = GceBackground(self, threads=self.background_threads)
+                calls = GceCalls(self.project, partial(self.list, None), self._get_operation, self._list_operations,
+                                 self._after_delete, self._cleanup_key)
+                self._background = GceBackground(calls, threads=self.background_threads)
                 self._widen_pools(2 * self.background_threads + 4)
             return self._background
+
+    def _get_operation(self, zone: str, name: str) -> compute_v1.Operation:
+        return self._call(f"poll {name}", partial(self._zone_ops.get, project=self.project, zone=zone, operation=name,
+                                                  retry=None, timeout=self.retry.request_timeout_s), zone=zone)
+
+    def _list_operations(self, zone: str, expression: str) -> list[compute_v1.Operation]:
+        req = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone, filter=expression)
+        return self._call(f"list the operations in {zone}", lambda: list(self._zone_ops.list(
+            request=req, retry=None, timeout=self.retry.request_timeout_s)), zone=zone)
 
     def _widen_pools(self, connections: int) -> None:
         """As many kept-alive connections as background threads (requests keeps 10 per host by default)."""
         for client in (self._instances, self._zone_ops, self._global_ops, self._firewalls):
-            session = getattr(client.transport, "_session", None)
-            if session is not None and hasattr(session, "mount"):
+            session = getattr(client.transport, "_session", None)  # a requests.Session (google-auth's)
+            if session is not None and hasattr(session, "get_adapter"):
                 for scheme in ("http://", "https://"):
-                    session.mount(scheme, HTTPAdapter(pool_connections=4, pool_maxsize=connections))
+                    adapter = type(session.get_adapter(scheme))  # requests' HTTPAdapter, sized up
+                    session.mount(scheme, adapter(pool_connections=4, pool_maxsize=connections))
 
     def start_create(self, request: InstanceRequest, request_id: str) -> None:
         ref = OpRef(OpKind.INSERT, request.name, request.zone, request_id)
@@ -466,57 +444,10 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
     # ------------------------------------------------------------------ observing
 
     def _observe(self, inst: compute_v1.Instance) -> ObservedInstance | None:
-        labels = dict(inst.labels)
-        try:
-            role = Role(labels[LABEL_ROLE])
-            index, generation = int(labels[LABEL_INDEX]), int(labels[LABEL_GENERATION])
-            job_id = labels[LABEL_JOB]
-        except (KeyError, ValueError):
-            log.warning(
-                "instance %s carries the orchestrator label but malformed job labels %s; ignored",
-                inst.name,
-                labels,
-            )
-            return None
-        state = _STATES.get(inst.status)
-        if state is None:
-            log.warning("instance %s has unknown status %r; treating it as pending", inst.name, inst.status)
-            state = ObservedState.PENDING
-        spot = inst.scheduling.provisioning_model == "SPOT" or bool(inst.scheduling.preemptible)
-        host, internal = self._addresses(inst)
-        metadata = {item.key: item.value for item in inst.metadata.items}
-        port = metadata.get(SSH_PORT_KEY)
-        stopped = epoch(inst.last_stop_timestamp) if inst.status == "TERMINATED" else None
+        observed, stopped = observe(inst, self.use_internal_ip)
         if stopped is not None:  # it stopped by itself (we delete, never stop): the bill ends there
             self._stopped_at[inst.name] = stopped
-        return ObservedInstance(
-            name=inst.name,
-            job_id=job_id,
-            role=role,
-            index=index,
-            generation=generation,
-            zone=_last(inst.zone),
-            state=state,
-            provider_id=str(inst.id),
-            host=host,
-            ssh_port=int(port) if port and port.isdigit() else None,
-            workdir=metadata.get(WORKDIR_KEY),
-            # A spot VM stopping or stopped was revoked, unless the controller stopped it itself (it knows).
-            preempted=spot and state in (ObservedState.STOPPING, ObservedState.TERMINATED),
-            gpu=_gpu(inst),
-            spot=spot,
-            internal_host=internal,
-            labels=labels,
-        )
-
-    def _addresses(self, inst: compute_v1.Instance) -> tuple[str | None, str | None]:
-        """(the address to reach the VM at, its internal address): the NAT IP unless use_internal_ip."""
-        if not inst.network_interfaces:
-            return None, None
-        nic = inst.network_interfaces[0]
-        nat = next((ac.nat_i_p for ac in nic.access_configs if ac.nat_i_p), None)
-        host = nic.network_i_p if (self.use_internal_ip or not nat) else nat
-        return host or None, nic.network_i_p or None
+        return observed
 
     # ------------------------------------------------------------------ calls, operations, errors
 
@@ -592,5 +523,5 @@ def _firewall_key(rule: compute_v1.Firewall) -> tuple[Any, ...]:
         sorted(rule.source_ranges),
         sorted(rule.source_tags),
         sorted(rule.target_tags),
-        _last(rule.network or "default"),
+        last_segment(rule.network or "default"),
     )
