@@ -189,7 +189,7 @@ def validate_like_launch(path: Path) -> None:
     from orchestrator.cli.jobs_cmd import check_budget, resolve_spec
     from orchestrator.control.launcher import preflight
 
-    spec, _ = resolve_spec(path)
+    spec, _, _ = resolve_spec(path)
     preflight(spec)
     check_budget(spec)
 
