@@ -31,6 +31,7 @@ import yaml
 from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.costmodel.compute import Calibration
+from orchestrator.core.costmodel.host_share import shared_steps
 from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.paths import data_dir
@@ -101,25 +102,17 @@ def local_cpu_step_s(model: str, batch: int, host: Mapping[str, float] | None = 
     return h["cpu_step_fixed_s"] + (h["cpu_step_s"] - h["cpu_step_fixed_s"]) * work / ref
 
 
-def _contended(cpu: Sequence[float], naps: Sequence[float], cores: float) -> list[float]:
-    """Each worker keeps a core busy c / (c + sleep) of the time; demand beyond the cores stretches every
-    worker's CPU part alike."""
-    demand = sum(c / (c + s) for c, s in zip(cpu, naps, strict=True))
-    scale = max(1.0, demand / cores)
-    return [c * scale + s for c, s in zip(cpu, naps, strict=True)]
-
-
 def local_worker_steps(
     spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], calibration: Calibration | None = None
 ) -> list[float]:
     """Seconds a step of each local worker takes: CPU work (shared by every worker on this host's
-    cores) plus the emulated GPU's sleep."""
+    cores: ``host_share``) plus the emulated GPU's sleep."""
     host = local_host(calibration)
     sleep = emulation_sleep(spec)
     model = spec.training.profile_name
     cpu = [local_cpu_step_s(model, b, host) for b in batches]
     naps = [sleep(g, b) for g, b in zip(gpus, batches, strict=True)]
-    return _contended(cpu, naps, float(host.get("cores", os.cpu_count() or 1)))
+    return shared_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)))
 
 
 def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -148,7 +141,7 @@ def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
     def loss(c_ref: float) -> float:
         return sum(math.log(p / m) ** 2 for unit, naps, meas in cases
-                   for p, m in zip(_contended([u * c_ref for u in unit], naps, cores), meas, strict=True))
+                   for p, m in zip(shared_steps([u * c_ref for u in unit], naps, cores), meas, strict=True))
 
     from scipy.optimize import minimize_scalar  # lazy: SciPy only for this fit, never to plan
 

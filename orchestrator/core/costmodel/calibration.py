@@ -8,7 +8,8 @@ Measurement files (CSV, header row; extra columns ignored). The project's format
 
 and the older short one: ``model,gpu,batch,step_time_s`` (runtime ``tf1-graph``). Optional
 ``ps_count,workers,steps_per_s[,ps_machine_type]`` describe an async cluster's measured global rate
-and calibrate the network constants. ``emulated`` (1/0) marks the local provider's emulated GPUs.
+and calibrate the network constants. ``peak_steady_gb`` (optional) is the peak of the timed steps alone,
+without the first steps' cuDNN autotuning workspace that ``peak_gb`` includes. ``emulated`` (1/0) marks the local provider's emulated GPUs.
 
 A row with ``ps_count`` and ``workers`` but no ``steps_per_s`` is one worker's step measured inside a
 PS cluster (the ICAC'19 runs: 1 worker + 1 PS): its prediction adds the worker's push and pull
@@ -85,10 +86,11 @@ class Measurement:
     ps_machine_type: str | None = None
     runtime: str = DEFAULT_RUNTIME
     precision: str = "fp32"
-    peak_gb: float | None = None
+    peak_gb: float | None = None  # the point's whole peak, first steps (cuDNN autotuning) included
     source: str = ""
     method: str = ""
     emulated: bool = False
+    peak_steady_gb: float | None = None  # the peak of the timed steps alone: what every training step needs
 
     @property
     def key(self) -> str:
@@ -136,6 +138,7 @@ class Measurement:
             opt("source") or "",
             opt("method") or "",
             (opt("emulated") or "0").lower() in ("1", "true", "yes"),
+            num("peak_steady_gb"),
         )
         if not (m.is_compute or m.is_cluster):
             raise ValueError(

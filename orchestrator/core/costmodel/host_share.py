@@ -1,0 +1,75 @@
+"""How local workers that share this host's cores step: a processor-sharing queue, not a demand ratio.
+
+Each local worker cycles between CPU work (``cpu_s`` core-seconds a step: the model on the CPU) and the
+emulated GPU's sleep (``nap_s``: no CPU). While ``k`` workers want the CPU on ``cores`` cores, each gets
+``min(1, cores / k)`` of a core (the kernel's fair scheduler). Queueing happens well before the average
+demand reaches the core count: at 91% average demand on 2 cores, three workers still meet often enough to
+stretch each step by ~10%, which a demand-ratio stretch (``max(1, demand / cores)``) misses entirely.
+
+The cycle is deterministic, so the mean step comes from a short exact event run (a few thousand events,
+well under a millisecond per hundred cycles); +/-30% jitter on both parts moved the rates by < 0.5% in a
+check against a randomised run, so the deterministic run stands for the noisy one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+CYCLES = 400  # steps of the slowest worker averaged over (after as many again of warm-up)
+_EPS = 1e-12
+
+
+def shared_steps(cpu_s: Sequence[float], nap_s: Sequence[float], cores: float) -> list[float]:
+    """Mean seconds a step of each worker takes when they share ``cores`` cores."""
+    key = (tuple(round(c, 6) for c in cpu_s), tuple(round(s, 6) for s in nap_s), float(cores))
+    return list(_shared_steps(*key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_steps(cpu: tuple[float, ...], nap: tuple[float, ...], cores: float) -> tuple[float, ...]:
+    n = len(cpu)
+    if n == 0:
+        return ()
+    if any(c <= 0 for c in cpu) or n <= cores:  # nobody ever waits for a core
+        return tuple(c + s for c, s in zip(cpu, nap, strict=True))
+    run = _Run(cpu, nap, cores)
+    run.until(CYCLES)  # warm-up: the start (everyone on the CPU at once) is not the steady state
+    t0, done0 = run.t, list(run.done)
+    run.until(2 * CYCLES)
+    return tuple((run.t - t0) / max(d - d0, 1) for d, d0 in zip(run.done, done0, strict=True))
+
+
+class _Run:
+    """Exact event run of the cycle; ``done[i]`` counts worker i's finished steps."""
+
+    def __init__(self, cpu: tuple[float, ...], nap: tuple[float, ...], cores: float) -> None:
+        self.cpu, self.nap, self.cores = cpu, nap, cores
+        self.t = 0.0
+        self.left = list(cpu)  # CPU seconds left of the current step (None-free: a sleeper has 0)
+        self.wake = [0.0] * len(cpu)  # when a sleeping worker's nap ends
+        self.on_cpu = [True] * len(cpu)
+        self.done = [0] * len(cpu)
+
+    def until(self, cycles: int) -> None:
+        while min(self.done) < cycles:
+            self._step()
+
+    def _step(self) -> None:
+        busy = [i for i, on in enumerate(self.on_cpu) if on]
+        share = min(1.0, self.cores / len(busy)) if busy else 0.0
+        waits = [self.left[i] / share for i in busy] + [self.wake[i] - self.t for i, on in enumerate(self.on_cpu)
+                                                        if not on]
+        dt = max(min(waits), 0.0)
+        self.t += dt
+        for i in busy:
+            self.left[i] -= dt * share
+        for i in range(len(self.cpu)):
+            if self.on_cpu[i] and self.left[i] <= _EPS:
+                self.on_cpu[i], self.wake[i] = False, self.t + self.nap[i]
+            elif not self.on_cpu[i] and self.wake[i] - self.t <= _EPS:
+                self.on_cpu[i], self.left[i] = True, self.cpu[i]
+                self.done[i] += 1
+
+
+__all__ = ["shared_steps"]
