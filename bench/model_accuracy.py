@@ -23,11 +23,14 @@ BF16, torch.compile) is never in a calibration subset; every grid point is predi
 reported per depth, batch and runtime, with a depth x batch table. Its errors include the host's
 session-to-session drift (the same ResNet-20 batch-128 step: 11.65 ms on 2026-11-23, 9.84 ms on
 2026-11-24), so a second table calibrates on the grid's own corners (``GRID_CORNERS``: per runtime the
-shallowest and deepest model at the smallest and largest batch) and predicts the rest of the grid.
+shallowest and deepest model at the smallest and largest batch) and predicts the rest of the grid, and a
+third calibrates on the corners of both sessions (as the shipped calibration is fitted on every session)
+and predicts every other point of either. An in-sample line (marked as such: not a held-out figure) shows
+each session fitted on all its own points and the host cost each implies.
 
-Also printed: predicted against measured peak memory, and predicted parameter-server throughput
-against workers for 1 and 2 PS beside the ICAC'19 study's measured figures (ResNet-32, V100 and K80,
-from the study's public data, data/measurements/icac19-gce-resnet32-tf.csv).
+Also printed: predicted against measured steady peak memory (the grid's timed steps), and predicted
+parameter-server throughput against workers for 1 and 2 PS beside the ICAC'19 study's measured figures
+(ResNet-32, V100 and K80, from the study's public data, data/measurements/icac19-gce-resnet32-tf.csv).
 
     python bench/model_accuracy.py [--subset corners|one-point|leave-group-out]
 """
@@ -116,6 +119,16 @@ def within_grid(grid: list[Measurement]) -> list[Result]:
     return [(f"grid depth {depth(m)}", m, predict(m, cal)) for m in grid if m not in corners]
 
 
+def pooled(session: list[Measurement], grid: list[Measurement]) -> list[Result]:
+    """Calibrated on the named corners of BOTH H100 sessions ('corners' of the 2026-11-23 session and the
+    grid's corners), as the shipped calibration is fitted on every session measured; every other point of
+    either session predicted. Groups pool both sessions."""
+    calib = [m for m in session if SUBSETS["corners"](m)] + grid_corners(grid)
+    cal = fit_report(calib, name="both-sessions").calibration
+    return [(f"both depth {depth(m)}", m, predict(m, cal)) for m in session + grid
+            if m.gpu == "h100" and m not in calib]
+
+
 def _err(r: Result) -> float:
     _, m, p = r
     return p / float(m.step_time_s or 1) - 1
@@ -129,7 +142,7 @@ def report(results: Sequence[Result], title: str, extra: Sequence[str] = ("runti
         if "runtime" in extra:
             by_group[f"runtime {m.key}"].append(_err(r))
         if "batch" in extra:
-            by_group[f"grid batch {m.batch}"].append(_err(r))
+            by_group[f"{group.split(' depth')[0]} batch {m.batch}"].append(_err(r))
     print(title)
     print(f"{'held-out group':28} {'points':>6} {'MAPE':>7} {'worst':>7}")
     for name, errs in sorted(by_group.items(), key=lambda kv: _order(kv[0])):
@@ -164,8 +177,8 @@ def matrix(results: Sequence[Result]) -> None:
 def _order(name: str) -> tuple[int, int, str]:
     words = name.split(" ")
     value = words[-1]
-    rank = {"batch": 0, "depth": 1, "GPU": 2, "grid": 3, "runtime": 5}.get(words[0], 4)
-    if words[0] == "grid":
+    rank = {"batch": 0, "depth": 1, "GPU": 2, "grid": 3, "both": 3, "runtime": 5}.get(words[0], 4)
+    if words[0] in ("grid", "both"):
         rank += words[1] == "batch"
     return (rank, int(value) if value.isdigit() else 0, name)
 
@@ -284,6 +297,9 @@ def main() -> None:
                "largest batch), predicting the other grid points", extra=("runtime", "batch"))
         print("\nsigned error per depth x batch (grid, calibrated on its corners)")
         matrix(inside)
+        print()
+        report(pooled(session, grid), "held out, calibrated on the corners of both H100 sessions (the 2026-11-23 "
+               "'corners' and the grid's): every other H100 point of either session", extra=("runtime", "batch"))
         host_drift(session, grid, tf)
     memory_check(session, grid)
     ps_table(rows)

@@ -118,6 +118,37 @@ def test_local_host_is_fitted_from_local_jobs() -> None:
     assert host["startup_s"] == pytest.approx(40.0 - 70.0 - 10 / rate)  # created -> step 0, less the boot
 
 
+def test_each_frameworks_cpu_step_is_fitted_apart_and_sync_steps_in_lockstep() -> None:
+    import yaml
+
+    from orchestrator.core.costmodel.accounting import fit_local_host, local_host, local_worker_steps
+    from orchestrator.core.costmodel.compute import Calibration
+
+    tf_doc = local_spec()
+    torch_doc = {**local_spec(), "name": "emu-torch",
+                 "training": {"framework": "pytorch", "hparam_set": "resnet_tiny", "train_steps": 500,
+                              "global_batch": 96, "checkpoint_every": 100},
+                 "cluster": {"workers": [{"gpu": "v100", "count": 1}, {"gpu": "k80", "count": 2, "spot": True}]}}
+    truth = Calibration(local_host={**local_host(), "cpu_step_s": 0.4, "cpu_step_fixed_s": 0.0,
+                                    "torch_cpu_step_s": 0.08, "torch_cpu_step_batch": 32.0})
+    runs = []
+    for doc, batches in ((tf_doc, [128, 128, 128]), (torch_doc, [48, 24, 24])):
+        spec = validate_spec(doc)
+        gpus = ["k80", "k80", "v100"] if doc is tf_doc else ["v100", "k80", "k80"]
+        steps = local_worker_steps(spec, gpus, batches, truth)
+        if doc is torch_doc:  # lockstep: every worker reports the cluster's step, its slowest worker's
+            assert steps[1] == pytest.approx(steps[2]) and steps[0] != pytest.approx(steps[1])
+            steps = [max(steps)] * 3
+        runs.append({"spec_yaml": yaml.safe_dump(doc), "created_at": 0.0, "first_step_at": 40.0,
+                     "last_step_at": 140.0, "ended_at": 145.0,
+                     "workers": [{"gpu": g, "batch": b, "step_time_s": t}
+                                 for g, b, t in zip(gpus, batches, steps, strict=True)]})
+    host = fit_local_host(runs)
+    assert host["cpu_step_s"] == pytest.approx(0.4, rel=0.01)
+    assert host["torch_cpu_step_s"] == pytest.approx(0.08, rel=0.01)
+    assert host["torch_startup_s"] != host["startup_s"]  # TF's start-up less its async first steps
+
+
 def test_simulated_local_run_replays_the_providers_seeded_draws() -> None:
     from orchestrator.sim.montecarlo import run_monte_carlo
 

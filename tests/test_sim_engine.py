@@ -273,3 +273,20 @@ def test_cluster_validation() -> None:
         cluster(1, policy="pray")
     with pytest.raises(ValueError, match="unique"):
         SimCluster((worker(0), worker(0)), train_steps=10)
+
+
+def test_sync_training_pauses_while_its_world_regroups() -> None:
+    # Two sync workers at 10 steps/s; worker-1 (slot 1) is revoked at 170 s, replaced (70 s boot) and rejoins.
+    slots = (worker(0, spot=False), worker(1))
+    base = {"train_steps": 4000, "mode": "sync", "checkpoint_every": 4000, "spot_extra_boot_s": 0.0,
+            "policy": "replace"}
+    plain = simulate(SimCluster(slots, **base), Lifetimes({1: 170.0}))  # type: ignore[arg-type]
+    paused = simulate(SimCluster(slots, regroup_s=9.0, notice_s=15.0, **base),  # type: ignore[arg-type]
+                      Lifetimes({1: 170.0}), record=True)
+    assert plain.finished and paused.finished and paused.replacements == 1
+    # a shrink waits out the notice, then regroups; the grow regroups again
+    assert paused.wall_time_s == pytest.approx(plain.wall_time_s + (15.0 + 9.0) + 9.0)
+    assert [e.detail for e in paused.events if e.kind == "regroup"] == ["paused 24.0 s", "paused 9.0 s"]
+    # the first start is no regroup, and async training never pauses for one
+    assert simulate(SimCluster(slots, regroup_s=9.0, **base), NoRevocations()).wall_time_s == pytest.approx(  # type: ignore[arg-type]
+        70.0 + 400.0)

@@ -109,6 +109,10 @@ class SimCluster:
     startup_s: float = 0.0  # PS + chief up (sync: first worker up) -> training steps; again after a restart
     rejoin_s: float = 0.0  # a replacement worker's instance up -> it steps
     notice_s: float = 0.0  # a revoked instance is billed this long after its revocation
+    # sync: each change of the live workers pauses training this long (torchrun restarts every worker
+    # process and the world restores); a worker's revocation first waits out its notice_s (the world
+    # re-forms only once the node has left)
+    regroup_s: float = 0.0
     teardown_s: float = 0.0  # last step -> every instance deleted (finished runs)
     time_scale: float = 1.0  # cloud seconds per simulated second (local provider): model lifetimes shrink
     # Deterministic lifetimes (slot index, generation) -> seconds from request, e.g. the local provider's
@@ -132,7 +136,7 @@ class SimCluster:
         if self.checkpoint_cost_s < 0 or self.boot_delay_s < 0 or self.spot_extra_boot_s < 0:
             raise ValueError("checkpoint cost and boot delays must be >= 0")
         delays = {"startup_s": self.startup_s, "rejoin_s": self.rejoin_s, "notice_s": self.notice_s,
-                  "teardown_s": self.teardown_s}
+                  "teardown_s": self.teardown_s, "regroup_s": self.regroup_s}
         bad = [f"{k}={v}" for k, v in delays.items() if not 0 <= v < _INF]
         if bad:
             raise ValueError(f"delays must be finite and >= 0: {', '.join(bad)}")

@@ -22,7 +22,8 @@ Model, in the job's wall-clock seconds from the moment every instance is request
   the start and again after each PS / chief replacement; ``rejoin_s`` from a replacement worker's
   instance being up until it steps; ``notice_s`` that a revoked instance keeps being billed after its
   revocation (the notice window until its deletion; it stops training at the revocation; this tail is
-  added to the run's cost at the end, not counted against the budget while it runs); and
+  added to the run's cost at the end, not counted against the budget while it runs); ``regroup_s``
+  that sync training pauses at each change of its live workers (after the revoked one's notice); and
   ``teardown_s`` after the last step until every instance is deleted (final checkpoint, evaluation,
   deletion), billed and part of the wall time of a finished run.
 
@@ -413,6 +414,7 @@ class _Run:
             self.live_mask |= 1 << i
             if cc.n_critical == 0 and self.go_at == _INF:
                 self.go_at = self.t + self.c.startup_s
+            self.regroup(0.0)
         if cc.critical[i]:
             self.crit_missing -= 1
             if self.crit_missing == 0:
@@ -435,6 +437,8 @@ class _Run:
         if self.state[i] == _LIVE:
             changed = cc.is_worker[i]
             self.live_mask &= ~(1 << i)
+            if changed:
+                self.regroup(self.c.notice_s)
             if cc.critical[i]:
                 self.crit_missing += 1
                 if self.crit_missing == 1:
@@ -447,6 +451,13 @@ class _Run:
             if decision.verdict == policy.Verdict.EXHAUSTED and self.hist is not None:
                 self.failure = FAIL_NO_REPLACEMENT  # the daemon ends the job, whichever slot it was
         return changed
+
+    def regroup(self, wait_s: float) -> None:
+        """Sync training already under way pauses while its world re-forms (``SimCluster.regroup_s``)."""
+        c = self.c
+        if c.mode == "sync" and c.regroup_s > 0 and self.go_at < self.t:  # under way, not its first start
+            self.go_at = self.t + wait_s + c.regroup_s
+            self.note("regroup", None, f"paused {wait_s + c.regroup_s:.1f} s")
 
     def decide(self, i: int) -> tuple[policy.Replacement, str | None]:
         """The policy's answer for a revoked slot (and, asking the daemon, the zone it tries first)."""

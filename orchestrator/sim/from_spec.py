@@ -97,6 +97,7 @@ def cluster_from_spec(
     acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
     lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None
     book_name = price_book or spec.pricing.book
+    sync = spec.mode == TrainingMode.SYNC
     return SimCluster(
         slots=tuple(sim_slots),
         train_steps=spec.training.train_steps,
@@ -112,7 +113,10 @@ def cluster_from_spec(
         boot_delay_s=acc.boot_s,
         spot_extra_boot_s=acc.spot_extra_boot_s,
         startup_s=acc.startup_s,
-        rejoin_s=acc.startup_s if local else 0.0,  # a local replacement task starts TensorFlow again
+        # A local replacement task starts its framework again; in sync the whole world restarts instead.
+        rejoin_s=acc.startup_s if local and not sync else 0.0,
+        regroup_s=acc.startup_s if sync else 0.0,
+        notice_s=policy.NOTICE_WINDOW_S / spec.provider.time_scale if local else 0.0,
         teardown_s=acc.teardown_s,
         # The local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale.
         preemptible=(book_name in PREEMPTIBLE_BOOKS and not local) if preemptible is None else preemptible,

@@ -31,11 +31,11 @@ import yaml
 from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog
 from orchestrator.core.costmodel.compute import Calibration
-from orchestrator.core.costmodel.host_share import shared_steps
+from orchestrator.core.costmodel.host_share import lockstep_steps, shared_steps
 from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.paths import data_dir
-from orchestrator.core.spec import JobSpec, validate_spec
+from orchestrator.core.spec import JobSpec, TrainingMode, validate_spec
 
 
 @dataclass(frozen=True)
@@ -86,68 +86,108 @@ def run_accounting(
     provider = spec.provider
     if provider.emulates_gpus and not as_cloud:
         host = local_host(calibration)
-        return RunAccounting(policy.BOOT_S / provider.time_scale, 0.0, host["startup_s"], host["checkpoint_s"],
+        startup = host.get(f"{CPU_REFERENCE[cpu_framework(spec)][1]}startup_s", host["startup_s"])
+        return RunAccounting(policy.BOOT_S / provider.time_scale, 0.0, startup, host["checkpoint_s"],
                              host["teardown_s"])
     ckpt = policy.checkpoint_s(checkpoint_mb(spec.training.profile_name))
     extra = policy.SPOT_EXTRA_BOOT_S if provider.is_cloud or as_cloud else 0.0
     return RunAccounting(policy.BOOT_S, extra, 0.0, ckpt, 0.0)
 
 
-def local_cpu_step_s(model: str, batch: int, host: Mapping[str, float] | None = None) -> float:
-    """This host's CPU seconds of one worker step with the emulation off, scaled from the measured
-    model and batch by forward FLOPs x batch (plus the measured fixed part)."""
+# The measured reference step of each framework's CPU payload (data/local_host.csv keys, prefixed): the
+# TF job's ResNet-15 and the PyTorch job's ResNet-8 ("resnet_tiny"); a framework never measured falls
+# back to TF's. PyTorch's CPU convolutions and gloo all-reduce cost several times TF's per FLOP here.
+CPU_REFERENCE = {"tensorflow": ("resnet_cifar_15", ""), "pytorch": ("resnet_tiny", "torch_")}
+
+
+def cpu_framework(spec: JobSpec) -> str:
+    return "pytorch" if getattr(spec.training, "framework", "tensorflow") == "pytorch" else "tensorflow"
+
+
+def local_cpu_step_s(model: str, batch: int, host: Mapping[str, float] | None = None,
+                     framework: str = "tensorflow") -> float:
+    """This host's CPU seconds of one worker step with the emulation off, scaled from the framework's
+    measured model and batch by forward FLOPs x batch (plus the measured fixed part)."""
     h = host or local_host()
-    ref = get_profile("resnet_cifar_15").flops * h["cpu_step_batch"]
-    work = get_profile(model).flops * batch
-    return h["cpu_step_fixed_s"] + (h["cpu_step_s"] - h["cpu_step_fixed_s"]) * work / ref
+    ref_model, prefix = CPU_REFERENCE.get(framework, CPU_REFERENCE["tensorflow"])
+    if f"{prefix}cpu_step_s" not in h:
+        ref_model, prefix = CPU_REFERENCE["tensorflow"]
+    step, fixed = h[f"{prefix}cpu_step_s"], h.get(f"{prefix}cpu_step_fixed_s", 0.0)
+    ref = get_profile(ref_model).flops * h[f"{prefix}cpu_step_batch"]
+    return fixed + (step - fixed) * get_profile(model).flops * batch / ref
+
+
+def _host_steps(cpu: Sequence[float], naps: Sequence[float], cores: float, sync: bool) -> list[float]:
+    return lockstep_steps(cpu, naps, cores) if sync else shared_steps(cpu, naps, cores)
 
 
 def local_worker_steps(
     spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], calibration: Calibration | None = None
 ) -> list[float]:
     """Seconds a step of each local worker takes: CPU work (shared by every worker on this host's
-    cores: ``host_share``) plus the emulated GPU's sleep."""
+    cores: ``host_share``, in lockstep for synchronous training) plus the emulated GPU's sleep."""
     host = local_host(calibration)
     sleep = emulation_sleep(spec)
-    model = spec.training.profile_name
-    cpu = [local_cpu_step_s(model, b, host) for b in batches]
+    model, framework = spec.training.profile_name, cpu_framework(spec)
+    cpu = [local_cpu_step_s(model, b, host, framework) for b in batches]
     naps = [sleep(g, b) for g, b in zip(gpus, batches, strict=True)]
-    return shared_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)))
+    return _host_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)), spec.mode == TrainingMode.SYNC)
 
 
 def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """This host's figures from finished local jobs (``store.queries.local_run_timings``): the CPU step
-    (reference model and batch) that best explains the workers' measured steps given their emulated
-    sleeps, and the median start-up and teardown."""
+    """This host's figures from finished local jobs (``store.queries.local_run_timings``): per framework,
+    the CPU step (reference model and batch) that best explains the workers' measured steps given their
+    emulated sleeps, and the median start-up and teardown."""
     host = dict(_host_file())
-    cases = []
-    startups, teardowns = [], []
+    cases: dict[str, list[tuple[list[float], list[float], list[float], bool]]] = {}
+    startups: dict[str, list[float]] = {}
+    teardowns: list[float] = []
     for run in runs:
         spec = validate_spec(yaml.safe_load(run["spec_yaml"]))
         sleep = emulation_sleep(spec)
-        ws = run["workers"]
-        unit = [local_cpu_step_s(spec.training.profile_name, w["batch"], {**host, "cpu_step_s": 1.0,
-                                                                           "cpu_step_fixed_s": 0.0}) for w in ws]
+        ws, framework, sync = run["workers"], cpu_framework(spec), spec.mode == TrainingMode.SYNC
+        prefix = CPU_REFERENCE[framework][1]
+        unit_host = {**host, f"{prefix}cpu_step_s": 1.0, f"{prefix}cpu_step_fixed_s": 0.0,
+                     f"{prefix}cpu_step_batch": host.get(f"{prefix}cpu_step_batch", 32.0)}
+        unit = [local_cpu_step_s(spec.training.profile_name, w["batch"], unit_host, framework) for w in ws]
         naps = [sleep(w["gpu"], w["batch"]) for w in ws]
-        cases.append((unit, naps, [w["step_time_s"] for w in ws]))
-        rate = sum(1.0 / w["step_time_s"] for w in ws)
+        measured = [w["step_time_s"] for w in ws]
+        cases.setdefault(framework, []).append((unit, naps, measured, sync))
+        rate = 1.0 / max(measured) if sync else sum(1.0 / t for t in measured)
         first_steps = 10.0 / rate  # the first logged step is step 10 (log_every)
         boot = policy.BOOT_S / spec.provider.time_scale if spec.provider.emulates_gpus else 0.0
-        startups.append(run["first_step_at"] - run["created_at"] - boot - first_steps)
+        startups.setdefault(framework, []).append(run["first_step_at"] - run["created_at"] - boot - first_steps)
         teardowns.append(run["ended_at"] - run["last_step_at"])
     if not cases:
         raise ValueError("no finished local job with worker step times in the results DB")
     cores = host.get("cores", 1.0)
+    out = {"teardown_s": float(np.median(teardowns)), "jobs": float(len(runs))}
+    for framework, fcases in cases.items():
+        prefix = CPU_REFERENCE[framework][1]
+        out[f"{prefix}cpu_step_s"], out[f"{prefix}cpu_step_fixed_s"] = _fit_cpu_step(fcases, cores), 0.0
+        out[f"{prefix}cpu_step_batch"] = host.get(f"{prefix}cpu_step_batch", 32.0)
+        out[f"{prefix}startup_s"] = float(np.median(startups[framework]))
+    out.setdefault("startup_s", float(np.median([t for ts in startups.values() for t in ts])))
+    return out
 
+
+def _fit_cpu_step(cases: Sequence[tuple[list[float], list[float], list[float], bool]], cores: float) -> float:
+    """The reference CPU step that makes the host model's steps closest (in log) to the measured ones; a
+    synchronous step is compared as the cluster's step (its slowest worker)."""
     def loss(c_ref: float) -> float:
-        return sum(math.log(p / m) ** 2 for unit, naps, meas in cases
-                   for p, m in zip(shared_steps([u * c_ref for u in unit], naps, cores), meas, strict=True))
+        total = 0.0
+        for unit, naps, meas, sync in cases:
+            pred = _host_steps([u * c_ref for u in unit], naps, cores, sync)
+            pairs = [(max(pred), sum(meas) / len(meas))] if sync else list(zip(pred, meas, strict=True))
+            total += sum(math.log(p / m) ** 2 for p, m in pairs)
+        return total
 
     from scipy.optimize import minimize_scalar  # lazy: SciPy only for this fit, never to plan
 
-    best = minimize_scalar(loss, bounds=(1e-3, 10.0), method="bounded")
-    return {"cpu_step_s": float(best.x), "cpu_step_fixed_s": 0.0, "startup_s": float(np.median(startups)),
-            "teardown_s": float(np.median(teardowns)), "jobs": float(len(cases))}
+    return float(minimize_scalar(loss, bounds=(1e-3, 10.0), method="bounded").x)
 
 
-__all__ = ["RunAccounting", "fit_local_host", "local_cpu_step_s", "local_host", "local_worker_steps", "run_accounting"]
+__all__ = [
+    "CPU_REFERENCE", "RunAccounting", "cpu_framework", "fit_local_host", "local_cpu_step_s", "local_host",
+    "local_worker_steps", "run_accounting",
+]

@@ -9,7 +9,8 @@ Measurement files (CSV, header row; extra columns ignored). The project's format
 and the older short one: ``model,gpu,batch,step_time_s`` (runtime ``tf1-graph``). Optional
 ``ps_count,workers,steps_per_s[,ps_machine_type]`` describe an async cluster's measured global rate
 and calibrate the network constants. ``peak_steady_gb`` (optional) is the peak of the timed steps alone,
-without the first steps' cuDNN autotuning workspace that ``peak_gb`` includes. ``emulated`` (1/0) marks the local provider's emulated GPUs.
+without the first steps' cuDNN autotuning workspace that ``peak_gb`` includes. ``emulated`` (1/0) marks
+the local provider's emulated GPUs.
 
 A row with ``ps_count`` and ``workers`` but no ``steps_per_s`` is one worker's step measured inside a
 PS cluster (the ICAC'19 runs: 1 worker + 1 PS): its prediction adds the worker's push and pull
