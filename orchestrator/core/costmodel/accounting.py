@@ -86,9 +86,10 @@ def run_accounting(
     provider = spec.provider
     if provider.emulates_gpus and not as_cloud:
         host = local_host(calibration)
-        startup = host.get(f"{CPU_REFERENCE[cpu_framework(spec)][1]}startup_s", host["startup_s"])
-        return RunAccounting(policy.BOOT_S / provider.time_scale, 0.0, startup, host["checkpoint_s"],
-                             host["teardown_s"])
+        prefix = CPU_REFERENCE[cpu_framework(spec)][1]
+        startup = host.get(f"{prefix}startup_s", host["startup_s"])
+        checkpoint = host.get(f"{prefix}checkpoint_s", host["checkpoint_s"])
+        return RunAccounting(policy.BOOT_S / provider.time_scale, 0.0, startup, checkpoint, host["teardown_s"])
     ckpt = policy.checkpoint_s(checkpoint_mb(spec.training.profile_name))
     extra = policy.SPOT_EXTRA_BOOT_S if provider.is_cloud or as_cloud else 0.0
     return RunAccounting(policy.BOOT_S, extra, 0.0, ckpt, 0.0)
