@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypedDict
 
 from orchestrator.core import policy
 from orchestrator.core.blocks import BlockLike
@@ -22,7 +23,7 @@ from orchestrator.core.costmodel import (
     predict_step_time,
     split_batch,
 )
-from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
+from orchestrator.core.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
 from orchestrator.core.costmodel.cluster import estimate_from_compute
 from orchestrator.core.costmodel.compute import step_fn
 from orchestrator.core.costmodel.planner.candidates import Candidate
@@ -97,7 +98,6 @@ def cluster_from_spec(
     acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
     lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None
     book_name = price_book or spec.pricing.book
-    sync = spec.mode == TrainingMode.SYNC
     return SimCluster(
         slots=tuple(sim_slots),
         train_steps=spec.training.train_steps,
@@ -112,12 +112,7 @@ def cluster_from_spec(
         deadline_s=spec.policy.deadline,
         boot_delay_s=acc.boot_s,
         spot_extra_boot_s=acc.spot_extra_boot_s,
-        startup_s=acc.startup_s,
-        # A local replacement task starts its framework again; in sync the whole world restarts instead.
-        rejoin_s=acc.startup_s if local and not sync else 0.0,
-        regroup_s=acc.startup_s if sync else 0.0,
-        notice_s=policy.NOTICE_WINDOW_S / spec.provider.time_scale if local else 0.0,
-        teardown_s=acc.teardown_s,
+        **_delays(spec, acc, local),
         # The local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale.
         preemptible=(book_name in PREEMPTIBLE_BOOKS and not local) if preemptible is None else preemptible,
         time_scale=spec.provider.time_scale if local else 1.0,
@@ -126,6 +121,24 @@ def cluster_from_spec(
         schedule=_revocation_schedule(spec.provider.as_local(), sim_slots),
         lifetime_fn=lifetime_fn,
     )
+
+
+class _Delays(TypedDict):
+    startup_s: float
+    rejoin_s: float
+    regroup_s: float
+    teardown_s: float
+    notice_s: float
+
+
+def _delays(spec: JobSpec, acc: RunAccounting, local: bool) -> _Delays:
+    """The run's real-world delays (``SimCluster``): a local replacement task starts its framework again;
+    in sync the whole world restarts instead (``regroup_s``); a local revoked instance is billed through
+    its notice window."""
+    sync = spec.mode == TrainingMode.SYNC
+    return {"startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
+            "regroup_s": acc.startup_s if sync else 0.0, "teardown_s": acc.teardown_s,
+            "notice_s": policy.NOTICE_WINDOW_S / spec.provider.time_scale if local else 0.0}
 
 
 def _pinned(spec: JobSpec, cluster: Cluster | None) -> JobSpec:

@@ -9,11 +9,10 @@ per revocation); the two agree (tests/test_sim_daemon_agree.py).
 
 Known differences of the default engine (``docs/simulator.md``): a sync job losing a worker is restarted
 by the daemon (unless elastic) but only paused (``regroup_s``) and slowed in the simulator (also with
-``daemon=True``: only the
-replacement decisions come from the reconcile); with ``max_replacements`` used up the daemon fails the
-job while the engine carries on with the workers left; the engine's ``rotate_zones`` has no daemon
-counterpart. A worker that also hosts the chief (``hosts_chief``) has none either: such clusters are
-refused.
+``daemon=True``: only the replacement decisions come from the reconcile); with ``max_replacements`` used
+up the daemon fails the job while the engine carries on with the workers left; the engine's
+``rotate_zones`` has no daemon counterpart. A worker that also hosts the chief (``hosts_chief``) has none
+either: such clusters are refused.
 """
 
 from __future__ import annotations
