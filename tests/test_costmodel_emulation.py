@@ -161,3 +161,38 @@ def test_simulated_local_run_replays_the_providers_seeded_draws() -> None:
     assert mc.summary()["revocation_model"] == "local provider's seeded draws"
     cloud = cluster_from_spec(validate_spec(doc), as_cloud=True)
     assert cloud.lifetime_fn is None and cloud.time_scale == 1.0 and cloud.boot_delay_s == 70.0
+
+
+def test_model_calibrate_from_db_fits_a_pytorch_only_host(tmp_path: Path) -> None:
+    """`model calibrate --from-db` on a DB whose only finished local job is PyTorch: the torch CPU step is fitted
+    and printed, and TensorFlow's figures are left to data/local_host.csv."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from orchestrator.store.db import open_session
+    from orchestrator.store.models import Job, Metric
+
+    doc = {**local_spec(), "name": "emu-torch",
+           "training": {"framework": "pytorch", "hparam_set": "resnet_tiny", "train_steps": 500,
+                        "global_batch": 96, "checkpoint_every": 100},
+           "cluster": {"workers": [{"gpu": "v100", "count": 1}, {"gpu": "k80", "count": 2, "spot": True}]}}
+    (tmp_path / "home").mkdir(exist_ok=True)  # conftest's ORCHESTRATOR_HOME, where the DB file goes
+    with open_session() as session:
+        session.add(Job(id="emu-torch-1", name="emu-torch", provider="local", mode="sync", cluster_shape="3",
+                        spec_yaml=yaml.safe_dump(doc), storage_uri=str(tmp_path), price_book="2019-02",
+                        status="succeeded", train_steps=500, created_at=0.0, ended_at=200.0,
+                        updated_at=200.0))
+        session.add_all([Metric(job_id="emu-torch-1", kind="step", step=s, at=at)
+                         for s, at in ((10, 80.0), (500, 195.0))])
+        session.add_all([Metric(job_id="emu-torch-1", kind="worker", worker=w, gpu=g, batch=b, step=200,
+                                step_time_s=0.2, at=120.0)
+                         for w, g, b in ((0, "v100", 48), (1, "k80", 24), (2, "k80", 24))])
+        session.commit()
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "model", "calibrate", "--from-db"],
+                         capture_output=True, text=True, env=os.environ.copy(), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert "finished local job(s): CPU step pytorch" in text and "tensorflow" not in text

@@ -22,7 +22,7 @@ def test_workers_queue_before_the_average_demand_reaches_the_cores() -> None:
     steps = shared_steps(cpu, naps, cores=2)
     demand = sum(c / (c + s) for c, s in zip(cpu, naps, strict=True))
     assert demand < 2
-    assert all(t > c + s * 1.0001 for t, c, s in zip(steps, cpu, naps, strict=True))
+    assert all(t > (c + s) * 1.0001 for t, c, s in zip(steps, cpu, naps, strict=True))
     assert sum(1 / t for t in steps) < 0.93 * sum(1 / (c + s) for c, s in zip(cpu, naps, strict=True))
 
 

@@ -29,7 +29,7 @@ from orchestrator.core.costmodel import (
     load_measurements,
     max_batch,
 )
-from orchestrator.core.costmodel.accounting import fit_local_host
+from orchestrator.core.costmodel.accounting import CPU_REFERENCE, fit_local_host
 from orchestrator.core.costmodel.calibration import FitReport, fit_report, measurements_from_dicts
 from orchestrator.core.costmodel.calibration import mape as in_sample_mape
 from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
@@ -97,11 +97,13 @@ def _with_local_host(calib: Calibration) -> Calibration:
     except ValueError as exc:
         console.print(f"warning: {escape(str(exc))}")
         return calib
-    console.print(
-        f"local host from {host['jobs']:.0f} finished local job(s): CPU step {host['cpu_step_s']:.3f} s "
-        f"(resnet_cifar_15, batch 32, uncontended), start-up {host['startup_s']:.1f} s, "
-        f"teardown {host['teardown_s']:.1f} s"
+    steps = ", ".join(
+        f"{framework} {host[f'{prefix}cpu_step_s']:.3f} s ({model}, batch {host[f'{prefix}cpu_step_batch']:.0f}, "
+        f"alone; start-up {host[f'{prefix}startup_s']:.1f} s)"
+        for framework, (model, prefix) in CPU_REFERENCE.items() if f"{prefix}cpu_step_s" in host
     )
+    console.print(f"local host from {host['jobs']:.0f} finished local job(s): CPU step {steps}, "
+                  f"teardown {host['teardown_s']:.1f} s")
     return replace(calib, local_host=host)
 
 

@@ -168,7 +168,6 @@ def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         out[f"{prefix}cpu_step_s"], out[f"{prefix}cpu_step_fixed_s"] = _fit_cpu_step(fcases, cores), 0.0
         out[f"{prefix}cpu_step_batch"] = host.get(f"{prefix}cpu_step_batch", 32.0)
         out[f"{prefix}startup_s"] = float(np.median(startups[framework]))
-    out.setdefault("startup_s", float(np.median([t for ts in startups.values() for t in ts])))
     return out
 
 

@@ -17,6 +17,7 @@ check against a randomised run, so the deterministic run stands for the noisy on
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 CYCLES = 400  # steps of the slowest worker averaged over (after as many again of warm-up)
@@ -31,48 +32,40 @@ def shared_steps(cpu_s: Sequence[float], nap_s: Sequence[float], cores: float) -
 
 @functools.lru_cache(maxsize=4096)
 def _shared_steps(cpu: tuple[float, ...], nap: tuple[float, ...], cores: float) -> tuple[float, ...]:
-    n = len(cpu)
-    if n == 0:
-        return ()
-    if any(c <= 0 for c in cpu) or n <= cores:  # nobody ever waits for a core
+    busy = [i for i, c in enumerate(cpu) if c > 0]  # a worker with no CPU work never waits, nor delays
+    if len(busy) <= cores:  # nobody ever waits for a core
         return tuple(c + s for c, s in zip(cpu, nap, strict=True))
-    run = _Run(cpu, nap, cores)
+    run = _Run(tuple(cpu[i] for i in busy), tuple(nap[i] for i in busy), cores)
     run.until(CYCLES)  # warm-up: the start (everyone on the CPU at once) is not the steady state
     t0, done0 = run.t, list(run.done)
     run.until(2 * CYCLES)
-    return tuple((run.t - t0) / max(d - d0, 1) for d, d0 in zip(run.done, done0, strict=True))
+    mean = dict(zip(busy, ((run.t - t0) / (d - d0) for d, d0 in zip(run.done, done0, strict=True)), strict=True))
+    return tuple(mean.get(i, c + s) for i, (c, s) in enumerate(zip(cpu, nap, strict=True)))
 
 
 def lockstep_steps(cpu_s: Sequence[float], nap_s: Sequence[float], cores: float) -> list[float]:
     """When each worker of a synchronous step is done (CPU part, then its nap), all starting together: the
     step is the last of them (the all-reduce waits for it)."""
-    if not cpu_s:
-        return []
-    run = _Run(tuple(cpu_s), tuple(nap_s), cores)
-    finished = [0.0] * len(cpu_s)
-    while min(run.done) < 1:
-        before = list(run.done)
-        run._step()
-        for i, (a, b) in enumerate(zip(before, run.done, strict=True)):
-            if b > a:
-                finished[i] = run.t
-                run.left[i], run.on_cpu[i], run.wake[i] = 0.0, False, float("inf")  # waits for the others
-    return finished
+    run = _Run(tuple(cpu_s), tuple(nap_s), cores, repeat=False)
+    run.until(1)
+    return run.finished_at
 
 
 class _Run:
-    """Exact event run of the cycle; ``done[i]`` counts worker i's finished steps."""
+    """Exact event run of the cycle; ``done[i]`` counts worker i's finished steps. Without ``repeat`` a
+    worker that has finished its step waits (off the CPU) for the others: a synchronous step."""
 
-    def __init__(self, cpu: tuple[float, ...], nap: tuple[float, ...], cores: float) -> None:
-        self.cpu, self.nap, self.cores = cpu, nap, cores
+    def __init__(self, cpu: tuple[float, ...], nap: tuple[float, ...], cores: float, repeat: bool = True) -> None:
+        self.cpu, self.nap, self.cores, self.repeat = cpu, nap, cores, repeat
         self.t = 0.0
-        self.left = list(cpu)  # CPU seconds left of the current step (None-free: a sleeper has 0)
+        self.left = list(cpu)  # CPU seconds left of the current step
         self.wake = [0.0] * len(cpu)  # when a sleeping worker's nap ends
         self.on_cpu = [True] * len(cpu)
         self.done = [0] * len(cpu)
+        self.finished_at = [0.0] * len(cpu)  # when each worker last finished a step
 
     def until(self, cycles: int) -> None:
-        while min(self.done) < cycles:
+        while self.done and min(self.done) < cycles:
             self._step()
 
     def _step(self) -> None:
@@ -88,8 +81,12 @@ class _Run:
             if self.on_cpu[i] and self.left[i] <= _EPS:
                 self.on_cpu[i], self.wake[i] = False, self.t + self.nap[i]
             elif not self.on_cpu[i] and self.wake[i] - self.t <= _EPS:
-                self.on_cpu[i], self.left[i] = True, self.cpu[i]
                 self.done[i] += 1
+                self.finished_at[i] = self.t
+                if self.repeat:
+                    self.on_cpu[i], self.left[i] = True, self.cpu[i]
+                else:
+                    self.wake[i] = math.inf
 
 
 __all__ = ["lockstep_steps", "shared_steps"]
