@@ -128,7 +128,7 @@ def close_without_provider(session: Session, job: Job, outcome: JobStatus, reaso
         job.outcome = outcome.value
         queries.switch_status(session, job, JobStatus.TEARING_DOWN, reason[:500])
     for _name, op in queries.pending_operations(session, [job.id])[job.id]:
-        op.status, op.error = "failed", "the job was closed without its provider"  # no pass follows it any more
+        queries.close_operation(op, queries.OP_FAILED, "the job was closed without its provider", time.time())
     final = JobStatus(job.outcome or outcome.value)
     tail = f"; {pending} instance(s) to delete when the provider can be reached" if pending else ""
     queries.switch_status(session, job, final, f"closed without the provider ({reason})"[:480] + tail)

@@ -49,13 +49,13 @@ from orchestrator.store import queries
 from orchestrator.store.models import Block, Instance, Operation
 
 log = logging.getLogger(__name__)
-DONE, FAILED, TIMED_OUT = "done", "failed", "timed_out"  # besides queries.OP_PENDING
+DONE, FAILED, TIMED_OUT = queries.OP_DONE, queries.OP_FAILED, queries.OP_TIMED_OUT  # besides queries.OP_PENDING
 
 
 def waits(ctx: JobContext, action: Action) -> bool:
     """Is this action put off to a later pass (which asks for it again)? It waits for its instance's
     operation under way, or, a create or delete, for a pass with operations left to start (one is taken
-    from the pass's budget when it goes ahead)."""
+    from the pass's budget when it starts one: ``create`` and ``delete``)."""
     match action:
         case CreateInstance(slot=slot, generation=generation):
             name = instance_name(ctx.job.id, slot.role, slot.index, generation)
@@ -70,6 +70,11 @@ def waits(ctx: JobContext, action: Action) -> bool:
 
 
 def _may_start(ctx: JobContext) -> bool:
+    return ctx.starts is None or ctx.starts.left > 0
+
+
+def _take_start(ctx: JobContext) -> bool:
+    """One operation from the pass's budget, taken where it starts (a check alone takes nothing)."""
     return ctx.starts is None or ctx.starts.take()
 
 
@@ -90,6 +95,8 @@ def create(ctx: JobContext, action: CreateInstance) -> None:
     inst = _requested(ctx, action, name, time.time())
     if name in ctx.pending or inst.status != InstanceStatus.REQUESTED.value:
         return  # its insert is under way, or it exists already
+    if not _take_start(ctx):
+        return  # the pass's budget is spent: a later pass asks again (the row stays REQUESTED)
     ctx.backend.ensure_network()  # e.g. the firewall rule that keeps the gRPC ports inside the cluster
     _insert(ctx, inst, list(action.zones), [])
 
@@ -230,6 +237,8 @@ def _remember_block(ctx: JobContext, exc: CapacityError | QuotaError, zone: str,
 
 def delete(ctx: JobContext, name: str, reason: str, end_reason: EndReason | None) -> None:
     """DELETING and the delete's operation (one commit: intent first), then the delete starts."""
+    if not _take_start(ctx):
+        return  # the pass's budget is spent: a later pass asks again
     inst = instance_row(ctx, name)
     if inst.ready_at is not None:  # never ready: no task ran there, no log to keep (and no SSH to wait on)
         keep_log(ctx.backend, ctx.storage, ctx.observed.get(name), name, TASK)  # the disk goes with it
@@ -296,7 +305,7 @@ def _settle(ctx: JobContext, name: str, op: Operation) -> OpRef | None:
         return ref
     if time.time() - op.started_at > ops.operation_timeout_s:
         _unpend(ctx, name, op)
-        _close(op, TIMED_OUT, f"not done after {ops.operation_timeout_s:.0f}s", time.time())
+        queries.close_operation(op, TIMED_OUT, f"not done after {ops.operation_timeout_s:.0f}s", time.time())
         queries.note(ctx.session, ctx.job.id, "provider_error", f"{op.kind} of {name} in {op.zone}: operation "
                      f"{op.name or op.request_id} not done after {ops.operation_timeout_s:.0f}s; asked again")
         return ref
@@ -320,17 +329,13 @@ def _resend(ctx: JobContext, name: str, op: Operation, ref: OpRef) -> OpState:
     return _ops(ctx).operation(ref)
 
 
-def _close(op: Operation, status: str, error: str | None, ended_at: float | None) -> None:
-    op.status = status
-    op.error = error[:500] if error else None
-    op.ended_at = ended_at
 
 
 def _insert_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> None:
     s = ctx.session
     inst = instance_row(ctx, name)
     error = state.error
-    _close(op, DONE if error is None else FAILED, error.message if error else None, time.time())
+    queries.close_operation(op, DONE if error is None else FAILED, error.message if error else None, time.time())
     if error is None:
         if inst.status == InstanceStatus.REQUESTED.value:
             _accepted(ctx, inst)
@@ -367,7 +372,8 @@ def _delete_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     s = ctx.session
     inst = instance_row(ctx, name)
     error = state.error
-    _close(op, DONE if error is None else FAILED, error.message if error else None, state.ended_at or time.time())
+    queries.close_operation(op, DONE if error is None else FAILED, error.message if error else None,
+                            state.ended_at or time.time())
     if error is not None:  # DELETING stays: the reconciler asks again after its timeout
         queries.note(s, ctx.job.id, "provider_error", f"{error.message} (will retry)", instance_id=inst.id)
     elif inst.status == InstanceStatus.DELETING.value:

@@ -20,7 +20,6 @@ import abc
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
@@ -116,20 +115,19 @@ class InlineOperations(SupportsOperations):
             self._done.pop(ref.request_id, None)
 
 
-_inline: dict[int, InlineOperations] = {}  # id(provider) -> its wrapper, dropped with the provider
 _inline_lock = threading.Lock()
+_WRAPPER = "_orchestrator_inline_operations"  # the wrapper lives on its provider: collected with it
 
 
 def operations_of(provider: Provider) -> SupportsOperations:
     """The provider's own non-blocking operations, or its instant calls wrapped (one wrapper per provider)."""
     if isinstance(provider, SupportsOperations):
         return provider
-    key = id(provider)
     with _inline_lock:
-        found = _inline.get(key)
-        if found is None or found.provider is not provider:
-            found = _inline[key] = InlineOperations(provider)
-            weakref.finalize(provider, _inline.pop, key, None)
+        found: InlineOperations | None = getattr(provider, _WRAPPER, None)
+        if found is None:
+            found = InlineOperations(provider)
+            setattr(provider, _WRAPPER, found)
         return found
 
 

@@ -180,6 +180,14 @@ def active_blocks(session: Session, provider: str, now: float | None = None) -> 
 # ---------------------------------------------------------------- cloud operations under way
 
 OP_PENDING = "pending"
+OP_DONE, OP_FAILED, OP_TIMED_OUT = "done", "failed", "timed_out"
+
+
+def close_operation(op: Operation, status: str, error: str | None, ended_at: float | None) -> None:
+    """An operation no pass follows any more: how it ended, and when (the provider's time where known)."""
+    op.status = status
+    op.error = error[:500] if error else None
+    op.ended_at = ended_at
 
 
 def pending_operations(session: Session, job_ids: Sequence[str]) -> dict[str, list[tuple[str, Operation]]]:
