@@ -19,47 +19,14 @@ from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.quotas import Quotas, QuotaSource, headroom, quota_needs, quota_problems, read_quotas
-from orchestrator.core.spec import GceProvider, JobSpec, load_spec
+from orchestrator.core.spec import GceProvider, JobSpec
 from orchestrator.core.torch_spec import secret_problems
 from orchestrator.store.db import open_session
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from orchestrator.control.launcher import KnownBlock
-    from orchestrator.core.costmodel import PlanResult
-
-
-def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None, list[KnownBlock]]:
-    """Validate the spec; if it does not pin the cluster, let the planner choose one. Placement avoids the
-    stockouts and quotas the cloud reported that are still in force (the blocks, also returned)."""
-    spec = load_spec(spec_path)
-    from orchestrator.control.launcher import known_blocks  # lazy: the control layer (~0.3 s) only for launch
-
-    blocks = known_blocks(spec)
-    if spec.cluster is not None:
-        return spec, None, blocks
-    from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
-
-    result = plan(spec, blocks=blocks)
-    if result.chosen is None:
-        raise UserError("the planner found no cluster within the budget and deadline",
-                        hint="raise policy.budget_usd / policy.deadline or widen search")
-    return spec.with_cluster(result.chosen.to_cluster()), result, blocks
-
-
-def check_budget(spec: JobSpec) -> None:
-    """Refuse, before anything is created, a cluster the cost model says cannot finish within the budget."""
-    if spec.policy.budget_usd is None:
-        return
-    from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
-
-    est = plan(spec).chosen
-    if est is not None and est.cost_usd > spec.policy.budget_usd:
-        raise UserError(f"policy.budget_usd: this cluster is predicted to cost {money(est.cost_usd)} "
-                        f"({duration(est.time_s)} of training) but the budget is {money(spec.policy.budget_usd)}",
-                        hint="raise the budget, use spot or fewer/cheaper GPUs, or fewer train_steps "
-                             "(`orchestrator plan` shows the options)")
+    from orchestrator.control.validate import ValidatedLaunch
 
 
 def read_spec_quotas(spec: JobSpec, plan: LaunchPlan | None = None,
@@ -110,30 +77,27 @@ def check_quotas(spec: JobSpec, plan: LaunchPlan | None = None) -> None:
         raise UserError(f"not enough GCE quota ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
 
 
-def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: LaunchPlan) -> None:
+def print_dry_run(checked: ValidatedLaunch) -> None:
+    spec, launch_plan = checked.spec, checked.plan
     slots = launch_plan.slots
     rows = [[s.name, s.role.value, s.gpu or "—", s.machine_type, s.zone, "spot" if s.spot else "on-demand",
              s.batch or "", f"{s.price_per_hour:.4f}"] for s in slots]
     total = launch_plan.cluster_usd_per_hour
     console.print(f"[bold]{spec.name}[/bold]: provider {spec.provider.kind}, {spec.mode.value} training, "
                   f"{spec.training.train_steps} steps, storage {spec.storage}")
-    if planned is not None and planned.chosen is not None:
-        console.print(f"planner chose: {planned.chosen.describe()}")
+    if checked.planned is not None and checked.planned.chosen is not None:
+        console.print(f"planner chose: {checked.planned.chosen.describe()}")
     console.print(table(f"would create {len(slots)} instances ({launch_plan.shape}), price book "
                         f"{launch_plan.price_book}",
                         ["slot", "role", "gpu", "machine", "zone", "billing", "batch", "$/h"], rows))
     console.print(f"hourly cost of the whole cluster: [bold]{money(total)}/h[/bold]")
-    try:
-        from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
-
-        est = plan(spec).chosen
-        if est is not None:
-            console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
-                          "(cost model, with expected revocation overhead; distribution: `orchestrator simulate`)")
-    except Exception as exc:  # the estimate is a courtesy; the dry run's answer is the cluster above
-        console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
-    if spec.policy.budget_usd:
-        console.print(f"budget: {money(spec.policy.budget_usd)}")
+    if (est := checked.estimate) is not None:
+        console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
+                      "(cost model, with expected revocation overhead; distribution: `orchestrator simulate`)")
+    limits = [f"budget {money(spec.policy.budget_usd)}" if spec.policy.budget_usd else "",
+              f"deadline {duration(spec.policy.deadline)}" if spec.policy.deadline else ""]
+    if any(limits):
+        console.print(f"within the policy: {', '.join(x for x in limits if x)}")
     found = read_spec_quotas(spec, launch_plan)
     if found is not None:
         console.print(table("GCE quota headroom", ["region", "metric", "needs", "free", "limit", ""],
@@ -151,12 +115,16 @@ def launch(
     poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes (foreground)"),
     quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
 ) -> None:
-    """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy."""
-    from orchestrator.control.launcher import preflight  # lazy: the control layer (~0.3 s) only for launch
+    """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy.
 
-    spec, planned, blocks = resolve_spec(spec_path)
-    preflight(spec)  # the SSH inventory's content, also for a dry run
-    plan = plan_spec(spec, blocks=blocks)  # the one expansion: the dry run, the quota check and the launch all use it
+    Exit codes: 0 the job succeeded (or, with --dry-run / --detach, the spec is valid and the job is
+    recorded); 1 the job failed; 2 bad input, nothing created; 3 the job was cancelled; 130 / 143 Ctrl-C /
+    SIGTERM (the job is cancelled).
+    """
+    from orchestrator.control.validate import validate_launch  # lazy: the control layer (~0.3 s) only for launch
+
+    checked = validate_launch(spec_path)  # the same check as `plan` and the dry run; nothing created before
+    spec, plan = checked.spec, checked.plan
     if dry_run and spec.provider.kind == "gce":
         # The exact Compute API requests a launch would send (instances, firewall rules, disks), as JSON.
         from orchestrator.providers.gce.dry_run import gce_dry_run  # lazy: the Google Cloud SDK (~2 s)
@@ -169,16 +137,15 @@ def launch(
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
     if dry_run:
-        print_dry_run(spec, planned, plan)
+        print_dry_run(checked)
         return
-    check_budget(spec)
     check_quotas(spec, plan)
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
     from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer
     from orchestrator.control.launcher import launch_job  # lazy: the control layer
 
-    launch_job(spec, planned, plan, detach=detach, poll_s=poll, reporter=ConsoleReporter(quiet=quiet))
+    launch_job(spec, checked.planned, plan, detach=detach, poll_s=poll, reporter=ConsoleReporter(quiet=quiet))
 
 
 def status(

@@ -35,7 +35,7 @@ from orchestrator.core.costmodel.calibration import mape as in_sample_mape
 from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
 from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
 from orchestrator.core.errors import UserError
-from orchestrator.store.db import open_session
+from orchestrator.store.db import db_exists, open_session
 
 app = typer.Typer(no_args_is_help=True, help="Cost model: profile, calibrate, predict, validate.")
 
@@ -72,9 +72,11 @@ def resolve_calibration(ref: str | None) -> Calibration | None:
 
 
 def latest_calibration() -> Calibration | None:
-    """The newest calibration stored in the results DB (jobs refine it), or None."""
+    """The newest calibration stored in the results DB (jobs refine it), or None; never creates the DB."""
     from orchestrator.store.models import Calibration as Row  # lazy: the ORM models (~30 ms) only for DB verbs
 
+    if not db_exists():
+        return None
     try:
         with open_session() as session:
             row = session.execute(select(Row).order_by(Row.created_at.desc()).limit(1)).scalar_one_or_none()

@@ -7,14 +7,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, money, pct, table
-from orchestrator.core.costmodel import Candidate, PlanResult, UnknownModelError
-from orchestrator.core.errors import UserError
+from orchestrator.core.costmodel import Candidate, PlanResult
 from orchestrator.core.spec import load_spec
-from orchestrator.sim.from_spec import plan_job
 
 
 def _time(c: Candidate) -> str:
@@ -125,33 +121,26 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
 
 
 def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
-    """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON)."""
-    spec = load_spec(spec_path)
+    """Check the spec as `launch` does, plan, print the chosen cluster and the runner-ups (or JSON)."""
+    from orchestrator.control.validate import PlanRefused, validate_launch  # lazy: the control layer
+
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
-    if calib is not None and calib.emulated and not spec.provider.emulates_gpus:
+    if calib is not None and calib.emulated and not load_spec(spec_path).provider.emulates_gpus:
         console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
                       "planning real GPUs with the shipped one (data/calibration.json) instead")
         calib = None
     try:
-        result = plan_job(spec, calibration=calib)
-    except UnknownModelError as exc:
-        raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
+        checked = validate_launch(spec_path, calibration=calib)  # the same check as `launch` and its dry run
+    except PlanRefused as refused:  # show what the planner saw, then refuse as launch would
+        if json_out:
+            print(json.dumps(refused.result.to_dict(top=top), indent=2))
+        else:
+            _print_plan(load_spec(spec_path).name, refused.result, top)
+        raise
     if json_out:
-        print(json.dumps(result.to_dict(top=top), indent=2))
-        if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
-            raise typer.Exit(1)
+        print(json.dumps(checked.result.to_dict(top=top), indent=2))
         return
-    _print_plan(spec.name, result, top)
-    if result.chosen is not None and not result.chosen.feasible:
-        raise UserError(f"the pinned cluster breaks a constraint: {'; '.join(result.chosen.reasons)}",
-                        hint="raise policy.budget_usd / policy.deadline, or change the cluster")
-    if result.chosen is None:
-        miss = result.best_infeasible
-        raise UserError(
-            "no candidate cluster meets the constraints"
-            + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
-            hint="raise policy.budget_usd / policy.deadline or widen search",
-        )
+    _print_plan(checked.spec.name, checked.result, top)
 
 
 def _print_plan(name: str, result: PlanResult, top: int) -> None:

@@ -23,6 +23,7 @@ from orchestrator.control.gc import finish_pending_deletes
 from orchestrator.control.signals import Terminated, sigterm_raises
 from orchestrator.core.blocks import provider_key
 from orchestrator.core.errors import UserError
+from orchestrator.core.exits import launch_exit
 from orchestrator.core.instances import BAKE_MODE
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import JobSpec
@@ -217,7 +218,8 @@ def _drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter) -
         release(session, owner, [job_id])
         session.expire_all()
         reporter.finished(session, job_id)
-    return code
+        job = session.get(Job, job_id)
+        return code or launch_exit(job.status if job is not None else "failed")
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,15 @@ def classify(code: int | None) -> Exit:
     if code == EXIT_FATAL:
         return Exit.FATAL
     return Exit.RETRY
+
+
+# `orchestrator launch`'s own exit status, by how the job it drove ended (README "Exit codes", `launch --help`):
+# a script or CI step must never read a failed job as done. 2 stays "bad input, nothing created" (UserError);
+# 130 / 143 are Ctrl-C / SIGTERM.
+LAUNCH_FAILED = 1
+LAUNCH_CANCELLED = 3
+
+
+def launch_exit(job_status: str) -> int:
+    """0 for a job that succeeded (or is still running elsewhere: handed over, detached), else non-zero."""
+    return {"failed": LAUNCH_FAILED, "cancelled": LAUNCH_CANCELLED}.get(job_status, EXIT_OK)

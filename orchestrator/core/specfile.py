@@ -23,6 +23,7 @@ MAX_BYTES = 1 << 20  # a job spec or an inventory is a few KB; 1 MiB is generous
 MAX_DEPTH = 32  # a spec nests ~5 deep
 MAX_VALUES = 100_000  # values after alias expansion (guards "billion laughs")
 SHORT = 60
+KERNEL_FOLDERS = ("/proc", "/sys", "/dev")  # pseudo-filesystems: never a place for a job's files
 
 
 def short(value: Any, limit: int = SHORT) -> str:
@@ -44,9 +45,15 @@ class _Loader(yaml.SafeLoader):
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         self.depth += 1
         try:
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             if self.depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise YamlFileError(f"nested more than {MAX_DEPTH} levels deep (line {mark.line + 1})")
+                raise YamlFileError(f"nested more than {MAX_DEPTH} levels deep (line {event.start_mark.line + 1})")
+            if getattr(event, "tag", None) is not None:
+                # `name: !!binary aGVsbG8=` would be decoded and coerced into a name without a word: a spec's
+                # values are plain YAML scalars, lists and mappings.
+                tag = short(event.tag.replace("tag:yaml.org,2002:", "!!"))
+                raise YamlFileError(f"YAML tag '{tag}' (line {event.start_mark.line + 1}) is not "
+                                    "allowed; write the plain value (quote it to make it a string)")
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
@@ -158,6 +165,11 @@ def resolve_under(base: Path, value: Path) -> Path:
 def folder_problem(path: Path) -> str | None:
     """Why ``path`` cannot be (or become) a writable folder, or None. Creates nothing."""
     try:
+        real = path.resolve()
+        if any(real == Path(k) or real.is_relative_to(k) for k in KERNEL_FOLDERS):
+            # As root, os.access says /proc is writable; the job would then fail every pass.
+            return (f"'{short(str(path))}' is in {', '.join(KERNEL_FOLDERS)} (the kernel's pseudo-files, not a "
+                    "folder for a job's files); give a folder on a disk")
         if path.exists():
             if not path.is_dir():
                 return f"'{short(str(path))}' exists and is not a directory; give a folder (created if missing)"
@@ -169,7 +181,7 @@ def folder_problem(path: Path) -> str | None:
             return f"'{short(str(parent))}' is not a directory, so '{short(str(path))}' cannot be created"
         if not os.access(parent, os.W_OK | os.X_OK):
             return f"cannot create '{short(str(path))}': '{short(str(parent))}' is not writable"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:
         return f"'{short(str(path))}' is not a usable folder: {_why(exc)}"
     return None
 

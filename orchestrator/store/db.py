@@ -25,6 +25,14 @@ def default_url() -> str:
     return os.environ.get(ENV_URL) or f"sqlite:///{user_dir() / 'orchestrator.db'}"
 
 
+def db_exists(url: str | None = None) -> bool:
+    """The results DB is there to read (a server DB always is): reading must not create a SQLite file."""
+    url = url or default_url()
+    if not url.startswith("sqlite:///"):
+        return not url.startswith("sqlite")  # in-memory SQLite holds nothing to read
+    return Path(url.removeprefix("sqlite:///")).exists()
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # The daemon and the CLI use the file at once: WAL + a busy timeout instead of "database is locked".
     cur = dbapi_conn.cursor()

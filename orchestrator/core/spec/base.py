@@ -15,6 +15,7 @@ LOCAL_ZONE = "local"
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _LONG_QUOTED = re.compile(r"'([^']{61,})'")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FieldError(BaseModel):
@@ -76,6 +77,21 @@ class StrictModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _no_control_characters(cls, data: Any) -> Any:
+        # Every string of the spec reaches a command line, a path, a request or an instance name: a newline in
+        # `network` or `data_dir` would start a new line there (13 restarts a minute). Commands and env values
+        # have their own, stricter checks.
+        if isinstance(data, dict):
+            for name, v in data.items():
+                values = v if isinstance(v, list) else [v]
+                if isinstance(name, str) and name in cls.model_fields and any(
+                        isinstance(x, str) and _CONTROL.search(x) for x in values):
+                    raise FieldValueError(name, "control characters (newline, tab, NUL, escape ...) are not "
+                                                "allowed here; give the value on one line")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _no_bool_as_number(cls, data: Any) -> Any:
         # Pydantic's lax mode reads YAML `true` as 1: `count: true` would launch one worker without a word.
         if isinstance(data, dict):
@@ -86,9 +102,16 @@ class StrictModel(BaseModel):
         return data
 
 
-class NotANumberError(ValueError):
-    """A true/false where a number belongs; ``field`` completes the error's path."""
+class FieldValueError(ValueError):
+    """A model-level check that names one field of the model; ``field`` completes the error's path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class NotANumberError(FieldValueError):
+    """A true/false where a number belongs."""
 
     def __init__(self, field: str) -> None:
-        super().__init__("expected a number, not true/false")
-        self.field = field
+        super().__init__(field, "expected a number, not true/false")

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.core.catalog import load_catalog
-from orchestrator.core.spec.base import StrictModel, parse_duration
+from orchestrator.core.spec.base import FieldValueError, StrictModel, parse_duration
 from orchestrator.core.spec.provider import LocalProvider, ProviderSpec
 from orchestrator.core.spec.training import BuiltinTraining, TrainingMode, TrainingSpec
 from orchestrator.core.specfile import short
 
 _NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
+MIN_DEADLINE_S = 60.0  # shorter than any instance's boot: no job could meet it
 LEGACY_BOOK = "2019-02"  # the ICAC'19 study's prices: K80 / P100 / V100 whole VMs
 
 
@@ -114,7 +117,13 @@ class Policy(StrictModel):
     @field_validator("deadline", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v)
+        if v is None:
+            return None
+        seconds = parse_duration(v)
+        if seconds < MIN_DEADLINE_S:  # 1e-9 s would be "launched and billed", then over at once
+            raise ValueError(f"{seconds:g} s is too short to train anything; give at least {MIN_DEADLINE_S:g} s "
+                             "(e.g. '30m', '6h')")
+        return seconds
 
 
 class PriceOverride(StrictModel):
@@ -175,6 +184,16 @@ class JobSpec(StrictModel):
         return data if book is None else {**data, "pricing": {**(data.get("pricing") or {}), "book": book}}
 
     @model_validator(mode="after")
+    def _storage_reachable(self) -> JobSpec:
+        # A cloud's VMs write checkpoints and metrics to storage: a folder of this machine is out of their reach,
+        # except for the Compute API emulator's "VMs", which are processes of this machine.
+        gce = self.provider.as_gce()
+        if gce is not None and not self.storage.startswith("gs://") and not _loopback(gce.api_endpoint):
+            raise FieldValueError("storage", f"'{short(self.storage)}' is a folder of this machine, which GCE VMs "
+                                             "cannot reach; use gs://bucket/prefix")
+        return self
+
+    @model_validator(mode="after")
     def _cluster_or_search(self) -> JobSpec:
         if self.cluster is None and self.search is None:
             raise ValueError("give cluster (what to run) or search (what the planner may choose from)")
@@ -206,6 +225,17 @@ class JobSpec(StrictModel):
     @property
     def worker_count(self) -> int:
         return sum(g.count for g in self.cluster.workers) if self.cluster else 0
+
+
+def _loopback(url: str | None) -> bool:
+    """``url`` names this machine (the Compute API emulator's address)."""
+    host = urlsplit(url).hostname if url else None
+    if host is None:
+        return False
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _default_book_for(data: dict[Any, Any]) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.core.catalog import Catalog, load_catalog
-from orchestrator.core.spec.base import FieldError, NotANumberError, SpecError
+from orchestrator.core.spec.base import FieldError, FieldValueError, SpecError
 from orchestrator.core.spec.checks import check_against_catalog, search_too_big
 from orchestrator.core.spec.job import JobSpec
 from orchestrator.core.spec.training import CommandTraining, RunTraining
@@ -51,7 +51,7 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
         kind = err.get("type", "")
         loc = tuple(err.get("loc", ()))
         cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, NotANumberError):
+        if isinstance(cause, FieldValueError):
             loc = (*loc, cause.field)
         if kind == "extra_forbidden":
             msg = "unknown field; check the spelling (see README: job spec)"

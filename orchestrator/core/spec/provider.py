@@ -10,10 +10,10 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.core.spec.base import StrictModel
+from orchestrator.core.spec.fields import CidrRange, GceImage, GceNetwork, GceProjectId, UserPort
 from orchestrator.core.specfile import short
 
 SSH_USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]*$"  # POSIX portable user names (no newline, colon or space)
-_CIDR = r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$"
 
 
 class RevocationMode(StrEnum):
@@ -95,7 +95,7 @@ class LocalProvider(_ProviderBase):
     # Emulated GPU speed: seconds of sleep per step for the slowest GPU in the catalog (K80); faster
     # types sleep proportionally less (ratio from the cost model, which uses the catalog specs).
     emulation_k80_step_s: float = Field(default=0.3, ge=0, le=60)
-    base_port: int = Field(default=0, ge=0, le=65000, description="0 = pick free ports")
+    base_port: UserPort = Field(default=0, ge=0, le=65000, description="0 = pick free ports")
 
     @model_validator(mode="after")
     def _schedule_needs_mode(self) -> LocalProvider:
@@ -122,15 +122,15 @@ class SshProvider(_RealTime):
 class GceProvider(_RealTime):
     kind: Literal["gce"] = "gce"
     is_cloud: ClassVar[bool] = True
-    project: str = Field(min_length=6, max_length=30)
+    project: GceProjectId
     zones: list[str] = Field(default_factory=list, description="allowed zones, in order of preference")
     credentials: Path | None = Field(default=None, description="service-account key file; default: ADC")
-    image: str = "projects/debian-cloud/global/images/family/debian-12"
-    network: str = "global/networks/default"
+    image: GceImage = "projects/debian-cloud/global/images/family/debian-12"
+    network: GceNetwork = "global/networks/default"
     api_endpoint: str | None = Field(default=None, description="Compute API endpoint (emulator, tests)")
     # A POSIX login name: it goes into the ssh-keys metadata as "user:key", where a newline adds a key.
     ssh_user: str = Field(default="orchestrator", pattern=SSH_USER_PATTERN, max_length=32)
-    ssh_source_ranges: list[Annotated[str, Field(pattern=_CIDR)]] | None = Field(
+    ssh_source_ranges: list[CidrRange] | None = Field(
         default=None, description="who may SSH to the VMs; default: this controller's public address/32")
     # The network's own rules may open every port between all VMs (default-allow-internal on `default`):
     # launching there is refused (providers/gce/network.py) unless this says the exposure is accepted.
@@ -138,7 +138,7 @@ class GceProvider(_RealTime):
     python: str = Field(default="python3", min_length=1, description="the payload's interpreter on the VMs")
     # 0: each task gets a distinct free port of this machine, for VMs that all answer at this machine's address
     # (e.g. the Compute API emulator); a replacement then keeps its slot's address (host and port).
-    task_port: int = Field(default=2222, ge=0, le=65535, description="TF gRPC port on each VM; 0: one per slot")
+    task_port: UserPort = Field(default=2222, ge=0, le=65535, description="TF gRPC port on each VM; 0: one per slot")
     # What GCE does to a preempted (or time-limited) spot VM: DELETE (default: nothing left billing) or STOP
     # (the stopped VM keeps its boot disk, billed until the controller deletes it; the ledger prices the disk).
     termination_action: Literal["DELETE", "STOP"] = "DELETE"

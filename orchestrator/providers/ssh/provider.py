@@ -56,18 +56,20 @@ STATE_FILE = "ssh-assignments.json"
 
 
 class InventoryHost(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No inf/nan: `price_per_hour: .inf` would bill every job infinitely (and pass every budget check as nan).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=63)
-    host: str = Field(min_length=1)
+    host: str = Field(min_length=1, pattern=r"^[^\x00-\x20\x7f]+$", description="name or address, no spaces")
     port: int = Field(default=22, ge=1, le=65535)
     # A POSIX login name: no spaces, colons or newlines that would smuggle options into an ssh command.
     user: str | None = Field(default=None, pattern=SSH_USER_PATTERN, max_length=32)
     key: Path | None = Field(default=None, description="private key (mode 0600), relative to the inventory")
     gpu: str | None = Field(default=None, description="catalog GPU key, e.g. k80; omit for a CPU-only host")
     gpus: int = Field(default=0, ge=0, le=64)
-    workdir: str = Field(default="orchestrator", min_length=1, description="instances get <workdir>/<name>")
-    price_per_hour: float = Field(default=0.0, ge=0)
+    workdir: str = Field(default="orchestrator", min_length=1, pattern=r"^[^\x00-\x1f\x7f]+$",
+                         description="instances get <workdir>/<name>")
+    price_per_hour: float = Field(default=0.0, ge=0, le=10_000)
 
     @model_validator(mode="after")
     def _gpu_count(self) -> InventoryHost:

@@ -1,0 +1,135 @@
+"""The one check `plan`, `launch --dry-run` and `launch` all run before anything is created.
+
+A spec is read (its fields, the catalog, the local paths it names), its provider's inputs are read (the ssh
+inventory: its content, and hosts for every instance), the cluster is chosen if the spec does not pin it, and
+that cluster is judged against the policy's budget AND deadline by the cost model. Any problem is a
+``UserError`` (exit 2, one line per problem) and no file, folder or DB row exists afterwards: this module
+reads the results DB only when it already exists (stockouts and quotas in force) and never creates it.
+
+What a launch checks on top (the secrets' values, the cloud's quota headroom: reads of this machine's
+environment and of the cloud) comes after this, still before the job row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.control.launcher import KnownBlock, known_blocks
+from orchestrator.core.costmodel import SplitError, UnknownModelError
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import LaunchPlan, plan_spec
+from orchestrator.core.spec import JobSpec, load_spec
+from orchestrator.providers.ssh.provider import load_inventory
+from orchestrator.sim.from_spec import plan_job
+
+if TYPE_CHECKING:
+    from orchestrator.core.costmodel import Calibration, Candidate, PlanResult
+
+
+class PlanRefused(UserError):
+    """The cost model says the cluster cannot meet the policy; ``result`` is the plan it judged (for `plan`)."""
+
+    def __init__(self, message: str, *, hint: str, result: PlanResult) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class ValidatedLaunch:
+    """A spec every verb may act on: the cluster to run, as the planner judged it."""
+
+    spec: JobSpec  # with the planner's cluster when the spec did not pin one
+    result: PlanResult  # the planner's answer for the spec as written (a search, or the pinned cluster judged)
+    plan: LaunchPlan  # the one expansion into slots: the dry run, the quota check and the launch all use it
+    blocks: list[KnownBlock]
+    searched: bool  # the planner chose the cluster
+
+    @property
+    def planned(self) -> PlanResult | None:
+        """The planner's search, stored with the job; None when the spec pinned the cluster."""
+        return self.result if self.searched else None
+
+    @property
+    def estimate(self) -> Candidate | None:
+        return self.result.chosen
+
+
+def validate_launch(spec_path: Path, calibration: Calibration | None = None) -> ValidatedLaunch:
+    """Read and judge ``spec_path`` as every verb does; raises ``SpecError`` / ``UserError``, creates nothing."""
+    try:
+        return _validate(spec_path, calibration)
+    except UnknownModelError as exc:  # hparam_set names no profile: the cost model cannot judge the job
+        raise UserError(f"training.hparam_set: {exc}",
+                        hint="name a profiled model (`orchestrator model list`)") from None
+    except SplitError as exc:
+        raise UserError(f"training.global_batch: {exc}", hint="give a global batch the workers can split") from None
+
+
+def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaunch:
+    spec = load_spec(spec_path)
+    inventory_hosts = _inventory_gpus(spec)  # the inventory's content, before any planning
+    # PROVIDER SET-UP (issue 20 item 5): the provider's check_setup() capability (credentials, project,
+    # permissions) is called here, so every verb refuses a provider that cannot work before anything exists.
+    blocks = known_blocks(spec)
+    result = plan_job(spec, calibration=calibration, blocks=blocks)
+    searched = spec.cluster is None
+    if searched:
+        if result.chosen is None:
+            miss = result.best_infeasible
+            raise PlanRefused("no candidate cluster meets the constraints"
+                              + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
+                              hint="raise policy.budget_usd / policy.deadline or widen search", result=result)
+        spec = spec.with_cluster(result.chosen.to_cluster())
+        judged = plan_job(spec, calibration=calibration, blocks=blocks).chosen  # as the launch will run it
+    else:
+        judged = result.chosen
+    _within_policy(spec, judged, result)
+    plan = plan_spec(spec, blocks=blocks)
+    if inventory_hosts is not None:
+        _hosts_for(plan, inventory_hosts)
+    return ValidatedLaunch(spec, result, plan, blocks, searched)
+
+
+def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> None:
+    """The cluster's predicted time and cost fit the deadline and the budget."""
+    if judged is None:
+        raise PlanRefused("the cost model could not judge this cluster", hint="check the spec's cluster",
+                          result=result)
+    problems = list(judged.reasons) if not judged.feasible else []
+    budget, deadline = spec.policy.budget_usd, spec.policy.deadline
+    if budget is not None and not judged.cost_usd <= budget and not problems:
+        problems.append(f"predicted cost {judged.cost_usd:.2f} USD is over policy.budget_usd {budget:.2f}")
+    if deadline is not None and not judged.time_s <= deadline and not problems:
+        problems.append(f"predicted time {judged.time_s:.0f} s is past policy.deadline {deadline:.0f} s")
+    if problems:
+        predicted = (f" (predicted {judged.time_s:,.0f} s, {judged.cost_usd:.4f} USD)"
+                     if math.isfinite(judged.time_s) and math.isfinite(judged.cost_usd) else "")
+        raise PlanRefused(f"policy: the cluster cannot finish within the policy{predicted}: {'; '.join(problems)}",
+                          hint="raise policy.budget_usd / policy.deadline, use spot or fewer/cheaper GPUs, or "
+                               "fewer train_steps (`orchestrator plan` shows the options)", result=result)
+
+
+def _inventory_gpus(spec: JobSpec) -> Counter[str] | None:
+    """The ssh inventory's hosts by GPU type ('' for CPU-only hosts); None for providers without one."""
+    path = spec.provider.inventory_path
+    if path is None:
+        return None
+    inventory = load_inventory(path)
+    return Counter(h.gpu or "" for h in inventory.hosts)
+
+
+def _hosts_for(plan: LaunchPlan, hosts: Counter[str]) -> None:
+    """One instance per inventory host: a host of the right GPU type for every worker, a host for every slot."""
+    needed = Counter(s.gpu for s in plan.slots if s.gpu)
+    problems = [f"{n} x {gpu} worker(s) but the inventory has {hosts.get(gpu, 0)} host(s) with gpu: {gpu}"
+                for gpu, n in sorted(needed.items()) if hosts.get(gpu, 0) < n]
+    if not problems and len(plan.slots) > sum(hosts.values()):
+        problems.append(f"{len(plan.slots)} instances ({plan.shape}) but the inventory lists "
+                        f"{sum(hosts.values())} host(s); one instance runs per host")
+    if problems:
+        raise UserError("cluster: " + "; ".join(problems),
+                        hint="add hosts to provider.inventory or ask for fewer/other GPUs in cluster.workers")
