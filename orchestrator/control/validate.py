@@ -12,17 +12,20 @@ environment and of the cloud) comes after this, still before the job row.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from orchestrator.control.launcher import KnownBlock, known_blocks
 from orchestrator.core.costmodel import SplitError, UnknownModelError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.spec import JobSpec, load_spec
+from orchestrator.core.spec import FieldError, JobSpec, SpecError, load_spec
+from orchestrator.core.specfile import short
 from orchestrator.providers.ssh.provider import load_inventory
 from orchestrator.sim.from_spec import plan_job
 
@@ -71,6 +74,7 @@ def validate_launch(spec_path: Path, calibration: Calibration | None = None) -> 
 
 def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaunch:
     spec = load_spec(spec_path)
+    _storage_reachable(spec)
     inventory_hosts = _inventory_gpus(spec)  # the inventory's content, before any planning
     # PROVIDER SET-UP (issue 20 item 5): the provider's check_setup() capability (credentials, project,
     # permissions) is called here, so every verb refuses a provider that cannot work before anything exists.
@@ -111,6 +115,26 @@ def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) 
         raise PlanRefused(f"policy: the cluster cannot finish within the policy{predicted}: {'; '.join(problems)}",
                           hint="raise policy.budget_usd / policy.deadline, use spot or fewer/cheaper GPUs, or "
                                "fewer train_steps (`orchestrator plan` shows the options)", result=result)
+
+
+def _storage_reachable(spec: JobSpec) -> None:
+    """A cloud's VMs write checkpoints and metrics to storage: a folder of this machine is out of their reach,
+    except for the Compute API emulator's "VMs", which are processes of this machine."""
+    gce = spec.provider.as_gce()
+    if gce is not None and not spec.storage.startswith("gs://") and not _loopback(gce.api_endpoint):
+        raise SpecError([FieldError(path="storage", message=f"'{short(spec.storage)}' is a folder of this machine, "
+                                    "which GCE VMs cannot reach; use gs://bucket/prefix")])
+
+
+def _loopback(url: str | None) -> bool:
+    """``url`` names this machine (the Compute API emulator's address)."""
+    host = urlsplit(url).hostname if url else None
+    if host is None:
+        return False
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _inventory_gpus(spec: JobSpec) -> Counter[str] | None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from enum import StrEnum
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.core.catalog import load_catalog
-from orchestrator.core.spec.base import FieldValueError, StrictModel, parse_duration
+from orchestrator.core.spec.base import StrictModel, parse_duration
 from orchestrator.core.spec.provider import LocalProvider, ProviderSpec
 from orchestrator.core.spec.training import BuiltinTraining, TrainingMode, TrainingSpec
 from orchestrator.core.specfile import short
@@ -184,16 +182,6 @@ class JobSpec(StrictModel):
         return data if book is None else {**data, "pricing": {**(data.get("pricing") or {}), "book": book}}
 
     @model_validator(mode="after")
-    def _storage_reachable(self) -> JobSpec:
-        # A cloud's VMs write checkpoints and metrics to storage: a folder of this machine is out of their reach,
-        # except for the Compute API emulator's "VMs", which are processes of this machine.
-        gce = self.provider.as_gce()
-        if gce is not None and not self.storage.startswith("gs://") and not _loopback(gce.api_endpoint):
-            raise FieldValueError("storage", f"'{short(self.storage)}' is a folder of this machine, which GCE VMs "
-                                             "cannot reach; use gs://bucket/prefix")
-        return self
-
-    @model_validator(mode="after")
     def _cluster_or_search(self) -> JobSpec:
         if self.cluster is None and self.search is None:
             raise ValueError("give cluster (what to run) or search (what the planner may choose from)")
@@ -225,17 +213,6 @@ class JobSpec(StrictModel):
     @property
     def worker_count(self) -> int:
         return sum(g.count for g in self.cluster.workers) if self.cluster else 0
-
-
-def _loopback(url: str | None) -> bool:
-    """``url`` names this machine (the Compute API emulator's address)."""
-    host = urlsplit(url).hostname if url else None
-    if host is None:
-        return False
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _default_book_for(data: dict[Any, Any]) -> str | None:
