@@ -188,9 +188,10 @@ def status(
             }, default=str))
             return
         step, eps = queries.latest_step(session, found.id)
-        console.print(f"[bold]{found.id}[/bold] {found.status} ({found.status_reason or ''}) — step "
-                      f"{step}/{found.train_steps}, {eps or 0:.1f} examples/s, cost so far "
-                      f"{money(summary['cost_usd'])}, accuracy {pct(found.accuracy)}")
+        reason = f" ({escape(found.status_reason)})" if found.status_reason else ""
+        accuracy = f", accuracy {pct(found.accuracy)}" if found.accuracy is not None else ""
+        console.print(f"[bold]{found.id}[/bold] {found.status}{reason} — step {step}/{found.train_steps}, "
+                      f"{eps or 0:.1f} examples/s, cost so far {money(summary['cost_usd'])}{accuracy}")
         console.print(table("instances", ["name", "slot", "gpu", "zone", "billing", "$/h", "status", "end reason",
                                           "requested", "deleted"],
                             [[i.name, i.slot, i.gpu or "—", i.zone, "spot" if i.spot else "on-demand",

@@ -3,6 +3,8 @@ and the cancel outcome. The controller (control/launcher.py) reports through ``C
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.live import Live
 from sqlalchemy.orm import Session
 
@@ -53,14 +55,32 @@ class ConsoleReporter:
 
     def finished(self, session: Session, job_id: str) -> None:
         summary = queries.job_summaries(session, [job_id])[0]
-        cost = queries.job_cost(session, job_id)
-        console.print(
-            f"[bold]{job_id}[/bold] {summary['status']}: accuracy {pct(summary['accuracy'])}, wall time "
-            f"{duration(summary['wall_time_s'])}, cost {money(summary['cost_usd'])} (workers "
-            f"{money(cost.get('worker'))}, ps {money(cost.get('ps'))}, chief {money(cost.get('chief'))}), "
-            f"revocations {summary['revocations']}, replacements {summary['replacements']}, "
-            f"restarts {summary['restarts']}")
-        console.print(f"[dim]{summary['status_reason'] or ''}[/dim]")
+        console.print(finished_line(summary, queries.job_cost(session, job_id)), highlight=False, markup=False,
+                      soft_wrap=True)
+
+
+_ROLES = (("worker", "workers"), ("ps", "ps"), ("chief", "chief"))
+
+
+def finished_line(summary: dict[str, Any], cost: dict[str, float]) -> str:
+    """One line on how a job ended: why (unless it succeeded) and what it cost, by the roles it had.
+
+    Only what is known is said: no accuracy before an evaluation, no wall time before a start, no role
+    that never had an instance; a job that never started says so instead of printing empty fields.
+    """
+    status = str(summary["status"])
+    reason = " ".join(str(summary.get("status_reason") or "").split())[:400]
+    head = f"{summary['job_id']} {status}" + (f" ({reason})" if reason and status != "succeeded" else "")
+    facts = []
+    if summary.get("accuracy") is not None:
+        facts.append(f"accuracy {pct(summary['accuracy'])}")
+    wall = summary.get("wall_time_s")
+    facts.append(f"wall time {duration(wall)}" if wall is not None else "never started training")
+    roles = [f"{label} {money(max(0.0, cost[key]))}" for key, label in _ROLES if key in cost]
+    total = max(0.0, float(summary.get("cost_usd") or 0.0))
+    facts.append(f"cost {money(total)}" + (f" ({', '.join(roles)})" if roles else " (no instance was billed)"))
+    counts = [f"{summary[k]} {k}" for k in ("revocations", "replacements", "restarts") if summary.get(k)]
+    return f"{head}: {', '.join(facts + counts)}"
 
 
 def print_cancel(result: CancelResult) -> None:

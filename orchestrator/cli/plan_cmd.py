@@ -47,7 +47,7 @@ def _row(rank: str, c: Candidate, front: set[int]) -> list[Any]:
         _cost(c),
         pct(c.revocation_risk),
         c.zone or "—",
-        "spot" if c.spot else "on-demand",
+        c.billing,
         "" if c.feasible else "; ".join(c.reasons),
     ]
 

@@ -133,10 +133,16 @@ def job_instances(session: Session, job_id: str) -> list[Instance]:
     return list(session.scalars(select(Instance).where(Instance.job_id == job_id).order_by(Instance.id)))
 
 
+# SQLite's "now" in the instance_costs view is whole seconds (strftime('%s')), so an instance requested in the
+# current second is costed at up to -1 s: each instance's open cost counts from zero, never below.
+_BILLED = "COALESCE(SUM(CASE WHEN usd > 0 THEN usd ELSE 0 END), 0)"
+_NOT_NEGATIVE = ("cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd", "wall_time_s")
+
+
 def job_cost(session: Session, job_id: str) -> dict[str, float]:
     """USD by role, open entries costed to now (the same figures as the ``instance_costs`` view)."""
     rows = session.execute(
-        text("SELECT role, COALESCE(SUM(usd), 0) FROM instance_costs WHERE job_id = :j GROUP BY role"),
+        text(f"SELECT role, {_BILLED} FROM instance_costs WHERE job_id = :j GROUP BY role"),
         {"j": job_id},
     ).all()
     out = {str(r[0]): float(r[1]) for r in rows}
@@ -151,7 +157,12 @@ def job_summaries(session: Session, job_ids: Sequence[str] | None = None) -> lis
         sql += " WHERE job_id IN (" + ", ".join(f":j{i}" for i in range(len(job_ids))) + ")"
         params = {f"j{i}": j for i, j in enumerate(job_ids)}
     sql += " ORDER BY created_at"
-    return [dict(r._mapping) for r in session.execute(text(sql), params)]
+    rows = [dict(r._mapping) for r in session.execute(text(sql), params)]
+    for row in rows:  # an instance requested within the view's whole-second "now" costs nothing yet, not < 0
+        for key in _NOT_NEGATIVE:
+            if row.get(key) is not None and row[key] < 0:
+                row[key] = 0.0
+    return rows
 
 
 def events(session: Session, job_id: str) -> list[Event]:
@@ -213,7 +224,7 @@ def job_costs(session: Session, job_ids: Sequence[str]) -> dict[str, float]:
     if not job_ids:
         return {}
     marks = ", ".join(f":j{i}" for i in range(len(job_ids)))
-    rows = session.execute(text(f"SELECT job_id, COALESCE(SUM(usd), 0) FROM instance_costs WHERE job_id IN ({marks}) "
+    rows = session.execute(text(f"SELECT job_id, {_BILLED} FROM instance_costs WHERE job_id IN ({marks}) "
                                 "GROUP BY job_id"), {f"j{i}": j for i, j in enumerate(job_ids)}).all()
     costs = {j: 0.0 for j in job_ids}
     costs.update({str(r[0]): float(r[1]) for r in rows})

@@ -41,6 +41,10 @@ class WorkerPlan:
         }
 
 
+def _billing(spot: bool) -> str:
+    return "spot" if spot else "on-demand"
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     mode: str
@@ -100,17 +104,33 @@ class Candidate:
         )
 
     @property
+    def billing(self) -> str:
+        """The workers' billing: 'spot', 'on-demand', or 'spot + on-demand' for a cluster that mixes them."""
+        kinds = dict.fromkeys(_billing(w.spot) for w in self.workers)
+        return " + ".join(kinds) or "on-demand"
+
+    @property
     def label(self) -> str:
-        counts: dict[str, int] = {}
+        counts: dict[tuple[str, bool], int] = {}
         for w in self.workers:
             # A multi-GPU machine type names its shape: 2x h100 (a3-highgpu-4g) is 8 H100s.
             multi = load_catalog().gpus_per_instance(w.machine_type) > 1
             shown = f"{w.gpu} ({w.machine_type})" if multi else w.gpu
-            counts[shown] = counts.get(shown, 0) + 1
-        gpus = " + ".join(f"{n}x {g}" for g, n in counts.items())
-        ps = f", {self.ps_count} PS" if self.ps_count else ""
+            counts[(shown, w.spot)] = counts.get((shown, w.spot), 0) + 1
+        roles = [(self.ps_count, "PS", self.ps_spot)] if self.ps_count else []
+        if self.chief_machine_type is not None:
+            roles.append((1, "chief", self.chief_spot))
         where = f", {self.zone}" if self.zone else ""
-        return f"{gpus}{ps}{where}, {'spot' if self.spot else 'on-demand'}"
+        billings = {spot for _, spot in counts} | {spot for _, _, spot in roles}
+        if len(billings) == 1:  # every VM billed alike: say it once
+            gpus = " + ".join(f"{n}x {g}" for (g, _), n in counts.items())
+            cpu = "".join(f", {n} {what}" for n, what, _ in roles if what == "PS")
+            return f"{gpus}{cpu}{where}, {_billing(billings.pop())}"
+        # Mixed billing: each group says its own (a V100 on-demand beside spot K80s is not "spot").
+        gpus = " + ".join(f"{n}x {g} {_billing(spot)}" for (g, spot), n in counts.items())
+        cpu = "".join(f", {n} {what} {_billing(spot)}" if what == "PS" else f", {what} {_billing(spot)}"
+                      for n, what, spot in roles)
+        return f"{gpus}{cpu}{where}"
 
     def describe(self) -> str:
         """One line: the cluster, its batches, predicted time and cost."""
