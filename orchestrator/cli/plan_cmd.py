@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.costmodel import Candidate, PlanResult
@@ -132,10 +134,10 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     try:
         checked = validate_launch(spec_path, calibration=calib)  # the same check as `launch` and its dry run
     except PlanRefused as refused:  # show what the planner saw, then refuse as launch would
-        if json_out:
+        if json_out:  # the plan as JSON, and exit 1: a script reads "chosen" and its "reasons"
             print(json.dumps(refused.result.to_dict(top=top), indent=2))
-        else:
-            _print_plan(load_spec(spec_path).name, refused.result, top)
+            raise typer.Exit(1) from None
+        _print_plan(load_spec(spec_path).name, refused.result, top)
         raise
     if json_out:
         print(json.dumps(checked.result.to_dict(top=top), indent=2))

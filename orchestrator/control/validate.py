@@ -112,7 +112,7 @@ def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) 
     if problems:
         predicted = (f" (predicted {judged.time_s:,.0f} s, {judged.cost_usd:.4f} USD)"
                      if math.isfinite(judged.time_s) and math.isfinite(judged.cost_usd) else "")
-        raise PlanRefused(f"policy: the cluster cannot finish within the policy{predicted}: {'; '.join(problems)}",
+        raise PlanRefused(f"policy: the cluster breaks a constraint{predicted}: {'; '.join(problems)}",
                           hint="raise policy.budget_usd / policy.deadline, use spot or fewer/cheaper GPUs, or "
                                "fewer train_steps (`orchestrator plan` shows the options)", result=result)
 
