@@ -1,15 +1,21 @@
 """Hostile job specs against `orchestrator launch` validation: accepted or refused cleanly, never a
 traceback or a hang, and nothing left behind after a refusal.
 
-    python bench/spec_fuzz.py [--examples 1000] [--subprocess 12] [--seed 0]
+    python bench/spec_fuzz.py [--examples 1000] [--subprocess 12] [--seed 0] [--verbs-every 1]
 
-Hypothesis generates the specs: mutations of examples/*.yaml (and of a command job and an SSH job)
+Two parts. First, the named hostile specs of bench/hostile_specs.py (issue 21's list: gce storage on this
+machine, bad CIDRs, project ids, network and image names with newlines, reserved ports, /proc, inventories
+with .inf prices or no host of the GPU, `!!binary`, a 1e-9 deadline, an unprofiled hparam_set, ...; 337 of
+them) through `plan`, `launch --dry-run` and `launch`, printed as a table per verb: tried, refused cleanly,
+accepted wrongly, tracebacks, hangs, left anything. Every one must be refused by every verb.
+
+Second, generated specs. Hypothesis generates them: mutations of examples/*.yaml (and of a command job and an SSH job)
 with hostile values (inf, nan, 1e-300, true as a count, 10k-char strings, control characters, paths
 such as /dev/null, /etc/passwd, '..'), arbitrary YAML documents, and hostile files (duplicate keys,
 100k-deep nesting, alias bombs, non-UTF-8 bytes, a directory, a FIFO, /dev/null, /etc/passwd as the
-spec). Each runs in-process through what `launch` does before it records a job (load, plan if the
-cluster is not pinned, SSH inventory, budget check; the GCE quota read is left out: it is a network
-call, not validation) under a per-spec alarm; a sample also runs as `orchestrator launch --dry-run` in
+spec). Each runs in-process through the check every verb runs before it records a job
+(control/validate.py: load, inventory, planning, budget and deadline; the GCE quota read is left out: it is
+a network call, not validation) under a per-spec alarm; a sample also runs as `orchestrator launch --dry-run` in
 a subprocess with a timeout. Prints: specs tried, refused cleanly, accepted, tracebacks, hangs, and
 refusals that left a file, folder, process or DB row behind.
 """
@@ -185,13 +191,10 @@ def _tree(root: Path) -> set[str]:
 
 
 def validate_like_launch(path: Path) -> None:
-    """What `orchestrator launch` runs before it records a job (less the GCE quota read, a network call)."""
-    from orchestrator.cli.jobs_cmd import check_budget, resolve_spec
-    from orchestrator.control.launcher import preflight
+    """What `plan`, `launch --dry-run` and `launch` run before anything is created (less the GCE quota read)."""
+    from orchestrator.control.validate import validate_launch
 
-    spec, _, _ = resolve_spec(path)
-    preflight(spec)
-    check_budget(spec)
+    validate_launch(path)
 
 
 def clean_refusal(exc: BaseException) -> str | None:
@@ -318,12 +321,33 @@ def fuzz(examples: int, root: Path, subprocess_every: int = 0, seed: int = 0) ->
     return fuzzer
 
 
+def verbs_table(every: int) -> None:
+    """The named hostile specs through `plan`, `launch --dry-run` and `launch`: the table, then what went wrong."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hostile_specs import HANG_S as VERB_HANG_S
+    from hostile_specs import run_suite
+
+    with tempfile.TemporaryDirectory(prefix="spec-verbs-") as tmp:
+        t0 = time.monotonic()
+        suite = run_suite(Path(tmp), every=every)
+        wall = time.monotonic() - t0
+    print(suite.table())
+    print(f"({wall:.0f} s; every verb in this process, each under a {VERB_HANG_S} s alarm)")
+    for kind, found in suite.samples.items():
+        for s in found:
+            print(f"--- {kind}:\n{s}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=1000)
     ap.add_argument("--subprocess", type=int, default=12, help="also run this many specs as a subprocess")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verbs-every", type=int, default=1, help="run every N-th named hostile spec through the "
+                    "three verbs (1: all of them; 0: none)")
     args = ap.parse_args()
+    if args.verbs_every:
+        verbs_table(args.verbs_every)
     with tempfile.TemporaryDirectory(prefix="spec-fuzz-") as tmp:
         t0 = time.monotonic()
         every = max(1, args.examples // args.subprocess) if args.subprocess else 0

@@ -99,3 +99,35 @@ def test_fatal_code_second_time_records_the_log_tail_and_fails() -> None:
     second = reconcile(job(cluster, fatal_exits=1), obs, NOW)
     assert isinstance(second[0], RecordLogTail) and second[0].name == cluster[1].name
     assert isinstance(second[1], SetJobStatus) and second[1].outcome == JobStatus.FAILED
+
+
+def test_launch_of_a_failing_job_exits_1_and_its_summary_says_why_and_what_it_cost(tmp_path: Path) -> None:
+    from e2e_helpers import cli
+
+    spec = tmp_path / "fails.yaml"
+    spec.write_text(local_spec("fails", tmp_path / "runs", "echo 'bad input: no data' >&2; exit 2"))
+    out = cli("launch", str(spec), "--quiet", env={"ORCHESTRATOR_HOME": str(tmp_path / "home"),
+                                                   "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/o.db"}, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]  # LAUNCH_FAILED (core/exits.py)
+    summary = next(line for line in out.stdout.splitlines() if line.startswith("fails-") and " failed" in line)
+    assert "failed (" in summary and "cost $" in summary and "(workers $" in summary, summary
+    assert "ps " not in summary and "chief" not in summary, summary  # roles that never existed are not listed
+    assert ", ," not in summary and " ," not in summary and "()" not in summary and "$-" not in summary, summary
+    assert "Traceback" not in out.stdout + out.stderr
+    wait_until(lambda: processes_under(tmp_path) == [], timeout=10)
+
+
+def test_a_finished_line_has_no_empty_field_and_no_negative_amount() -> None:
+    from orchestrator.cli.launch_view import finished_line
+
+    never = {"job_id": "g-1", "status": "failed", "status_reason": "no credentials: set GOOGLE_APPLICATION_CREDENTIALS",
+             "accuracy": None, "wall_time_s": None, "cost_usd": -0.0007, "revocations": 0, "replacements": 0,
+             "restarts": 0}
+    line = finished_line(never, {"total": 0.0})
+    assert line == ("g-1 failed (no credentials: set GOOGLE_APPLICATION_CREDENTIALS): never started training, "
+                    "cost $0.0000 (no instance was billed)"), line
+    torch = {**never, "status": "succeeded", "status_reason": "done", "accuracy": 0.91, "wall_time_s": 150.0,
+             "cost_usd": 0.1755, "revocations": 1}
+    line = finished_line(torch, {"worker": 0.1755, "total": 0.1755})
+    assert line == ("g-1 succeeded: accuracy 91.0%, wall time 2.5m, cost $0.1755 (workers $0.1755), "
+                    "1 revocations"), line
