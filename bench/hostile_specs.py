@@ -84,7 +84,7 @@ def _dump(doc: Any) -> str:
 
 GENERIC: list[tuple[str, Any]] = [
     ("name", "Bad Name"), ("name", "x\ny"), ("name", ""), ("name", "a" * 40), ("name", "-x"),
-    ("storage", "/proc"), ("storage", "/proc/self/cwd/../../proc"), ("storage", "/sys/kernel"), ("storage", "/dev"),
+    ("storage", "/proc"), ("storage", "/dev/shm/../../proc/self"), ("storage", "/sys/kernel"), ("storage", "/dev"),
     ("storage", "/dev/null"), ("storage", "/etc/passwd"), ("storage", "runs\nx"), ("storage", "s3://bucket/x"),
     ("storage", "gs://"), ("storage", "gs://B"), ("storage", "\x00"), ("storage", "/etc/passwd/runs"),
     ("policy.deadline", 1e-9), ("policy.deadline", 0), ("policy.deadline", -1), ("policy.deadline", "5s"),
@@ -103,7 +103,7 @@ RAW_GENERIC = [  # YAML a safe reader must refuse, spliced in place of a line of
 GCE: list[tuple[str, Any]] = [
     ("storage", "./runs"), ("storage", "/tmp/fz-runs"), ("storage", "runs"), ("storage", "~/runs"),
     ("provider.ssh_source_ranges", ["999.999.999.999/99"]), ("provider.ssh_source_ranges", ["10.0.0.1/8"]),
-    ("provider.ssh_source_ranges", ["1.2.3.4"]), ("provider.ssh_source_ranges", ["0.0.0.0/33"]),
+    ("provider.ssh_source_ranges", ["1.2.3.4/24"]), ("provider.ssh_source_ranges", ["0.0.0.0/33"]),
     ("provider.ssh_source_ranges", ["abc"]), ("provider.ssh_source_ranges", ["10.0.0.0/8\n"]),
     ("provider.ssh_source_ranges", ["::1/129"]), ("provider.ssh_source_ranges", ["10.0.0.0/8 1.2.3.4/32"]),
     ("provider.project", "../../x/y/zz"), ("provider.project", "My-Project"), ("provider.project", "p"),
@@ -124,6 +124,11 @@ GCE: list[tuple[str, Any]] = [
     ("provider.python", "python3\nrm -rf /"), ("provider.termination_action", "KILL"),
     ("policy.deadline", "5m"),  # below any GPU VM's boot and a step: plan, the dry run and launch all refuse
 ]
+FLEX_5M = {**BASES["gce"], "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
+                                        "train_steps": 64000},
+           "cluster": {"workers": [{"gpu": "h100", "machine_type": "a3-highgpu-1g", "count": 1,
+                                    "provisioning": "flex_start", "zone": "us-central1-a"}]},
+           "policy": {"deadline": "5m"}}
 LOCAL = [("provider.base_port", 22), ("provider.base_port", 80), ("provider.time_scale", 1e-300),
          ("training.data_dir", "a\nb"), ("training.data_dir", "/tmp/x\r"), ("training.hparam_set", "nope")]
 COMMAND = [("training.files", ["../../etc/passwd"]), ("training.files", ["/etc/passwd"]),
@@ -164,7 +169,7 @@ INVENTORIES = [  # hosts.yaml content for the ssh base
 
 
 def cases() -> Iterator[Case]:
-    """Every named hostile case (at least 220)."""
+    """Every named hostile case (at least 220; 338 today)."""
     targets = {"local": GENERIC + LOCAL, "command": GENERIC + COMMAND, "run": GENERIC + RUN,
                "ssh": GENERIC + SSH, "gce": GENERIC + GCE}
     for base, mutations in targets.items():
@@ -175,6 +180,7 @@ def cases() -> Iterator[Case]:
         for key, line in RAW_GENERIC:
             lines = [line if ln.startswith(f"{key}:") else ln for ln in _dump(BASES[base]).splitlines()]
             yield Case(f"{base}: {line!r:.60}", base, "\n".join(lines) + "\n")
+    yield Case("gce: a 5-minute flex-start (policy.deadline 5m)", "gce", _dump(FLEX_5M))
     for what, inventory in INVENTORIES:
         yield Case(f"ssh inventory: {what}", "ssh", _dump(BASES["ssh"]), inventory)
 

@@ -5,7 +5,7 @@ traceback or a hang, and nothing left behind after a refusal.
 
 Two parts. First, the named hostile specs of bench/hostile_specs.py (issue 21's list: gce storage on this
 machine, bad CIDRs, project ids, network and image names with newlines, reserved ports, /proc, inventories
-with .inf prices or no host of the GPU, `!!binary`, a 1e-9 deadline, an unprofiled hparam_set, ...; 337 of
+with .inf prices or no host of the GPU, `!!binary`, a 1e-9 deadline, an unprofiled hparam_set, ...; 338 of
 them) through `plan`, `launch --dry-run` and `launch`, printed as a table per verb: tried, refused cleanly,
 accepted wrongly, tracebacks, hangs, left anything. Every one must be refused by every verb.
 
