@@ -29,7 +29,7 @@ def _bench(name: str = "spec_fuzz") -> ModuleType:
 def test_named_hostile_specs_are_refused_by_plan_dry_run_and_launch(tmp_path: Path) -> None:
     hostile = _bench("hostile_specs")
     assert len(list(hostile.cases())) >= 220
-    suite = hostile.run_suite(tmp_path, every=23)  # 15 of the 337; the bench runs them all
+    suite = hostile.run_suite(tmp_path, every=40)  # 9 of the 338; the bench runs them all
     print(suite.table())
     for kind in ("tracebacks", "hangs", "accepted wrongly", "left anything", "valid spec refused"):
         assert not suite.samples.get(kind), "\n---\n".join(suite.samples[kind])
