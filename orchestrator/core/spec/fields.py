@@ -21,8 +21,9 @@ PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
 _RESOURCE = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
 _API_PREFIX = r"(?:https://(?:www|compute)\.googleapis\.com/compute/(?:v1|beta|alpha)/)?"
 _PROJECT_RE = re.compile(PROJECT_ID)
-# a name, family/NAME, [projects/P/]global/images/[family/]NAME (and the same as a full API URL)
-_IMAGE_RE = re.compile(rf"{_API_PREFIX}(?:(?:projects/{PROJECT_ID}/)?global/images/)?(?:family/)?{_RESOURCE}")
+# a name, family/NAME, images/[family/]NAME, [projects/P/]global/images/[family/]NAME (and as a full API URL)
+_IMAGE_RE = re.compile(
+    rf"{_API_PREFIX}(?:(?:projects/{PROJECT_ID}/)?global/images/|images/)?(?:family/)?{_RESOURCE}")
 # a name, or [projects/P/]global/networks/NAME (and the same as a full API URL)
 _NETWORK_RE = re.compile(rf"{_API_PREFIX}(?:(?:projects/{PROJECT_ID}/)?global/networks/)?{_RESOURCE}")
 # Ports a task must not take: ssh (the controller's way in) and the privileged ones (< 1024) a task user cannot
@@ -39,7 +40,7 @@ def _project(v: str) -> str:
 
 def _image(v: str) -> str:
     if not _IMAGE_RE.fullmatch(v):
-        raise ValueError(f"'{short(v)}' is not a GCE image; use NAME, family/NAME or "
+        raise ValueError(f"'{short(v)}' is not a GCE image; use NAME, images/family/NAME or "
                          "projects/PROJECT/global/images/(family/)NAME with lowercase names (RFC 1035)")
     return v
 
