@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def search_spec(**over: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": "plan-test",
+        "storage": "gs://plan-test-bucket/runs",  # a gce job's VMs cannot reach a folder of this machine
         "provider": {
             "kind": "gce",
             "project": "test-project",
