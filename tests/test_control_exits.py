@@ -110,7 +110,8 @@ def test_launch_of_a_failing_job_exits_1_and_its_summary_says_why_and_what_it_co
                                                    "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/o.db"}, timeout=300)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]  # LAUNCH_FAILED (core/exits.py)
     summary = next(line for line in out.stdout.splitlines() if line.startswith("fails-") and " failed" in line)
-    assert "failed (" in summary and "cost $" in summary and "(workers $" in summary, summary
+    assert "failed (the worker-0 task exited with code 2" in summary, summary  # why, not "every instance deleted"
+    assert "cost $" in summary and "(workers $" in summary, summary
     assert "ps " not in summary and "chief" not in summary, summary  # roles that never existed are not listed
     assert ", ," not in summary and " ," not in summary and "()" not in summary and "$-" not in summary, summary
     assert "Traceback" not in out.stdout + out.stderr
@@ -130,4 +131,4 @@ def test_a_finished_line_has_no_empty_field_and_no_negative_amount() -> None:
              "cost_usd": 0.1755, "revocations": 1}
     line = finished_line(torch, {"worker": 0.1755, "total": 0.1755})
     assert line == ("g-1 succeeded: accuracy 91.0%, wall time 2.5m, cost $0.1755 (workers $0.1755), "
-                    "1 revocations"), line
+                    "revocations 1"), line

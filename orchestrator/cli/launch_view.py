@@ -55,6 +55,7 @@ class ConsoleReporter:
 
     def finished(self, session: Session, job_id: str) -> None:
         summary = queries.job_summaries(session, [job_id])[0]
+        summary["status_reason"] = queries.outcome_reason(session, job_id) or summary["status_reason"]
         console.print(finished_line(summary, queries.job_cost(session, job_id)), highlight=False, markup=False,
                       soft_wrap=True)
 
@@ -79,7 +80,7 @@ def finished_line(summary: dict[str, Any], cost: dict[str, float]) -> str:
     roles = [f"{label} {money(max(0.0, cost[key]))}" for key, label in _ROLES if key in cost]
     total = max(0.0, float(summary.get("cost_usd") or 0.0))
     facts.append(f"cost {money(total)}" + (f" ({', '.join(roles)})" if roles else " (no instance was billed)"))
-    counts = [f"{summary[k]} {k}" for k in ("revocations", "replacements", "restarts") if summary.get(k)]
+    counts = [f"{k} {summary[k]}" for k in ("revocations", "replacements", "restarts") if summary.get(k)]
     return f"{head}: {', '.join(facts + counts)}"
 
 

@@ -165,6 +165,14 @@ def job_summaries(session: Session, job_ids: Sequence[str] | None = None) -> lis
     return rows
 
 
+def outcome_reason(session: Session, job_id: str) -> str | None:
+    """Why the job ended as it did: the reason it was sent to tear down (a job's last transition only says
+    "every instance deleted"); None before that."""
+    return session.scalar(select(Event.reason).where(Event.job_id == job_id, Event.entity == "job",
+                                                     Event.to_status == "tearing_down")
+                          .order_by(Event.at.desc(), Event.id.desc()).limit(1))
+
+
 def events(session: Session, job_id: str) -> list[Event]:
     return list(session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.at, Event.id)))
 
