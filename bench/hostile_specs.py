@@ -103,7 +103,8 @@ RAW_GENERIC = [  # YAML a safe reader must refuse, spliced in place of a line of
 GCE: list[tuple[str, Any]] = [
     ("storage", "./runs"), ("storage", "/tmp/fz-runs"), ("storage", "runs"), ("storage", "~/runs"),
     ("provider.ssh_source_ranges", ["999.999.999.999/99"]), ("provider.ssh_source_ranges", ["10.0.0.1/8"]),
-    ("provider.ssh_source_ranges", ["1.2.3.4/24"]), ("provider.ssh_source_ranges", ["0.0.0.0/33"]),
+    ("provider.ssh_source_ranges", ["1.2.3.4/24"]), ("provider.ssh_source_ranges", ["0.0.0.0"]),
+    ("provider.ssh_source_ranges", ["0.0.0.0/33"]),
     ("provider.ssh_source_ranges", ["abc"]), ("provider.ssh_source_ranges", ["10.0.0.0/8\n"]),
     ("provider.ssh_source_ranges", ["::1/129"]), ("provider.ssh_source_ranges", ["10.0.0.0/8 1.2.3.4/32"]),
     ("provider.project", "../../x/y/zz"), ("provider.project", "My-Project"), ("provider.project", "p"),

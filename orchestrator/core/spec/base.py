@@ -86,8 +86,8 @@ class StrictModel(BaseModel):
                 values = v if isinstance(v, list) else [v]
                 if isinstance(name, str) and name in cls.model_fields and any(
                         isinstance(x, str) and _CONTROL.search(x) for x in values):
-                    raise FieldValueError(name, "control characters (newline, tab, NUL, escape ...) are not "
-                                                "allowed here; give the value on one line")
+                    raise FieldValueError(name, f"control characters (newline, tab, NUL, escape ...) are not "
+                                                f"allowed in {name}; give the value on one line")
         return data
 
     @model_validator(mode="before")

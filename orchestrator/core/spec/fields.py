@@ -54,9 +54,12 @@ def _network(v: str) -> str:
 
 def _cidr(v: str) -> str:
     try:
+        if "/" not in v:  # "0.0.0.0" may mean one address or everyone (/0): the prefix length is not guessed
+            raise ValueError(v)
         net = ipaddress.ip_network(v, strict=True)
     except ValueError:
-        raise ValueError(f"'{short(v)}' is not a CIDR range; use e.g. 203.0.113.7/32 (host bits zero)") from None
+        raise ValueError(f"'{short(v)}' is not a CIDR range; use ADDRESS/PREFIX with the host bits zero, "
+                         "e.g. 203.0.113.7/32") from None
     return str(net)
 
 
