@@ -123,8 +123,8 @@ GCE: list[tuple[str, Any]] = [
     ("provider.task_port", True), ("provider.ssh_user", "root\nx"), ("provider.ssh_user", "a b"),
     ("provider.ssh_user", "a:b"), ("provider.zones", ["us-central1-z"]), ("provider.zones", ["../x"]),
     ("provider.python", "python3\nrm -rf /"), ("provider.termination_action", "KILL"),
-    ("policy.deadline", "5m"),  # below any GPU VM's boot and a step: plan, the dry run and launch all refuse
 ]
+# A 5-minute flex-start of a real job: past its deadline by the cost model (plan, the dry run and launch alike).
 FLEX_5M = {**BASES["gce"], "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
                                         "train_steps": 64000},
            "cluster": {"workers": [{"gpu": "h100", "machine_type": "a3-highgpu-1g", "count": 1,
