@@ -33,6 +33,9 @@ class BuiltinTraining(StrictModel):
     checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
     eval_every: int = Field(default=0, ge=0, le=10_000_000)
     log_every: int = Field(default=10, gt=0, le=10_000_000)
+    # pytorch: every N steps each rank times its own compute and the ranks re-split the global batch until
+    # they finish within 5% of each other (jobs/torchjob/rebalance.py); 0 keeps the planned split.
+    resplit_every: int = Field(default=20, ge=0, le=1_000_000)
 
     @model_validator(mode="before")
     @classmethod
