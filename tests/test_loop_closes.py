@@ -99,3 +99,23 @@ def test_calibrate_from_db_fits_a_tf_and_a_pytorch_job_apart(tmp_path: Path) -> 
     text = " ".join(out.stdout.split())
     assert "v100/tf1-graph" in text and "v100/pytorch-eager+torchjob" in text, text
     assert "job mixed-2 left out" in text, text
+
+
+def test_a_finished_real_job_refines_the_next_plans_calibration_and_an_emulated_one_is_kept_apart() -> None:
+    from orchestrator.control.calibration_fold import fold_finished_job
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    with open_session() as session:
+        session.add_all([_job("pt-3", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}),
+                         _job("emu-3", "local", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"})])
+        session.flush()
+        session.add_all([_worker("pt-3", "v100", 128, 0.05, "pytorch-eager+torchjob", 1.0, compute_s=0.04),
+                         _worker("emu-3", "v100", 48, 0.2, "pytorch-eager+torchjob", 2.0, compute_s=0.1)])
+        session.commit()
+        real, emulated = (session.get(Job, "pt-3"), session.get(Job, "emu-3"))
+        assert real is not None and emulated is not None
+        said = fold_finished_job(session, real)
+        assert said.startswith("calibration ") and "refined on 1 measured" in said, said
+        assert "emulated GPUs" in fold_finished_job(session, emulated)
+        rows = session.query(CalibrationRow).all()
+        assert len(rows) == 1 and json.loads(rows[0].params)["name"].startswith("auto after pt-3")

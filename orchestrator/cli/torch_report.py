@@ -62,9 +62,9 @@ def resplits(session: Session, job_id: str) -> list[dict[str, Any]]:
 def worker_batches(session: Session, job_id: str) -> dict[str, dict[str, int | None]]:
     """Per worker slot: the batch the planner gave it, and the batch it last reported running (elastic shrink /
     grow and re-splits move it)."""
-    planned = {int(i): int(b) for i, b in session.execute(select(Instance.slot_index, Instance.batch).where(
+    planned = {int(i): int(b or 0) for i, b in session.execute(select(Instance.slot_index, Instance.batch).where(
         Instance.job_id == job_id, Instance.role == "worker", Instance.batch.is_not(None))).all()}
-    reported = {int(w): int(b) for w, b in session.execute(select(Metric.worker, Metric.batch).where(
+    reported = {int(w): int(b or 0) for w, b in session.execute(select(Metric.worker, Metric.batch).where(
         Metric.job_id == job_id, Metric.kind == "worker", Metric.batch.is_not(None)).order_by(Metric.at)).all()}
     return {str(w): {"planned": planned.get(w), "reported": reported.get(w)}
             for w in sorted(set(planned) | set(reported))}

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.control import operations, torch_task
+from orchestrator.control.calibration_fold import fold_finished_job
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.core import task as task_schema
 from orchestrator.core.actions import (
@@ -29,7 +30,7 @@ from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, Provi
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
-from orchestrator.core.status import EndReason, InstanceStatus
+from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.core.task import TaskConfig, TrainingSection
 from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.store import queries
@@ -75,6 +76,8 @@ def _one(ctx: JobContext, action: Action) -> None:
                 ctx.job.outcome = outcome.value
             queries.switch_status(s, ctx.job, status, reason)
             s.commit()
+            if status == JobStatus.SUCCEEDED:
+                _fold(ctx)
         case SetInstanceStatus(name=name, status=status, reason=reason, end_reason=end_reason):
             inst = instance_row(ctx, name)
             if end_reason is not None and inst.end_reason is None:
@@ -94,6 +97,16 @@ def _one(ctx: JobContext, action: Action) -> None:
             _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
             operations.delete(ctx, name, reason, end_reason)
+
+
+def _fold(ctx: JobContext) -> None:
+    """The finished job's step times refine the next plan's calibration; a failed fold never fails the job."""
+    try:
+        fold_finished_job(ctx.session, ctx.job)
+    except Exception as exc:  # noqa: BLE001 - a calibration problem is a note, never a failed pass
+        ctx.session.rollback()
+        queries.note(ctx.session, ctx.job.id, "calibration", f"calibration not refined: {exc}"[:500])
+        ctx.session.commit()
 
 
 def _prepare(ctx: JobContext, name: str) -> None:

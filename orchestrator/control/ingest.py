@@ -51,7 +51,8 @@ def _label(value: Any, what: str, longest: int = 40) -> str | None:
     """A runtime / precision label as the payload reported it: a short plain token, or None."""
     if value is None:
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= longest or not all(c.isalnum() or c in "+-_." for c in value):
+    if not isinstance(value, str) or not 0 < len(value) <= longest or not all(c.isalnum() or c in "+-_."
+                                                                               for c in value):
         raise BadPayloadOutput(f"{what} is {_short(value)}, not a short label")
     return value
 
