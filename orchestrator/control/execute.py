@@ -29,6 +29,7 @@ from orchestrator.core.actions import (
 from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
+from orchestrator.core.slots import DEFAULT_BATCH
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.core.task import TaskConfig, TrainingSection
@@ -259,7 +260,7 @@ def cluster_addresses(ctx: JobContext) -> dict[str, list[str]]:
 def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     spec = ctx.spec
     training = spec.training
-    batches = tuple(s.batch or 128 for s in ctx.slots if s.role == Role.WORKER)
+    batches = tuple(s.batch or DEFAULT_BATCH for s in ctx.slots if s.role == Role.WORKER)
     storage = ctx.storage.local_path()
     local = spec.provider.as_local()
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
@@ -275,6 +276,7 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
             data_dir=training.data_dir if isinstance(training, BuiltinTraining) else None,
             train_steps=training.train_steps, batch_per_worker=batches, checkpoint_every=training.checkpoint_every,
             eval_every=training.eval_every, log_every=training.log_every, seed=local.seed if local else 0),
-        step_sleep_s=ctx.emulation_sleep(inst.gpu, inst.batch or 128) if inst.role == Role.WORKER.value else 0.0,
+        step_sleep_s=(ctx.emulation_sleep(inst.gpu, inst.batch or DEFAULT_BATCH) if inst.role == Role.WORKER.value
+                      else 0.0),
         gpu=inst.gpu if torch is not None else None, torch=torch,
     )

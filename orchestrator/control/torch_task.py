@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.instances import Role
-from orchestrator.core.slots import Slot
+from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.status import EndReason
 from orchestrator.core.task import TorchSection
@@ -60,7 +60,7 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
     address = host.host if host is not None and host.host else "127.0.0.1"
     port = host.port if host is not None and host.port else 29500
     workers = [s for s in slots if s.role == Role.WORKER]
-    planned = inst.batch or 128
+    planned = inst.batch or DEFAULT_BATCH
     points = sorted({1, max(1, planned // 2), planned, planned * 2, global_batch})
     training = spec.training
     run, setup = argv(getattr(training, "run", None)), argv(getattr(training, "setup", None))
