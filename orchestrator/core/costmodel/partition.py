@@ -194,11 +194,11 @@ class Partitioner:
                 best[k][jj], arg[k][jj] = val[m], ii[m]
         if not math.isfinite(best[stages - 1][n - 1]):
             return None
-        starts, jj = [], n - 1
+        starts, end = [], n - 1
         for k in range(stages - 1, -1, -1):
-            ii = int(arg[k][jj]) if k > 0 else 0
-            starts.append(int(bounds[ii]))
-            jj = ii
+            begin = int(arg[k][end]) if k > 0 else 0
+            starts.append(int(bounds[begin]))
+            end = begin
         return self._describe(devices, tuple(reversed(starts)), micro, micro_n)
 
     def _memory(self, c: _Costs, i: np.ndarray | int, j: int, in_flight: int, micro: float) -> np.ndarray:

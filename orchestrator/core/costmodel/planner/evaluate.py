@@ -188,7 +188,8 @@ class Evaluator:
         reasons: list[str] = [err] if err else []
         workers = self._worker_plans(layout, machines, owner, batches, est, reasons)
         hourly = sum([w.price_per_hour for w in workers] + self._cpu_prices(layout, reasons))
-        rate, bottleneck, strategy, strategies = est.steps_per_s, est.bottleneck, DATA, ()
+        rate, bottleneck, strategy = est.steps_per_s, est.bottleneck, DATA
+        strategies: tuple[Strategy, ...] = ()
         if self._weighs(layout, err):
             gpus, gpu_machines = [slots[i].gpu for i in owner], [machines[i] for i in owner]
             picked, weighed = self._strategies(gpus, gpu_machines, batches, rate, err, hourly, slots)
