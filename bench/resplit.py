@@ -82,8 +82,8 @@ def main() -> None:
         settled = {int(k): v["reported"] for k, v in results["re-split"]["batches"].items()}
         # Per-group batches take effect without training.global_batch (which the planner would split itself).
         training = {k: v for k, v in static["training"].items() if k != "global_batch"}
-        pinned = {**static, "training": training,
-                  "cluster": {"workers": [{**g, "batch": settled[i]} for i, g in enumerate(base["cluster"]["workers"])]}}
+        groups = [{**g, "batch": settled[i]} for i, g in enumerate(base["cluster"]["workers"])]
+        pinned = {**static, "training": training, "cluster": {"workers": groups}}
         results["static, best after slowdown"] = run(pinned, Path(tmp) / "best", args.slow_at)
     print(f"{EXAMPLE.name}: {args.steps} steps, worker 0 (V100) slows {args.factor:g}x at step {args.slow_at}; "
           f"global batch {base['training']['global_batch']}")
