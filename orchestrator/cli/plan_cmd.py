@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
-from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.cli.render import console, duration, err_console, money, pct, table
 from orchestrator.core.costmodel import Candidate, PlanResult
 from orchestrator.core.spec import load_spec
 
@@ -139,7 +139,7 @@ def _print_strategies(c: Candidate) -> None:
 
 def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
     """Check the spec as `launch` does, plan, print the chosen cluster and the runner-ups (or JSON)."""
-    from orchestrator.control.validate import PlanRefused, validate_launch  # lazy: the control layer
+    from orchestrator.control.validate import NotLaunchable, PlanRefused, validate_launch  # lazy: the control layer
 
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     if calib is not None and calib.emulated and not load_spec(spec_path).provider.emulates_gpus:
@@ -148,16 +148,24 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
         calib = None
     try:
         checked = validate_launch(spec_path, calibration=calib)  # the same check as `launch` and its dry run
+    except NotLaunchable as refused:  # a plan-only spec (a pipeline model): the plan, and why launch refuses it
+        _print_result(load_spec(spec_path).name, refused.result, top, json_out)
+        err_console.print(f"note: `orchestrator launch` refuses this spec: {escape(refused.message)}", soft_wrap=True)
+        return
     except PlanRefused as refused:  # show what the planner saw, then refuse as launch would
         if json_out:  # the plan as JSON, and exit 1: a script reads "chosen" and its "reasons"
             print(json.dumps(refused.result.to_dict(top=top), indent=2))
             raise typer.Exit(1) from None
         _print_plan(load_spec(spec_path).name, refused.result, top)
         raise
+    _print_result(checked.spec.name, checked.result, top, json_out)
+
+
+def _print_result(name: str, result: PlanResult, top: int, json_out: bool) -> None:
     if json_out:
-        print(json.dumps(checked.result.to_dict(top=top), indent=2))
-        return
-    _print_plan(checked.spec.name, checked.result, top)
+        print(json.dumps(result.to_dict(top=top), indent=2))
+    else:
+        _print_plan(name, result, top)
 
 
 def _print_plan(name: str, result: PlanResult, top: int) -> None:

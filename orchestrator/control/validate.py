@@ -41,6 +41,11 @@ class PlanRefused(UserError):
         self.result = result
 
 
+class NotLaunchable(PlanRefused):
+    """The cost model's plan stands, but this build cannot run it (a model only a pipeline places: jobs run data
+    parallel): `launch` and its dry run refuse; `plan` prints the plan and this refusal as a note."""
+
+
 @dataclass(frozen=True)
 class ValidatedLaunch:
     """A spec every verb may act on: the cluster to run, as the planner judged it."""
@@ -92,7 +97,10 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     else:
         judged = result.chosen
     _within_policy(spec, judged, result)
-    plan = plan_spec(spec, blocks=blocks)
+    try:
+        plan = plan_spec(spec, blocks=blocks)
+    except UserError as exc:
+        raise NotLaunchable(exc.message, hint=exc.hint or "", result=result) from None
     if inventory_hosts is not None:
         _hosts_for(plan, inventory_hosts)
     return ValidatedLaunch(spec, result, plan, blocks, searched)
