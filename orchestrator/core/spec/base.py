@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+from pathlib import PurePath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -75,20 +76,17 @@ class StrictModel(BaseModel):
     # No inf/nan anywhere; no string of a novel's length in any field.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=10_000)
 
-    @model_validator(mode="before")
+    @field_validator("*", mode="after")
     @classmethod
-    def _no_control_characters(cls, data: Any) -> Any:
+    def _no_control_characters(cls, v: Any) -> Any:
         # Every string of the spec reaches a command line, a path, a request or an instance name: a newline in
-        # `network` or `data_dir` would start a new line there (13 restarts a minute). Commands and env values
-        # have their own, stricter checks.
-        if isinstance(data, dict):
-            for name, v in data.items():
-                values = v if isinstance(v, list) else [v]
-                if isinstance(name, str) and name in cls.model_fields and any(
-                        isinstance(x, str) and _CONTROL.search(x) for x in values):
-                    raise FieldValueError(name, f"control characters (newline, tab, NUL, escape ...) are not "
-                                                f"allowed in {name}; give the value on one line")
-        return data
+        # `network` or `data_dir` would start a new line there (13 restarts a minute). Per field, so every
+        # other field is still checked and reported.
+        values = v if isinstance(v, list | tuple) else [v]
+        if any(isinstance(x, str | PurePath) and _CONTROL.search(str(x)) for x in values):
+            raise ValueError("control characters (newline, tab, NUL, escape ...) are not allowed; give the value "
+                             "on one line")
+        return v
 
     @model_validator(mode="before")
     @classmethod

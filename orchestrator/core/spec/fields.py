@@ -33,8 +33,8 @@ MIN_TASK_PORT = 1024
 
 def _project(v: str) -> str:
     if not _PROJECT_RE.fullmatch(v):
-        raise ValueError(f"'{short(v)}' is not a GCE project id; use 6-30 lowercase letters, digits and '-', "
-                         "starting with a letter and not ending with '-' (the ID, not the project's display name)")
+        raise ValueError(f"'{short(v)}' is not a GCE project id; use 6-30 lowercase letters, digits and hyphens, "
+                         "starting with a letter and not ending with a hyphen (the ID, not the display name)")
     return v
 
 
