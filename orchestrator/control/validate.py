@@ -79,7 +79,7 @@ def validate_launch(spec_path: Path, calibration: Calibration | None = None) -> 
 
 def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaunch:
     spec = load_spec(spec_path)
-    _storage_reachable(spec)
+    _storage_reachable(spec, short(str(spec_path), 200))
     inventory_hosts = _inventory_gpus(spec)  # the inventory's content, before any planning
     # PROVIDER SET-UP (issue 20 item 5): the provider's check_setup() capability (credentials, project,
     # permissions) is called here, so every verb refuses a provider that cannot work before anything exists.
@@ -125,13 +125,13 @@ def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) 
                                "fewer train_steps (`orchestrator plan` shows the options)", result=result)
 
 
-def _storage_reachable(spec: JobSpec) -> None:
+def _storage_reachable(spec: JobSpec, source: str) -> None:
     """A cloud's VMs write checkpoints and metrics to storage: a folder of this machine is out of their reach,
     except for the Compute API emulator's "VMs", which are processes of this machine."""
     gce = spec.provider.as_gce()
     if gce is not None and not spec.storage.startswith("gs://") and not _loopback(gce.api_endpoint):
         raise SpecError([FieldError(path="storage", message=f"'{short(spec.storage)}' is a folder of this machine, "
-                                    "which GCE VMs cannot reach; use gs://bucket/prefix")])
+                                    "which GCE VMs cannot reach; use gs://bucket/prefix")], source)
 
 
 def _loopback(url: str | None) -> bool:
