@@ -7,6 +7,7 @@ user sees every problem at once, each at its field path.
 from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, CatalogError, Gpu, PriceBook
+from orchestrator.core.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
 from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
 from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
 from orchestrator.core.spec.job import Cluster, JobSpec, WorkerGroup
@@ -127,6 +128,7 @@ class _CatalogCheck:
             self._zone_known(f"{path}.zone", zone)
             if self._machine_ok(f"{path}.machine_type", machine):
                 self._priced(f"{path}.machine_type", machine, None, spot)
+                self._gce_rules(path, machine, None, SPOT if spot else STANDARD)
 
     def _worker_group(self, path: str, group: WorkerGroup) -> None:
         if self._unknown_gpu(f"{path}.gpu", group.gpu):
@@ -144,10 +146,33 @@ class _CatalogCheck:
         if group.provisioning == "flex_start" and (not self.cloud or flex_start_message(machine)):
             self._error(f"{path}.provisioning",
                         flex_start_message(machine) or "provisioning: flex_start needs provider kind: gce")
+        model = FLEX_START if group.provisioning == "flex_start" else SPOT if group.spot else STANDARD
+        self._gce_rules(path, machine, gpu.key, model)
         self._zone_known(f"{path}.zone", group.zone)
         self._worker_zone_offers(path, group, gpu)
         self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
         self._batch_fits(path, group, gpu)
+
+    def _gce_rules(self, path: str, machine: str, gpu: str | None, model: str) -> None:
+        """Google's provisioning rules (data/gce_rules.csv) and image routes (data/gce_images.csv): what
+        GCE would refuse, or would create but could not train on, is refused here."""
+        gce = self.spec.provider.as_gce()
+        if gce is None:
+            return
+        rules = load_gce_rules()
+        if (wrong := rules.provisioning_message(machine, model)) is not None:
+            self._error(f"{path}.provisioning" if model == FLEX_START else f"{path}.spot", wrong)
+        if gce.boot_disk_type and (wrong := rules.disk_message(machine, gce.boot_disk_type)):
+            self._error("provider.boot_disk_type", wrong)
+        image = gce.image or rules.default_image(gpu)
+        if (wrong := rules.image_message(image, gce.project, gpu, gce.gpu_driver == "installer")) is not None:
+            self._error("provider.image", wrong)
+        deadline = self.spec.policy.deadline
+        if model == FLEX_START and deadline is not None and deadline < rules.flex_min_run_s:
+            self._error("policy.deadline",
+                        f"a Flex-start VM runs at least {rules.flex_min_run_s / 60:g} minutes, the deadline is "
+                        f"{deadline / 60:g}; raise policy.deadline to {rules.flex_min_run_s / 60:g}m or more, "
+                        "or drop provisioning: flex_start")
 
     def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
         """The group's zone offers its GPU type; on a cloud, an unplaced group has an allowed zone that does."""
