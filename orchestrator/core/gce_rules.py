@@ -49,9 +49,13 @@ class ImageRoute:
     source: str
 
 
-def _provisioning_name(model: str) -> str:
-    return {SPOT: "Spot (spot: true)", FLEX_START: "Flex-start (provisioning: flex_start)",
-            STANDARD: "on-demand", RESERVATION: "a reservation"}[model]
+_MODEL_NAMES = {STANDARD: "on-demand", SPOT: "Spot", FLEX_START: "Flex-start",
+                RESERVATION: "from a reservation (not used by orchestrator)"}
+
+
+def url(source: str) -> str:
+    """The public page of a data row's source (its first word; the rest is a note)."""
+    return source.split()[0] if source else ""
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,10 @@ class GceRules:
         rule = self.family(machine_type)
         if rule is None or model in rule.provisioning:
             return None
-        offered = " or ".join(_provisioning_name(m) for m in sorted(rule.provisioning))
+        offered = ", ".join(_MODEL_NAMES[m] for m in _MODEL_NAMES if m in rule.provisioning)
         fixes = [fix for m, fix in ((SPOT, "spot: true"), (FLEX_START, "provisioning: flex_start"))
                  if m in rule.provisioning and m != model]
-        how = "on-demand" if model == STANDARD else _provisioning_name(model)
-        return (f"GCE does not create {machine_type} {how}: it offers {offered} ({rule.source}); "
+        return (f"GCE does not create {machine_type} {_MODEL_NAMES[model]}, only {offered} ({url(rule.source)}); "
                 f"set {' or '.join(fixes) or 'another machine type'}")
 
     def allows(self, machine_type: str, model: str) -> bool:
@@ -98,7 +101,7 @@ class GceRules:
         rule = self.family(machine_type)
         if rule is None or disk in rule.boot_disks:
             return None
-        return (f"{machine_type} boots only from {' or '.join(rule.boot_disks)}, not {disk} ({rule.source}); "
+        return (f"{machine_type} boots only from {' or '.join(rule.boot_disks)}, not {disk} ({url(rule.source)}); "
                 f"set provider.boot_disk_type: {rule.default_disk} or leave it out")
 
     def gvnic_required(self, machine_type: str) -> bool:
@@ -111,7 +114,7 @@ class GceRules:
         allowed = rule.gpus_per_vm.get(accelerator) if rule else None
         if not allowed or count in allowed:
             return None
-        return (f"{machine_type} takes {' / '.join(map(str, allowed))} x {accelerator}, not {count} ({rule.source})"
+        return (f"{machine_type} takes {' / '.join(map(str, allowed))} x {accelerator}, not {count} ({url(rule.source)})"
                 if rule else None)
 
     # ---- images
@@ -148,7 +151,7 @@ class GceRules:
         route = self.image_route(image, project, installer)
         if route.driver:
             return None
-        return (f"{normalize_image(image, project)} has no NVIDIA driver for {gpu} ({route.source}); "
+        return (f"{normalize_image(image, project)} has no NVIDIA driver for {gpu} ({url(route.source)}); "
                 "leave provider.image out (a Deep Learning VM image is chosen), name an image with a driver, "
                 "or set provider.gpu_driver: installer (Google's installer at boot, several minutes more)")
 

@@ -171,7 +171,7 @@ class _CatalogCheck:
         if model == FLEX_START and deadline is not None and deadline < rules.flex_min_run_s:
             self._error("policy.deadline",
                         f"a Flex-start VM runs at least {rules.flex_min_run_s / 60:g} minutes, the deadline is "
-                        f"{deadline / 60:g}; raise policy.deadline to {rules.flex_min_run_s / 60:g}m or more, "
+                        f"{deadline / 60:g} minutes; raise policy.deadline to {rules.flex_min_run_s / 60:g}m or more, "
                         "or drop provisioning: flex_start")
 
     def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
