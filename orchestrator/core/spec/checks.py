@@ -160,7 +160,8 @@ class _CatalogCheck:
         if gce is None:
             return
         rules = load_gce_rules()
-        if (wrong := rules.provisioning_message(machine, model)) is not None:
+        flex_reported = model == FLEX_START and flex_start_message(machine) is not None  # by _worker_group
+        if not flex_reported and (wrong := rules.provisioning_message(machine, model)) is not None:
             self._error(f"{path}.provisioning" if model == FLEX_START else f"{path}.spot", wrong)
         if gce.boot_disk_type and (wrong := rules.disk_message(machine, gce.boot_disk_type)):
             self._error("provider.boot_disk_type", wrong)
