@@ -111,11 +111,12 @@ class GceRules:
     def gpu_count_message(self, machine_type: str, accelerator: str, count: int) -> str | None:
         """An N1 VM carries 1, 2, 4 (or 8) GPUs of a type; other counts are refused."""
         rule = self.family(machine_type)
-        allowed = rule.gpus_per_vm.get(accelerator) if rule else None
+        if rule is None:
+            return None
+        allowed = rule.gpus_per_vm.get(accelerator)
         if not allowed or count in allowed:
             return None
-        return (f"{machine_type} takes {' / '.join(map(str, allowed))} x {accelerator}, not {count} ({url(rule.source)})"
-                if rule else None)
+        return f"{machine_type} takes {' / '.join(map(str, allowed))} x {accelerator}, not {count} ({url(rule.source)})"
 
     # ---- images
 
