@@ -203,3 +203,31 @@ def test_the_emulator_accepts_googles_bodies_and_refuses_the_same_ones_gce_refus
     # A GPU VM on debian-12 is created by GCE (it just cannot train): the emulator creates it too; the
     # product refuses it before sending (test_refusals_exit_2_in_one_line_and_create_nothing).
     _send(client, _body("r6", {"gpu": "l4", "spot": True}, "us-central1-a", image=DEBIAN))
+
+
+def _errors(document: dict[str, Any]) -> list[str]:
+    from orchestrator.core.spec import SpecError
+
+    with pytest.raises(SpecError) as err:
+        validate_spec(document)
+    return [str(e) for e in err.value.errors]
+
+
+def test_spec_refuses_a_disk_or_a_fallback_gce_would_refuse() -> None:
+    group, zone, _ = GROUPS["b200"]
+    (msg,) = _errors(doc(group, zone, boot_disk_type="pd-balanced"))
+    assert msg.startswith("provider.boot_disk_type: a4-highgpu-8g boots only from hyperdisk-balanced")
+    fallback = {**doc(*GROUPS["h100"][:2]), "policy": {"on_revocation": "fallback-on-demand", "deadline": "4h"}}
+    (msg,) = _errors(fallback)
+    assert msg.startswith("policy.on_revocation: fallback-on-demand would replace a preempted a3-highgpu-2g")
+
+
+def test_the_notice_window_is_the_one_the_vm_has() -> None:
+    from orchestrator.core import policy
+
+    group, zone, _ = GROUPS["l4"]
+    short, long = (validate_spec(doc(group, zone, preemption_notice_s=s)).provider for s in (0, 120))
+    assert policy.notice_window_s(short) == 30 and policy.notice_window_s(long) == 120
+    # The controller keeps a revoked VM through its window and as long again (checkpoint upload), then deletes it.
+    assert policy.in_notice_grace(0.0, 200.0, policy.notice_window_s(long))
+    assert not policy.in_notice_grace(0.0, 200.0, policy.notice_window_s(short))

@@ -10,7 +10,7 @@ from orchestrator.core.catalog import Catalog, CatalogError, Gpu, PriceBook
 from orchestrator.core.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
 from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
 from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
-from orchestrator.core.spec.job import Cluster, JobSpec, WorkerGroup
+from orchestrator.core.spec.job import Cluster, JobSpec, OnRevocation, WorkerGroup
 from orchestrator.core.spec.training import TrainingMode
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
 
@@ -163,6 +163,10 @@ class _CatalogCheck:
         flex_reported = model == FLEX_START and flex_start_message(machine) is not None  # by _worker_group
         if not flex_reported and (wrong := rules.provisioning_message(machine, model)) is not None:
             self._error(f"{path}.provisioning" if model == FLEX_START else f"{path}.spot", wrong)
+        fallback = self.spec.policy.on_revocation == OnRevocation.FALLBACK_ON_DEMAND
+        if model == SPOT and fallback and not rules.allows(machine, STANDARD):
+            self._error("policy.on_revocation", f"fallback-on-demand would replace a preempted {machine} with an "
+                        f"on-demand one, which GCE does not create; use on_revocation: replace or shrink")
         if gce.boot_disk_type and (wrong := rules.disk_message(machine, gce.boot_disk_type)):
             self._error("provider.boot_disk_type", wrong)
         image = gce.image or rules.default_image(gpu)
