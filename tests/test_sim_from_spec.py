@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from orchestrator.core import policy
-
 from orchestrator.core.catalog import load_catalog
 from orchestrator.core.spec import Cluster, JobSpec, validate_spec
 from orchestrator.sim.engine import NoRevocations, simulate
