@@ -62,6 +62,7 @@ def test_dry_run_bodies_follow_googles_rules_and_parse_as_instances(name: str) -
     out = gce_dry_run(validate_spec(doc(group, zone)))
     for insert in out["instances.insert"]:
         body = insert["body"]
+        assert insert["image_route"] == "dlvm" and insert["boot_s"] > 70  # the route's first boot, from data/
         compute_v1.Instance.from_json(json.dumps(body))  # strict: an unknown field would raise
         assert body["disks"][0]["initializeParams"]["diskType"].endswith(f"/diskTypes/{disk}")
         assert [nic["nicType"] for nic in body["networkInterfaces"]] == ["GVNIC"]

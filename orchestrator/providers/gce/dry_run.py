@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orchestrator.core import policy as timings
 from orchestrator.core.catalog import load_catalog
+from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.instances import InstanceRequest, instance_name
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.slots import Slot
@@ -67,8 +69,13 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
         max_run = cloud_max_run_s(deadline_s=policy.deadline, elapsed_s=0.0, budget_usd=policy.budget_usd,
                                   spent_usd=0.0, cluster_usd_per_hour=hourly, flex_start=slot.flex_start)
         body = instance_resource(_request(spec, provider, job_id, slot, max_run), settings)
+        route = load_gce_rules().image_route(settings.image_for(slot.gpu), provider.project,
+                                             installer=settings.installs_driver(slot.gpu)).route
         inserts.append({"method": "POST", "path": f"projects/{provider.project}/zones/{slot.zone}/instances",
-                        "zone": slot.zone, "body": _json(body)})
+                        "zone": slot.zone, "image_route": route,
+                        "boot_s": timings.BOOT_S + timings.image_boot_extra_s(route)
+                        + (timings.SPOT_EXTRA_BOOT_S if slot.spot else 0.0),
+                        "body": _json(body)})
         kept = settings.termination_action == "STOP" and (slot.spot or body.scheduling.max_run_duration)
         disks.append({
             "instance": body.name, "zone": slot.zone, "type": settings.disk_for(slot.machine_type),
