@@ -81,7 +81,7 @@ def _google_rules(req: dict[str, Any], machine: str, model: str, accelerators: l
             raise invalid("resource.scheduling.maxRunDuration.seconds", seconds,
                           f"FLEX_START instances must run between {rules.flex_min_run_s:.0f} and "
                           f"{rules.flex_max_run_s:.0f} seconds.")
-    boot = next((d for d in req.get("disks") or [] if d.get("boot")), {})
+    boot: dict[str, Any] = next((d for d in req.get("disks") or [] if d.get("boot")), {})
     # No diskType: GCE picks a type the family boots from; a named one must be one of them.
     disk_type = last_segment(str((boot.get("initializeParams") or {}).get("diskType") or rule.default_disk))
     if disk_type not in rule.boot_disks:
