@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,25 @@ def test_the_notice_window_is_the_one_the_vm_has() -> None:
     # The controller keeps a revoked VM through its window and as long again (checkpoint upload), then deletes it.
     assert policy.in_notice_grace(0.0, 200.0, policy.notice_window_s(long))
     assert not policy.in_notice_grace(0.0, 200.0, policy.notice_window_s(short))
+
+
+def test_the_emulator_gives_a_spot_vm_the_notice_it_asked_for(tmp_path: Path) -> None:
+    emulator = GceEmulator({"boot_delay_s": 0.05, "op_delay_s": 0.01, "preempt_delay_s": 0.3,
+                            "workdir_root": str(tmp_path / "disks")})
+    emulator.start()
+    try:
+        client = _client(emulator)
+        group = GROUPS["l4"][0]
+        _send(client, _body("short", group, "us-central1-a"))
+        _send(client, _body("long", group, "us-central1-a", preemption_notice_s=120))
+        deadline = time.monotonic() + 10
+        while any((emulator.instance(n) or {}).get("status") != "RUNNING" for n in ("short", "long")):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        emulator.preempt("short")
+        emulator.preempt("long")
+        time.sleep(0.6)  # past the 30 s window (0.3 s here), inside the 120 s one (1.2 s)
+        assert emulator.instance("short") is None  # spot, DELETE: gone after its window
+        assert (emulator.instance("long") or {}).get("status") == "STOPPING"
+    finally:
+        emulator.stop()
