@@ -255,3 +255,20 @@ def test_the_emulator_gives_a_spot_vm_the_notice_it_asked_for(tmp_path: Path) ->
         assert (emulator.instance("long") or {}).get("status") == "STOPPING"
     finally:
         emulator.stop()
+
+
+def test_the_most_specific_rule_wins_and_every_row_has_a_public_source() -> None:
+    rules = load_gce_rules()
+    assert rules.allows("a3-highgpu-8g", "STANDARD") and not rules.allows("a3-highgpu-2g", "STANDARD")
+    assert not rules.allows("a4-highgpu-8g", "STANDARD") and rules.allows("a4-highgpu-8g", "FLEX_START")
+    assert not rules.allows("a4x-highgpu-4g", "FLEX_START")  # a4x is its own family, not a4's
+    assert rules.allows("g2-standard-4", "FLEX_START") and not rules.allows("g4-standard-48", "FLEX_START")
+    assert rules.boot_disk("g4-standard-48") == "hyperdisk-balanced"
+    assert rules.boot_disk("n1-standard-4") == "pd-balanced"
+    assert rules.gvnic_required("a3-ultragpu-8g") and not rules.gvnic_required("g2-standard-4")
+    assert rules.gpu_count_message("n1-standard-8", "nvidia-tesla-t4", 3) is not None
+    assert (rules.flex_run_s(300), rules.flex_run_s(30 * 86400)) == (600, 7 * 86400)
+    assert rules.image_route("images/family/orchestrator-worker-l4", "p").route == "baked"
+    assert rules.image_route(DEBIAN).driver is False
+    assert rules.image_route(DEBIAN, installer=True).route == "installer"
+    assert all(row.source.startswith("https://") for row in (*rules.families, *rules.images))
