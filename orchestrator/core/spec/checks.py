@@ -44,6 +44,7 @@ class _CatalogCheck:
             self._ps_count(cluster)
             self._local_schedule()
             self._global_batch()
+        self._gce_image()
         return self.errors
 
     def _error(self, path: str, message: str) -> None:
@@ -169,15 +170,25 @@ class _CatalogCheck:
                         f"on-demand one, which GCE does not create; use on_revocation: replace or shrink")
         if gce.boot_disk_type and (wrong := rules.disk_message(machine, gce.boot_disk_type)):
             self._error("provider.boot_disk_type", wrong)
-        image = gce.image or rules.default_image(gpu)
-        if (wrong := rules.image_message(image, gce.project, gpu, gce.gpu_driver == "installer")) is not None:
-            self._error("provider.image", wrong)
         deadline = self.spec.policy.deadline
         if model == FLEX_START and deadline is not None and deadline < rules.flex_min_run_s:
             self._error("policy.deadline",
                         f"a Flex-start VM runs at least {rules.flex_min_run_s / 60:g} minutes, the deadline is "
                         f"{deadline / 60:g} minutes; raise policy.deadline to {rules.flex_min_run_s / 60:g}m or more, "
                         "or drop provisioning: flex_start")
+
+    def _gce_image(self) -> None:
+        """A gce spec's GPU VMs boot an image with an NVIDIA driver (data/gce_images.csv), or the user asked
+        for Google's installer: a VM that cannot train is refused before it is billed."""
+        gce = self.spec.provider.as_gce()
+        if gce is None or gce.image is None:  # None: the route's default image, which has a driver
+            return
+        cluster, search = self.spec.cluster, self.spec.search
+        gpus = [g.gpu for g in cluster.workers] if cluster else list(search.gpus if search else [])
+        known = list(dict.fromkeys(g for g in gpus if g in self.catalog.gpus))
+        if known and (wrong := load_gce_rules().image_message(gce.image, gce.project, ", ".join(known),
+                                                              gce.gpu_driver == "installer")):
+            self._error("provider.image", wrong)
 
     def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
         """The group's zone offers its GPU type; on a cloud, an unplaced group has an allowed zone that does."""
