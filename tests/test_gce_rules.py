@@ -93,8 +93,9 @@ def test_spec_options_reach_the_body() -> None:
     items = {item["key"]: item["value"] for item in body["metadata"]["items"]}
     assert "cuda_installer.pyz" in items["startup-script"]  # Google's installer route, run again after its reboot
     assert body["serviceAccounts"][0]["email"] == "trainer@my-gcp-project.iam.gserviceaccount.com"
-    none = validate_spec(doc(group, zone, service_account="none"))
-    assert "serviceAccounts" not in gce_dry_run(none)["instances.insert"][0]["body"]
+    assert not _body("x", group, zone, service_account="none").service_accounts  # "none": no account at all
+    (msg,) = _errors(doc(group, zone, service_account="none"))  # gs:// storage needs an account
+    assert msg.startswith("provider.service_account: with no service account the VMs cannot write")
 
 
 def test_the_planner_never_proposes_what_gce_refuses() -> None:

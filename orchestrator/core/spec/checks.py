@@ -182,6 +182,9 @@ class _CatalogCheck:
         """A gce spec's GPU VMs boot an image with an NVIDIA driver (data/gce_images.csv), or the user asked
         for Google's installer: a VM that cannot train is refused before it is billed."""
         gce = self.spec.provider.as_gce()
+        if gce is not None and gce.service_account == "none" and self.spec.storage.startswith("gs://"):
+            self._error("provider.service_account", "with no service account the VMs cannot write to "
+                        f"{self.spec.storage}; name one (a per-job account with storage access) or leave it out")
         if gce is None or gce.image is None:  # None: the route's default image, which has a driver
             return
         cluster, search = self.spec.cluster, self.spec.search
