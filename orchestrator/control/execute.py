@@ -34,7 +34,7 @@ from orchestrator.core.task import TaskConfig, TrainingSection
 from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.store import queries
 from orchestrator.store.models import Instance
-from orchestrator.transport.base import Endpoint, TransportError
+from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 from orchestrator.transport.local import UnsafePathError
 
 __all__ = ["TASK", "JobContext", "cluster_addresses", "execute", "log_action"]
@@ -62,7 +62,12 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
             ctx.session.rollback()
             queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}"[:500])
             ctx.session.commit()
-            if isinstance(exc, UnsafePathError):  # the job's files can never be pushed as listed
+            # A wrong host key or a refused login stays so on every replacement: fail now with the fix rather
+            # than cycle through replacements. Files that can never be pushed as listed: the same.
+            if isinstance(exc, FatalTransportError):
+                fail_job(ctx, str(exc)[:500])  # the message names the failure and its fix
+                return
+            if isinstance(exc, UnsafePathError):
                 fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
                 return
 
