@@ -32,7 +32,7 @@ from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
 from orchestrator.providers.base import Provider
 from orchestrator.providers.local.progress import max_step
 from orchestrator.storage.base import METRICS
-from orchestrator.transport.local import kill_all_in, kill_group, pid_alive, spawn_detached
+from orchestrator.transport.local import kill_all_in, kill_group, payload_base_env, pid_alive, spawn_detached
 
 PROGRESS_STEP_S = "progress-step-s"
 NOTICE_MIN_S = 2.0  # wall seconds: a scaled 30 s window still leaves the chief time to checkpoint
@@ -179,5 +179,9 @@ def _hypervisor_alive(d: Path) -> bool:
 
 
 def _env_with_package() -> dict[str, str]:
+    """The emulated host's environment: built like a payload's (never the controller's DB URL or cloud
+    credentials: a host is not the controller), plus this package on the path."""
+    env = payload_base_env()
     root = str(Path(orchestrator.__file__).resolve().parent.parent)
-    return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env

@@ -1,0 +1,129 @@
+"""Issue 21 item 1: a secret never shows in a command line (world-readable in /proc/*/cmdline) nor in the
+environment of a process that does not need it.
+
+The watcher scans every process's command line while the SSH transport starts tasks on a real sshd. It
+must also see the start scripts themselves (their command lines carry ``.pid.tmp``): a watcher that saw
+nothing would prove nothing, so the starts repeat until it has caught several.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.instances import InstanceRequest, ProcState, Role, instance_name
+from orchestrator.providers.local.provider import LocalProvider
+from orchestrator.transport.keys import job_key
+from orchestrator.transport.ssh import SshTransport
+from orchestrator_testing.sshd import Sshd
+
+SECRET = "sentinel-7f3a9c-secret"
+
+
+class CmdlineWatcher:
+    """Reads /proc/*/cmdline in a loop; remembers lines holding a marker or the secret."""
+
+    def __init__(self, secret: str, marker: str) -> None:
+        self.secret, self.marker = secret.encode(), marker.encode()
+        self.leaks: list[str] = []
+        self.seen: set[str] = set()
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = str(os.getpid())
+        while not self._stop.is_set():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit() or pid == me:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        line = fh.read()
+                except OSError:
+                    continue
+                if self.secret in line:
+                    self.leaks.append(line.replace(b"\0", b" ").decode(errors="replace"))
+                if self.marker in line:
+                    self.seen.add(pid)
+            self.scans += 1
+
+    def __enter__(self) -> CmdlineWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def sshd() -> Iterator[Sshd]:
+    with Sshd() as server:
+        yield server
+
+
+def test_ssh_start_puts_no_secret_in_any_command_line(sshd: Sshd, tmp_path: Path) -> None:
+    key, public = job_key("secret-job")
+    sshd.authorize(public)
+    ep = sshd.endpoint(workdir=str(tmp_path / "disk"), key_path=str(key))
+    ep = replace(ep, env={"FROM_ENDPOINT": SECRET + "-ep"})
+    t = SshTransport(connect_timeout_s=5.0)
+    t.wait_reachable(ep, 10)
+    argv = ["sh", "-c", 'printf "%s|%s" "$MY_SECRET" "$FROM_ENDPOINT" > got.txt; sleep 0.3']
+    started = 0
+    with CmdlineWatcher(SECRET, ".pid.tmp") as watcher:
+        deadline = time.monotonic() + 60
+        while (len(watcher.seen) < 3 or started < 3) and time.monotonic() < deadline:
+            t.start(ep, f"task{started}", argv, env={"MY_SECRET": SECRET})
+            started += 1
+    t.close()
+    assert not watcher.leaks, f"a command line carried the secret: {[line[-200:] for line in watcher.leaks[:2]]}"
+    assert len(watcher.seen) >= 3, f"the watcher caught {len(watcher.seen)} start scripts in {started} starts"
+    status = t.status(ep, ["task0"])["task0"]
+    deadline = time.monotonic() + 10
+    while status.state == ProcState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = t.status(ep, ["task0"])["task0"]
+    assert (Path(ep.workdir) / "got.txt").read_text() == f"{SECRET}|{SECRET}-ep", "the task still gets them"
+    assert not any(SECRET in p.read_text(errors="replace") for p in Path(ep.workdir).rglob("*")
+                   if p.is_file() and p.name != "got.txt"), "no secret left in a file on the host"
+    t.close()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_local_instance_process_gets_a_built_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_DB_URL", f"postgresql://u:{SECRET}@db/x")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/secret/key.json")
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p")
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    provider = LocalProvider(tmp_path / "local", time_scale=600)
+    name = instance_name("envjob", Role.WORKER, 0, 0)
+    provider.create(InstanceRequest(name=name, job_id="envjob", role=Role.WORKER, index=0, generation=0,
+                                    zone="local", machine_type="local", spot=False, gpu="k80", gpu_count=1))
+    try:
+        pid = int((tmp_path / "local" / "instances" / name / "hypervisor.pid").read_text())
+        env = _environ(pid)
+        assert "ORCHESTRATOR_DB_URL" not in env
+        assert not [k for k in env if k.startswith("GOOGLE_")]
+        assert not [k for k, v in env.items() if SECRET in v], "no variable carries the secret"
+        assert "PATH" in env and "PYTHONPATH" in env  # what it needs to run
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # and it does run: the emulated boot finishes
+            if any(o.name == name and o.state.value == "running" for o in provider.list()):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the instance process did not boot with its built environment")
+    finally:
+        provider.delete(name, "local")
