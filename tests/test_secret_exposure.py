@@ -127,3 +127,86 @@ def test_local_instance_process_gets_a_built_environment(tmp_path: Path, monkeyp
             pytest.fail("the instance process did not boot with its built environment")
     finally:
         provider.delete(name, "local")
+
+
+# ---------------------------------------------------------------- item 3: a failed connection is one clear reason
+
+
+def test_mismatched_host_key_fails_the_job_in_one_pass_with_one_line(sshd: Sshd, tmp_path: Path) -> None:
+    from e2e_helpers import cli
+
+    from orchestrator.core.paths import user_dir
+    from orchestrator.store.db import open_session
+    from orchestrator.store.models import Event, Instance, Job
+    from orchestrator.transport.keys import generate_keypair, write_private
+
+    private, public = generate_keypair("inventory-user")
+    key = tmp_path / "id_ed25519"
+    write_private(key, private)
+    sshd.authorize(public)
+    _, impostor = generate_keypair("someone-else")  # the key known_hosts pins is not the server's
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {impostor}\n")
+    (tmp_path / "inventory.yaml").write_text(
+        f"known_hosts: known_hosts\nhosts:\n  - {{name: n1, host: 127.0.0.1, port: {sshd.port}, user: {sshd.user}, "
+        f"key: {key}, gpu: k80, workdir: {tmp_path / 'work'}}}\n")
+    (tmp_path / "job.yaml").write_text(f"""name: hostkey
+provider: {{kind: ssh, inventory: {tmp_path / 'inventory.yaml'}}}
+storage: {tmp_path / 'runs'}
+training: {{job: command, command: "sleep 1", mode: sync, train_steps: 10}}
+cluster:
+  parameter_servers: {{count: 0}}
+  workers: [{{gpu: k80, count: 1}}]
+policy: {{on_revocation: replace, max_replacements: 7}}
+pricing: {{book: 2019-02}}
+""")
+    user_dir()  # ORCHESTRATOR_HOME, where the DB file goes
+    t0 = time.monotonic()
+    done = cli("launch", str(tmp_path / "job.yaml"), "--quiet", "--poll", "0.2",
+               env={"ORCHESTRATOR_HOME": os.environ["ORCHESTRATOR_HOME"],
+                    "ORCHESTRATOR_DB_URL": os.environ["ORCHESTRATOR_DB_URL"]}, timeout=120)
+    elapsed = time.monotonic() - t0
+    console = done.stdout + done.stderr
+    assert "Traceback" not in console and "paramiko" not in console, console
+    lines = [line for line in console.splitlines() if "does not match" in line]
+    assert len(lines) == 1, console  # once, as the reason the job fails (the teardown names it briefly)
+    with open_session() as session:
+        job = session.query(Job).one()
+        instances = session.query(Instance).filter_by(job_id=job.id).all()
+        why = session.query(Event).filter_by(job_id=job.id, to_status="tearing_down").one().reason or ""
+        status = job.status
+    assert status == "failed"
+    assert len(instances) == 1, "no replacement cycle"
+    assert why in lines[0]
+    assert f"host key of [127.0.0.1]:{sshd.port} does not match" in why and "ssh-keygen -R" in why
+    assert why.endswith(">> that file"), f"the fix fits the reason: {why}"
+    assert elapsed < 60, f"failed after {elapsed:.0f}s"
+    print(f"\nfailed in {elapsed:.1f}s; the line: {lines[0]}")
+
+
+def test_a_refused_login_is_fatal_at_once_unless_the_vm_is_still_booting(sshd: Sshd, tmp_path: Path) -> None:
+    from orchestrator.transport.ssh import SshAuthError
+
+    key, _ = job_key("never-authorized")
+    ep = sshd.endpoint(workdir=str(tmp_path / "disk"), key_path=str(key))
+    t = SshTransport(connect_timeout_s=3.0)
+    t0 = time.monotonic()
+    with pytest.raises(SshAuthError, match=r"authentication to .* failed with key .*authorized_keys"):
+        t.wait_reachable(ep, 30)
+    assert time.monotonic() - t0 < 10, "an inventory host refusing our key is not retried for 30 s"
+    # A VM (host keys published at boot) may install our login key late: retried until the timeout.
+    booting = replace(ep, host_keys=(), host_key_source=lambda: list(ep.host_keys))
+    t0 = time.monotonic()
+    with pytest.raises(SshAuthError):
+        t.wait_reachable(booting, 2.0)
+    assert 1.5 < time.monotonic() - t0 < 10
+    t.close()
+
+
+def test_paramiko_tracebacks_stay_out_of_the_console(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import orchestrator.transport.ssh  # noqa: F401 - installs the filter
+
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("paramiko.transport").error("Traceback (most recent call last):")
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]

@@ -60,13 +60,13 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
                 return
         except (TransportError, TimeoutError) as exc:
             ctx.session.rollback()
+            if isinstance(exc, FatalTransportError):
+                # A wrong host key or a refused login stays so on every replacement: fail now, in one line
+                # that names the failure and its fix, rather than cycle through replacements.
+                fail_job(ctx, str(exc)[:500])
+                return
             queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}"[:500])
             ctx.session.commit()
-            # A wrong host key or a refused login stays so on every replacement: fail now with the fix rather
-            # than cycle through replacements. Files that can never be pushed as listed: the same.
-            if isinstance(exc, FatalTransportError):
-                fail_job(ctx, str(exc)[:500])  # the message names the failure and its fix
-                return
             if isinstance(exc, UnsafePathError):
                 fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
                 return

@@ -124,11 +124,13 @@ def mismatch(ep: Endpoint, exc: paramiko.BadHostKeyException, source: str) -> Ho
     got, wanted = exc.key, exc.expected_key
     name = known_hosts_name(ep.host, ep.port)
     if ep.host_keys or ep.host_key_source is not None:
+        pinned = source
         fix = "the instance publishes other keys: something answers in its place; check the network path"
-    else:
+    else:  # the file's path once, in the fix (the reason must fit one DB field)
         path = os.path.expanduser(ep.known_hosts or DEFAULT_KNOWN_HOSTS)
-        fix = (f"if it was reinstalled and its owner confirms the new key: ssh-keygen -R '{name}' -f {path} && "
-               f"ssh-keyscan -p {ep.port} {ep.host} >> {path}")
+        pinned = "known_hosts"
+        fix = (f"if its owner confirms the new key: ssh-keygen -R '{name}' -f {path}, then "
+               f"ssh-keyscan -p {ep.port} {ep.host} >> that file")
     return HostKeyError(
-        f"host key of {name} does not match: it shows {got.get_name()} {fingerprint(got)}, the {source} says "
+        f"host key of {name} does not match: it shows {got.get_name()} {fingerprint(got)}, {pinned} pins "
         f"{fingerprint(wanted)}; refusing to connect (a man in the middle, or a reinstalled host); {fix}")

@@ -184,9 +184,9 @@ class SshTransport(Transport):
                 raise mismatch(ep, e, source) from None
             except paramiko.AuthenticationException as e:
                 conn.close()
-                key = f" with key {ep.key_path}" if ep.key_path else ""
+                with_key = f" with key {ep.key_path}" if ep.key_path else ""
                 raise SshAuthError(
-                    f"SSH authentication to {_where(ep)} failed{key} ({e}): add that key's public half to "
+                    f"SSH authentication to {_where(ep)} failed{with_key} ({e}): add that key's public half to "
                     f"~{ep.user or ''}/.ssh/authorized_keys on {ep.host}, or fix the inventory's user/key "
                     "fields") from None
             except (*_CONN_ERRORS, ValueError) as e:
