@@ -28,7 +28,15 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 from paramiko.config import SSHConfig
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from orchestrator.core.instances import ProcState, ProcStatus
 from orchestrator.transport.base import (
@@ -68,6 +76,13 @@ case "$pid" in ''|*[!0-9]*) pid=0;; esac
 
 class UnreachableError(TransportError, TimeoutError):
     """The instance did not answer SSH in time (also a TimeoutError, like the local transport's)."""
+
+
+class _Dropped(TransportError):
+    """The server closed the connection before the handshake (sshd past MaxStartups): retried a few times."""
+
+
+DROP_RETRIES = 4
 
 
 class SshAuthError(FatalTransportError):
@@ -162,36 +177,14 @@ class SshTransport(Transport):
                 return conn
             if conn is not None:
                 conn.close()
-            kwargs: dict[str, object] = {
-                "timeout": connect_timeout_s, "banner_timeout": connect_timeout_s,
-                "auth_timeout": connect_timeout_s, "channel_timeout": connect_timeout_s,
-            }
-            if ep.key_path is not None:
-                check_key_file(ep.key_path)
-                # Only the job's key: no agent, no ~/.ssh keys tried (and maybe locking us out first).
-                kwargs.update(key_filename=[ep.key_path], look_for_keys=False, allow_agent=False)
-            # An explicit empty SSHConfig: the user's ~/.ssh/config must not redirect our hosts.
-            conn = Connection(ep.host, user=ep.user, port=ep.port, config=Config(ssh_config=SSHConfig()),
-                              connect_kwargs=kwargs)
-            source = pin(conn.client, ep)
-            try:
-                conn.open()
-            except HostKeyError:
-                conn.close()
-                raise
-            except paramiko.BadHostKeyException as e:
-                conn.close()
-                raise mismatch(ep, e, source) from None
-            except paramiko.AuthenticationException as e:
-                conn.close()
-                with_key = f" with key {ep.key_path}" if ep.key_path else ""
-                raise SshAuthError(
-                    f"SSH authentication to {_where(ep)} failed{with_key} ({e}): add that key's public half to "
-                    f"~{ep.user or ''}/.ssh/authorized_keys on {ep.host}, or fix the inventory's user/key "
-                    "fields") from None
-            except (*_CONN_ERRORS, ValueError) as e:
-                conn.close()
-                raise TransportError(f"cannot connect to {_where(ep)}: {type(e).__name__}: {e}") from None
+            # sshd drops connections past MaxStartups (many instances connecting at once): a few quick
+            # retries, jittered so that the crowd spreads out, before the pass counts a failure.
+            conn = None
+            for tried in Retrying(retry=retry_if_exception_type(_Dropped), stop=stop_after_attempt(DROP_RETRIES),
+                                  wait=wait_random_exponential(multiplier=0.2, max=2.0), reraise=True):
+                with tried:
+                    conn = _open(ep, connect_timeout_s)
+            assert conn is not None
             with self._lock:
                 self._conns[key] = conn
             return conn
@@ -380,6 +373,44 @@ class SshTransport(Transport):
         if ep.workdir.strip("/ ") in ("", "~", "."):
             raise ValueError(f"refusing to remove work directory {ep.workdir!r}")
         self._check(ep, f"rm -rf -- {remote_path(ep.workdir)}", "remove work directory")
+
+
+def _open(ep: Endpoint, connect_timeout_s: float) -> Connection:
+    """A new connection to ``ep``, its host key pinned; failures mapped to one-line TransportErrors."""
+    kwargs: dict[str, object] = {
+        "timeout": connect_timeout_s, "banner_timeout": connect_timeout_s,
+        "auth_timeout": connect_timeout_s, "channel_timeout": connect_timeout_s,
+    }
+    if ep.key_path is not None:
+        check_key_file(ep.key_path)
+        # Only the job's key: no agent, no ~/.ssh keys tried (and maybe locking us out first).
+        kwargs.update(key_filename=[ep.key_path], look_for_keys=False, allow_agent=False)
+    # An explicit empty SSHConfig: the user's ~/.ssh/config must not redirect our hosts.
+    conn = Connection(ep.host, user=ep.user, port=ep.port, config=Config(ssh_config=SSHConfig()),
+                      connect_kwargs=kwargs)
+    source = pin(conn.client, ep)
+    try:
+        conn.open()
+    except HostKeyError:
+        conn.close()
+        raise
+    except paramiko.BadHostKeyException as e:
+        conn.close()
+        raise mismatch(ep, e, source) from None
+    except paramiko.AuthenticationException as e:
+        conn.close()
+        with_key = f" with key {ep.key_path}" if ep.key_path else ""
+        raise SshAuthError(
+            f"SSH authentication to {_where(ep)} failed{with_key} ({e}): add that key's public half to "
+            f"~{ep.user or ''}/.ssh/authorized_keys on {ep.host}, or fix the inventory's user/key fields") from None
+    except (*_CONN_ERRORS, ValueError) as e:
+        conn.close()
+        # Closed before or during the banner: the server dropped us (MaxStartups), not a dead host (a timeout).
+        dropped = isinstance(e, EOFError | ConnectionResetError) or (
+            isinstance(e, paramiko.SSHException) and isinstance(e.__context__, EOFError | ConnectionResetError))
+        error = _Dropped if dropped else TransportError
+        raise error(f"cannot connect to {_where(ep)}: {type(e).__name__}: {e}") from None
+    return conn
 
 
 def _sleep_until(deadline: float) -> Callable[[float], None]:
