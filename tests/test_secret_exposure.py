@@ -83,7 +83,6 @@ def test_ssh_start_puts_no_secret_in_any_command_line(sshd: Sshd, tmp_path: Path
         while (len(watcher.seen) < 3 or started < 3) and time.monotonic() < deadline:
             t.start(ep, f"task{started}", argv, env={"MY_SECRET": SECRET})
             started += 1
-    t.close()
     assert not watcher.leaks, f"a command line carried the secret: {[line[-200:] for line in watcher.leaks[:2]]}"
     assert len(watcher.seen) >= 3, f"the watcher caught {len(watcher.seen)} start scripts in {started} starts"
     status = t.status(ep, ["task0"])["task0"]
@@ -95,6 +94,8 @@ def test_ssh_start_puts_no_secret_in_any_command_line(sshd: Sshd, tmp_path: Path
     assert not any(SECRET in p.read_text(errors="replace") for p in Path(ep.workdir).rglob("*")
                    if p.is_file() and p.name != "got.txt"), "no secret left in a file on the host"
     t.close()
+    print(f"\n/proc watcher: {watcher.scans} scans over {started} starts, {len(watcher.seen)} start scripts "
+          f"seen, {len(watcher.leaks)} command lines with the secret")
 
 
 def _environ(pid: int) -> dict[str, str]:
