@@ -128,3 +128,141 @@ def revoke_after_s(provider: LocalProvider, role: Role, index: int, generation: 
     cloud_s = float(model.sample_lifetimes(gpu, None if zone == "local" else zone, 1,
                                            _rng(provider.seed, slot, generation))[0])
     return cloud_s / provider.time_scale
+
+
+# ---------------------------------------------------------------- finishing by a deadline (issue 23)
+#
+# Each decision point (a tick of an availability trace in the simulator, a reconcile pass in the daemon)
+# picks what the job runs on next: a spot VM, an on-demand VM, or nothing (wait for spot). Starting a VM
+# (from nothing, or switching pricing) costs the restart overhead: boot + restore + lost steps. Every
+# function below is pure, so the simulator (``sim.availability``) and the daemon (``core.reconcile``) make
+# the same decision from the same state.
+
+
+class Mode(StrEnum):
+    IDLE = "idle"
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a job stands against its deadline (hours from the job's start)."""
+
+    elapsed_h: float
+    work_done_h: float  # training time done, in no-revocation hours of the job's work
+    work_h: float  # the whole job's work (the planner's predicted no-revocation time)
+    deadline_h: float
+    overhead_h: float  # restart overhead: boot + restore + lost steps
+    mode: Mode  # what runs now (IDLE after a preemption)
+    spot_available: bool  # can a spot VM be had now (no stockout / quota block; trace tick > 0)
+    tick_h: float  # time until the next decision
+    overhead_left_h: float = 0.0  # of the current VM's start, still to run
+    spot_usd_per_h: float = 0.3
+    on_demand_usd_per_h: float = 1.0
+
+    @property
+    def slack_h(self) -> float:
+        """Hours the job can still lose (waiting, restarts) and finish on time."""
+        return self.deadline_h - self.elapsed_h - (self.work_h - self.work_done_h) - self.overhead_left_h
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Spot availability seen so far: mean lengths of the up and down stretches (hours)."""
+
+    up_h: float
+    down_h: float
+
+    @classmethod
+    def from_samples(cls, samples: tuple[bool, ...], tick_h: float, prior: Availability | None = None
+                     ) -> Availability:
+        """Mean up and down stretches of ``samples`` (one per tick); a side never seen keeps ``prior``."""
+        prior = prior or DEFAULT_AVAILABILITY
+        runs: dict[bool, list[int]] = {True: [], False: []}
+        n = 0
+        for i, x in enumerate(samples):
+            n += 1
+            if i + 1 == len(samples) or samples[i + 1] != x:
+                runs[x].append(n)
+                n = 0
+        up = tick_h * sum(runs[True]) / len(runs[True]) if runs[True] else prior.up_h
+        down = tick_h * sum(runs[False]) / len(runs[False]) if runs[False] else prior.down_h
+        return cls(up, down)
+
+
+# Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
+# NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
+DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
+# Tuned on the us-west-2a traces (1-node) at even start ticks; see bench/deadline_policy.py for what was held out.
+RESERVE_CYCLES: Final = 1.0  # slack kept for this many expected spot/outage cycles' hops (2 overheads each)
+HOP_GAIN: Final = 1.0  # hop from on-demand to spot when the expected saving is this many times its cost
+
+
+def _safe(p: Progress, choice: Mode) -> Mode:
+    """The safety net every deadline-aware policy shares: a choice that could leave no time to start an
+    on-demand VM (after a preemption, or after waiting this tick) becomes on-demand now."""
+    s, d = p.slack_h, p.overhead_h
+    if choice == Mode.SPOT and s < (d if p.mode == Mode.SPOT else 2 * d):
+        return Mode.ON_DEMAND
+    if choice == Mode.IDLE and s - p.tick_h < d:
+        return Mode.ON_DEMAND
+    return choice
+
+
+def greedy_policy(p: Progress) -> Mode:
+    """Spot whenever it can be had; on-demand only when the deadline forces it, then to the end."""
+    if p.mode == Mode.ON_DEMAND:
+        return Mode.ON_DEMAND
+    return _safe(p, Mode.SPOT if p.spot_available else Mode.IDLE)
+
+
+def uniform_progress_policy(p: Progress) -> Mode:
+    """"Can't Be Late" (NSDI'24) Uniform Progress: on-demand only while behind the line of uniform
+    progress, spot whenever it can be had, leave on-demand only once ahead by twice the overhead."""
+    ahead = p.work_done_h - p.elapsed_h * p.work_h / p.deadline_h
+    if p.mode == Mode.ON_DEMAND and ahead < 2 * p.overhead_h:
+        return Mode.ON_DEMAND
+    if p.spot_available:
+        return _safe(p, Mode.SPOT)
+    return _safe(p, Mode.ON_DEMAND if ahead < 0 else Mode.IDLE)
+
+
+def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
+    """The product's own policy: spend the slack on waiting for spot, but keep enough of it for the hops
+    between spot and on-demand that the spot/outage cycles still to come will ask for (their length from
+    the availability ``seen``); hop back to spot from on-demand when the expected spot stretch saves more
+    than the hop costs (the overhead on spot now, and on on-demand after the next preemption)."""
+    d = p.overhead_h
+    left_h = p.deadline_h - p.elapsed_h
+    cycles = left_h / max(seen.up_h + seen.down_h, p.tick_h)
+    reserve = RESERVE_CYCLES * cycles * 2 * d
+    if p.spot_available:
+        if p.mode != Mode.ON_DEMAND:
+            return _safe(p, Mode.SPOT)
+        stretch = min(seen.up_h, p.work_h - p.work_done_h)
+        gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * stretch
+        cost = d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
+        if p.slack_h >= 2 * d and gain >= HOP_GAIN * cost:
+            return Mode.SPOT
+        return Mode.ON_DEMAND
+    hysteresis = d if p.mode == Mode.ON_DEMAND else 0.0  # leaving on-demand costs a restart later
+    if p.slack_h - p.tick_h >= reserve + d + hysteresis:
+        return _safe(p, Mode.IDLE)
+    return Mode.ON_DEMAND
+
+
+def on_demand_policy(p: Progress) -> Mode:
+    return Mode.ON_DEMAND
+
+
+def decide_deadline(name: str, p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
+    """What to run next under the named online policy (``DEADLINE_POLICIES``)."""
+    if name == "deadline":
+        return deadline_policy(p, seen)
+    return {"on-demand": on_demand_policy, "greedy": greedy_policy,
+            "uniform-progress": uniform_progress_policy}[name](p)
+
+
+ONLINE_POLICIES: Final = ("on-demand", "greedy", "uniform-progress", "deadline")
+DEADLINE_POLICIES: Final = (*ONLINE_POLICIES, "optimal")  # optimal: offline, knows the trace (sim only)

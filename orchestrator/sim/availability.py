@@ -1,0 +1,243 @@
+"""Finishing by a deadline on spot VMs whose availability comes from a measured trace (issue 23).
+
+A trace (shared/spot-traces, "Can't Be Late", NSDI'24) says at each tick how many spot VMs could be had.
+A job needs ``work`` of training; each tick a policy picks spot (if it can be had), on-demand or nothing.
+Starting a VM (from nothing, after a preemption, or switching pricing) costs the restart overhead: time
+billed at that VM's price without progress. A spot VM is lost at the first tick the trace has none.
+
+Time is counted in whole minutes of cloud time, so the offline optimum (dynamic programming over tick,
+work done, what runs and the overhead still to run) and the online policies share one exact model:
+``run_policy`` replays the optimum's choices to the same cost (tests/test_deadline_policy.py).
+The online policies are ``core.policy``'s pure decision functions, the same the daemon applies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from orchestrator.core import policy
+from orchestrator.core.policy import Availability, Mode, Progress
+
+_MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
+HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts
+
+
+class AvailabilityTraceError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    counts: tuple[int, ...]  # spot VMs obtainable at each tick
+    gap_s: float
+    name: str = "trace"
+
+    @property
+    def tick_min(self) -> int:
+        return max(1, round(self.gap_s / 60))
+
+    def available(self, need: int = 1) -> tuple[bool, ...]:
+        return tuple(c >= need for c in self.counts)
+
+
+def load_trace(path: Path) -> AvailabilityTrace:
+    """A trace file: {"metadata": {"gap_seconds": N}, "data": [count per tick, ...]}."""
+    try:
+        doc = json.loads(path.read_text())
+        gap = float(doc["metadata"]["gap_seconds"])
+        counts = tuple(int(x) for x in doc["data"])
+    except OSError as exc:
+        raise AvailabilityTraceError(f"{path}: cannot read the availability trace ({exc.strerror})") from None
+    except (ValueError, KeyError, TypeError):
+        raise AvailabilityTraceError(f"{path}: not an availability trace; expected "
+                                     '{"metadata": {"gap_seconds": N}, "data": [counts per tick]}') from None
+    if not gap > 0 or not counts or min(counts) < 0:
+        raise AvailabilityTraceError(f"{path}: gap_seconds must be > 0 and data non-empty counts >= 0")
+    return AvailabilityTrace(counts, gap, path.stem)
+
+
+@dataclass(frozen=True)
+class Job:
+    """The study's job, in minutes of cloud time."""
+
+    work_min: int
+    deadline_min: int
+    overhead_min: int
+    spot_usd_per_h: float
+    on_demand_usd_per_h: float
+
+
+@dataclass
+class Outcome:
+    policy: str
+    cost_usd: float
+    finish_min: float
+    deadline_met: bool
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (minute, mode) at each change
+    work_at: list[tuple[float, float]] = field(default_factory=list)  # (minute, work done) per tick
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "cost_usd": round(self.cost_usd, 4), "finish_h": round(self.finish_min / 60, 4),
+                "deadline_met": self.deadline_met,
+                "timeline": [{"t_h": round(t / 60, 4), "mode": m} for t, m in self.timeline]}
+
+
+def _price(job: Job, mode: Mode) -> float:
+    return {Mode.IDLE: 0.0, Mode.SPOT: job.spot_usd_per_h, Mode.ON_DEMAND: job.on_demand_usd_per_h}[mode] / 60.0
+
+
+def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, history: tuple[bool, ...] = (),
+               choices: list[Mode] | None = None) -> Outcome:
+    """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
+    ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand."""
+    t, w, r, i, cost = 0, 0, 0, 0, 0.0
+    mode = Mode.IDLE
+    seen = list(history)
+    out = Outcome(name, 0.0, 0.0, False)
+    while True:
+        a = avail[i] if i < len(avail) else False
+        if mode == Mode.SPOT and not a:
+            mode, r = Mode.IDLE, 0  # preempted
+        if choices is not None:
+            c = choices[i] if i < len(choices) else Mode.ON_DEMAND
+        elif t >= job.deadline_min:
+            c = Mode.ON_DEMAND
+        else:
+            p = Progress(t / 60, w / 60, job.work_min / 60, job.deadline_min / 60, job.overhead_min / 60, mode, a,
+                         tick / 60, r / 60, job.spot_usd_per_h, job.on_demand_usd_per_h)
+            c = policy.decide_deadline(name, p, Availability.from_samples(tuple(seen), tick / 60))
+        if c == Mode.SPOT and not a:
+            raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
+        seen.append(a)
+        if c != mode:
+            out.timeline.append((t, c.value))
+        r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
+        mode = c
+        out.work_at.append((t, w))
+        need = r + job.work_min - w
+        if c != Mode.IDLE and need <= tick:
+            cost += _price(job, c) * need
+            t += need
+            break
+        if c != Mode.IDLE:
+            w += max(0, tick - r)
+            r = max(0, r - tick)
+            cost += _price(job, c) * tick
+        t += tick
+        i += 1
+    out.work_at.append((t, job.work_min))
+    out.timeline.append((t, "done"))
+    out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
+    return out
+
+
+def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float, list[Mode]] | None:
+    """The offline optimum: least cost to finish by the deadline knowing the whole trace, and its choice
+    at each tick; None when no schedule finishes in time. Backward dynamic programming over (tick, work
+    done in minutes, what runs, overhead still to run), vectorised over the work done."""
+    W, D, d = job.work_min, job.deadline_min, job.overhead_min
+    n = math.ceil(D / tick)
+    rs = sorted({0, *(d - k * tick for k in range(1, d // tick + 1) if d - k * tick > 0)})
+    r_idx = {r: k for k, r in enumerate(rs)}
+    inf = math.inf
+    w = np.arange(W + 1)
+    nxt = np.full((3, len(rs), W + 1), inf)
+    nxt[:, :, W] = 0.0
+    best: list[np.ndarray] = []
+    for i in range(n - 1, -1, -1):
+        a = avail[i] if i < len(avail) else False
+        room = min(tick, D - i * tick)
+        cur = np.full((3, len(rs), W + 1), inf)
+        arg = np.zeros((3, len(rs), W + 1), dtype=np.int8)
+        for mi, m in enumerate(_MODES):
+            for ri, r in enumerate(rs):
+                if m == Mode.IDLE and r:
+                    continue
+                vals = []
+                for ci, c in enumerate(_MODES):
+                    if c == Mode.SPOT and not a:
+                        vals.append(np.full(W + 1, inf))
+                        continue
+                    if c == Mode.IDLE:
+                        vals.append(nxt[0, 0].copy())
+                        continue
+                    rc = r if c == m else d
+                    price = _price(job, c)
+                    need = rc + W - w
+                    v = np.full(W + 1, inf)
+                    fin = need <= room
+                    v[fin] = price * need[fin]
+                    prog = max(0, tick - rc)
+                    r2 = r_idx[max(0, rc - tick)]
+                    go = (~fin) & (w + prog < W)
+                    v[go] = price * tick + nxt[ci, r2, (w + prog)[go]]
+                    vals.append(v)
+                stack = np.stack(vals)
+                arg[mi, ri] = np.argmin(stack, axis=0)
+                cur[mi, ri] = stack.min(axis=0)
+        if not a:  # a spot VM is lost at this tick: its state is that of nothing running
+            cur[1], arg[1] = cur[0, 0], arg[0, 0]
+        cur[:, :, W] = 0.0
+        best.append(arg)
+        nxt = cur
+    if not math.isfinite(nxt[0, 0, 0]):
+        return None
+    best.reverse()
+    return float(nxt[0, 0, 0]), _forward(job, avail, tick, best, rs, r_idx)
+
+
+def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[np.ndarray], rs: list[int],
+             r_idx: dict[int, int]) -> list[Mode]:
+    """The optimum's choice at each tick, following its argmins from the start."""
+    w, r, mode, out = 0, 0, Mode.IDLE, []
+    for i, arg in enumerate(best):
+        a = avail[i] if i < len(avail) else False
+        if mode == Mode.SPOT and not a:
+            mode, r = Mode.IDLE, 0
+        c = _MODES[int(arg[_MODES.index(mode), r_idx[r], w])]
+        out.append(c)
+        r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
+        if c != Mode.IDLE:
+            if r + job.work_min - w <= tick:
+                break
+            w += max(0, tick - r)
+            r = max(0, r - tick)
+        mode = c
+    return out
+
+
+def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policy.DEADLINE_POLICIES,
+          need: int = 1) -> list[Outcome]:
+    """Every named policy on ``trace`` from ``start_tick``; the ``deadline`` policy has seen the
+    ``HISTORY_H`` hours before it (the others need no history)."""
+    if not 0 <= start_tick < len(trace.counts):
+        raise AvailabilityTraceError(f"--start-tick {start_tick} is outside the trace (0..{len(trace.counts) - 1})")
+    tick = trace.tick_min
+    full = trace.available(need)
+    avail = full[start_tick:]
+    history = full[max(0, start_tick - round(HISTORY_H * 60 / tick)):start_tick]
+    out = []
+    for name in names:
+        if name == "optimal":
+            opt = optimal_choices(job, avail, tick)
+            if opt is None:
+                o = run_policy("optimal", job, avail, tick, choices=[Mode.ON_DEMAND])
+                o.deadline_met = False
+            else:
+                o = run_policy("optimal", job, avail, tick, choices=opt[1])
+            out.append(o)
+        else:
+            out.append(run_policy(name, job, avail, tick, history=history if name == "deadline" else ()))
+    return out
+
+
+def saving_share(cost: float, on_demand: float, optimal: float) -> float | None:
+    """The share of the on-demand-to-optimum saving a policy captured (1 = as cheap as the optimum)."""
+    gap = on_demand - optimal
+    return None if gap <= 1e-9 else (on_demand - cost) / gap
