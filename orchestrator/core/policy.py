@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -158,6 +158,7 @@ class Progress:
     spot_available: bool  # can a spot VM be had now (no stockout / quota block; trace tick > 0)
     tick_h: float  # time until the next decision
     overhead_left_h: float = 0.0  # of the current VM's start, still to run
+    outage_h: float = 0.0  # how long spot has been out (0 when it can be had)
     spot_usd_per_h: float = 0.3
     on_demand_usd_per_h: float = 1.0
 
@@ -175,20 +176,35 @@ class Availability:
     down_h: float
 
     @classmethod
-    def from_samples(cls, samples: tuple[bool, ...], tick_h: float, prior: Availability | None = None
-                     ) -> Availability:
-        """Mean up and down stretches of ``samples`` (one per tick); a side never seen keeps ``prior``."""
+    def from_samples(cls, samples: tuple[bool, ...], tick_h: float) -> Availability:
+        """Mean up and down stretches of ``samples`` (one per tick)."""
+        log = AvailabilityLog()
+        for x in samples:
+            log.add(x)
+        return log.seen(tick_h)
+
+
+@dataclass
+class AvailabilityLog:
+    """Stretches of availability seen so far (the open one counts), kept as sums so that each tick
+    adds in O(1): the simulator's thousands of ticks and the daemon's passes read the same figures."""
+
+    ticks: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    runs: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    last: bool | None = None
+
+    def add(self, available: bool) -> None:
+        self.ticks[available] += 1
+        if available != self.last:
+            self.runs[available] += 1
+        self.last = available
+
+    def seen(self, tick_h: float, prior: Availability | None = None) -> Availability:
+        """Mean stretches; a side never seen keeps ``prior`` (default: ``DEFAULT_AVAILABILITY``)."""
         prior = prior or DEFAULT_AVAILABILITY
-        runs: dict[bool, list[int]] = {True: [], False: []}
-        n = 0
-        for i, x in enumerate(samples):
-            n += 1
-            if i + 1 == len(samples) or samples[i + 1] != x:
-                runs[x].append(n)
-                n = 0
-        up = tick_h * sum(runs[True]) / len(runs[True]) if runs[True] else prior.up_h
-        down = tick_h * sum(runs[False]) / len(runs[False]) if runs[False] else prior.down_h
-        return cls(up, down)
+        up = tick_h * self.ticks[True] / self.runs[True] if self.runs[True] else prior.up_h
+        down = tick_h * self.ticks[False] / self.runs[False] if self.runs[False] else prior.down_h
+        return Availability(up, down)
 
 
 # Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
@@ -196,7 +212,8 @@ class Availability:
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
 # Tuned on the us-west-2a traces (1-node) at even start ticks; see bench/deadline_policy.py for what was held out.
 RESERVE_CYCLES: Final = 1.0  # slack kept for this many expected spot/outage cycles' hops (2 overheads each)
-HOP_GAIN: Final = 1.0  # hop from on-demand to spot when the expected saving is this many times its cost
+HOP_GAIN: Final = 1.0
+OUTAGE_SHARE: Final = 1.0  # hop from on-demand to spot when the expected saving is this many times its cost
 
 
 def _safe(p: Progress, choice: Mode) -> Mode:
@@ -229,27 +246,25 @@ def uniform_progress_policy(p: Progress) -> Mode:
 
 
 def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
-    """The product's own policy: spend the slack on waiting for spot, but keep enough of it for the hops
-    between spot and on-demand that the spot/outage cycles still to come will ask for (their length from
-    the availability ``seen``); hop back to spot from on-demand when the expected spot stretch saves more
-    than the hop costs (the overhead on spot now, and on on-demand after the next preemption)."""
+    """The product's own policy. The slack (hours the job can still lose) is spent on waiting out spot
+    outages, a share for each outage still to come (their number from the spot/outage cycles ``seen``),
+    less a reserve for the hops between spot and on-demand those cycles ask for. An outage that outlasts
+    its share is run on on-demand; spot is taken back as soon as the expected spot stretch saves more than
+    the hop costs (the overhead on spot now, and on on-demand after the next preemption)."""
     d = p.overhead_h
-    left_h = p.deadline_h - p.elapsed_h
-    cycles = left_h / max(seen.up_h + seen.down_h, p.tick_h)
-    reserve = RESERVE_CYCLES * cycles * 2 * d
+    cycles = (p.deadline_h - p.elapsed_h) / max(seen.up_h + seen.down_h, p.tick_h)
     if p.spot_available:
         if p.mode != Mode.ON_DEMAND:
             return _safe(p, Mode.SPOT)
         stretch = min(seen.up_h, p.work_h - p.work_done_h)
         gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * stretch
         cost = d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
-        if p.slack_h >= 2 * d and gain >= HOP_GAIN * cost:
-            return Mode.SPOT
-        return Mode.ON_DEMAND
-    hysteresis = d if p.mode == Mode.ON_DEMAND else 0.0  # leaving on-demand costs a restart later
-    if p.slack_h - p.tick_h >= reserve + d + hysteresis:
-        return _safe(p, Mode.IDLE)
-    return Mode.ON_DEMAND
+        return Mode.SPOT if p.slack_h >= 2 * d and gain >= HOP_GAIN * cost else Mode.ON_DEMAND
+    if p.mode == Mode.ON_DEMAND:
+        return Mode.ON_DEMAND  # this outage outlasted its share: stay until spot is back
+    spare = p.slack_h - RESERVE_CYCLES * cycles * 2 * d - d
+    share = OUTAGE_SHARE * spare / max(1.0, cycles)
+    return _safe(p, Mode.IDLE if p.outage_h < share else Mode.ON_DEMAND)
 
 
 def on_demand_policy(p: Progress) -> Mode:

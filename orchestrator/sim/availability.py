@@ -22,7 +22,7 @@ from typing import Any, Final
 import numpy as np
 
 from orchestrator.core import policy
-from orchestrator.core.policy import Availability, Mode, Progress
+from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 
 _MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
 HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts
@@ -96,25 +96,31 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
                choices: list[Mode] | None = None) -> Outcome:
     """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
     ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand."""
-    t, w, r, i, cost = 0, 0, 0, 0, 0.0
+    t, w, r, i, cost, down = 0, 0, 0, 0, 0.0, 0
     mode = Mode.IDLE
-    seen = list(history)
+    log = AvailabilityLog()
+    for x in history if name == "deadline" else ():
+        log.add(x)
     out = Outcome(name, 0.0, 0.0, False)
     while True:
         a = avail[i] if i < len(avail) else False
         if mode == Mode.SPOT and not a:
             mode, r = Mode.IDLE, 0  # preempted
+        down = 0 if a else down + 1
         if choices is not None:
             c = choices[i] if i < len(choices) else Mode.ON_DEMAND
         elif t >= job.deadline_min:
             c = Mode.ON_DEMAND
         else:
-            p = Progress(t / 60, w / 60, job.work_min / 60, job.deadline_min / 60, job.overhead_min / 60, mode, a,
-                         tick / 60, r / 60, job.spot_usd_per_h, job.on_demand_usd_per_h)
-            c = policy.decide_deadline(name, p, Availability.from_samples(tuple(seen), tick / 60))
+            p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60,
+                         deadline_h=job.deadline_min / 60, overhead_h=job.overhead_min / 60, mode=mode,
+                         spot_available=a, tick_h=tick / 60, overhead_left_h=r / 60,
+                         outage_h=max(0, down - 1) * tick / 60, spot_usd_per_h=job.spot_usd_per_h,
+                         on_demand_usd_per_h=job.on_demand_usd_per_h)
+            c = policy.decide_deadline(name, p, log.seen(tick / 60) if name == "deadline" else policy.DEFAULT_AVAILABILITY)
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
-        seen.append(a)
+        log.add(a)
         if c != mode:
             out.timeline.append((t, c.value))
         r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
@@ -145,42 +151,39 @@ def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float
     n = math.ceil(D / tick)
     rs = sorted({0, *(d - k * tick for k in range(1, d // tick + 1) if d - k * tick > 0)})
     r_idx = {r: k for k, r in enumerate(rs)}
-    inf = math.inf
     w = np.arange(W + 1)
-    nxt = np.full((3, len(rs), W + 1), inf)
+    nxt = np.full((3, len(rs), W + 1), math.inf)
     nxt[:, :, W] = 0.0
     best: list[np.ndarray] = []
     for i in range(n - 1, -1, -1):
         a = avail[i] if i < len(avail) else False
         room = min(tick, D - i * tick)
-        cur = np.full((3, len(rs), W + 1), inf)
+        # Running c with rc minutes of overhead still to run this tick: finish now, or go on to tick i + 1.
+        run: dict[tuple[int, int], np.ndarray] = {}
+        for ci in ((1, 2) if a else (2,)):
+            price = _price(job, _MODES[ci])
+            for rc in {d, *rs}:
+                need = rc + W - w
+                prog = max(0, tick - rc)
+                v = np.full(W + 1, math.inf)
+                fin = need <= room
+                v[fin] = price * need[fin]
+                nw = w + prog
+                go = (~fin) & (nw < W)
+                v[go] = price * tick + nxt[ci, r_idx[max(0, rc - tick)], nw[go]]
+                run[ci, rc] = v
+        cur = np.full((3, len(rs), W + 1), math.inf)
         arg = np.zeros((3, len(rs), W + 1), dtype=np.int8)
-        for mi, m in enumerate(_MODES):
+        for mi in range(3):
             for ri, r in enumerate(rs):
-                if m == Mode.IDLE and r:
+                if mi == 0 and r:
                     continue
-                vals = []
-                for ci, c in enumerate(_MODES):
-                    if c == Mode.SPOT and not a:
-                        vals.append(np.full(W + 1, inf))
-                        continue
-                    if c == Mode.IDLE:
-                        vals.append(nxt[0, 0].copy())
-                        continue
-                    rc = r if c == m else d
-                    price = _price(job, c)
-                    need = rc + W - w
-                    v = np.full(W + 1, inf)
-                    fin = need <= room
-                    v[fin] = price * need[fin]
-                    prog = max(0, tick - rc)
-                    r2 = r_idx[max(0, rc - tick)]
-                    go = (~fin) & (w + prog < W)
-                    v[go] = price * tick + nxt[ci, r2, (w + prog)[go]]
-                    vals.append(v)
-                stack = np.stack(vals)
-                arg[mi, ri] = np.argmin(stack, axis=0)
-                cur[mi, ri] = stack.min(axis=0)
+                v, k = nxt[0, 0].copy(), np.zeros(W + 1, dtype=np.int8)  # wait
+                for ci in ((1, 2) if a else (2,)):
+                    cand = run[ci, r if ci == mi else d]
+                    better = cand < v
+                    v[better], k[better] = cand[better], ci
+                cur[mi, ri], arg[mi, ri] = v, k
         if not a:  # a spot VM is lost at this tick: its state is that of nothing running
             cur[1], arg[1] = cur[0, 0], arg[0, 0]
         cur[:, :, W] = 0.0
