@@ -44,6 +44,7 @@ CREATE_RETRY_S: Final = _CHOICES["create_retry_s"]  # every zone out of capacity
 CREATE_REISSUE_S: Final = _CHOICES["create_reissue_s"]  # REQUESTED and unseen this long -> create again
 MAX_CREATE_FAILURES: Final = int(_CHOICES["max_create_failures"])  # per slot, then the job fails
 EXTRA_RESTARTS: Final = int(_CHOICES["extra_restarts"])  # whole-cluster restarts beyond max_replacements
+DEADLINE_TICK_S: Final = _CHOICES["deadline_tick_s"]  # cloud seconds between on_revocation: deadline decisions
 
 
 def boot_s(spot: bool, base: float = BOOT_S, spot_extra: float = SPOT_EXTRA_BOOT_S) -> float:

@@ -13,53 +13,22 @@ The online policies are ``core.policy``'s pure decision functions, the same the 
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
 
 from orchestrator.core import policy
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
+from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
+from orchestrator.core.spec import JobSpec
+from orchestrator.sim.engine import NoRevocations, simulate
+from orchestrator.sim.from_spec import cluster_from_spec
 
+__all__ = ["AvailabilityTrace", "AvailabilityTraceError", "load_trace"]  # the trace loader, for the callers here
 _MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
 HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts
-
-
-class AvailabilityTraceError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class AvailabilityTrace:
-    counts: tuple[int, ...]  # spot VMs obtainable at each tick
-    gap_s: float
-    name: str = "trace"
-
-    @property
-    def tick_min(self) -> int:
-        return max(1, round(self.gap_s / 60))
-
-    def available(self, need: int = 1) -> tuple[bool, ...]:
-        return tuple(c >= need for c in self.counts)
-
-
-def load_trace(path: Path) -> AvailabilityTrace:
-    """A trace file: {"metadata": {"gap_seconds": N}, "data": [count per tick, ...]}."""
-    try:
-        doc = json.loads(path.read_text())
-        gap = float(doc["metadata"]["gap_seconds"])
-        counts = tuple(int(x) for x in doc["data"])
-    except OSError as exc:
-        raise AvailabilityTraceError(f"{path}: cannot read the availability trace ({exc.strerror})") from None
-    except (ValueError, KeyError, TypeError):
-        raise AvailabilityTraceError(f"{path}: not an availability trace; expected "
-                                     '{"metadata": {"gap_seconds": N}, "data": [counts per tick]}') from None
-    if not gap > 0 or not counts or min(counts) < 0:
-        raise AvailabilityTraceError(f"{path}: gap_seconds must be > 0 and data non-empty counts >= 0")
-    return AvailabilityTrace(counts, gap, path.stem)
 
 
 @dataclass(frozen=True)
@@ -93,13 +62,16 @@ def _price(job: Job, mode: Mode) -> float:
 
 
 def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, history: tuple[bool, ...] = (),
-               choices: list[Mode] | None = None) -> Outcome:
+               choices: list[Mode] | None = None, learn: bool = True) -> Outcome:
     """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
-    ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand."""
+    ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand.
+    ``learn``: the deadline policy reads the up and down stretches seen so far (``history``, then the
+    ticks it lived through); else it keeps ``core.policy.DEFAULT_AVAILABILITY``, as the daemon does."""
     t, w, r, i, cost, down = 0, 0, 0, 0, 0.0, 0
     mode = Mode.IDLE
     log = AvailabilityLog()
-    for x in history if name == "deadline" else ():
+    learn = learn and name == "deadline"
+    for x in history if learn else ():
         log.add(x)
     out = Outcome(name, 0.0, 0.0, False)
     while True:
@@ -117,7 +89,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
                          spot_available=a, tick_h=tick / 60, overhead_left_h=r / 60,
                          outage_h=max(0, down - 1) * tick / 60, spot_usd_per_h=job.spot_usd_per_h,
                          on_demand_usd_per_h=job.on_demand_usd_per_h)
-            c = policy.decide_deadline(name, p, log.seen(tick / 60) if name == "deadline" else policy.DEFAULT_AVAILABILITY)
+            c = policy.decide_deadline(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
         log.add(a)
@@ -244,3 +216,29 @@ def saving_share(cost: float, on_demand: float, optimal: float) -> float | None:
     """The share of the on-demand-to-optimum saving a policy captured (1 = as cheap as the optimum)."""
     gap = on_demand - optimal
     return None if gap <= 1e-9 else (on_demand - cost) / gap
+
+
+@dataclass(frozen=True)
+class DeadlineFigures:
+    """A spec's job as the deadline policies see it, in seconds of its own clock (local: wall seconds)."""
+
+    work_s: float  # predicted no-revocation time, less the first start (every start pays the overhead)
+    overhead_s: float  # boot + start-up (restore) + half a checkpoint interval of lost steps
+    spot_usd_per_h: float  # the spot-planned slots on spot, the others as planned
+    on_demand_usd_per_h: float  # the spot-planned slots on on-demand
+    time_scale: float  # cloud seconds per second of the job's clock (local provider)
+
+
+def deadline_figures(spec: JobSpec) -> DeadlineFigures:
+    """Work, restart overhead and prices of ``spec``'s planned cluster, from the simulator's accounting."""
+    cluster = cluster_from_spec(spec)
+    base = simulate(replace(cluster, enforce_limits=False), NoRevocations())
+    start_s = cluster.boot_delay_s + cluster.spot_extra_boot_s + cluster.startup_s
+    train_s = max(1e-9, base.wall_time_s - start_s - cluster.teardown_s)
+    lost_s = train_s * min(cluster.checkpoint_every, cluster.train_steps) / cluster.train_steps / 2
+    fixed = sum(s.price_per_hour for s in cluster.slots if not s.spot)
+    return DeadlineFigures(
+        work_s=base.wall_time_s - start_s, overhead_s=start_s + lost_s,
+        spot_usd_per_h=fixed + sum(s.price_per_hour for s in cluster.slots if s.spot),
+        on_demand_usd_per_h=fixed + sum(s.od_price for s in cluster.slots if s.spot),
+        time_scale=cluster.time_scale)
