@@ -229,9 +229,9 @@ class DeadlineFigures:
     time_scale: float  # cloud seconds per second of the job's clock (local provider)
 
 
-def deadline_figures(spec: JobSpec) -> DeadlineFigures:
+def deadline_figures(spec: JobSpec, price_book: str | None = None) -> DeadlineFigures:
     """Work, restart overhead and prices of ``spec``'s planned cluster, from the simulator's accounting."""
-    cluster = cluster_from_spec(spec)
+    cluster = cluster_from_spec(spec, price_book=price_book)
     base = simulate(replace(cluster, enforce_limits=False), NoRevocations())
     start_s = cluster.boot_delay_s + cluster.spot_extra_boot_s + cluster.startup_s
     train_s = max(1e-9, base.wall_time_s - start_s - cluster.teardown_s)
