@@ -271,7 +271,8 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
     mode = policy.Mode.IDLE if not live else policy.Mode.SPOT if any(i.spot for i in live) else policy.Mode.ON_DEMAND
     started = job.started_at if job.started_at is not None else p.now
     available = _spot_available(p, slots, insts)
-    ended_spot = [i.revoked_at or i.updated_at for i in insts if i.spot and p.status[i.name] not in LIVE_INSTANCE]
+    ended_spot = [p.now if i.status in LIVE_INSTANCE else i.revoked_at or i.updated_at  # lost in this pass: now
+                  for i in insts if i.spot and p.status[i.name] not in LIVE_INSTANCE]
     outage_since = max([started, *ended_spot])
     booting = [i for i in live if p.status[i.name] != S.TRAINING]
     left_s = max((max(0.0, di.overhead_s - (p.now - i.requested_at)) for i in booting), default=0.0)

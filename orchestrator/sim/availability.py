@@ -93,7 +93,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
         log.add(a)
-        if c != mode:
+        if not out.timeline or out.timeline[-1][1] != c.value:  # a preemption into waiting shows too
             out.timeline.append((t, c.value))
         r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
         mode = c
