@@ -277,6 +277,9 @@ def report(
         from orchestrator.cli.torch_report import training_section  # lazy: the ORM models
 
         training = training_section(session, rows) if fmt == "table" else []
+        from orchestrator.cli.deadline_report import deadline_section  # lazy: the ORM models
+
+        deadlines = deadline_section(session, rows) if fmt == "table" else []
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
             "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
             "revocations", "replacements", "restarts"]
@@ -292,6 +295,8 @@ def report(
         print_report(rows, title=f"report ({time.strftime('%Y-%m-%d %H:%M')})")
         if training:  # framework, world-size timeline (PyTorch elastic), examples/s, accuracy, cost
             sys.stdout.write("training:\n" + "".join(f"  {line}\n" for line in training))
+        if deadlines:  # on_revocation: deadline: spot / on-demand / waiting against uniform progress
+            sys.stdout.write("deadline policy:\n" + "".join(f"  {line}\n" for line in deadlines))
 
 
 def _watch(job: str | None) -> None:

@@ -246,4 +246,31 @@ def format_for(path: Path) -> str:
 
 def write_plot(session: Session, job_id: str, path: Path) -> None:
     fmt = format_for(path)
+    from orchestrator.cli.deadline_report import deadline_job  # lazy: only report --plot draws
+
+    job = deadline_job(session, job_id)
+    if job is not None:  # on_revocation: deadline: the three plots, then the policy's timeline
+        path.write_bytes(render_with_deadline(session, job, gather(session, job_id), fmt))
+        return
     path.write_bytes(render(gather(session, job_id), fmt))
+
+
+def render_with_deadline(session: Session, job: Job, data: PlotData, fmt: str) -> bytes:
+    """``render``'s plots, and below them the deadline policy's spot / on-demand / waiting timeline."""
+    from matplotlib.figure import Figure  # lazy: matplotlib, as in render
+
+    from orchestrator.cli.deadline_report import draw_deadline_panel  # lazy: only deadline jobs
+
+    fig = Figure(figsize=(11, 11), dpi=110, layout="constrained")
+    ax_tl, ax_cost, ax_tp, ax_dl = fig.subplots(4, 1, sharex=True, height_ratios=[2.2, 1, 1, 1.4])
+    scale, unit = _time_unit(max([data.end, float(job.deadline_s or 0.0)] + [b.end for b in data.bars]))
+    _draw_timeline(ax_tl, data, scale)
+    _draw_cost(ax_cost, data, scale)
+    _draw_throughput(ax_tp, data, scale, unit)
+    draw_deadline_panel(ax_dl, session, job, data.bars, data.end, scale)
+    ax_dl.set_xlabel(f"{unit} since the job started")
+    for ax in (ax_tl, ax_cost, ax_tp, ax_dl):
+        ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
+    return buf.getvalue()
