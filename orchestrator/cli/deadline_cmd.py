@@ -10,12 +10,15 @@ from typing import Any
 from orchestrator.cli.render import console, money, table
 from orchestrator.core import policy
 from orchestrator.core.errors import UserError
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
 from orchestrator.sim.availability import (
     AvailabilityTraceError,
     Job,
+    Outlook,
+    bundled_traces,
     deadline_figures,
     load_trace,
+    outlook,
     saving_share,
     study,
 )
@@ -87,3 +90,36 @@ def _mix(d: dict[str, Any]) -> str:
     """The timeline in short: s(pot) o(n-demand) .(waiting), one letter per change."""
     letters = {"spot": "s", "on-demand": "o", "idle": ".", "done": "|"}
     return "".join(letters[c["mode"]] for c in d["timeline"])[:40]
+
+
+def deadline_outlook(spec: JobSpec) -> tuple[Job, list[Outlook], list[str]] | None:
+    """``plan``'s view of an ``on_revocation: deadline`` spec: each policy's mean cost and chance of meeting
+    the deadline on the spec's own availability trace (local provider) or the bundled ones; None otherwise."""
+    if spec.policy.on_revocation != OnRevocation.DEADLINE or spec.policy.deadline is None:
+        return None
+    local = spec.provider.as_local()
+    paths = [local.availability_trace] if local is not None and local.availability_trace is not None \
+        else bundled_traces()
+    fig = deadline_figures(spec)
+    scale = fig.time_scale / 60.0
+    job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
+              round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+    return job, outlook(job, [load_trace(p) for p in paths]), [p.name for p in paths]
+
+
+def print_outlook(found: tuple[Job, list[Outlook], list[str]]) -> None:
+    job, rows, names = found
+    console.print(table(
+        f"Deadline policies on measured spot availability ({', '.join(names)}; {rows[0].runs} start times): "
+        f"{job.work_min / 60:.2f} h of work, deadline {job.deadline_min / 60:.2f} h, restart overhead "
+        f"{job.overhead_min} min (cloud time)",
+        ["policy", "mean cost", "P(deadline met)"],
+        [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"] for o in rows]))
+
+
+def outlook_dict(found: tuple[Job, list[Outlook], list[str]]) -> dict[str, Any]:
+    job, rows, names = found
+    return {"traces": names, "work_h": job.work_min / 60, "deadline_h": job.deadline_min / 60,
+            "restart_overhead_h": job.overhead_min / 60,
+            "policies": [{"policy": o.policy, "mean_cost_usd": o.mean_cost_usd, "p_deadline_met": o.p_deadline_met,
+                          "runs": o.runs} for o in rows]}

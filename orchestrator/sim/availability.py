@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
 from orchestrator.core import policy
+from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
 from orchestrator.core.spec import JobSpec
@@ -29,6 +31,7 @@ from orchestrator.sim.from_spec import cluster_from_spec
 __all__ = ["AvailabilityTrace", "AvailabilityTraceError", "load_trace"]  # the trace loader, for the callers here
 _MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
 HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts
+OUTLOOK_STARTS: Final = 24  # start ticks per trace behind plan's figures per policy
 
 
 @dataclass(frozen=True)
@@ -242,3 +245,32 @@ def deadline_figures(spec: JobSpec, price_book: str | None = None) -> DeadlineFi
         spot_usd_per_h=fixed + sum(s.price_per_hour for s in cluster.slots if s.spot),
         on_demand_usd_per_h=fixed + sum(s.od_price for s in cluster.slots if s.spot),
         time_scale=cluster.time_scale)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    policy: str
+    mean_cost_usd: float
+    p_deadline_met: float
+    runs: int
+
+
+def bundled_traces() -> list[Path]:
+    """The availability traces shipped in data/spot-availability (each with its source in data/SOURCES.md)."""
+    return sorted((data_dir() / "spot-availability").glob("*.json"))
+
+
+def outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,
+            names: tuple[str, ...] = policy.ONLINE_POLICIES) -> list[Outlook]:
+    """Each online policy's mean cost and chance of meeting the deadline, replayed from ``starts`` start ticks
+    spread over each trace (after ``HISTORY_H`` of history): what ``plan`` prints."""
+    runs: dict[str, list[Outcome]] = {n: [] for n in names}
+    for tr in traces:
+        first = min(len(tr.counts) - 1, round(HISTORY_H * 60 / tr.tick_min))
+        last = max(first, len(tr.counts) - 1 - math.ceil(job.deadline_min / tr.tick_min))
+        for k in range(starts):
+            start = first + (last - first) * k // max(1, starts - 1)
+            for o in study(job, tr, start, names):
+                runs[o.policy].append(o)
+    return [Outlook(n, sum(o.cost_usd for o in rs) / len(rs), sum(o.deadline_met for o in rs) / len(rs), len(rs))
+            for n, rs in runs.items() if rs]
