@@ -83,7 +83,7 @@ def score(cells: dict[tuple[str, int, int], list[dict[str, Outcome]]]) -> tuple[
 
 
 def tune(book: str) -> None:
-    grid = {"RESERVE_CYCLES": (0.5, 1.0, 1.5), "HOP_GAIN": (0.5, 1.0, 2.0), "OUTAGE_SHARE": (0.5, 1.0, 2.0, 4.0)}
+    grid = {"RESERVE_CYCLES": (0.25, 0.5, 1.0), "HOP_GAIN": (1.0, 2.0, 4.0), "OUTAGE_SHARE": (1.0, 3.0)}
     print("tuning on the even start points: missed, dearer than UP, cells < 80%, mean share")
     for values in itertools.product(*grid.values()):
         for key, v in zip(grid, values, strict=True):

@@ -56,9 +56,9 @@ def test_uniform_progress_follows_the_line_with_hysteresis() -> None:
 
 
 def test_deadline_policy_waits_a_share_of_the_slack_per_outage_then_takes_on_demand() -> None:
-    seen = Availability(up_h=2.0, down_h=1.0)  # 14 cycles left: keep 14 x 2 overheads, wait 0.11 h per outage
+    seen = Availability(up_h=2.0, down_h=1.0)  # 14 cycles left: keep 14 x 2 overheads, wait 3 x 0.11 h per outage
     assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.0), seen) == Mode.IDLE
-    assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.2), seen) == Mode.ON_DEMAND
+    assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.5), seen) == Mode.ON_DEMAND
     assert policy.deadline_policy(progress(outage_h=0.0), seen) == Mode.ON_DEMAND  # the hops need the slack
     on_od = progress(mode=Mode.ON_DEMAND, spot_available=True)
     assert policy.deadline_policy(on_od, seen) == Mode.SPOT  # a 2 h spot stretch pays for the hop
@@ -67,7 +67,8 @@ def test_deadline_policy_waits_a_share_of_the_slack_per_outage_then_takes_on_dem
 
 def test_availability_log_matches_the_stretches() -> None:
     seen = Availability.from_samples((True, True, False, True, True, True, False, False), tick_h=0.5)
-    assert seen == Availability(up_h=1.25, down_h=0.75)
+    assert (seen.up_h, seen.down_h, seen.ups, seen.downs) == (1.25, 0.75, (1.0, 1.5), (0.5,))
+    assert seen.up_left(0.0) == 1.25 and seen.up_left(1.0) == 0.5  # only the 1.5 h stretch outlived 1 h
     assert Availability.from_samples((), 1.0) == policy.DEFAULT_AVAILABILITY
 
 

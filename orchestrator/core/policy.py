@@ -160,6 +160,7 @@ class Progress:
     tick_h: float  # time until the next decision
     overhead_left_h: float = 0.0  # of the current VM's start, still to run
     outage_h: float = 0.0  # how long spot has been out (0 when it can be had)
+    spot_up_h: float = 0.0  # how long spot has been available (0 when it cannot be had)
     spot_usd_per_h: float = 0.3
     on_demand_usd_per_h: float = 1.0
 
@@ -171,33 +172,57 @@ class Progress:
 
 @dataclass(frozen=True)
 class Availability:
-    """Spot availability seen so far: mean lengths of the up and down stretches (hours)."""
+    """Spot availability seen so far: mean lengths of the up and down stretches (hours), and the finished
+    stretches themselves, for what is left of one of a given age (stretches are heavy-tailed: an outage
+    that has lasted an hour is likely to last longer than a fresh one)."""
 
     up_h: float
     down_h: float
+    ups: tuple[float, ...] = ()
+    downs: tuple[float, ...] = ()
 
     @classmethod
     def from_samples(cls, samples: tuple[bool, ...], tick_h: float) -> Availability:
-        """Mean up and down stretches of ``samples`` (one per tick)."""
+        """The stretches of ``samples`` (one per tick)."""
         log = AvailabilityLog()
         for x in samples:
             log.add(x)
         return log.seen(tick_h)
 
+    def up_left(self, age_h: float) -> float:
+        return _left(self.ups, age_h, self.up_h)
+
+    def down_left(self, age_h: float) -> float:
+        return _left(self.downs, age_h, self.down_h)
+
+
+def _left(stretches: tuple[float, ...], age_h: float, mean_h: float) -> float:
+    """Mean of what is left of the seen stretches longer than ``age_h``; without any, the mean (or the age)."""
+    longer = [x - age_h for x in stretches if x > age_h]
+    if longer:
+        return sum(longer) / len(longer)
+    return max(mean_h - age_h, age_h) if stretches else mean_h
+
 
 @dataclass
 class AvailabilityLog:
-    """Stretches of availability seen so far (the open one counts), kept as sums so that each tick
-    adds in O(1): the simulator's thousands of ticks and the daemon's passes read the same figures."""
+    """Stretches of availability seen so far (the open one counts in the means), added one tick at a time:
+    the simulator's thousands of ticks and the daemon's passes read the same figures."""
 
     ticks: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     runs: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    closed: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})
     last: bool | None = None
+    open_ticks: int = 0
 
     def add(self, available: bool) -> None:
         self.ticks[available] += 1
         if available != self.last:
             self.runs[available] += 1
+            if self.last is not None:
+                self.closed[self.last].append(self.open_ticks)
+            self.open_ticks = 0
+        self.open_ticks += 1
         self.last = available
 
     def seen(self, tick_h: float, prior: Availability | None = None) -> Availability:
@@ -205,16 +230,17 @@ class AvailabilityLog:
         prior = prior or DEFAULT_AVAILABILITY
         up = tick_h * self.ticks[True] / self.runs[True] if self.runs[True] else prior.up_h
         down = tick_h * self.ticks[False] / self.runs[False] if self.runs[False] else prior.down_h
-        return Availability(up, down)
+        return Availability(up, down, tuple(tick_h * n for n in self.closed[True]),
+                            tuple(tick_h * n for n in self.closed[False]))
 
 
 # Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
 # NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
-# Tuned on the us-west-2a traces (1-node) at even start ticks; see bench/deadline_policy.py for what was held out.
+# Tuned (bench/deadline_policy.py --tune) on the even start points of every trace; the odd ones are held out.
 RESERVE_CYCLES: Final = 1.0  # slack kept for this many expected spot/outage cycles' hops (2 overheads each)
-HOP_GAIN: Final = 1.0
-OUTAGE_SHARE: Final = 1.0  # hop from on-demand to spot when the expected saving is this many times its cost
+HOP_GAIN: Final = 2.0  # hop from on-demand to spot when the expected saving is this many times its cost
+OUTAGE_SHARE: Final = 3.0  # an outage may take this many times its even share of the spare slack
 
 
 def _safe(p: Progress, choice: Mode) -> Mode:
@@ -257,7 +283,7 @@ def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> M
     if p.spot_available:
         if p.mode != Mode.ON_DEMAND:
             return _safe(p, Mode.SPOT)
-        stretch = min(seen.up_h, p.work_h - p.work_done_h)
+        stretch = min(seen.up_left(p.spot_up_h), p.work_h - p.work_done_h)
         gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * stretch
         cost = d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
         return Mode.SPOT if p.slack_h >= 2 * d and gain >= HOP_GAIN * cost else Mode.ON_DEMAND

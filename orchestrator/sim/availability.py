@@ -70,7 +70,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand.
     ``learn``: the deadline policy reads the up and down stretches seen so far (``history``, then the
     ticks it lived through); else it keeps ``core.policy.DEFAULT_AVAILABILITY``, as the daemon does."""
-    t, w, r, i, cost, down = 0, 0, 0, 0, 0.0, 0
+    t, w, r, i, cost, down, up = 0, 0, 0, 0, 0.0, 0, 0
     mode = Mode.IDLE
     log = AvailabilityLog()
     learn = learn and name == "deadline"
@@ -81,7 +81,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         a = avail[i] if i < len(avail) else False
         if mode == Mode.SPOT and not a:
             mode, r = Mode.IDLE, 0  # preempted
-        down = 0 if a else down + 1
+        down, up = (0, up + 1) if a else (down + 1, 0)
         if choices is not None:
             c = choices[i] if i < len(choices) else Mode.ON_DEMAND
         elif t >= job.deadline_min:
@@ -90,7 +90,8 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
             p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60,
                          deadline_h=job.deadline_min / 60, overhead_h=job.overhead_min / 60, mode=mode,
                          spot_available=a, tick_h=tick / 60, overhead_left_h=r / 60,
-                         outage_h=max(0, down - 1) * tick / 60, spot_usd_per_h=job.spot_usd_per_h,
+                         outage_h=max(0, down - 1) * tick / 60, spot_up_h=max(0, up - 1) * tick / 60,
+                         spot_usd_per_h=job.spot_usd_per_h,
                          on_demand_usd_per_h=job.on_demand_usd_per_h)
             c = policy.decide_deadline(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
         if c == Mode.SPOT and not a:
