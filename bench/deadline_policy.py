@@ -108,7 +108,11 @@ def table(book: str) -> None:
     missed, dearer, low, mean = score(cells)
     runs_n = sum(len(r) for r in cells.values())
     worst = min((s, k) for k, runs in cells.items() if (s := share(runs, "deadline")) is not None)
-    print(f"\ndeadline policy over {runs_n} held-out runs: {missed} deadlines missed; dearer than uniform-progress "
+    above = [k for k, runs in cells.items() if sum(r["deadline"].cost_usd - r["uniform-progress"].cost_usd
+                                                    for r in runs) > 1e-6]
+    print(f"\ndeadline policy: mean cost above uniform-progress in {len(above)} of {len(cells)} cells "
+          f"({', '.join(f'{k[0]} {k[1]}h {k[2]}m' for k in above) or 'none'})")
+    print(f"deadline policy over {runs_n} held-out runs: {missed} deadlines missed; dearer than uniform-progress "
           f"in {dearer}; {low} of {len(cells)} cells under 80% of the optimum's saving (worst {100 * worst[0]:.0f}% "
           f"on {worst[1]}); mean share {100 * mean:.0f}%")
     for n in NAMES:
