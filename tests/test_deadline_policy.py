@@ -91,6 +91,8 @@ def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int,
 # ---------------------------------------------------------------- the daemon makes the simulator's decisions
 
 T0 = 1_000_000.0
+SCALE = 60.0  # as the local provider's time_scale: the daemon's clock runs in seconds of 1 cloud minute
+K = 60.0 / SCALE  # the daemon's seconds per cloud minute
 
 
 def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple[float, str]]:
@@ -102,18 +104,18 @@ def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple
     t, w, r, i, shown = 0, 0, 0, 0, Mode.IDLE
     timeline: list[tuple[float, str]] = []
     while True:
-        now, a = T0 + 60 * t, avail[i] if i < len(avail) else False
+        now, a = T0 + K * t, avail[i] if i < len(avail) else False
         live = [v for v in insts.values() if v.status == InstanceStatus.TRAINING]
         seen = {v.name: ObservedInstance(v.name, "j", v.role, v.index, v.generation, v.zone,
                                          ObservedState.TERMINATED if v.spot and not a else ObservedState.RUNNING,
                                          preempted=v.spot and not a) for v in live}
         view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(slot,),
                        instances=tuple(insts.values()), on_revocation=OnRevocation.DEADLINE, max_replacements=5,
-                       budget_usd=None, deadline_s=60.0 * job.deadline_min, started_at=T0, restarts=0,
+                       budget_usd=None, deadline_s=K * job.deadline_min, started_at=T0, restarts=0,
                        cost_usd=0.0, deadline_inputs=DeadlineInputs(
-                           work_s=60.0 * job.work_min, done_s=60.0 * w, overhead_s=60.0 * job.overhead_min,
-                           tick_s=60.0 * tick, spot_usd_per_h=job.spot_usd_per_h,
-                           on_demand_usd_per_h=job.on_demand_usd_per_h))
+                           work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
+                           tick_s=K * tick, spot_usd_per_h=job.spot_usd_per_h,
+                           on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=SCALE))
         obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen}, spot_available=a)
         for act in reconcile(view, obs, now):
             if isinstance(act, SetInstanceStatus):

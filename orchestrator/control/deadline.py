@@ -41,7 +41,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec) -> DeadlineInputs
     step, _ = queries.latest_step(session, job.id)
     return DeadlineInputs(work_s=fig.work_s, done_s=fig.work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=fig.overhead_s, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
-                          on_demand_usd_per_h=fig.on_demand_usd_per_h)
+                          on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale)
 
 
 def spot_available(provider: Provider, job_id: str) -> bool | None:

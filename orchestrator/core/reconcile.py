@@ -276,7 +276,7 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
     outage_since = max([started, *ended_spot])
     booting = [i for i in live if p.status[i.name] != S.TRAINING]
     left_s = max((max(0.0, di.overhead_s - (p.now - i.requested_at)) for i in booting), default=0.0)
-    h = 3600.0
+    h = 3600.0 / di.time_scale  # hours of cloud time, the clock of the availability the policy has in mind
     return policy.Progress(
         elapsed_h=(p.now - started) / h, work_done_h=di.done_s / h, work_h=di.work_s / h,
         deadline_h=job.deadline_s / h, overhead_h=di.overhead_s / h, mode=mode, spot_available=available,

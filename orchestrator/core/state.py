@@ -21,6 +21,7 @@ class DeadlineInputs:
     tick_s: float  # time between two decisions
     spot_usd_per_h: float
     on_demand_usd_per_h: float
+    time_scale: float = 1.0  # cloud seconds per second of the job's clock (local): the policy thinks in cloud time
 
 
 @dataclass(frozen=True)
