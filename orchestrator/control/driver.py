@@ -322,7 +322,7 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    max_replacements=spec.policy.max_replacements, budget_usd=job.budget_usd,
                    deadline_s=job.deadline_s, started_at=job.started_at, restarts=job.restarts, cost_usd=cost,
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
-                   fatal_exits=job.fatal_exits, deadline_inputs=deadline.deadline_inputs(session, job, spec),
+                   fatal_exits=job.fatal_exits, deadline_inputs=deadline.deadline_inputs(session, job, spec, now),
                    **torch_view(spec, slots))
 
 
