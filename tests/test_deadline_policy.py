@@ -221,3 +221,15 @@ def test_simulate_availability_trace_json(tmp_path: Path) -> None:
                          timeout=120)
     assert bad.returncode == 2 and "cannot read the availability trace" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_report_segments_show_spot_on_demand_and_waiting() -> None:
+    from orchestrator.cli.deadline_report import segments
+    from orchestrator.cli.plots import Bar
+
+    def bar(start: float, end: float, spot: bool, revoked: float | None = None) -> Bar:
+        return Bar(slot="worker-0", name="w", gpu="v100", spot=spot, start=start, end=end, price_per_hour=1.0,
+                   on_demand_per_hour=2.0, revoked=revoked, notice=False, replacement=start > 0)
+
+    bars = [bar(0.5, 62.0, True, revoked=50.0), bar(80.0, 200.0, False)]
+    assert segments(bars, 201.0) == [(0.5, 50.0, "spot"), (50.0, 80.0, "waiting"), (80.0, 200.0, "on-demand")]
