@@ -36,6 +36,14 @@ class ScheduledRevocation(StrictModel):
         return v
 
 
+class Slowdown(StrictModel):
+    """An emulated GPU that slows mid-run (a noisy neighbour, thermal throttling): the local provider only."""
+
+    worker: int = Field(ge=0, le=255, description="worker slot index (worker-N)")
+    at_step: int = Field(ge=0, le=10_000_000, description="training step from which it is slower")
+    factor: float = Field(gt=0, le=100, description="its step takes this many times as long (2: half speed)")
+
+
 class _ProviderBase(StrictModel):
     """What the rest of the product asks a provider spec, answered per kind (no isinstance dispatch)."""
 
@@ -100,6 +108,7 @@ class LocalProvider(_ProviderBase):
     # time_scale: a spot create is refused (stockout) while it reads 0, a spot VM is revoked when it drops to 0.
     availability_trace: Path | None = Field(default=None, description="spot availability trace (JSON) to replay")
     availability_start_tick: int = Field(default=0, ge=0, le=10_000_000)
+    slowdowns: list[Slowdown] = Field(default_factory=list, description="emulated GPUs that slow mid-run")
 
     @model_validator(mode="after")
     def _schedule_needs_mode(self) -> LocalProvider:
