@@ -219,7 +219,7 @@ def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[
 def saving_share(cost: float, on_demand: float, optimal: float) -> float | None:
     """The share of the on-demand-to-optimum saving a policy captured (1 = as cheap as the optimum)."""
     gap = on_demand - optimal
-    return None if gap <= 1e-9 else (on_demand - cost) / gap
+    return None if gap <= 1e-9 else (on_demand - cost) / gap + 0.0  # + 0.0: on-demand itself shows 0, not -0
 
 
 @dataclass(frozen=True)
