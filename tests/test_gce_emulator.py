@@ -23,6 +23,7 @@ from google.cloud import compute_v1 as c
 
 from orchestrator_testing.gce_emulator import GceEmulator
 from orchestrator_testing.gce_emulator_filter import FilterError, compile_filter
+from orchestrator_testing.processes import stop
 
 P, Z, Z2 = "proj", "us-central1-a", "us-central1-b"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
@@ -420,8 +421,7 @@ def test_cli_process_and_http_control_api(tmp_path: Path) -> None:
         snap = control("GET", "snapshot")
         assert snap["calls"]["instances.insert"] == 2 and snap["instances"][0]["name"] == "cli-0"
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=5) == 0
+        assert stop(proc, timeout_s=5) == 0
 
 
 @pytest.mark.parametrize(
@@ -476,7 +476,7 @@ def test_accelerator_optimized_types_time_limits_and_flex_start(emu: GceEmulator
     limited.scheduling.max_run_duration = c.Duration(seconds=3600)
     with pytest.raises(gexc.BadRequest, match="instanceTerminationAction"):
         api.insert(limited)  # GCE asks what to do at the limit
-    flex = instance("flex-0", gpu=None, machine="g2-standard-4", spot=False)
+    flex = instance("flex-0", gpu=None, machine="g4-standard-48", spot=False)  # G4: no flex-start (G2 has it)
     flex.scheduling.provisioning_model = "FLEX_START"
     flex.scheduling.max_run_duration = c.Duration(seconds=3600)
     flex.scheduling.instance_termination_action = "DELETE"
@@ -487,6 +487,9 @@ def test_accelerator_optimized_types_time_limits_and_flex_start(emu: GceEmulator
     with pytest.raises(gexc.BadRequest, match="maxRunDuration"):
         api.insert(flex)  # flex-start VMs run at most 7 days
     flex.scheduling.max_run_duration = c.Duration(seconds=3600)
+    with pytest.raises(gexc.BadRequest, match="NO_RESERVATION"):
+        api.insert(flex)  # Google's flex-start requests never consume a reservation
+    flex.reservation_affinity = c.ReservationAffinity(consume_reservation_type="NO_RESERVATION")
     api.wait(api.insert(flex))
     # The limit is the cloud's own: with no controller, the VM goes at maxRunDuration.
     until(lambda: (emu.instance("a3-0") or {}).get("status") == "RUNNING")
@@ -510,5 +513,4 @@ def test_the_emulator_process_answers_every_request_after_the_latency_asked_for(
             answer.read()
         assert time.monotonic() - started < 0.5
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc, timeout_s=10)

@@ -158,7 +158,18 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             raise typer.Exit(1) from None
         _print_plan(load_spec(spec_path).name, refused.result, top)
         raise
-    _print_result(checked.spec.name, checked.result, top, json_out)
+    from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
+
+    found = deadline_outlook(checked.spec)  # on_revocation: deadline: each policy on real traces
+    if json_out:
+        doc = checked.result.to_dict(top=top)
+        if found is not None:
+            doc["deadline_policies"] = outlook_dict(found)
+        print(json.dumps(doc, indent=2))
+        return
+    _print_plan(checked.spec.name, checked.result, top)
+    if found is not None:
+        print_outlook(found)
 
 
 def _print_result(name: str, result: PlanResult, top: int, json_out: bool) -> None:

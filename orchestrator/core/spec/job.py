@@ -104,6 +104,7 @@ class OnRevocation(StrEnum):
     REPLACE = "replace"  # same GPU type, next allowed zone if the first has no capacity
     SHRINK = "shrink"  # carry on with fewer workers
     FALLBACK_ON_DEMAND = "fallback-on-demand"  # replace with an on-demand instance of the same type
+    DEADLINE = "deadline"  # wait for spot, take on-demand, or go back to spot: finish by policy.deadline, cheapest
 
 
 class Policy(StrictModel):
@@ -122,6 +123,12 @@ class Policy(StrictModel):
             raise ValueError(f"{seconds:g} s is too short to train anything; give at least {MIN_DEADLINE_S:g} s "
                              "(e.g. '30m', '6h')")
         return seconds
+
+    @model_validator(mode="after")
+    def _deadline_given(self) -> Policy:
+        if self.on_revocation == OnRevocation.DEADLINE and self.deadline is None:
+            raise ValueError("on_revocation: deadline needs policy.deadline (e.g. deadline: 6h)")
+        return self
 
 
 class PriceOverride(StrictModel):

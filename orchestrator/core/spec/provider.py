@@ -14,6 +14,9 @@ from orchestrator.core.spec.fields import CidrRange, GceImage, GceNetwork, GcePr
 from orchestrator.core.specfile import short
 
 SSH_USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]*$"  # POSIX portable user names (no newline, colon or space)
+# A service account email (user-made or the project's Compute default), or "none".
+_SERVICE_ACCOUNT = (r"^(none|[a-z][a-z0-9-]{4,29}@[a-z0-9.-]+\.iam\.gserviceaccount\.com"
+                    r"|[0-9]+-compute@developer\.gserviceaccount\.com)$")
 
 
 class RevocationMode(StrEnum):
@@ -104,12 +107,18 @@ class LocalProvider(_ProviderBase):
     # types sleep proportionally less (ratio from the cost model, which uses the catalog specs).
     emulation_k80_step_s: float = Field(default=0.3, ge=0, le=60)
     base_port: UserPort = Field(default=0, ge=0, le=65000, description="0 = pick free ports")
+    # A measured spot availability trace (shared/spot-traces JSON) replayed from this tick, its gap scaled by
+    # time_scale: a spot create is refused (stockout) while it reads 0, a spot VM is revoked when it drops to 0.
+    availability_trace: Path | None = Field(default=None, description="spot availability trace (JSON) to replay")
+    availability_start_tick: int = Field(default=0, ge=0, le=10_000_000)
     slowdowns: list[Slowdown] = Field(default_factory=list, description="emulated GPUs that slow mid-run")
 
     @model_validator(mode="after")
     def _schedule_needs_mode(self) -> LocalProvider:
         if self.schedule and self.revocations != RevocationMode.SCHEDULE:
             raise ValueError("a revocation schedule is given, so set revocations: schedule")
+        if self.availability_trace is not None and self.revocations != RevocationMode.NONE:
+            raise ValueError("availability_trace revokes spot VMs where the trace drops to 0; set revocations: none")
         return self
 
     def as_local(self) -> LocalProvider:
@@ -134,7 +143,17 @@ class GceProvider(_RealTime):
     project: GceProjectId
     zones: list[str] = Field(default_factory=list, description="allowed zones, in order of preference")
     credentials: Path | None = Field(default=None, description="service-account key file; default: ADC")
-    image: GceImage = "projects/debian-cloud/global/images/family/debian-12"
+    # None: a Deep Learning VM image with the NVIDIA driver, per GPU and framework (data/gce_images.csv).
+    image: GceImage | None = Field(default=None, min_length=1, max_length=300)
+    # "installer": a stock image (debian-12, ubuntu) gets Google's cuda_installer.pyz at boot (it reboots once).
+    gpu_driver: Literal["image", "installer"] = "image"
+    # None: the family's default from data/gce_rules.csv (hyperdisk-balanced on A3 Ultra / A4 / G4, else pd-balanced).
+    boot_disk_type: Literal["pd-balanced", "pd-ssd", "pd-standard", "hyperdisk-balanced"] | None = None
+    # scheduling.preemptionNoticeDuration (Preview): a Spot VM gets 120 s of notice instead of 30 s.
+    preemption_notice_s: Literal[0, 120] = 0
+    # The VMs' identity, always with the storage scope only (never cloud-platform): an email (a per-job
+    # account is best), None = the project's default account, "none" = no account (storage not on gs://).
+    service_account: str | None = Field(default=None, pattern=_SERVICE_ACCOUNT, max_length=100)
     network: GceNetwork = "global/networks/default"
     api_endpoint: str | None = Field(default=None, description="Compute API endpoint (emulator, tests)")
     # A POSIX login name: it goes into the ssh-keys metadata as "user:key", where a newline adds a key.
