@@ -40,8 +40,7 @@ def test_catalog_prints_prices_and_sources() -> None:
 @pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
 def test_dry_run_every_example(example: str, tmp_path: Path) -> None:
     out = run("launch", "--dry-run", f"examples/{example}", env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"})
-    refused = {"reproduce-icac19.yaml": "past the deadline",  # 20.6 h of emulated K80s: plan refuses it too
-               "gpt-1.5b-pipeline.yaml": "data parallel cannot place"}  # plan-only: plan notes launch's refusal
+    refused = {"reproduce-icac19.yaml": "past the deadline"}  # 20.6 h of emulated K80s: plan refuses it too
     if example in refused:
         assert out.returncode == 2 and refused[example] in out.stderr, out.stderr
         assert not (tmp_path / "x.db").exists()
