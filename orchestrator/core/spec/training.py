@@ -41,6 +41,9 @@ class BuiltinTraining(StrictModel):
     # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).
     parallelism: Literal["auto", "data", "pipeline"] = "auto"
     optimizer: Literal["sgd", "adam"] = "sgd"
+    # pipeline: stages sized to each GPU (mini-max, the default) or as many layers each (equal-layers: the
+    # heterogeneity-blind baseline, for comparison)
+    partition: Literal["mini-max", "equal-layers"] = "mini-max"
 
     @model_validator(mode="before")
     @classmethod
