@@ -90,8 +90,13 @@ class PipeTrainer(Trainer):
         self.stages = len(p.stage_slots)
         lo, hi = p.modules[self.stage_index]
         fwd, bwd = p.stage_sleep[self.stage_index] if p.stage_sleep else (0.0, 0.0)
-        self.model = Stage(resnet(task.hparam_set, norm=nn.BatchNorm2d), lo, hi, fwd, bwd).to(self.device)
-        stage = PipelineStage(self.model, self.stage_index, self.stages, self.device)
+        whole = resnet(task.hparam_set, norm=nn.BatchNorm2d)
+        inputs, outputs = _boundary_examples(whole, task.global_batch // p.micro_batches, lo, hi)
+        self.model = Stage(whole, lo, hi, fwd, bwd).to(self.device)
+        # The stage's input and output shapes given: no shape-inference forward, whose made-up tensors would
+        # reach batch norm's running statistics (an inf there never decays).
+        stage = PipelineStage(self.model, self.stage_index, self.stages, self.device,
+                              input_args=inputs.to(self.device), output_args=outputs.to(self.device))
         stage.stage_index_to_group_rank = {k: self.slots.index(s) for k, s in enumerate(p.stage_slots)}
         self.schedule = Schedule1F1B(stage, n_microbatches=p.micro_batches,
                                      loss_fn=lambda out, y: nn.functional.cross_entropy(out, y))
@@ -189,6 +194,21 @@ class PipeTrainer(Trainer):
             self._evaluate(step, train_seconds)
         finally:
             self.model = saved
+
+
+def _boundary_examples(whole: nn.Sequential, micro: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensors shaped like a micro-batch entering module ``lo`` and leaving module ``hi - 1`` (eval mode, no
+    gradient: nothing is updated)."""
+    x = torch.zeros(micro, 3, 32, 32)
+    was_training = whole.training
+    whole.eval()
+    seen = [x]
+    with torch.no_grad():
+        for module in whole.children():
+            x = module(x)
+            seen.append(x)
+    whole.train(was_training)
+    return torch.empty_like(seen[lo]), torch.empty_like(seen[hi])
 
 
 class _Unwrapped(nn.Module):
