@@ -208,7 +208,8 @@ def _boundary_examples(whole: nn.Sequential, micro: int, lo: int, hi: int) -> tu
             x = module(x)
             seen.append(x)
     whole.train(was_training)
-    return torch.empty_like(seen[lo]), torch.empty_like(seen[hi])
+    # requires_grad as in training: activations carry gradients back across every cut (not the data itself)
+    return (torch.empty_like(seen[lo]).requires_grad_(lo > 0), torch.empty_like(seen[hi]).requires_grad_(True))
 
 
 class _Unwrapped(nn.Module):
