@@ -19,6 +19,7 @@ from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.quotas import Quotas, QuotaSource, headroom, quota_needs, quota_problems, read_quotas
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.core.spec import GceProvider, JobSpec, load_spec
 from orchestrator.core.torch_spec import secret_problems
 from orchestrator.store.db import open_session
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None, list[KnownBlock]]:
     """Validate the spec; if it does not pin the cluster, let the planner choose one. Placement avoids the
     stockouts and quotas the cloud reported that are still in force (the blocks, also returned)."""
+    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(spec_path)
     from orchestrator.control.launcher import known_blocks  # lazy: the control layer (~0.3 s) only for launch
 

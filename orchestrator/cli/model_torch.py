@@ -128,3 +128,15 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
         f"interval {pred.low_ms:.1f} .. {pred.high_ms:.1f} ms (+-{pred.relative:.0%}, {pred.kind})"
     )
     console.print(f"basis: {pred.basis}" + ("" if points else f" ({len(points)} measured points of {ref})"))
+
+
+def prepare_spec(spec_path: Path) -> None:
+    """Profile (or take from the cache) the PyTorch model a spec names in ``training.model: {torch: ...}``,
+    before the spec is loaded (its batch check and the planner need the profile)."""
+    from orchestrator.profiler.cache import prepare_spec_model  # lazy: the user's module and torch
+    from orchestrator.profiler.torch_profile import ProfileError
+
+    try:
+        prepare_spec_model(spec_path)
+    except ProfileError as exc:
+        raise UserError(f"training.model.torch: {exc}") from None

@@ -14,6 +14,7 @@ from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
 from orchestrator.core.revocation.model import KINDS, FitSummary, RevocationModel, load_revocation_model
 from orchestrator.core.revocation.traces import TraceError
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.core.spec import load_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
@@ -99,6 +100,7 @@ def _monte_carlo(
     path: Path, runs: int, seed: int, price_book: str | None, calibration: Calibration | None, cloud: bool,
     model: RevocationModel, model_kind: str,
 ) -> MonteCarloResult:
+    prepare_spec(path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(path)
     try:
         cluster = cluster_from_spec(spec, price_book=price_book, calibration=calibration, as_cloud=cloud)
