@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct, print_report, table, when
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.quotas import Quotas, QuotaSource, headroom, quota_needs, quota_problems, read_quotas
-from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.core.spec import GceProvider, JobSpec, load_spec
 from orchestrator.core.torch_spec import secret_problems
 from orchestrator.store.db import open_session

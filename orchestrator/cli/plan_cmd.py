@@ -10,11 +10,11 @@ from typing import Any
 import typer
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult, UnknownModelError
 from orchestrator.core.costmodel.interval import plan_interval
 from orchestrator.core.errors import UserError
-from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.core.spec import load_spec
 from orchestrator.sim.from_spec import plan_job
 

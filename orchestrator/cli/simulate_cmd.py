@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from orchestrator.cli.model_cmd import resolve_calibration
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
 from orchestrator.core.revocation.model import KINDS, FitSummary, RevocationModel, load_revocation_model
 from orchestrator.core.revocation.traces import TraceError
-from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.core.spec import load_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec

@@ -185,7 +185,7 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
         record.order.setdefault(name, len(record.order))
         return name
 
-    class Recorder(TorchDispatchMode):
+    class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
@@ -221,7 +221,7 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
         names = {id(m): n for n, m in model.named_modules()}
         hooks = [m.register_forward_hook(_shape_hook(record, names[id(m)])) for m in model.modules()
                  if not list(m.children())]
-        with tracker, Recorder(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with tracker, Recorder(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # type: ignore[no-untyped-call]
             out = model(*inputs)
             leaves = [t for t in torch.utils._pytree.tree_leaves(out)
                       if isinstance(t, torch.Tensor) and t.requires_grad]

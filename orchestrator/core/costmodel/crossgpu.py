@@ -229,7 +229,9 @@ def layer_memory_bytes(profile: ModelProfile, batch: int, precision: str = "fp32
     return [int(batch * layer.saved_bytes * scale) + 3 * layer.params * BYTES_PER_VALUE for layer in profile.layers]
 
 
-def gpu_seconds(profile: ModelProfile, gpu: str, precision: str, batch: float, eff: Efficiencies | None = None) -> float:
+def gpu_seconds(
+    profile: ModelProfile, gpu: str, precision: str, batch: float, eff: Efficiencies | None = None
+) -> float:
     c, m, w = layer_seconds(class_work(profile), arch_gpu(gpu), precision, eff)
     return float((batch * np.maximum(c, m) + w).sum())
 
