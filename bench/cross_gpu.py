@@ -46,7 +46,8 @@ from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
 TABLE = next((p / "shared" / "public-throughput" / "throughput.csv" for p in ROOT.parents
               if (p / "shared" / "public-throughput" / "throughput.csv").exists()), Path("throughput.csv"))
-PRIOR_WEIGHT = 0.05  # pulls unidentified efficiencies toward the priors (log space)
+PRIOR_WEIGHT = 0.05
+PER_EXAMPLE = ("cnn", "bert")  # families whose tables count examples (img/s, seq/s), not tokens  # pulls unidentified efficiencies toward the priors (log space)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ class Model:
 
         x = least_squares(resid, x0, diff_step=1e-3, max_nfev=60).x
         eff = self.effs(x)
-        scale = float(np.median(self.times(rows, eff) / np.array([r.y for r in rows])))
+        # the absolute level from the tables that count examples (img/s, seq/s); tok/s counts tokens
+        level = [r for r in rows if r.family in PER_EXAMPLE] or rows
+        scale = float(np.median(self.times(level, eff) / np.array([r.y for r in level])))
         return _scaled(eff, scale, self.keys, rows)
 
 
@@ -261,7 +264,7 @@ def absolute_error(model: Model, rows: list[Row]) -> float:
     for f in sorted({r.family for r in rows}):
         eff = model.fit([r for r in rows if r.family != f])
         # per-example units only (img/s, seq/s): tok/s tables count tokens, the profiles sequences
-        test = [r for r in rows if r.family == f and r.family in ("cnn", "bert")]
+        test = [r for r in rows if r.family == f and r.family in PER_EXAMPLE]
         if test:
             errs += list(model.times(test, eff) / np.array([r.y for r in test]) - 1.0)
     a = np.abs(errs)
