@@ -46,8 +46,8 @@ from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
 TABLE = next((p / "shared" / "public-throughput" / "throughput.csv" for p in ROOT.parents
               if (p / "shared" / "public-throughput" / "throughput.csv").exists()), Path("throughput.csv"))
-PRIOR_WEIGHT = 0.05
-PER_EXAMPLE = ("cnn", "bert")  # families whose tables count examples (img/s, seq/s), not tokens  # pulls unidentified efficiencies toward the priors (log space)
+PRIOR_WEIGHT = 0.05  # pulls unidentified efficiencies toward the priors (log space)
+PER_EXAMPLE = ("cnn", "bert")  # families whose tables count examples (img/s, seq/s), not tokens
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,11 @@ class Model:
     def effs(self, x: np.ndarray) -> Efficiencies:
         n = len(self.keys)
         return Efficiencies(dict(zip(self.keys, np.exp(x[:n]), strict=True)),
-                            dict(zip(self.keys, np.exp(x[n:]), strict=True)))
+                            dict(zip(self.keys, np.exp(x[n:2 * n]), strict=True)), kernel_s=float(np.exp(x[-1])))
 
     def x0(self) -> np.ndarray:
         t = [self.prior.default_tensor[k.split("/")[1]] for k in self.keys]
-        return np.log(np.array(t + [self.prior.default_memory] * len(self.keys)))
+        return np.log(np.array(t + [self.prior.default_memory] * len(self.keys) + [self.prior.kernel_s]))
 
     def times(self, rows: list[Row], eff: Efficiencies) -> np.ndarray:
         """Per-example seconds of each row (crossgpu.layer_seconds, vectorised over the rows of a model)."""
@@ -121,7 +121,8 @@ class Model:
             batch = np.array([rows[i].batch for i in idx], dtype=float)
             c = np.outer(1 / tensor, w.tensor_flops) + np.outer(1 / fp32, w.vector_flops)
             m = np.outer(scale / bw, w.bytes)
-            out[idx] = np.maximum(c, m).sum(axis=1) + WEIGHT_PASSES * w.weight_bytes.sum() / (bw * batch)
+            out[idx] = (np.maximum(c, m).sum(axis=1) + WEIGHT_PASSES * w.weight_bytes.sum() / (bw * batch)
+                        + eff.kernel_s * w.ops.sum() / batch)
         return out
 
     def fit(self, rows: list[Row]) -> Efficiencies:
@@ -132,7 +133,7 @@ class Model:
         logy = np.log([r.y for r in rows])
         x0 = self.x0()
         used = {f"{arch_gpu(r.gpu).arch}/{precision_class(r.precision)}" for r in rows}
-        mask = np.array([k in used for k in self.keys] * 2, dtype=float)
+        mask = np.array([k in used for k in self.keys] * 2 + [True], dtype=float)
 
         def resid(x: np.ndarray) -> np.ndarray:
             d = logy - np.log(self.times(rows, self.effs(x)))
@@ -158,7 +159,7 @@ def _scaled(eff: Efficiencies, scale: float, keys: list[str], rows: list[Row]) -
         vals = [t[k] for k in used if k.endswith("/" + pc)]
         dt[pc] = float(np.exp(np.mean(np.log(vals)))) if vals else Efficiencies().default_tensor[pc]
     dm = float(np.exp(np.mean(np.log([m[k] for k in used])))) if used else 0.6
-    return Efficiencies({k: t[k] for k in used}, {k: m[k] for k in used}, dt, dm)
+    return Efficiencies({k: t[k] for k in used}, {k: m[k] for k in used}, dt, dm, kernel_s=eff.kernel_s / scale)
 
 
 def questions(rows: list[Row], across_precision: bool) -> list[tuple[Row, Row]]:
@@ -286,12 +287,12 @@ def main() -> int:
     none = absolute_error(model, rows)
     if args.write:
         eff = model.fit(rows)
-        doc = Efficiencies(eff.tensor, eff.memory, eff.default_tensor, eff.default_memory,
+        doc = Efficiencies(eff.tensor, eff.memory, eff.default_tensor, eff.default_memory,  # type: ignore[arg-type]
                            {"same-gpu": 0.05, "other-gpu": summary["other-gpu"],  # type: ignore[dict-item]
                             "other-gpu-precision": summary["other-gpu-precision"], "none": none},
                            {"by": "python bench/cross_gpu.py --write", "table": "../shared/public-throughput/"
                             "throughput.csv", "held_out": "whole target GPU and whole model family per fit",
-                            **summary}).to_dict()
+                            **summary}, eff.kernel_s).to_dict()
         out = ROOT / "data" / "crossgpu_fit.json"
         out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {out}")

@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrator.core.costmodel.profiles.model import Layer, ModelProfile, OpWork, Variable
 
-PROFILER_VERSION = 1
+PROFILER_VERSION = 2
 BATCHES = (2, 4)
 NORM_FLOPS_PER_ELEMENT = 8  # mean, variance, normalise, scale, shift (as profiles/layers.py)
 SOFTMAX_FLOPS_PER_ELEMENT = 5
@@ -153,7 +153,7 @@ class _Pass:
     """What one forward + backward pass did, by layer (innermost module's name)."""
 
     order: dict[str, int] = field(default_factory=dict)
-    work: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    work: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
     fwd: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0, 0.0, 0.0]))
     saved: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -198,6 +198,7 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
             cell = record.work[(name, op_class)]
             cell[0] += flops
             cell[1] += read + written
+            cell[2] += 1
             if not tracker.is_bw:
                 f = record.fwd[name]
                 f[0] += flops
@@ -276,8 +277,9 @@ def profile_factory(ref: FactoryRef, default_batch: int = 64) -> ModelProfile:
         )
         f_small, f_big = small.fwd.get(name, [0.0] * 4), big.fwd.get(name, [0.0] * 4)
         ops = tuple(
-            OpWork(c, per_ex(small.work.get((name, c), [0.0, 0.0])[0], big.work[(name, c)][0]),
-                   per_ex(small.work.get((name, c), [0.0, 0.0])[1], big.work[(name, c)][1]))
+            OpWork(c, per_ex(small.work.get((name, c), [0.0] * 3)[0], big.work[(name, c)][0]),
+                   per_ex(small.work.get((name, c), [0.0] * 3)[1], big.work[(name, c)][1]),
+                   int(big.work[(name, c)][2]))
             for c in ("tensor", "vector", "memory") if (name, c) in big.work
         )
         tensor_fwd = per_ex(f_small[1], f_big[1])

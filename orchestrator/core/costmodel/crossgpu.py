@@ -5,7 +5,7 @@ Per layer ``l`` of a profile (per example, forward + backward, ``OpWork``):
 
     compute_l = tensor_flops_l / (eff_tensor[arch, precision] x tensor_peak_g,p) + vector_flops_l / fp32_peak_g
     memory_l  = bytes_l x byte_scale_p / (eff_memory[arch, precision] x bandwidth_g)
-    weights_l = weight_bytes_l x WEIGHT_PASSES / (eff_memory x bandwidth_g)           # per step, not per example
+    weights_l = weight_bytes_l x WEIGHT_PASSES / (eff_memory x bandwidth_g) + ops_l x kernel_s   # per step
     time_l(b) = b x max(compute_l, memory_l) + weights_l
 
 ``tensor_peak`` is the datasheet peak of the precision (``data/gpu_arch.csv``): FP32 CUDA cores for
@@ -43,6 +43,7 @@ FloatArray = npt.NDArray[np.float64]
 
 PRECISIONS = ("fp32", "tf32", "amp", "bf16")
 TENSOR_KINDS = frozenset({"conv", "dense", "matmul"})
+ANALYTIC_KERNELS = {"conv": 3, "dense": 3, "matmul": 3, "softmax": 4}  # else 2 (compute.KERNELS' counts)
 # Weights per step: read forward and backward, gradient written, SGD with momentum reads weight,
 # gradient and momentum and writes weight and momentum (5): 8 passes over the weights.
 WEIGHT_PASSES = 8.0
@@ -131,12 +132,15 @@ class ClassWork:
     bytes: FloatArray
     weight_bytes: FloatArray
     names: tuple[str, ...]
+    ops: FloatArray  # ATen ops (kernels) per step
 
 
 @functools.cache
 def _class_work_cached(profile: ModelProfile) -> ClassWork:
-    t, v, b = [], [], []
+    t, v, b, n = [], [], [], []
     for layer in profile.layers:
+        n.append(float(sum(w.ops for w in layer.train_ops)) if layer.train_ops else float(
+            ANALYTIC_KERNELS.get(layer.kind, 2)))
         if layer.train_ops:  # measured by the profiler
             t.append(float(sum(w.flops for w in layer.train_ops if w.op_class == "tensor")))
             v.append(float(sum(w.flops for w in layer.train_ops if w.op_class != "tensor")))
@@ -148,7 +152,7 @@ def _class_work_cached(profile: ModelProfile) -> ClassWork:
             b.append(3.0 * (layer.read_bytes + layer.write_bytes))
     arr = functools.partial(np.array, dtype=np.float64)
     return ClassWork(arr(t), arr(v), arr(b), arr([float(x.weight_bytes) for x in profile.layers]),
-                     tuple(x.name for x in profile.layers))
+                     tuple(x.name for x in profile.layers), arr(n))
 
 
 def class_work(profile: ModelProfile) -> ClassWork:
@@ -166,6 +170,7 @@ class Efficiencies:
     interval: Mapping[str, float] = field(default_factory=lambda: {
         "same-gpu": 0.05, "other-gpu": 0.15, "other-gpu-precision": 0.25, "none": 0.6})
     held_out: Mapping[str, Any] = field(default_factory=dict)  # the bench's summary (what was held out)
+    kernel_s: float = 4e-6  # GPU time per kernel whatever its work (launch, ramp-up, tail): a step's floor
 
     def tensor_eff(self, arch: str, precision: str) -> float:
         pc = precision_class(precision)
@@ -177,7 +182,7 @@ class Efficiencies:
     def to_dict(self) -> dict[str, Any]:
         return {"tensor": dict(sorted(self.tensor.items())), "memory": dict(sorted(self.memory.items())),
                 "default_tensor": dict(self.default_tensor), "default_memory": self.default_memory,
-                "interval": dict(self.interval), "held_out": dict(self.held_out)}
+                "interval": dict(self.interval), "held_out": dict(self.held_out), "kernel_s": self.kernel_s}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Efficiencies:
@@ -187,7 +192,7 @@ class Efficiencies:
                    {str(k): float(v) for k, v in (d.get("default_tensor") or base.default_tensor).items()},
                    float(d.get("default_memory") or base.default_memory),
                    {str(k): float(v) for k, v in (d.get("interval") or base.interval).items()},
-                   dict(d.get("held_out") or {}))
+                   dict(d.get("held_out") or {}), float(d.get("kernel_s") or base.kernel_s))
 
 
 @functools.cache
@@ -208,7 +213,7 @@ def layer_seconds(
     compute = (work.tensor_flops / (e.tensor_eff(gpu.arch, precision) * gpu.tensor_peak(precision))
                + work.vector_flops / (gpu.fp32_tflops * 1e12))
     memory = work.bytes * gpu.byte_scale(precision) / bw
-    weights = work.weight_bytes * WEIGHT_PASSES / bw
+    weights = work.weight_bytes * WEIGHT_PASSES / bw + work.ops * e.kernel_s
     return compute, memory, weights
 
 
@@ -292,7 +297,7 @@ def predict(
     g = arch_gpu(gpu)
     model_ms = 1e3 * smooth_max(host_s, gpu_seconds(profile, g.key, precision, batch, e))
     if not points:
-        rel = e.interval["none"]
+        rel = none_interval(e)
         return Prediction(model_ms, model_ms / (1 + rel), model_ms * (1 + rel), rel,
                           "no measured point: datasheet x fitted efficiencies alone", "none")
     p = min(points, key=lambda q: _rank(q, g, precision, batch))
@@ -303,6 +308,11 @@ def predict(
     rel = e.interval[kind] + BATCH_WIDEN_PER_DOUBLING * abs(math.log2(p.batch / batch))
     basis = f"measured {p.step_ms:g} ms on {src.key} at batch {p.batch} {p.precision}, scaled by the model"
     return Prediction(step, step / (1 + rel), step * (1 + rel), rel, basis, kind, p)
+
+
+def none_interval(eff: Efficiencies) -> float:
+    """Nothing measured is never surer than a measurement on another GPU at another precision."""
+    return max(eff.interval["none"], eff.interval["other-gpu-precision"])
 
 
 def smooth_max(a: float, b: float, p: float = 8.0) -> float:

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from orchestrator.core.costmodel.compute import Calibration, runtime_key
-from orchestrator.core.costmodel.crossgpu import load_efficiencies
+from orchestrator.core.costmodel.crossgpu import load_efficiencies, none_interval
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.core.costmodel.profiles.user import is_user_model
 
@@ -39,11 +39,11 @@ def plan_interval(
     chosen = result.chosen
     if chosen is None:
         return None
-    widths = load_efficiencies().interval
+    eff = load_efficiencies()
     order = ["same-gpu", "other-gpu", "other-gpu-precision", "none"]
     kinds = [_kind(result.model, w.gpu, runtime_key(runtime, precision), calibration) for w in chosen.workers]
     kind = max(kinds, key=order.index)
-    rel = float(widths[kind])
+    rel = none_interval(eff) if kind == "none" else float(eff.interval[kind])
     flips = None
     mine = _objective(chosen, result.objective)
     for other in result.runner_ups(3):

@@ -24,9 +24,10 @@ class OpWork:
     op_class: str
     flops: int
     bytes: int
+    ops: int = 0  # ATen ops (~ kernels) a training step runs, whatever the batch
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op_class": self.op_class, "flops": self.flops, "bytes": self.bytes}
+        return {"op_class": self.op_class, "flops": self.flops, "bytes": self.bytes, "ops": self.ops}
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class Layer:
                 for v in d["variables"]
             ),
             train_ops=tuple(
-                OpWork(str(w["op_class"]), int(w["flops"]), int(w["bytes"])) for w in d.get("train_ops") or ()
+                OpWork(str(w["op_class"]), int(w["flops"]), int(w["bytes"]), int(w.get("ops", 0)))
+                for w in d.get("train_ops") or ()
             ),
         )
 
