@@ -170,7 +170,7 @@ class Efficiencies:
     interval: Mapping[str, float] = field(default_factory=lambda: {
         "same-gpu": 0.05, "other-gpu": 0.15, "other-gpu-precision": 0.25, "none": 0.6})
     held_out: Mapping[str, Any] = field(default_factory=dict)  # the bench's summary (what was held out)
-    kernel_s: float = 4e-6  # GPU time per kernel whatever its work (launch, ramp-up, tail): a step's floor
+    kernel_s: float = 0.0  # GPU time per kernel whatever its work (launch, ramp-up, tail); off: bench/cross_gpu.py
 
     def tensor_eff(self, arch: str, precision: str) -> float:
         pc = precision_class(precision)
@@ -192,7 +192,7 @@ class Efficiencies:
                    {str(k): float(v) for k, v in (d.get("default_tensor") or base.default_tensor).items()},
                    float(d.get("default_memory") or base.default_memory),
                    {str(k): float(v) for k, v in (d.get("interval") or base.interval).items()},
-                   dict(d.get("held_out") or {}), float(d.get("kernel_s") or base.kernel_s))
+                   dict(d.get("held_out") or {}), float(d.get("kernel_s") or 0.0))
 
 
 @functools.cache
