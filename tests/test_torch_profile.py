@@ -133,7 +133,7 @@ def test_cli_profile_predict_and_plan(tmp_path: Path) -> None:
               home=tmp_path)
     assert out.returncode == 2 and "precision" in out.stderr and "Traceback" not in out.stderr
 
-    out = run("plan", "examples/plan-own-model.yaml", "--json", home=tmp_path)
+    out = run("plan", "examples/gce-own-model.yaml", "--json", home=tmp_path)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["model"] == "torch:own-script/models.py:transformer_small"  # as the spec names it
