@@ -67,7 +67,6 @@ def test_a_pipeline_trains_evaluates_and_resumes_under_another_partition(tmp_pat
     assert losses[-1] < losses[0]  # it learns
     # its batch-norm running statistics are sound: no shape-inference forward on made-up tensors reached them
     import torch.distributed.checkpoint as dcp
-
     from torchjob import ckpt
     from torchjob.model import resnet
     from torchjob.pipe import Stage
