@@ -13,7 +13,8 @@ each stage's memory: its parameters with their gradients and optimizer state, pl
 micro-batches in flight (1F1B: stage k holds ``min(micro, S - k)``).
 
 Cuts fall between *units* (a residual block, a transformer block, the stem), where one tensor crosses: the
-unit is the layer name's prefix before its first ``_`` (``s1b0_conv1`` -> ``s1b0``, ``h7_attn_query`` -> ``h7``).
+unit is the layer name's prefix before its first ``_`` (``s1b0_conv1`` -> ``s1b0``, ``h7_attn_query`` -> ``h7``), or
+for a profiled PyTorch model the block of a numbered container (``layer1.0.conv1`` -> ``layer1.0``, ``encoder.layers.3.attn`` -> ``encoder.layers.3``).
 
 A *hybrid* stage is a group of equal GPUs that runs its layers data parallel: each replica takes
 ``micro / width`` of the micro-batch, and the stage all-reduces its gradients once a step.
@@ -86,9 +87,19 @@ def units(profile: ModelProfile) -> list[int]:
     """Layer indices where a new unit begins (the allowed cuts), 0 first. The loss (``softmax_xent``) stays with
     the layer before it: no stage holds a loss alone."""
     layers = profile.layers
-    names = [layer.name.split("_", 1)[0] for layer in layers]
+    names = [_unit(layer.name) for layer in layers]
     return [i for i, n in enumerate(names)
             if i == 0 or (n != names[i - 1] and layers[i].name != "softmax_xent")]
+
+
+def _unit(name: str) -> str:
+    """The unit a layer belongs to: ``s1b0_conv1`` -> ``s1b0``; a PyTorch module path ``layer1.0.conv1`` ->
+    ``layer1.0`` (a block of a numbered container), ``fc`` -> ``fc``."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0].split("_", 1)[0]
 
 
 @dataclass(frozen=True)
