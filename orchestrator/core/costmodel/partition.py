@@ -14,7 +14,7 @@ micro-batches in flight (1F1B: stage k holds ``min(micro, S - k)``).
 
 Cuts fall between *units* (a residual block, a transformer block, the stem), where one tensor crosses: the
 unit is the layer name's prefix before its first ``_`` (``s1b0_conv1`` -> ``s1b0``, ``h7_attn_query`` -> ``h7``), or
-for a profiled PyTorch model the block of a numbered container (``layer1.0.conv1`` -> ``layer1.0``, ``encoder.layers.3.attn`` -> ``encoder.layers.3``).
+for a profiled PyTorch model the block of a numbered container (``layer1.0.conv1`` -> ``layer1.0``).
 
 A *hybrid* stage is a group of equal GPUs that runs its layers data parallel: each replica takes
 ``micro / width`` of the micro-batch, and the stage all-reduces its gradients once a step.
