@@ -7,6 +7,7 @@ GCE does), and must be accepted: spot VMs are SPOT + DELETE, every VM carries a 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,6 +43,9 @@ def emu() -> Iterator[GceEmulator]:
 def dry_run(example: Path, emu: GceEmulator, tmp_path: Path) -> dict[str, Any]:
     data = yaml.safe_load(example.read_text())
     data["provider"]["api_endpoint"] = emu.url  # the launch would talk to the emulator, not GCE
+    for name in data["training"].get("files", []):  # they (and a training.model file) live beside the spec
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(example.parent / name, tmp_path / name)
     spec = tmp_path / example.name
     spec.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", "--dry-run", str(spec)],

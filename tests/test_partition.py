@@ -39,8 +39,7 @@ def test_mini_max_beats_equal_layers_on_unequal_gpus() -> None:
     best = part.best(DEVICES, 128)
     equal = part.equal_layers(DEVICES, 128)
     assert best is not None and best.step_s < equal.step_s
-    # the fastest GPU takes the most layers' time: its stage is never the one far behind
-    assert max(best.stage_s) / min(best.stage_s) < max(equal.stage_s) / min(equal.stage_s)
+    assert best.bottleneck_s <= equal.bottleneck_s  # the slowest stage (with its send) is what mini-max lowers
 
 
 def test_memory_bounds_every_stage() -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct, print_report, table, when
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
@@ -123,6 +124,7 @@ def launch(
     """
     from orchestrator.control.validate import validate_launch  # lazy: the control layer (~0.3 s) only for launch
 
+    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     checked = validate_launch(spec_path)  # the same check as `plan` and the dry run; nothing created before
     spec, plan = checked.spec, checked.plan
     if dry_run and spec.provider.kind == "gce":

@@ -11,8 +11,10 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct, table
-from orchestrator.core.costmodel import Candidate, PlanResult
+from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
+from orchestrator.core.costmodel.interval import plan_interval
 from orchestrator.core.spec import load_spec
 
 
@@ -141,6 +143,7 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     """Check the spec as `launch` does, plan, print the chosen cluster and the runner-ups (or JSON)."""
     from orchestrator.control.validate import NotLaunchable, PlanRefused, validate_launch  # lazy: the control layer
 
+    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     if calib is not None and calib.emulated and not load_spec(spec_path).provider.emulates_gpus:
         console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
@@ -158,16 +161,19 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             raise typer.Exit(1) from None
         _print_plan(load_spec(spec_path).name, refused.result, top)
         raise
+    interval = plan_interval(checked.result, calib or DEFAULT_CALIBRATION)
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
     found = deadline_outlook(checked.spec)  # on_revocation: deadline: each policy on real traces
     if json_out:
-        doc = checked.result.to_dict(top=top)
+        doc = {**checked.result.to_dict(top=top), "prediction_interval": interval}
         if found is not None:
             doc["deadline_policies"] = outlook_dict(found)
         print(json.dumps(doc, indent=2))
         return
     _print_plan(checked.spec.name, checked.result, top)
+    if interval is not None:
+        _print_interval(checked.result, interval)
     if found is not None:
         print_outlook(found)
 
@@ -177,6 +183,19 @@ def _print_result(name: str, result: PlanResult, top: int, json_out: bool) -> No
         print(json.dumps(result.to_dict(top=top), indent=2))
     else:
         _print_plan(name, result, top)
+
+
+def _print_interval(result: PlanResult, interval: dict[str, Any]) -> None:
+    why = {"same-gpu": "measured on these GPUs", "other-gpu": "measured on other GPUs only",
+           "other-gpu-precision": "measured at another precision", "none": "no measured step of this model"}
+    console.print(
+        f"prediction interval: +-{interval['relative']:.0%} ({why[interval['kind']]}; held-out error, "
+        f"bench/cross_gpu.py): time {duration(interval['time_low_s'])} .. {duration(interval['time_high_s'])}, "
+        f"cost {money(interval['cost_low_usd'])} .. {money(interval['cost_high_usd'])}"
+    )
+    if interval["flips_to"]:
+        console.print(f"[yellow]the choice may flip inside the interval:[/yellow] {interval['flips_to']} is within "
+                      f"it by {result.objective}; measure the model (model predict --measurements) to decide")
 
 
 def _print_plan(name: str, result: PlanResult, top: int) -> None:

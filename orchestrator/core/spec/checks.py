@@ -211,8 +211,12 @@ class _CatalogCheck:
         if batch is None:
             return
         from orchestrator.core.costmodel.memory import max_batch  # cycle: costmodel's __init__ imports the spec
+        from orchestrator.core.costmodel.profiles import UnknownModelError
 
-        cap = max_batch(training.profile_name, gpu.key)
+        try:
+            cap = max_batch(training.profile_name, gpu.key)
+        except UnknownModelError:  # training.model.torch not profiled yet: plan / launch profile it first
+            return
         if batch > cap:
             self._error(f"{path}.batch" if group.batch else "training.batch_per_worker",
                         f"batch {batch} does not fit a {gpu.key}'s {gpu.memory_gb:g} GB "
