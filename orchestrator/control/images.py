@@ -42,7 +42,7 @@ from orchestrator.core.spec import JobSpec, load_spec
 from orchestrator.core.status import InstanceStatus, JobStatus
 from orchestrator.providers.base import Provider, SupportsImages
 from orchestrator.providers.gce.backend import TF_PORTS
-from orchestrator.providers.gce.network import IsolatedGceProvider, address_learner, published_host_keys
+from orchestrator.providers.gce.network import IsolatedGceProvider, address_learner
 from orchestrator.providers.gce.provider import DEFAULT_IMAGE
 from orchestrator.transport.base import Endpoint, Transport, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
@@ -133,7 +133,7 @@ def _builder_provider(gce: GceSpec, base_image: str) -> Provider:
     # create and deleted with it; it opens no training ports, so an open network does not matter.
     return IsolatedGceProvider(
         gce.project, ports=TF_PORTS, ssh_ranges=gce.ssh_source_ranges, allow_open_network=True,
-        learn_address=address_learner(gce.api_endpoint), credentials=gce.credentials,
+        learn_address=address_learner(), credentials=gce.credentials,
         api_endpoint=gce.api_endpoint, image=base_image, network=gce.network,
     )
 
@@ -202,7 +202,7 @@ class _Bake:
             port=observed.ssh_port or 22,
             user=self.user,  # as providers.gce.backend reaches a job's VMs
             key_path=str(key_path),
-            host_key_source=partial(published_host_keys, self.provider, plan.builder, zone),  # pinned
+            host_key_source=partial(self.provider.host_keys, plan.builder, zone),  # type: ignore[attr-defined]  # pinned
         )
         self.say(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
         self.transport.wait_reachable(ep, self.limits.ssh_s)

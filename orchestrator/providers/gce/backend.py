@@ -62,14 +62,12 @@ def build(key: str, spec: GceSpec) -> Backend:
     from orchestrator.providers.gce.network import (  # google-cloud-compute: ~2 s to import, gce jobs only
         GUEST_ATTRIBUTES_KEY,
         IsolatedGceProvider,
-        address_learner,
     )
 
     # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
     provider = IsolatedGceProvider(
         spec.project, ports=firewall_ports(spec), ssh_ranges=spec.ssh_source_ranges,
         allow_open_network=spec.allow_open_network,
-        learn_address=address_learner(spec.api_endpoint),
         credentials=spec.credentials, api_endpoint=spec.api_endpoint, image=spec.image, network=spec.network,
         termination_action=spec.termination_action)
 
