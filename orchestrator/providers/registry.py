@@ -12,17 +12,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from orchestrator.core.errors import UserError
 from orchestrator.core.quotas import QuotaSource
 from orchestrator.core.spec import JobSpec
+from orchestrator.providers.bake import ImageBuilder
 from orchestrator.providers.base import TF_PORT, Backend, ChecksSetup, DryRuns, Provider
 from orchestrator.providers.gce import backend as gce
+from orchestrator.providers.gce.bake import image_builder as gce_images
 from orchestrator.providers.gce.setup import check_setup as gce_setup
 from orchestrator.providers.local import backend as local
 from orchestrator.providers.ssh import backend as ssh
 from orchestrator.providers.ssh.setup import check_setup as ssh_setup
 
 __all__ = ["KINDS", "TF_PORT", "Backend", "BackendKind", "backend_for", "check_setup", "dry_run_for",
-           "quota_source"]
+           "image_builder_for", "quota_source"]
 S = TypeVar("S")
 
 
@@ -39,12 +42,13 @@ class BackendKind(Generic[S]):
     check_setup: ChecksSetup[S] = _nothing_to_check
     dry_run: DryRuns | None = None  # None: launch --dry-run prints the generic table
     quotas: bool = False  # the built provider is a core.quotas.QuotaSource worth asking before a launch
+    image_builder: Callable[[S], ImageBuilder] | None = None  # `orchestrator image bake` on this kind
 
 
 # The dispatch is by the spec's discriminator (``kind``), so each entry only ever sees its own section.
 KINDS: dict[str, BackendKind[Any]] = {
     "local": BackendKind(local.cache_key, local.build),
-    "gce": BackendKind(gce.cache_key, gce.build, gce_setup, gce.dry_run, quotas=True),
+    "gce": BackendKind(gce.cache_key, gce.build, gce_setup, gce.dry_run, quotas=True, image_builder=gce_images),
     "ssh": BackendKind(ssh.cache_key, ssh.build, ssh_setup),
 }
 
@@ -77,3 +81,13 @@ def quota_source(spec: JobSpec) -> QuotaSource | None:
         return None
     provider = backend_for(spec).provider
     return provider if isinstance(provider, QuotaSource) else None
+
+
+def image_builder_for(spec: JobSpec) -> ImageBuilder:
+    """The kind's part of `orchestrator image bake`; a UserError for a kind that bakes no images."""
+    make = KINDS[spec.provider.kind].image_builder
+    if make is None:
+        baking = ", ".join(k for k, v in KINDS.items() if v.image_builder is not None)
+        raise UserError(f"provider.kind is {spec.provider.kind!r}; images are baked on a cloud (provider.kind: "
+                        f"{baking})")
+    return make(spec.provider)
