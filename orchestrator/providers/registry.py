@@ -19,6 +19,7 @@ from orchestrator.providers.bake import ImageBuilder
 from orchestrator.providers.base import TF_PORT, Backend, ChecksSetup, DryRuns, Provider
 from orchestrator.providers.gce import backend as gce
 from orchestrator.providers.gce.bake import image_builder as gce_images
+from orchestrator.providers.gce.capabilities import dry_run as gce_dry_run
 from orchestrator.providers.gce.setup import check_setup as gce_setup
 from orchestrator.providers.local import backend as local
 from orchestrator.providers.ssh import backend as ssh
@@ -48,7 +49,7 @@ class BackendKind(Generic[S]):
 # The dispatch is by the spec's discriminator (``kind``), so each entry only ever sees its own section.
 KINDS: dict[str, BackendKind[Any]] = {
     "local": BackendKind(local.cache_key, local.build),
-    "gce": BackendKind(gce.cache_key, gce.build, gce_setup, gce.dry_run, quotas=True, image_builder=gce_images),
+    "gce": BackendKind(gce.cache_key, gce.build, gce_setup, gce_dry_run, quotas=True, image_builder=gce_images),
     "ssh": BackendKind(ssh.cache_key, ssh.build, ssh_setup),
 }
 

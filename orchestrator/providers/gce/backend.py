@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import hashlib
 from functools import partial
-from typing import Any
 
 from orchestrator.core.instances import ObservedInstance
-from orchestrator.core.plan import LaunchPlan
 from orchestrator.core.spec import GceProvider as GceSpec
-from orchestrator.core.spec import JobSpec
 from orchestrator.providers.base import Backend
 from orchestrator.providers.passed_env import passed_env
 from orchestrator.storage.base import NOTICES, JobStorage
@@ -66,7 +63,7 @@ def build(key: str, spec: GceSpec) -> Backend:
         GUEST_ATTRIBUTES_KEY,
         IsolatedGceProvider,
     )
-    from orchestrator.providers.gce.requests import cloud_max_run_s
+    from orchestrator.providers.gce.requests import cloud_max_run_s  # google-cloud-compute, as above
 
     # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
     provider = IsolatedGceProvider(
@@ -100,9 +97,3 @@ def build(key: str, spec: GceSpec) -> Backend:
         # The job's firewall rules are made by provider.create before its first VM (IsolatedGceProvider).
     )
 
-
-def dry_run(spec: JobSpec, plan: LaunchPlan) -> dict[str, Any]:
-    """The exact Compute API requests a launch would send (providers/gce/dry_run.py)."""
-    from orchestrator.providers.gce.dry_run import gce_dry_run  # google-cloud-compute: ~2 s, gce only
-
-    return gce_dry_run(spec, plan=plan)

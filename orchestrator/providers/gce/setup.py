@@ -51,8 +51,8 @@ def _check_credentials(spec: GceSpec) -> None:
         return
     if emulator_mode():
         return
-    import google.auth
-    from google.auth import exceptions as auth_exc
+    import google.auth  # google-auth (~0.2 s): only for gce specs
+    from google.auth import exceptions as auth_exc  # with it
 
     try:
         google.auth.default()
@@ -64,8 +64,8 @@ def _check_credentials(spec: GceSpec) -> None:
 
 def _probe(provider: Provider) -> None:
     """One ``projects.get``, one attempt: the credentials, the permission and the project, as the API sees them."""
-    from orchestrator.providers.gce.errors import map_exception
-    from orchestrator.providers.gce.provider import GceProvider
+    from orchestrator.providers.gce.errors import map_exception  # google-cloud-compute (~2 s): a gce launch only
+    from orchestrator.providers.gce.provider import GceProvider  # with it
 
     if not isinstance(provider, GceProvider):
         return
