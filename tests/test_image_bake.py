@@ -155,8 +155,13 @@ def test_pytorch_h100_image_is_baked_on_spot_through_the_launch_request_builder(
     # a3-highgpu-1g has no on-demand (Spot / Flex-start only): an on-demand builder would be refused by GCE.
     command = ["sh", "-c", 'echo "$FRAMEWORK $GPU" > baked.txt']
     lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line)  # what `orchestrator image bake` prints (pytest -s shows it)
+
     image = bake_image(role="worker", gpu="h100", framework="pytorch", spec_path=spec, recipe_command=command,
-                       say=lines.append, **FAST_BAKE)
+                       say=say, **FAST_BAKE)
     assert image.startswith("orchestrator-worker-torch-h100-")
     assert emu.image(image, P)["family"] == "orchestrator-worker-torch-h100"  # type: ignore[index]
     (vm,) = running
@@ -312,7 +317,7 @@ def test_an_abandoned_bake_is_closed_by_the_sweep(emu: GceEmulator, spec: Path, 
     # The bake process died (kill -9) after creating its builder; the time limit has passed.
     record = BakeRecord.start(job_id="bake-dead", builder="bake-dead", image="img-dead", spec_yaml=spec_to_yaml(
         load_spec(spec)), price_book="2026-11", shape="builder n1-standard-4", gpu=None,
-        machine_type="n1-standard-4", zone=ZONE, price_per_hour=0.19, limit_s=0.0)
+        machine_type="n1-standard-4", zone=ZONE, price_per_hour=0.19, limit_s=0.0, provider="gce")
     gce.create(_request("bake-dead", "bake-dead", {"orch-bake": "1", "orch-bake-until": "1"}))
     record.step("builder VM created", JobStatus.PROVISIONING, InstanceStatus.PROVISIONING)
     sweep()
@@ -325,7 +330,7 @@ def test_an_abandoned_bake_is_closed_by_the_sweep(emu: GceEmulator, spec: Path, 
 def test_cancel_of_a_bake_says_who_drives_it(spec: Path) -> None:
     BakeRecord.start(job_id="bake-x", builder="bake-x", image="img-x", spec_yaml=spec_to_yaml(load_spec(spec)),
                      price_book="2026-11", shape="builder n1-standard-4", gpu=None, machine_type="n1-standard-4",
-                     zone=ZONE, price_per_hour=0.19, limit_s=600.0)
+                     zone=ZONE, price_per_hour=0.19, limit_s=600.0, provider="gce")
     with pytest.raises(UserError, match="driven by its own `orchestrator image bake` process"):
         cancel_job("bake-x")
 

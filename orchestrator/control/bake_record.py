@@ -34,7 +34,7 @@ class BakeRecord:
     @classmethod
     def start(cls, *, job_id: str, builder: str, image: str, spec_yaml: str, price_book: str, shape: str,
               gpu: str | None, machine_type: str, zone: str, price_per_hour: float, limit_s: float,
-              provider: str = "gce", spot: bool = False) -> BakeRecord:
+              provider: str, spot: bool = False) -> BakeRecord:
         """The job and its builder's row, committed before the create call (intent first: a bake that dies
         after creating its VM is still billed and found)."""
         now = time.time()
