@@ -2,11 +2,12 @@
 
 ``GceProvider`` is the Provider interface put together from parts, one concern each: ``api.GceApi`` (the
 clients, bounded retries, typed errors, operation waits), ``instances.Instances`` (VM requests and the
-listing), ``firewalls.Firewalls``, ``disk_images.DiskImages`` (image bake) and ``background.GceBackground``.
+listing), ``firewalls.Firewalls``, ``disk_images.DiskImages`` (image bake) and ``passes.GcePasses`` (the
+controller passes' non-blocking side, over ``background.GceBackground``).
 
 ``create`` / ``delete`` / ``list`` block (the CLI, gc, image bake use them). The controller's passes use the
-non-blocking side instead (``start_create`` / ``start_delete`` / ``operation`` / ``snapshot``, run by
-providers/gce/background.py), so no pass waits on an operation or a listing.
+non-blocking side instead (``passes.GcePasses``: ``start_create`` / ``start_delete`` / ``operation`` /
+``snapshot``), so no pass waits on an operation or a listing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from functools import partial
 
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
@@ -24,11 +24,11 @@ from google.cloud import compute_v1
 from orchestrator.core.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages
 from orchestrator.providers.gce.api import GceApi, RetrySettings
-from orchestrator.providers.gce.background import GceBackground, GceCalls
 from orchestrator.providers.gce.disk_images import DiskImages
 from orchestrator.providers.gce.errors import GceCredentialsError, GcePermissionError, GceProjectError
 from orchestrator.providers.gce.firewalls import Firewalls
 from orchestrator.providers.gce.instances import Instances
+from orchestrator.providers.gce.passes import GcePasses
 from orchestrator.providers.gce.requests import (
     CLOUD_PLATFORM_SCOPE,
     DEFAULT_IMAGE,
@@ -39,7 +39,6 @@ from orchestrator.providers.gce.requests import (
     firewall_rules,
     image_url,
 )
-from orchestrator.providers.operations import OpKind, OpRef, OpState, Snapshot, SupportsOperations, SupportsSnapshots
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE", "DEFAULT_IMAGE", "GPU_ACCELERATORS", "GceCredentialsError", "GcePermissionError",
@@ -47,7 +46,7 @@ __all__ = [
 ]
 
 
-class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations, SupportsSnapshots):
+class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
     """Creates, deletes and lists the orchestrator's VMs in one GCE project."""
 
     name = "gce"
@@ -83,8 +82,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
         self.instances = Instances(self.api, self.settings, use_internal_ip=use_internal_ip, page_size=page_size)
         self.firewalls = Firewalls(self.api)
         self.images = DiskImages(self.api)
-        self._background: GceBackground | None = None  # made by the first pass that uses it
-        self.background_threads = 16  # calls (and, apart, polls) under way at once for the passes
+        self._background = None
         self._background_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -99,8 +97,7 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
         self.api.retry = value
 
     def close(self) -> None:
-        if self._background is not None:
-            self._background.close()
+        self.close_background()
         self.api.close()
 
     # ------------------------------------------------------------------ quotas (core.quotas.QuotaSource)
@@ -158,43 +155,6 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
     def _send_insert(self, request: InstanceRequest, request_id: str) -> compute_v1.Operation | None:
         self._before_create(request)
         return self.instances.send_insert(request, request_id)
-
-    # ------------------------------------------------------------------ without waiting (the controller's passes)
-
-    @property
-    def operation_timeout_s(self) -> float:  # type: ignore[override]
-        return self.retry.operation_timeout_s
-
-    def _bg(self) -> GceBackground:
-        with self._background_lock:
-            if self._background is None:
-                calls = GceCalls(self.project, partial(self.list, None), self.instances.get_operation,
-                                 self.instances.list_operations, self._after_delete, self._cleanup_key)
-                self._background = GceBackground(calls, threads=self.background_threads)
-                self.api.widen_pools(2 * self.background_threads + 4)
-            return self._background
-
-    def start_create(self, request: InstanceRequest, request_id: str) -> None:
-        ref = OpRef(OpKind.INSERT, request.name, request.zone, request_id)
-        self._bg().start(ref, partial(self._send_insert, request, request_id), request.gpu or request.machine_type,
-                         prerequisite=self._prerequisite(request))
-
-    def start_delete(self, name: str, zone: str, request_id: str) -> None:
-        ref = OpRef(OpKind.DELETE, name, zone, request_id)
-        self._bg().start(ref, partial(self.instances.send_delete, name, zone, request_id))
-
-    def operation(self, ref: OpRef) -> OpState:
-        return self._bg().operation(ref)
-
-    def forget(self, ref: OpRef) -> None:
-        self._bg().forget(ref)
-
-    def snapshot(self) -> Snapshot | None:
-        return self._bg().snapshot()
-
-    def ended_at(self, name: str) -> float | None:
-        """When the VM stopped by itself (a preemption's hard off), as its record says (lastStopTimestamp)."""
-        return self.instances.stopped_at.get(name)
 
     # ------------------------------------------------------------------ optional capabilities
 
