@@ -31,14 +31,18 @@ class GcePasses(SupportsOperations, SupportsSnapshots):
     @abc.abstractmethod
     def _send_insert(self, request: InstanceRequest, request_id: str) -> compute_v1.Operation | None: ...
 
-    @abc.abstractmethod
-    def _prerequisite(self, request: InstanceRequest) -> tuple[str, Callable[[], None]] | None: ...
+    def _prerequisite(self, request: InstanceRequest) -> tuple[str, Callable[[], None]] | None:
+        """(key, call) that must be done before the insert, once per key (``_before_create``'s slow part):
+        the background runs it once and queues the key's inserts after it, instead of each waiting in a thread
+        (IsolatedGceProvider: the job's firewall rules)."""
+        return None
 
     @abc.abstractmethod
     def _after_delete(self, name: str) -> None: ...
 
-    @abc.abstractmethod
-    def _cleanup_key(self, name: str) -> str | None: ...
+    def _cleanup_key(self, name: str) -> str | None:
+        """Deletes whose ``_after_delete`` may be merged into one (None: nothing to do after a delete)."""
+        return None
 
     @property
     def operation_timeout_s(self) -> float:  # type: ignore[override]

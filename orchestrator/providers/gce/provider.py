@@ -16,7 +16,7 @@ import builtins
 import os
 import threading
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
@@ -140,17 +140,8 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
     def _before_create(self, request: InstanceRequest) -> None:
         """What must exist before the job's VM (IsolatedGceProvider: the job's firewall rules)."""
 
-    def _prerequisite(self, request: InstanceRequest) -> tuple[str, Callable[[], None]] | None:
-        """(key, call) that must be done before the insert, once per key (``_before_create``'s slow part):
-        the background runs it once and queues the key's inserts after it, instead of each waiting in a thread."""
-        return None
-
     def _after_delete(self, name: str) -> None:
         """What goes once the VM is gone (IsolatedGceProvider: the job's rules, with its last VM)."""
-
-    def _cleanup_key(self, name: str) -> str | None:
-        """Deletes whose ``_after_delete`` may be merged into one (None: nothing to do after a delete)."""
-        return None
 
     def _send_insert(self, request: InstanceRequest, request_id: str) -> compute_v1.Operation | None:
         self._before_create(request)
