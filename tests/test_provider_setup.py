@@ -48,7 +48,8 @@ def _jobs(url: str) -> int:
         engine.dispose()
 
 
-def _launch(tmp_path: Path, spec: str, *args: str, emulator: bool = True) -> subprocess.CompletedProcess[str]:
+def _launch(tmp_path: Path, spec: str, *args: str, emulator: bool = True,
+            verb: tuple[str, ...] = ("launch",)) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "job.yaml"
     path.write_text(spec)
     env = {k: v for k, v in os.environ.items()
@@ -59,7 +60,7 @@ def _launch(tmp_path: Path, spec: str, *args: str, emulator: bool = True) -> sub
                 "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"})
     if emulator:
         env["ORCHESTRATOR_TEST_COMPUTE_EMULATOR"] = "1"
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", *args, str(path)],
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *verb, *args, str(path)],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
 
 
@@ -75,6 +76,14 @@ def test_a_gce_launch_without_credentials_is_refused_and_writes_no_job(tmp_path:
     assert "no Google credentials found" in lines[0] and "gcloud auth application-default login" in lines[0]
     assert "GOOGLE_APPLICATION_CREDENTIALS" in lines[0] and "nothing was created" in lines[0]
     assert _jobs(url) == 0
+
+
+def test_an_image_bake_without_credentials_is_refused_before_anything(tmp_path: Path) -> None:
+    url = _db(tmp_path)
+    out = _launch(tmp_path, SPEC.format(project="setup-project", extra=""), "--gpu", "l4", "--spec",
+                  emulator=False, verb=("image", "bake"))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stdout + out.stderr
+    assert "no Google credentials found" in out.stderr and _jobs(url) == 0
 
 
 def test_a_malformed_project_id_is_refused_before_anything(tmp_path: Path) -> None:

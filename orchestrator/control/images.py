@@ -33,7 +33,7 @@ from orchestrator.core.spec import JobSpec, load_spec
 from orchestrator.core.status import InstanceStatus, JobStatus
 from orchestrator.providers.bake import BakePlan, ImageBuilder
 from orchestrator.providers.base import Provider, SupportsImages
-from orchestrator.providers.registry import image_builder_for
+from orchestrator.providers.registry import check_setup, image_builder_for
 from orchestrator.transport.base import Endpoint, Transport, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
 from orchestrator.transport.ssh import SshTransport
@@ -70,6 +70,7 @@ def bake_image(
     ``recipe_command`` replaces ``bash <recipe>`` (tests); the recipe is pushed either way."""
     spec = _spec(spec_path)
     builder = image_builder_for(spec)
+    check_setup(spec, probe=False)  # credentials and project, before anything is recorded or created
     plan = builder.plan(role, gpu, framework, name, say)
     command = list(recipe_command) if recipe_command is not None else ["bash", plan.recipe.name]
     limits = Limits(wait_s=wait_s, boot_s=boot_timeout_s, ssh_s=ssh_timeout_s, poll_s=poll_s)
