@@ -58,7 +58,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
         use_internal_ip: bool = False, disk_size_gb: int = 50, disk_type: str = "pd-balanced",
         service_account_email: str | None = "default", scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,),
         ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",), termination_action: str = "DELETE",
-        retry: RetrySettings | None = None, page_size: int = 500,
+        retry: RetrySettings | None = None, page_size: int = 500, settings: GceRequestSettings | None = None,
     ) -> None:
         """``credentials``: None for Application Default Credentials (anonymous only under the test setting,
         providers/gce/credentials.py), a service-account key file path, or a Credentials object.
@@ -67,17 +67,18 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
         this project's (``images/<name>``, ``images/family/<family>``, ``global/images/...``).
         ``use_internal_ip``: report ``networkIP`` as the host even when the VM has an external IP.
         ``termination_action``: what GCE does to a preempted or time-limited spot VM (DELETE or STOP).
+        ``settings``: the request settings whole (then the request fields above are not used).
         """
         self.project = project
-        self.settings = GceRequestSettings(
+        self.settings = settings or GceRequestSettings(
             project=project, image=image, network=network, subnetwork=subnetwork, network_tag=network_tag,
             external_ip=external_ip, disk_size_gb=disk_size_gb, disk_type=disk_type,
             service_account_email=service_account_email, scopes=tuple(scopes),
             ssh_source_ranges=tuple(ssh_source_ranges), termination_action=termination_action,
             bundled=bundled_machine_types(),
         )
-        self.image = image_url(project, image)
-        self.network = network
+        self.image = image_url(project, self.settings.image)
+        self.network = self.settings.network
         self.api = GceApi(project, credentials, api_endpoint, retry)
         self.instances = Instances(self.api, self.settings, use_internal_ip=use_internal_ip, page_size=page_size)
         self.firewalls = Firewalls(self.api)
