@@ -441,7 +441,8 @@ class GceEmulator:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator_testing.gce_emulator",
-        description="Serve an emulated Compute Engine REST API.",
+        description="Serve an emulated Compute Engine REST API. A controller in another process that talks to it "
+                    f"needs {EMULATOR_ENV}=1 in its environment (anonymous credentials, VMs on 127.0.0.1).",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
