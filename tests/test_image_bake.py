@@ -33,11 +33,13 @@ from orchestrator.core.instances import InstanceRequest, Role
 from orchestrator.core.paths import user_dir
 from orchestrator.core.spec import load_spec
 from orchestrator.core.status import InstanceStatus, JobStatus
-from orchestrator.providers.gce.bake_plan import WORKER_BASE_IMAGE
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator_testing.cloud import provider_settings
 from orchestrator_testing.gce_emulator import GceEmulator
 from orchestrator_testing.sshd import Sshd
+
+# Google's Deep Learning VM route for every current GPU and both frameworks (data/gce_images.csv).
+WORKER_BASE_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
 
 P, ZONE = "proj-bake", "us-central1-c"
 REPO = Path(__file__).resolve().parent.parent

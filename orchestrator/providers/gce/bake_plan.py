@@ -16,23 +16,21 @@ from pathlib import Path
 
 from orchestrator.core.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
 from orchestrator.core.errors import UserError
+from orchestrator.core.gce_rules import STANDARD, load_gce_rules
 from orchestrator.core.offerings import retired_message
 from orchestrator.core.paths import _bundled
 from orchestrator.providers.bake import FRAMEWORKS, BakePlan
+from orchestrator.providers.gce.requests import DEFAULT_IMAGE
 
 ROLES = ("worker", "ps")
 PS_MACHINE_TYPE = "n1-standard-4"
 DEFAULT_PS_ZONE = "us-central1-c"
-# Workers boot a Deep Learning VM image (NVIDIA driver R570, CUDA 12.8: Volta to Blackwell); the recipe adds the
-# framework. The parameter servers are CPU-only TensorFlow on Debian 12. Sources: REFERENCE.md, "Google Compute
-# Engine in 2026" (cloud.google.com/deep-learning-vm/docs/images).
-WORKER_BASE_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
-PS_BASE_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+# Workers boot the Deep Learning VM image Google's route gives the GPU and framework (data/gce_images.csv: the
+# NVIDIA driver, CUDA 12.8); the recipe adds the framework. The parameter servers are CPU-only TensorFlow on a
+# stock Debian 12 image. On-demand or Spot comes from Google's provisioning rules (data/gce_rules.csv):
+# a3-highgpu-1g/2g/4g, A3 Ultra (H200) and A4 (B200) have no plain on-demand, so their builders run on Spot.
+PS_BASE_IMAGE = DEFAULT_IMAGE
 WORKER_RECIPE, PS_RECIPE = "gpu-worker.sh", "ps.sh"  # in images/
-# Machine types Google creates only as Spot, Flex-start or from a reservation (no plain on-demand):
-# a3-highgpu-1g/2g/4g, A3 Ultra (H200) and A4 (B200). A builder of those runs on Spot
-# (cloud.google.com/compute/docs/accelerator-optimized-machines, checked 2026-11-25).
-NO_ON_DEMAND = re.compile(r"^(a3-highgpu-[124]g|a3-ultragpu-\d+g|a4-highgpu-\d+g)$")
 _JOB_ID_MAX = 40  # jobs.id
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The frameworks' CUDA 12 builds dropped Kepler; see images/worker.sh for the versions that still ran on it.
@@ -91,13 +89,15 @@ def plan_bake(
     # Stamped even when named: a bake retried under the same name gets a builder (and a record) of its own.
     base = f"bake-{name or role + ('-torch' if framework == 'pytorch' else '') + ('-' + gpu if gpu else '')}"
     builder = f"{base[:63 - len(stamp) - 1].rstrip('-')}-{stamp}"
-    spot = bool(NO_ON_DEMAND.match(machine_type))
+    rules = load_gce_rules()
+    spot = not rules.allows(machine_type, STANDARD)
     gpu_count = _gpu_count(catalog, machine_type) if gpu else 0
     price_book, price = _price(catalog, machine_type, gpu, gpu_count, spot, say)
     recipe = recipe_path(WORKER_RECIPE if role == "worker" else PS_RECIPE)
     return BakePlan(role, gpu, image, family, builder, machine_type, tuple(zones), job_id=_bake_id(builder),
                     price_per_hour=price, price_book=price_book, framework=framework, spot=spot,
-                    gpu_count=gpu_count, base_image=WORKER_BASE_IMAGE if role == "worker" else PS_BASE_IMAGE,
+                    gpu_count=gpu_count,
+                    base_image=rules.default_image(gpu, framework) if role == "worker" else PS_BASE_IMAGE,
                     recipe=recipe, recipe_env={"ROLE": role, "GPU": gpu or "", "FRAMEWORK": framework})
 
 

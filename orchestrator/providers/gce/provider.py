@@ -33,11 +33,11 @@ from orchestrator.providers.gce.requests import (
     CLOUD_PLATFORM_SCOPE,
     DEFAULT_IMAGE,
     GPU_ACCELERATORS,
+    STORAGE_SCOPE,
     GceRequestSettings,
     accelerator_type,
     bundled_machine_types,
     firewall_rules,
-    image_url,
 )
 
 __all__ = [
@@ -55,8 +55,8 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
         self, project: str, *, credentials: Credentials | str | os.PathLike[str] | None = None,
         api_endpoint: str | None = None, image: str = DEFAULT_IMAGE, network: str = "global/networks/default",
         subnetwork: str | None = None, network_tag: str | None = "orchestrator", external_ip: bool = True,
-        use_internal_ip: bool = False, disk_size_gb: int = 50, disk_type: str = "pd-balanced",
-        service_account_email: str | None = "default", scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,),
+        use_internal_ip: bool = False, disk_size_gb: int = 50, disk_type: str | None = None,
+        service_account_email: str | None = None, scopes: Sequence[str] = (STORAGE_SCOPE,),
         ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",), termination_action: str = "DELETE",
         retry: RetrySettings | None = None, page_size: int = 500, settings: GceRequestSettings | None = None,
     ) -> None:
@@ -70,6 +70,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
         ``settings``: the request settings whole (then the request fields above are not used).
         """
         self.project = project
+        # ``settings``: the request settings of a job spec (backend.request_settings), used as given.
         self.settings = settings or GceRequestSettings(
             project=project, image=image, network=network, subnetwork=subnetwork, network_tag=network_tag,
             external_ip=external_ip, disk_size_gb=disk_size_gb, disk_type=disk_type,
@@ -77,7 +78,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
             ssh_source_ranges=tuple(ssh_source_ranges), termination_action=termination_action,
             bundled=bundled_machine_types(),
         )
-        self.image = image_url(project, self.settings.image)
+        self.image = self.settings.image_url
         self.network = self.settings.network
         self.api = GceApi(project, credentials, api_endpoint, retry)
         self.instances = Instances(self.api, self.settings, use_internal_ip=use_internal_ip, page_size=page_size)
