@@ -81,8 +81,8 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     spec = load_spec(spec_path)
     _storage_reachable(spec, short(str(spec_path), 200))
     inventory_hosts = _inventory_gpus(spec)  # the inventory's content, before any planning
-    # PROVIDER SET-UP (issue 20 item 5): the provider's check_setup() capability (credentials, project,
-    # permissions) is called here, so every verb refuses a provider that cannot work before anything exists.
+    # PROVIDER SET-UP (issue 20 item 5): providers.registry.check_setup (credentials, project, permissions) runs
+    # right after this in `launch` and its dry run (cli/jobs_cmd.py), before any row; `plan` needs no account.
     blocks = known_blocks(spec)
     result = plan_job(spec, calibration=calibration, blocks=blocks)
     searched = spec.cluster is None
