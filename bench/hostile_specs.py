@@ -283,8 +283,12 @@ class VerbSuite:
             label = " ".join(verb) if not valid else f"{' '.join(verb)} (valid controls)"
             c = self.counts.setdefault(label, Counter())
             before, kids = _tree(d), _children()
+            # No cloud account here: the explicit test setting stands in for gce credentials (check_setup's own
+            # tests cover their absence), so the valid gce control reaches the dry run.
+            from orchestrator.providers.gce.test_setting import TEST_EMULATOR_ENV
+
             env = {"ORCHESTRATOR_DB_URL": f"sqlite:///{d}/o.db", "ORCHESTRATOR_HOME": str(d / "home"),
-                   "COLUMNS": "100"}
+                   "COLUMNS": "100", TEST_EMULATOR_ENV: "1"}
             with _env(env):
                 code, out, err = run_verb([*verb, str(d / "spec.yaml")], d)
             c["tried"] += 1
