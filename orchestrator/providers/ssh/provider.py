@@ -38,9 +38,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.core.catalog import Catalog, load_catalog
-from orchestrator.core.names import unknown_name
 from orchestrator.core.cloud_errors import CapacityError
 from orchestrator.core.instances import InstanceRequest, ObservedInstance, ObservedState, Role
+from orchestrator.core.names import unknown_name
 from orchestrator.core.paths import user_dir
 from orchestrator.core.spec import SSH_USER_PATTERN, FieldError, SpecError
 from orchestrator.core.specfile import YamlFileError, read_yaml_file
