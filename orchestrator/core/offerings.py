@@ -7,8 +7,9 @@ returns the message a user sees (naming the fix), or None when the request is fi
 from __future__ import annotations
 
 import datetime as dt
+import math
 
-from orchestrator.core.catalog import CURRENT_BOOK, Catalog, PriceBook
+from orchestrator.core.catalog import CURRENT_BOOK, OVERRIDE_SOURCE, Catalog, Price, PriceBook
 
 # Dynamic Workload Scheduler (provisioningModel=FLEX_START) serves these accelerator-optimized series.
 FLEX_START_FAMILIES = ("a2", "a3", "a4")
@@ -65,3 +66,38 @@ def flex_start_message(machine_type: str) -> str | None:
         f"provisioning: flex_start is for A2/A3/A4 machine types only, not {machine_type}; "
         "use e.g. a2-highgpu-1g (A100), a3-highgpu-1g (H100) or a4-highgpu-8g (B200), or drop provisioning"
     )
+
+
+def unverified_price_notes(book: PriceBook, rows: list[tuple[str, Price]]) -> list[str]:
+    """One line per price row used that no public figure confirms (a placeholder says so), naming the fix."""
+    seen: dict[str, Price] = {}
+    for key, price in rows:
+        if not price.verified and price.source != OVERRIDE_SOURCE:
+            seen.setdefault(key, price)
+    return [
+        f"the price of {key} in book {book.name} is "
+        f"{'a placeholder' if p.note.startswith('placeholder') else 'unverified'} ({p.note}; source: {p.source}); "
+        f"set pricing.overrides.{key} to the price you pay"
+        for key, p in seen.items()
+    ]
+
+
+def lifecycle_warnings(
+    catalog: Catalog, gpus: list[str], today: dt.date, horizon_s: float, why: str
+) -> list[str]:
+    """A GPU whose GCE retirement / end of support falls while this job could still be running."""
+    days = math.ceil(horizon_s / 86400) if math.isfinite(horizon_s) else 0
+    until = today + dt.timedelta(days=days)
+    out = []
+    for gpu in dict.fromkeys(gpus):
+        event = catalog.coming(gpu, today, until)
+        if event is not None:
+            out.append(
+                f"{event.gce_accelerator} reaches its Compute Engine "
+                f"{'retirement' if event.event == 'retired' else 'end of support'} on {event.date.isoformat()} "
+                f"({event.source}): from then on VMs with it can no "
+                f"longer be created, launched or accessed, and this job could still be running ({why}, "
+                f"{days} days from {today.isoformat()}); finish before {event.date.isoformat()} or pick "
+                f"another GPU"
+            )
+    return out

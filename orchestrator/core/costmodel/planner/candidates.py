@@ -221,6 +221,7 @@ class PlanResult:
     elapsed_s: float = 0.0
     calibration: str = DEFAULT_CALIBRATION.name
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # e.g. a GPU's GCE end of support within the job's deadline
 
     def cluster(self) -> Cluster:
         if self.chosen is None:
@@ -254,6 +255,7 @@ class PlanResult:
             "elapsed_s": self.elapsed_s,
             "calibration": self.calibration,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "chosen": self.chosen.to_dict() if self.chosen else None,
             "best_infeasible": self.best_infeasible.to_dict() if self.best_infeasible else None,
             "front": [c.to_dict() for c in self.front],
