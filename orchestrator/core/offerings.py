@@ -13,6 +13,7 @@ from orchestrator.core.catalog import CURRENT_BOOK, OVERRIDE_SOURCE, Catalog, Pr
 
 # Dynamic Workload Scheduler (provisioningModel=FLEX_START) serves these accelerator-optimized series.
 FLEX_START_FAMILIES = ("a2", "a3", "a4")
+_PLACEHOLDER = "placeholder"  # how a price row's note marks a figure no public page gives (data/SOURCES.md)
 
 
 def price_note(book: PriceBook, gpu: str) -> str:
@@ -74,12 +75,14 @@ def unverified_price_notes(book: PriceBook, rows: list[tuple[str, Price]]) -> li
     for key, price in rows:
         if not price.verified and price.source != OVERRIDE_SOURCE:
             seen.setdefault(key, price)
-    return [
-        f"the price of {key} in book {book.name} is "
-        f"{'a placeholder' if p.note.startswith('placeholder') else 'unverified'} ({p.note}; source: {p.source}); "
-        f"set pricing.overrides.{key} to the price you pay"
-        for key, p in seen.items()
-    ]
+    out = []
+    for key, p in seen.items():
+        placeholder = p.note.startswith(_PLACEHOLDER)
+        why = p.note.removeprefix(_PLACEHOLDER).strip(": ")
+        out.append(f"the price of {key} in book {book.name} is {'a placeholder' if placeholder else 'unverified'} "
+                   f"({why}; {'look it up at' if placeholder else 'source:'} {p.source}); "
+                   f"set pricing.overrides.{key} to the price you pay")
+    return out
 
 
 def lifecycle_warnings(
