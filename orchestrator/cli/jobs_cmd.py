@@ -126,10 +126,13 @@ def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: Launch
     try:
         from orchestrator.sim.from_spec import plan_job as plan  # lazy: the simulator loads only to plan
 
-        est = plan(spec).chosen
+        result = plan(spec)
+        est = result.chosen
         if est is not None:
             console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
                           "(cost model, with expected revocation overhead; distribution: `orchestrator simulate`)")
+        for warning in result.warnings:  # placeholder / unverified prices, a GPU's end of support ahead
+            console.print(f"[bold red]warning:[/bold red] {escape(warning)}")
     except Exception as exc:  # the estimate is a courtesy; the dry run's answer is the cluster above
         console.print(f"[dim](no time/cost prediction: {exc})[/dim]")
     if spec.policy.budget_usd:

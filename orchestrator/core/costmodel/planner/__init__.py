@@ -87,15 +87,21 @@ def price_rows(book: PriceBook, c: Candidate, cloud: bool) -> list[tuple[str, Pr
             for row in book.rows_for(machine if cloud else LOCAL_MACHINE, gpu, 1 if gpu else 0)]
 
 
-def plan_warnings(spec: JobSpec, cat: Catalog, c: Candidate | None, today: dt.date | None = None) -> list[str]:
-    """What a user must know before trusting the plan: a GPU whose GCE retirement / end of support falls
-    within the job's deadline (or its predicted time)."""
-    if c is None or not spec.provider.is_cloud:
+def plan_warnings(
+    spec: JobSpec, cat: Catalog, c: Candidate | None, book: PriceBook, today: dt.date | None = None
+) -> list[str]:
+    """What a user must know before trusting the plan: a price that is a placeholder or unconfirmed (never
+    passed off as fact), a GPU whose GCE retirement / end of support falls within the job's deadline (or
+    its predicted time)."""
+    if c is None:
         return []
+    prices = unverified_price_notes(book, price_rows(book, c, spec.provider.is_cloud))
+    if not spec.provider.is_cloud:
+        return prices
     deadline = spec.policy.deadline
     predicted = c.time_s if math.isfinite(c.time_s) else 0.0
     horizon, why = (deadline, "its deadline") if deadline and deadline >= predicted else (predicted, "predicted")
-    return lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why)
+    return prices + lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why)
 
 
 def plan(
@@ -139,8 +145,6 @@ def plan(
     if best is not None and best.risk_assumed:
         notes.append("no revocation data for some GPU types: their risk is the mean of the measured types")
     notes.append(calibration_note(spec, calib, best))
-    if best is not None:  # a placeholder or unconfirmed price never passes as fact
-        notes += unverified_price_notes(context.book, price_rows(context.book, best, ev.cloud))
     return PlanResult(
         model=ev.model,
         mode=ev.mode,
@@ -156,7 +160,7 @@ def plan(
         elapsed_s=time.perf_counter() - started,
         calibration=calib.name,
         notes=tuple(notes),
-        warnings=tuple(plan_warnings(spec, cat, best, today)),
+        warnings=tuple(plan_warnings(spec, cat, best, context.book, today)),
     )
 
 
