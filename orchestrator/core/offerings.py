@@ -22,6 +22,7 @@ def price_note(book: PriceBook, gpu: str) -> str:
     if price is None:
         return "not priced"
     what = "whole VM" if price.includes_host else "GPU only, host VM on top"
+    what += "" if price.verified else ", unverified"
     return f"${price.spot:.4g}/h spot, ${price.on_demand:.4g}/h on-demand ({what})"
 
 
