@@ -277,13 +277,18 @@ def report(
         rows: list[dict[str, Any]] = queries.job_summaries(session, ids or None)
         if plot is not None:
             _write_plot(session, ids[0], plot)
-        from orchestrator.cli.torch_report import training_section  # lazy: the ORM models
+        from orchestrator.cli.torch_report import resplits, training_section, worker_batches  # lazy: the ORM
 
         training = training_section(session, rows) if fmt == "table" else []
+        if fmt == "json":  # the batch each worker was planned and ran, and each re-split of a running sync job
+            for r in rows:
+                r["worker_batches"] = worker_batches(session, r["job_id"])
+                r["resplits"] = resplits(session, r["job_id"])
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
             "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
             "revocations", "replacements", "restarts"]
     if fmt == "json":
+        keys += ["worker_batches", "resplits"]
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], default=str, indent=2) + "\n")
     elif fmt == "csv":
         buf = io.StringIO()

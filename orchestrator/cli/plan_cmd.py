@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, money, pct, table
@@ -116,12 +117,26 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
     )
     console.print(f"{ps}cluster {c.steps_per_s:.2f} steps/s ({c.bottleneck} bound)")
     steps = "global steps" if result.mode == "async" else "synchronous steps"
+    _print_strategies(c)
     console.print(
         f"predicted: [bold]{_time(c)}[/bold] for {result.train_steps:,} {steps} "
         f"({duration(c.base_time_s)} + {duration(c.revocation_overhead_s)} expected revocation overhead), "
         f"[bold]{_cost(c)}[/bold] at {money(c.hourly_usd)}/h; expected revocations "
         f"{c.expected_revocations:.2f} (risk of any {pct(c.revocation_risk)})"
     )
+
+
+def _print_strategies(c: Candidate) -> None:
+    """Which strategy runs (data parallel, pipeline, hybrid), and why not the others."""
+    from orchestrator.core.costmodel.planner.strategies import why_not  # the planner's own words
+
+    if not c.strategies:
+        return
+    chosen = c.strategies[0]
+    console.print(f"strategy: [bold]{chosen.name}[/bold] ({escape(chosen.detail)}); "
+                  f"{chosen.step_s:.3g} s a step, {chosen.memory_gb_per_gpu:.1f} GB on the fullest GPU")
+    for other in c.strategies[1:]:
+        console.print(f"  not {escape(why_not(chosen, other))}")
 
 
 def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:

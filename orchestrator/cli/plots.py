@@ -59,6 +59,7 @@ class PlotData:
     throughput: list[tuple[float, float]] = field(default_factory=list)  # (t, examples/s of the cluster)
     worker_rates: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     budget_usd: float | None = None
+    resplits: list[tuple[float, str]] = field(default_factory=list)  # (t, "step N") of each batch re-split
 
     @property
     def slots(self) -> list[str]:
@@ -111,6 +112,8 @@ def gather(session: Session, job_id: str, now: float | None = None) -> PlotData:
             data.worker_rates.setdefault(f"worker-{m.worker}", []).append((t, m.examples_per_s))
     data.notice_checkpoints = [e.at - t0 for e in queries.events(session, job_id)
                                if e.entity == "note" and e.to_status == "checkpoint"]
+    data.resplits = [(e.at - t0, (e.reason or "").split(":", 1)[0].removeprefix("re-split at "))
+                     for e in queries.events(session, job_id) if e.entity == "note" and e.to_status == "resplit"]
     return data
 
 
@@ -144,6 +147,7 @@ def render(data: PlotData, fmt: str = "png") -> bytes:
     _draw_timeline(ax_tl, data, scale)
     _draw_cost(ax_cost, data, scale)
     _draw_throughput(ax_tp, data, scale, unit)
+    _mark_resplits(ax_tp, data, scale)
     for ax in (ax_tl, ax_cost, ax_tp):
         ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
     buf = io.BytesIO()
@@ -235,6 +239,16 @@ def _draw_throughput(ax: Axes, data: PlotData, scale: float, unit: str) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     else:
         ax.text(0.5, 0.5, "no training metrics yet", transform=ax.transAxes, ha="center", va="center")
+
+
+def _mark_resplits(ax: Axes, data: PlotData, scale: float) -> None:
+    """A dotted line where a running sync job re-split its batch (examples moved between the workers)."""
+    for k, (t, step) in enumerate(data.resplits):
+        ax.axvline(t / scale, color="#7f7f7f", linestyle=":", linewidth=0.9, label="batch re-split" if k == 0 else None)
+        ax.annotate(step, (t / scale, 1.0), xycoords=("data", "axes fraction"), fontsize=6, rotation=90,
+                    va="top", ha="right", color="#555555")
+    if data.resplits:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
 def format_for(path: Path) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import orchestrator
 from orchestrator.core import policy
 from orchestrator.core.instances import LABEL_JOB, InstanceRequest, ObservedInstance, ObservedState, Role, instance_name
-from orchestrator.core.slots import Slot
+from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
 from orchestrator.providers.base import Provider
 from orchestrator.providers.local.progress import max_step
@@ -163,7 +163,7 @@ def progress_clock_for(spec: JobSpec, slots: Sequence[Slot], step_sleep: Callabl
     local = spec.provider.as_local()
     if local is None or local.revocations != RevocationMode.MODEL:
         return {}
-    times = [step_sleep(s.gpu, s.batch or 128) for s in slots if s.role == Role.WORKER]
+    times = [step_sleep(s.gpu, s.batch or DEFAULT_BATCH) for s in slots if s.role == Role.WORKER]
     times = [t for t in times if t > 0]
     if not times:
         return {}
