@@ -12,7 +12,8 @@ examples/local-torch-resplit.yaml (three emulated GPU types, synchronous DDP, gl
 
 Nothing here checks a model: each figure is a measured throughput of a real run (examples/s from the
 workers' own metrics), so no run is the truth of another's prediction. The host is shared, so compare the
-runs of one invocation only (the table prints the load average at each start).
+runs of one invocation only (the table prints the load average at each start), and read ``after/before``
+first: each run's throughput after the slowdown over its own before it, which a busier host moves less.
 
     python bench/resplit.py [--steps N] [--slow-at STEP] [--factor F]
 """
@@ -87,12 +88,13 @@ def main() -> None:
         results["static, best after slowdown"] = run(pinned, Path(tmp) / "best", args.slow_at)
     print(f"{EXAMPLE.name}: {args.steps} steps, worker 0 (V100) slows {args.factor:g}x at step {args.slow_at}; "
           f"global batch {base['training']['global_batch']}")
-    print(f"{'run':<30}{'load':>6}{'train s':>9}{'ex/s before':>13}{'ex/s after':>12}{'re-splits':>11}  final batches")
+    print(f"{'run':<30}{'load':>6}{'train s':>9}{'ex/s before':>13}{'ex/s after':>12}{'after/before':>14}"
+          f"{'re-splits':>11}  final batches")
     ref = results["static, planned"]
     for name, r in results.items():
         batches = "/".join(str(v["reported"]) for _, v in sorted(r["batches"].items()))
         print(f"{name:<30}{r['load']:>6.1f}{r['train_s']:>9.1f}{r['before']:>13.1f}{r['after']:>12.1f}"
-              f"{len(r['resplits']):>11}  {batches}")
+              f"{r['after'] / r['before']:>14.2f}{len(r['resplits']):>11}  {batches}")
     for name, r in results.items():
         if r is not ref:
             print(f"{name}: after the slowdown {r['after'] / ref['after'] - 1:+.1%} examples/s and "

@@ -280,6 +280,9 @@ def report(
         from orchestrator.cli.torch_report import resplits, training_section, worker_batches  # lazy: the ORM
 
         training = training_section(session, rows) if fmt == "table" else []
+        from orchestrator.cli.deadline_report import deadline_section  # lazy: the ORM models
+
+        deadlines = deadline_section(session, rows) if fmt == "table" else []
         if fmt == "json":  # the batch each worker was planned and ran, and each re-split of a running sync job
             for r in rows:
                 r["worker_batches"] = worker_batches(session, r["job_id"])
@@ -300,6 +303,8 @@ def report(
         print_report(rows, title=f"report ({time.strftime('%Y-%m-%d %H:%M')})")
         if training:  # framework, world-size timeline (PyTorch elastic), examples/s, accuracy, cost
             sys.stdout.write("training:\n" + "".join(f"  {line}\n" for line in training))
+        if deadlines:  # on_revocation: deadline: spot / on-demand / waiting against uniform progress
+            sys.stdout.write("deadline policy:\n" + "".join(f"  {line}\n" for line in deadlines))
 
 
 def _watch(job: str | None) -> None:

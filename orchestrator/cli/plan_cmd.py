@@ -151,12 +151,21 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
         result = plan_job(spec, calibration=calib)
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
+    from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
+
+    chosen_ok = result.chosen is not None and result.chosen.feasible
+    found = deadline_outlook(spec) if chosen_ok else None  # on_revocation: deadline: each policy on real traces
     if json_out:
-        print(json.dumps(result.to_dict(top=top), indent=2))
+        doc = result.to_dict(top=top)
+        if found is not None:
+            doc["deadline_policies"] = outlook_dict(found)
+        print(json.dumps(doc, indent=2))
         if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
             raise typer.Exit(1)
         return
     _print_plan(spec.name, result, top)
+    if found is not None:
+        print_outlook(found)
     if result.chosen is not None and not result.chosen.feasible:
         raise UserError(f"the pinned cluster breaks a constraint: {'; '.join(result.chosen.reasons)}",
                         hint="raise policy.budget_usd / policy.deadline, or change the cluster")

@@ -36,7 +36,7 @@ from orchestrator.core.task import TaskConfig, TrainingSection
 from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.store import queries
 from orchestrator.store.models import Instance
-from orchestrator.transport.base import Endpoint, TransportError
+from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 from orchestrator.transport.local import UnsafePathError
 
 __all__ = ["TASK", "JobContext", "cluster_addresses", "execute", "log_action"]
@@ -62,9 +62,14 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
                 return
         except (TransportError, TimeoutError) as exc:
             ctx.session.rollback()
+            if isinstance(exc, FatalTransportError):
+                # A wrong host key or a refused login stays so on every replacement: fail now, in one line
+                # that names the failure and its fix, rather than cycle through replacements.
+                fail_job(ctx, str(exc)[:500])
+                return
             queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}"[:500])
             ctx.session.commit()
-            if isinstance(exc, UnsafePathError):  # the job's files can never be pushed as listed
+            if isinstance(exc, UnsafePathError):
                 fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
                 return
 
