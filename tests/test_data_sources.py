@@ -23,7 +23,7 @@ def _is_url(text: str) -> bool:
 
 def source_problem(path: Path, row: dict[str, str]) -> str | None:
     """Why a row's source is not one a user can follow, else None."""
-    source = (row.get("source") or "").strip()
+    source = (row.get("source") or row.get("source_url") or "").strip()  # gpu_arch.csv names it source_url
     if not source:
         return "no source"
     if _is_url(source.split(" ")[0]):

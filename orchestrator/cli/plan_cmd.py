@@ -11,8 +11,10 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
-from orchestrator.core.costmodel import Candidate, PlanResult, UnknownModelError
+from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult, UnknownModelError
+from orchestrator.core.costmodel.interval import plan_interval
 from orchestrator.core.errors import UserError
 from orchestrator.core.spec import load_spec
 from orchestrator.sim.from_spec import plan_job
@@ -141,6 +143,7 @@ def _print_strategies(c: Candidate) -> None:
 
 def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
     """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON)."""
+    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(spec_path)
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     if calib is not None and calib.emulated and not spec.provider.emulates_gpus:
@@ -151,12 +154,13 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
         result = plan_job(spec, calibration=calib)
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
+    interval = plan_interval(result, calib or DEFAULT_CALIBRATION)
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
     chosen_ok = result.chosen is not None and result.chosen.feasible
     found = deadline_outlook(spec) if chosen_ok else None  # on_revocation: deadline: each policy on real traces
     if json_out:
-        doc = result.to_dict(top=top)
+        doc = {**result.to_dict(top=top), "prediction_interval": interval}
         if found is not None:
             doc["deadline_policies"] = outlook_dict(found)
         print(json.dumps(doc, indent=2))
@@ -164,6 +168,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             raise typer.Exit(1)
         return
     _print_plan(spec.name, result, top)
+    if interval is not None:
+        _print_interval(result, interval)
     if found is not None:
         print_outlook(found)
     if result.chosen is not None and not result.chosen.feasible:
@@ -176,6 +182,19 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
             hint="raise policy.budget_usd / policy.deadline or widen search",
         )
+
+
+def _print_interval(result: PlanResult, interval: dict[str, Any]) -> None:
+    why = {"same-gpu": "measured on these GPUs", "other-gpu": "measured on other GPUs only",
+           "other-gpu-precision": "measured at another precision", "none": "no measured step of this model"}
+    console.print(
+        f"prediction interval: +-{interval['relative']:.0%} ({why[interval['kind']]}; held-out error, "
+        f"bench/cross_gpu.py): time {duration(interval['time_low_s'])} .. {duration(interval['time_high_s'])}, "
+        f"cost {money(interval['cost_low_usd'])} .. {money(interval['cost_high_usd'])}"
+    )
+    if interval["flips_to"]:
+        console.print(f"[yellow]the choice may flip inside the interval:[/yellow] {interval['flips_to']} is within "
+                      f"it by {result.objective}; measure the model (model predict --measurements) to decide")
 
 
 def _print_plan(name: str, result: PlanResult, top: int) -> None:
