@@ -52,6 +52,9 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Never touch the developer's own DB or instances.
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ORCHESTRATOR_DB_URL", f"sqlite:///{tmp_path / 'home' / 'orchestrator.db'}")
+    # The explicit test setting: gce specs talk to the Compute API emulator with anonymous credentials and
+    # reach its VMs on 127.0.0.1 (a test of the real credential path deletes it).
+    monkeypatch.setenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR", "1")
 
 
 @pytest.fixture

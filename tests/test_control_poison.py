@@ -76,7 +76,9 @@ pricing: {{book: 2019-02}}
 
 
 def gce_spec(name: str, storage: Path, endpoint: str | None) -> str:
-    api = f', api_endpoint: "{endpoint}"' if endpoint else ""
+    # No endpoint: a job whose credentials cannot load (the tests run under the emulator setting, where no
+    # credentials at all would mean anonymous ones).
+    api = f', api_endpoint: "{endpoint}"' if endpoint else ", credentials: /nonexistent/orchestrator-key.json"
     return f"""name: {name}
 provider: {{kind: gce, project: poison-project, zones: [us-central1-c, us-central1-a]{api}}}
 storage: {storage}

@@ -50,7 +50,8 @@ def dry_run(example: Path, emu: GceEmulator, tmp_path: Path) -> dict[str, Any]:
     spec.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", "--dry-run", str(spec)],
                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db", "PATH": "/usr/bin:/bin"})
+                         env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db", "PATH": "/usr/bin:/bin",
+                              "ORCHESTRATOR_TEST_COMPUTE_EMULATOR": "1"})
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "x.db").exists()
     parsed: dict[str, Any] = json.loads(out.stdout)

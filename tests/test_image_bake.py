@@ -8,6 +8,7 @@ over SSH, the exit-code check, the image and the cleanup. The recipe is replaced
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -36,6 +37,9 @@ from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator_testing.cloud import provider_settings
 from orchestrator_testing.gce_emulator import GceEmulator
 from orchestrator_testing.sshd import Sshd
+
+# Google's Deep Learning VM route for every current GPU and both frameworks (data/gce_images.csv).
+WORKER_BASE_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
 
 P, ZONE = "proj-bake", "us-central1-c"
 REPO = Path(__file__).resolve().parent.parent
@@ -131,13 +135,77 @@ def test_bake_creates_family_image_and_deletes_builder(
     assert vm["scheduling"].get("provisioningModel", "STANDARD") != "SPOT"
     assert int(vm["scheduling"]["maxRunDuration"]["seconds"]) > FAST_BAKE["wait_s"], "GCE bounds its spend"
     assert [a["acceleratorType"].rsplit("/", 1)[-1] for a in vm["guestAccelerators"]] == ["nvidia-tesla-v100"]
+    # From a base image with a driver route (a Deep Learning VM family), so the image trains on first boot.
+    from orchestrator.providers.gce.bake import GceImageBuilder
+
+    builder_of = GceImageBuilder(load_spec(spec).provider.as_gce())  # type: ignore[arg-type]
+    made = builder_of.provider(builder_of.plan("worker", "v100", "tensorflow", None, print))
+    assert made.settings.image_url == WORKER_BASE_IMAGE  # type: ignore[attr-defined]
+    made.close()
     # The recipe was pushed to the instance's disk and the command ran there, with GPU in its environment.
     disk = tmp_path / "disks" / builder
-    assert (disk / "worker.sh").read_text() == (REPO / "images" / "worker.sh").read_text()
+    assert (disk / "gpu-worker.sh").read_text() == (REPO / "images" / "gpu-worker.sh").read_text()
     assert (disk / "baked.txt").read_text() == "baked v100\n"
     assert not (user_dir() / "keys" / builder).exists(), "the per-bake SSH key is forgotten"
     assert vm["tags"]["items"] == [f"orch-{builder}"], "the builder has a tag of its own"
     assert emu.firewall(f"orch-{builder}-ssh", P) is None, "its rules went with it"
+
+
+def test_pytorch_h100_image_is_baked_on_spot_through_the_launch_request_builder(
+    emu: GceEmulator, spec: Path, tmp_path: Path, running: list[dict[str, Any]]
+) -> None:
+    # a3-highgpu-1g has no on-demand (Spot / Flex-start only): an on-demand builder would be refused by GCE.
+    command = ["sh", "-c", 'echo "$FRAMEWORK $GPU" > baked.txt']
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line)  # what `orchestrator image bake` prints (pytest -s shows it)
+
+    image = bake_image(role="worker", gpu="h100", framework="pytorch", spec_path=spec, recipe_command=command,
+                       say=say, **FAST_BAKE)
+    assert image.startswith("orchestrator-worker-torch-h100-")
+    assert emu.image(image, P)["family"] == "orchestrator-worker-torch-h100"  # type: ignore[index]
+    (vm,) = running
+    assert vm["scheduling"]["provisioningModel"] == "SPOT" and vm["machineType"].endswith("/a3-highgpu-1g")
+    assert "guestAccelerators" not in vm, "an A3 type comes with its GPU"
+    assert (tmp_path / "disks" / vm["name"] / "baked.txt").read_text() == "pytorch h100\n"
+    assert any("a3-highgpu-1g, 1xh100, spot" in line for line in lines), lines
+    # The body is the launch's: requests.instance_resource with the builder's provider settings.
+    from google.cloud import compute_v1
+
+    from orchestrator.providers.gce.bake import GceImageBuilder
+    from orchestrator.providers.gce.requests import GceRequestSettings, bundled_machine_types, instance_resource
+
+    builder = GceImageBuilder(load_spec(spec).provider.as_gce())  # type: ignore[arg-type]
+    plan = builder.plan("worker", "h100", "pytorch", image, print)
+    req = builder.request(plan, ZONE, "KEY", dict(vm["labels"]), int(vm["scheduling"]["maxRunDuration"]["seconds"]))
+    settings = GceRequestSettings(project=P, image=plan.base_image, network_tag="orch-{job}",
+                                  bundled=bundled_machine_types())
+    expected = json.loads(compute_v1.Instance.to_json(instance_resource(req, settings)))
+    keys = ("provisioningModel", "instanceTerminationAction", "onHostMaintenance", "automaticRestart")
+    assert {k: vm["scheduling"].get(k) for k in keys} == {k: expected["scheduling"].get(k) for k in keys}
+    assert expected["machineType"].rsplit("/", 1)[-1] == vm["machineType"].rsplit("/", 1)[-1]
+    # The ledger bills the builder at today's spot price.
+    price = load_catalog().price_book(CURRENT_BOOK).instance_price("a3-highgpu-1g", "h100", 1, spot=True)
+    assert _sql("SELECT spot, price_per_hour FROM instances") == [(1, pytest.approx(price))]
+
+
+def test_every_current_gpu_and_framework_plans_a_bake() -> None:
+    from orchestrator.providers.gce.bake_plan import plan_bake
+
+    catalog = load_catalog()
+    for gpu in catalog.current_gpus():
+        for framework in ("tensorflow", "pytorch"):
+            plan = plan_bake("worker", gpu, [], framework=framework, say=lambda _: None)
+            assert plan.base_image == WORKER_BASE_IMAGE and plan.recipe.name == "gpu-worker.sh"
+            assert plan.recipe_env["FRAMEWORK"] == framework and plan.gpu_count >= 1
+            # Spot exactly where GCE has no on-demand VM of the type (a3-highgpu-1g, A3 Ultra, A4).
+            assert plan.spot == (gpu in ("h100", "h200", "b200")), (gpu, plan.machine_type)
+    with pytest.raises(UserError, match="no parameter servers"):
+        plan_bake("ps", None, [], framework="pytorch")
+    with pytest.raises(UserError, match="--framework"):
+        plan_bake("worker", "l4", [], framework="jax")
 
 
 def test_failing_recipe_leaves_no_vm_and_no_image(emu: GceEmulator, spec: Path, gce: GceProvider) -> None:
@@ -251,7 +319,7 @@ def test_an_abandoned_bake_is_closed_by_the_sweep(emu: GceEmulator, spec: Path, 
     # The bake process died (kill -9) after creating its builder; the time limit has passed.
     record = BakeRecord.start(job_id="bake-dead", builder="bake-dead", image="img-dead", spec_yaml=spec_to_yaml(
         load_spec(spec)), price_book="2026-11", shape="builder n1-standard-4", gpu=None,
-        machine_type="n1-standard-4", zone=ZONE, price_per_hour=0.19, limit_s=0.0)
+        machine_type="n1-standard-4", zone=ZONE, price_per_hour=0.19, limit_s=0.0, provider="gce")
     gce.create(_request("bake-dead", "bake-dead", {"orch-bake": "1", "orch-bake-until": "1"}))
     record.step("builder VM created", JobStatus.PROVISIONING, InstanceStatus.PROVISIONING)
     sweep()
@@ -264,7 +332,7 @@ def test_an_abandoned_bake_is_closed_by_the_sweep(emu: GceEmulator, spec: Path, 
 def test_cancel_of_a_bake_says_who_drives_it(spec: Path) -> None:
     BakeRecord.start(job_id="bake-x", builder="bake-x", image="img-x", spec_yaml=spec_to_yaml(load_spec(spec)),
                      price_book="2026-11", shape="builder n1-standard-4", gpu=None, machine_type="n1-standard-4",
-                     zone=ZONE, price_per_hour=0.19, limit_s=600.0)
+                     zone=ZONE, price_per_hour=0.19, limit_s=600.0, provider="gce")
     with pytest.raises(UserError, match="driven by its own `orchestrator image bake` process"):
         cancel_job("bake-x")
 

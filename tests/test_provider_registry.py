@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import UserError
 from orchestrator.core.instances import ObservedInstance, ObservedState, Role
 from orchestrator.core.spec import GceProvider, JobSpec, ProviderSpec, validate_spec
 from orchestrator.providers import registry
@@ -24,7 +25,7 @@ def gce_spec(**provider: object) -> JobSpec:
     return validate_spec(
         {
             "name": "registry",
-            "provider": {"kind": "gce", "project": "test-project", **provider},
+            "provider": {"kind": "gce", "project": "test-project", **provider},  # a project key overrides
             "training": {"job": "command", "command": "sleep 1", "train_steps": 1, "mode": "sync"},
             "cluster": {
                 "parameter_servers": {"count": 0},
@@ -100,3 +101,20 @@ def test_an_emulator_is_reached_by_settings_alone(tmp_path: Path) -> None:
 def test_firewall_opens_a_task_port_outside_the_default_range() -> None:
     assert firewall_ports(GceProvider(project="test-project")) == TF_PORTS
     assert firewall_ports(GceProvider(project="test-project", task_port=8470)) == f"{TF_PORTS},8470-8471"
+
+
+def test_capabilities_are_asked_of_the_registry_never_of_a_kind() -> None:
+    """cli/ and control/ ask for a capability (set-up check, dry run, quotas, image baking), not for ``gce``."""
+    local = validate_spec({"name": "registry",
+                           "training": {"job": "command", "command": "sleep 1", "train_steps": 1, "mode": "sync"},
+                           "cluster": {"parameter_servers": {"count": 0}, "workers": [{"gpu": "k80", "count": 1}]}})
+    registry.check_setup(local)  # the local provider needs nothing
+    assert registry.dry_run_for(local) is None and registry.quota_source(local) is None
+    with pytest.raises(UserError, match="provider.kind: gce"):
+        registry.image_builder_for(local)
+    gce = gce_spec(api_endpoint="http://127.0.0.1:9")  # the test setting: anonymous credentials
+    registry.check_setup(gce, probe=False)
+    assert registry.dry_run_for(gce) is not None and registry.image_builder_for(gce).kind == "gce"
+    assert registry.backend_for(gce).cloud_deadline is not None and registry.backend_for(local).cloud_deadline is None
+    with pytest.raises(UserError, match="provider.project: 'Bad_Project' is not a Google Cloud project id"):
+        registry.check_setup(gce_spec(project="Bad_Project"), probe=False)

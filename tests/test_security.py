@@ -242,7 +242,7 @@ def test_a_network_open_to_every_vm_is_refused_unless_accepted(emu: GceEmulator)
                                    source_ranges=["10.128.0.0/9"], allowed=[
                                        compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"]),
                                        compute_v1.Allowed(I_p_protocol="udp", ports=["0-65535"])])
-        gce._ensure_firewall(rule)
+        gce.firewalls.ensure(rule)
         msg = str(pytest.raises(NetworkError, gce.create, req("open")).value)
         assert "default-allow-internal" in msg and "provider.network" in msg and "allow_open_network" in msg
         assert emu.instance(instance_name("open", Role.WORKER, 0, 0)) is None, "nothing created"

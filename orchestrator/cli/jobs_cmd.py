@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,8 +18,8 @@ from orchestrator.cli.render import console, duration, err_console, money, pct, 
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.quotas import Quotas, QuotaSource, headroom, quota_needs, quota_problems, read_quotas
-from orchestrator.core.spec import GceProvider, JobSpec, load_spec
+from orchestrator.core.quotas import Quotas, headroom, quota_needs, quota_problems, read_quotas
+from orchestrator.core.spec import JobSpec, load_spec
 from orchestrator.core.torch_spec import secret_problems
 from orchestrator.store.db import open_session
 
@@ -66,50 +65,34 @@ def check_budget(spec: JobSpec) -> None:
 
 def read_spec_quotas(spec: JobSpec, plan: LaunchPlan | None = None,
                      ) -> tuple[dict[str, dict[str, float]], dict[str, Quotas]] | None:
-    """A gce spec's quota needs per region and those regions' quotas (one regions.get each); else None.
+    """The quota needs per region of a spec whose provider reads quotas, and those regions' quotas (one read
+    each); else None.
 
     A failure to *read* quotas (network, permissions) never blocks: it is one warning line, and the
     create-time QUOTA_EXCEEDED handling still applies.
     """
-    gce = spec.provider.as_gce()
-    if gce is None:
-        return None
-    needs = quota_needs(list((plan or plan_spec(spec)).slots))
-    if not _explicit_gce_credentials(gce):
-        # Without configured credentials, Application Default Credentials would probe the GCE metadata
-        # server; skip rather than reach for the network on a machine that may have none.
-        err_console.print("[dim]GCE quotas not pre-checked: no credentials configured (provider.credentials, "
-                          "GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)[/dim]",
-                          soft_wrap=True)
-        return None
-    from orchestrator.providers.registry import backend_for  # lazy: the provider backends (~20 ms), gce only
+    from orchestrator.providers.registry import quota_source  # lazy: the provider backends (~20 ms)
 
     try:
-        provider = backend_for(spec).provider
-        if not isinstance(provider, QuotaSource):  # a capability, not a kind: the gce backend reads quotas
+        source = quota_source(spec)
+        if source is None:
             return None
-        return needs, read_quotas(provider, needs)
+        needs = quota_needs(list((plan or plan_spec(spec)).slots))
+        return needs, read_quotas(source, needs)
     except ProviderError as exc:
-        err_console.print(f"[yellow]warning:[/yellow] could not read GCE quotas, not pre-checked ({escape(str(exc))})",
+        err_console.print(f"[yellow]warning:[/yellow] could not read quotas, not pre-checked ({escape(str(exc))})",
                           soft_wrap=True)
         return None
-
-
-def _explicit_gce_credentials(provider: GceProvider) -> bool:
-    if provider.api_endpoint or provider.credentials or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
-        return True
-    config = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
-    return (config / "application_default_credentials.json").exists()
 
 
 def check_quotas(spec: JobSpec, plan: LaunchPlan | None = None) -> None:
-    """Refuse, before anything is created, a gce cluster that needs more quota than the project has free."""
+    """Refuse, before anything is created, a cloud cluster that needs more quota than the project has free."""
     found = read_spec_quotas(spec, plan)
     if found is None:
         return
     problems = quota_problems(*found)
     if problems:
-        raise UserError(f"not enough GCE quota ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
+        raise UserError(f"not enough quota ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
 
 
 def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: LaunchPlan) -> None:
@@ -141,11 +124,11 @@ def print_dry_run(spec: JobSpec, planned: PlanResult | None, launch_plan: Launch
         console.print(f"budget: {money(spec.policy.budget_usd)}")
     found = read_spec_quotas(spec, launch_plan)
     if found is not None:
-        console.print(table("GCE quota headroom", ["region", "metric", "needs", "free", "limit", ""],
+        console.print(table("quota headroom", ["region", "metric", "needs", "free", "limit", ""],
                             [[h.scope, h.metric, f"{h.need:g}", f"{h.free:g}", f"{h.limit:g}",
                               "ok" if h.ok else "[red]NOT ENOUGH[/red]"] for h in headroom(*found)]))
         if quota_problems(*found):
-            console.print("[red]launch would be refused: not enough GCE quota (see above)[/red]")
+            console.print("[red]launch would be refused: not enough quota (see above)[/red]")
     console.print("[green]spec is valid; nothing was created (dry run)[/green]")
 
 
@@ -157,16 +140,15 @@ def launch(
     quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
 ) -> None:
     """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy."""
-    from orchestrator.control.launcher import preflight  # lazy: the control layer (~0.3 s) only for launch
+    from orchestrator.providers.registry import check_setup, dry_run_for  # lazy: the provider backends
 
     spec, planned, blocks = resolve_spec(spec_path)
-    preflight(spec)  # the SSH inventory's content, also for a dry run
+    # Credentials, project, keys, inventory: refused here, before any row exists (the dry run sends nothing).
+    check_setup(spec, probe=not dry_run)
     plan = plan_spec(spec, blocks=blocks)  # the one expansion: the dry run, the quota check and the launch all use it
-    if dry_run and spec.provider.kind == "gce":
-        # The exact Compute API requests a launch would send (instances, firewall rules, disks), as JSON.
-        from orchestrator.providers.gce.dry_run import gce_dry_run  # lazy: the Google Cloud SDK (~2 s)
-
-        out = gce_dry_run(spec, plan=plan)
+    if dry_run and (provider_dry_run := dry_run_for(spec)) is not None:
+        # The exact requests a launch would send to the cloud (gce: instances, firewall rules, disks), as JSON.
+        out = provider_dry_run(spec, plan)
         if (found := read_spec_quotas(spec, plan)) is not None:  # regions.get / projects.get: reads, not requests
             out["quota_headroom"] = [{"scope": h.scope, "metric": h.metric, "needs": h.need, "free": h.free,
                                       "limit": h.limit, "ok": h.ok} for h in headroom(*found)]

@@ -33,14 +33,15 @@ class BakeRecord:
 
     @classmethod
     def start(cls, *, job_id: str, builder: str, image: str, spec_yaml: str, price_book: str, shape: str,
-              gpu: str | None, machine_type: str, zone: str, price_per_hour: float, limit_s: float) -> BakeRecord:
+              gpu: str | None, machine_type: str, zone: str, price_per_hour: float, limit_s: float,
+              provider: str, spot: bool = False) -> BakeRecord:
         """The job and its builder's row, committed before the create call (intent first: a bake that dies
         after creating its VM is still billed and found)."""
         now = time.time()
         with open_session() as session:
             if session.get(Job, job_id) is not None:
                 raise UserError(f"a bake {job_id} is already recorded; start it again in a second")
-            session.add(Job(id=job_id, name=image[:64], provider="gce", mode=BAKE_MODE, cluster_shape=shape,
+            session.add(Job(id=job_id, name=image[:64], provider=provider, mode=BAKE_MODE, cluster_shape=shape,
                             spec_yaml=spec_yaml, storage_uri="", price_book=price_book,
                             status=JobStatus.PENDING.value, train_steps=0, deadline_s=limit_s, restarts=0,
                             metrics_offset=0, cancel_requested=False, created_at=now, updated_at=now))
@@ -48,7 +49,7 @@ class BakeRecord:
             session.add(Event(job_id=job_id, entity="job", from_status=None, to_status=JobStatus.PENDING.value,
                               reason=f"image bake recorded: builder {builder}, image {image}", at=now))
             session.add(Instance(job_id=job_id, name=builder, role=BUILDER_ROLE, slot_index=0, generation=0,
-                                 gpu=gpu, machine_type=machine_type, zone=zone, spot=False,
+                                 gpu=gpu, machine_type=machine_type, zone=zone, spot=spot,
                                  price_per_hour=price_per_hour, status=InstanceStatus.REQUESTED.value,
                                  status_reason="builder VM requested", requested_at=now, updated_at=now))
         return cls(job_id)

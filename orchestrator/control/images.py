@@ -1,13 +1,15 @@
-"""`orchestrator image bake`: build a worker or parameter-server boot image on GCE.
+"""`orchestrator image bake`: build a worker or parameter-server boot image, through the provider kind's
+``ImageBuilder`` (providers/bake.py; gce: providers/gce/bake.py), which plans it, builds the builder's provider
+and create request, and says how to reach the builder.
 
-One bake (planned and named by control/bake_plan.py before anything costs money): record it in the results
-DB (a ``bake`` pseudo-job, control/bake_record.py, so the builder's seconds x price land in the ledger);
-create an on-demand builder VM from Debian 12 (with the GPU attached for a worker image), labelled like any
-orchestrator VM (job id ``bake-...``) plus ``orch-bake-until``, the end of the bake's time limit, which the
-daemon's orphan sweep respects (control/gc.py); give it a per-bake SSH key through the ``ssh-keys``
-metadata; push the recipe from ``images/``; run it detached over SSH and follow its log until it exits;
-check the exit code; image the boot disk into the family ``orchestrator-<role>[-<gpu>]``; and delete the
-builder VM whatever happened (Ctrl-C and SIGTERM included).
+One bake (planned and named before anything costs money): record it in the results DB (a ``bake``
+pseudo-job, control/bake_record.py, so the builder's seconds x price land in the ledger); create the builder
+VM (a GPU worker image: with the GPU, from a base image with a driver route; Spot where the machine type has no
+on-demand), labelled like any orchestrator VM (job id ``bake-...``) plus ``orch-bake-until``, the end of the
+bake's time limit, which the daemon's orphan sweep respects (control/gc.py); give it a per-bake SSH key; push
+the recipe from ``images/``; run it detached over SSH and follow its log until it exits; check the exit code;
+image the boot disk into the plan's family; and delete the builder VM whatever happened (Ctrl-C and SIGTERM
+included).
 """
 
 from __future__ import annotations
@@ -19,36 +21,24 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
-from orchestrator.control.bake_plan import BakePlan, plan_bake, recipe_path
 from orchestrator.control.bake_record import BakeRecord
 from orchestrator.control.driver import spec_to_yaml
 from orchestrator.control.signals import Terminated, sigterm_raises
 from orchestrator.core.cloud_errors import CapacityError, ProviderError, QuotaError
 from orchestrator.core.errors import UserError
-from orchestrator.core.instances import (
-    LABEL_BAKE,
-    LABEL_BAKE_UNTIL,
-    InstanceRequest,
-    ObservedInstance,
-    ObservedState,
-    ProcState,
-    Role,
-)
-from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.core.instances import LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance, ObservedState, ProcState
 from orchestrator.core.spec import JobSpec, load_spec
 from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.providers.bake import BakePlan, ImageBuilder
 from orchestrator.providers.base import Provider, SupportsImages
-from orchestrator.providers.gce.backend import TF_PORTS
-from orchestrator.providers.gce.network import IsolatedGceProvider, address_learner, published_host_keys
-from orchestrator.providers.gce.provider import DEFAULT_IMAGE
+from orchestrator.providers.registry import check_setup, image_builder_for
 from orchestrator.transport.base import Endpoint, Transport, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
 from orchestrator.transport.ssh import SshTransport
 
-__all__ = ["BakeError", "BakePlan", "bake_image", "plan_bake"]
+__all__ = ["BakeError", "BakePlan", "bake_image"]
 PROC = "bake"  # the recipe's process name on the builder (logs/bake.log, procs/bake.exit)
 IMAGING_S = 1800.0  # after the recipe: stopping the builder and imaging its disk (GCE: minutes)
 
@@ -64,43 +54,37 @@ def bake_image(
     gpu: str | None,
     spec_path: str | Path | None,
     *,
+    framework: str = "tensorflow",
     name: str | None = None,
     wait_s: float = 5400.0,
     provider: Provider | None = None,
     transport: Transport | None = None,
     recipe_command: list[str] | None = None,
-    base_image: str = DEFAULT_IMAGE,
     boot_timeout_s: float = 600.0,
     ssh_timeout_s: float = 300.0,
     poll_s: float = 5.0,
     say: Callable[[str], None] = print,
 ) -> str:
     """Bake an image; returns its name. ``wait_s`` bounds the recipe's run. ``provider`` / ``transport``
-    default to a ``GceProvider`` built from the spec and an ``SshTransport``. ``recipe_command`` replaces
-    ``bash <role>.sh`` (tests); the recipe is pushed either way. ``base_image`` only applies to a provider
-    built here (an injected provider boots its own image)."""
-    spec = _gce_spec(spec_path)
-    gce = spec.provider.as_gce()
-    assert gce is not None
-    plan = plan_bake(role, gpu, list(gce.zones), name=name, say=say)
-    recipe = recipe_path(plan.role)
-    command = list(recipe_command) if recipe_command is not None else ["bash", recipe.name]
+    default to the kind's builder provider (booting the plan's base image) and an ``SshTransport``.
+    ``recipe_command`` replaces ``bash <recipe>`` (tests); the recipe is pushed either way."""
+    spec = _spec(spec_path)
+    builder = image_builder_for(spec)
+    check_setup(spec, probe=False)  # credentials and project, before anything is recorded or created
+    plan = builder.plan(role, gpu, framework, name, say)
+    command = list(recipe_command) if recipe_command is not None else ["bash", plan.recipe.name]
     limits = Limits(wait_s=wait_s, boot_s=boot_timeout_s, ssh_s=ssh_timeout_s, poll_s=poll_s)
     own_provider = provider is None
-    provider = provider or _builder_provider(gce, base_image)
+    provider = provider or builder.provider(plan)
     try:
         if not isinstance(provider, SupportsImages):
             raise UserError(f"provider {provider.name or type(provider).__name__} cannot create images")
         with sigterm_raises():  # `kill` / `timeout` delete the builder as Ctrl-C does
-            _Bake(plan, provider, transport, gce.ssh_user, limits, say).run(spec_to_yaml(spec), recipe, command)
+            _Bake(plan, builder, provider, transport, limits, say).run(spec_to_yaml(spec), command)
     finally:
         if own_provider:
             provider.close()
-    project = getattr(provider, "project", "<project>")
-    say(
-        f"image {plan.image} created in family {plan.family}; use it with\n"
-        f"  provider.image: projects/{project}/global/images/family/{plan.family}"
-    )
+    say(builder.usage(plan))
     return plan.image
 
 
@@ -117,51 +101,37 @@ class Limits:
         return self.boot_s + self.ssh_s + self.wait_s + IMAGING_S
 
 
-def _gce_spec(spec_path: str | Path | None) -> JobSpec:
+def _spec(spec_path: str | Path | None) -> JobSpec:
     if spec_path is None:
         raise UserError("give --spec: a job spec with provider.kind: gce (project, zones, credentials)")
-    spec = load_spec(spec_path)
-    if spec.provider.as_gce() is None:
-        raise UserError(
-            f"{spec_path}: provider.kind is {spec.provider.kind!r}; images are baked on GCE (provider.kind: gce)"
-        )
-    return spec
-
-
-def _builder_provider(gce: GceSpec, base_image: str) -> Provider:
-    # The builder is a job of its own: its own tag and rules (SSH from this controller), made by
-    # create and deleted with it; it opens no training ports, so an open network does not matter.
-    return IsolatedGceProvider(
-        gce.project, ports=TF_PORTS, ssh_ranges=gce.ssh_source_ranges, allow_open_network=True,
-        learn_address=address_learner(gce.api_endpoint), credentials=gce.credentials,
-        api_endpoint=gce.api_endpoint, image=base_image, network=gce.network,
-    )
+    return load_spec(spec_path)
 
 
 class _Bake:
     """One bake, step by step: record it, create the builder, reach it, run the recipe, image its disk.
     Whatever happens, the builder is deleted and the record closed (its ledger row with it)."""
 
-    def __init__(self, plan: BakePlan, provider: Provider, transport: Transport | None, user: str,
+    def __init__(self, plan: BakePlan, builder: ImageBuilder, provider: Provider, transport: Transport | None,
                  limits: Limits, say: Callable[[str], None]) -> None:
-        self.plan, self.provider, self.user, self.limits, self.say = plan, provider, user, limits, say
+        self.plan, self.builder, self.provider, self.limits, self.say = plan, builder, provider, limits, say
         self.own_transport = transport is None
         self.transport = transport if transport is not None else SshTransport()
         self.tried: list[str] = []  # zones a create was sent to: the cleanup deletes in each
-        self.what = f"{plan.role} image{' for ' + plan.gpu if plan.gpu else ''}"
+        self.what = plan.what
 
-    def run(self, spec_yaml: str, recipe: Path, command: list[str]) -> None:
+    def run(self, spec_yaml: str, command: list[str]) -> None:
         plan = self.plan
-        self.say(f"baking the {self.what}: image {plan.image}, family {plan.family}")
+        self.say(f"baking the {self.what}: image {plan.image}, family {plan.family}, from {plan.base_image}")
         record = BakeRecord.start(
             job_id=plan.job_id, builder=plan.builder, image=plan.image, spec_yaml=spec_yaml,
             price_book=plan.price_book, shape=plan.shape, gpu=plan.gpu, machine_type=plan.machine_type,
-            zone=plan.zones[0], price_per_hour=plan.price_per_hour, limit_s=self.limits.total_s)
+            zone=plan.zones[0], price_per_hour=plan.price_per_hour, limit_s=self.limits.total_s,
+            provider=self.builder.kind, spot=plan.spot)
         outcome, why = JobStatus.FAILED, "the bake failed"
         try:
             zone = self._create(record)
             ep = self._connect(zone, record)
-            self._run(ep, recipe, command, record)
+            self._run(ep, command, record)
             self.say(f"recipe done; imaging the boot disk of {plan.builder} into {plan.image}")
             record.step(f"imaging the builder's boot disk into {plan.image}")
             assert isinstance(self.provider, SupportsImages)  # checked by bake_image
@@ -185,37 +155,47 @@ class _Bake:
         _, public = job_key(plan.builder)
         labels = {LABEL_BAKE: "1", LABEL_BAKE_UNTIL: str(int(time.time() + limit))}
         try:
-            zone = _create_builder(self.provider, plan, self.user, public, labels, int(limit), self.tried, self.say)
+            zone = self._create_in_first_zone(public, labels, int(limit))
         except (CapacityError, QuotaError) as exc:
             record.create_failed(f"every zone refused the builder: {exc.message}")
             raise
         record.step(f"builder VM created in {zone}", JobStatus.PROVISIONING, InstanceStatus.PROVISIONING, zone=zone)
         return zone
 
+    def _create_in_first_zone(self, public: str, labels: dict[str, str], max_run_s: int) -> str:
+        """Create the builder in the first zone that has capacity; returns that zone."""
+        plan, last = self.plan, None
+        for zone in plan.zones:
+            gpus = f", {plan.gpu_count}x{plan.gpu}" if plan.gpu else ""
+            self.say(f"creating builder VM {plan.builder} ({plan.machine_type}{gpus}, "
+                     f"{'spot' if plan.spot else 'on-demand'}, ${plan.price_per_hour:.2f}/h) in {zone}")
+            self.tried.append(zone)
+            try:
+                self.provider.create(self.builder.request(plan, zone, public, labels, max_run_s))
+                return zone
+            except (CapacityError, QuotaError) as exc:
+                self.say(f"  {zone}: {exc.message}; trying the next zone")
+                last = exc
+        assert last is not None
+        raise last
+
     def _connect(self, zone: str, record: BakeRecord) -> Endpoint:
         plan = self.plan
         observed = _wait_running(self.provider, plan.builder, self.limits.boot_s, self.limits.poll_s)
         key_path, _ = job_key(plan.builder)
-        ep = Endpoint(
-            workdir=observed.workdir or "orchestrator",
-            host=observed.host or "127.0.0.1",
-            port=observed.ssh_port or 22,
-            user=self.user,  # as providers.gce.backend reaches a job's VMs
-            key_path=str(key_path),
-            host_key_source=partial(published_host_keys, self.provider, plan.builder, zone),  # pinned
-        )
+        ep = self.builder.endpoint(self.provider, plan, observed, zone, str(key_path))
         self.say(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
         self.transport.wait_reachable(ep, self.limits.ssh_s)
         record.step("builder VM reachable over SSH", builder=InstanceStatus.READY, host=ep.host)
         return ep
 
-    def _run(self, ep: Endpoint, recipe: Path, command: list[str], record: BakeRecord) -> None:
+    def _run(self, ep: Endpoint, command: list[str], record: BakeRecord) -> None:
         plan = self.plan
-        self.transport.put(ep, recipe, recipe.name)
-        env = {"ROLE": plan.role, "GPU": plan.gpu or ""}
+        self.transport.put(ep, plan.recipe, plan.recipe.name)
         record.step(f"recipe `{shlex.join(command)}` running", JobStatus.RUNNING, InstanceStatus.TRAINING)
         self.say(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
-        _run_recipe(self.transport, ep, command, env, self.limits.wait_s, self.limits.poll_s, self.say)
+        _run_recipe(self.transport, ep, command, dict(plan.recipe_env), self.limits.wait_s, self.limits.poll_s,
+                    self.say)
         if self.own_transport:
             _close(self.transport)  # the VM is about to stop; do not keep a dead connection around
 
@@ -231,43 +211,6 @@ class _Bake:
                 f"image {plan.image} was created, but the builder VM {plan.builder} could not be deleted "
                 f"in {', '.join(leaked)}: delete it yourself or run `orchestrator gc --yes`"
             )
-
-
-def _create_builder(provider: Provider, plan: BakePlan, user: str, public: str, labels: dict[str, str],
-                    max_run_s: int, tried: list[str], say: Callable[[str], None]) -> str:
-    """Create the builder in the first zone that has capacity; returns that zone."""
-    last: ProviderError | None = None
-    for zone in plan.zones:
-        request = InstanceRequest(
-            name=plan.builder,
-            job_id=plan.job_id,
-            role=Role.WORKER if plan.role == "worker" else Role.PS,
-            index=0,
-            generation=0,
-            zone=zone,
-            machine_type=plan.machine_type,
-            spot=False,  # a revoked builder would waste the whole bake
-            gpu=plan.gpu,
-            gpu_count=1 if plan.gpu else 0,
-            price_per_hour=plan.price_per_hour,
-            labels=labels,
-            metadata={"ssh-keys": f"{user}:{public}", "block-project-ssh-keys": "true",
-                      "enable-guest-attributes": "TRUE"},  # the guest agent publishes the host keys
-            max_run_s=max_run_s,  # spend stays bounded if this process dies: GCE deletes the builder itself
-        )
-        say(
-            f"creating builder VM {plan.builder} ({plan.machine_type}"
-            f"{', 1x' + plan.gpu if plan.gpu else ''}, on-demand, ${plan.price_per_hour:.2f}/h) in {zone}"
-        )
-        tried.append(zone)
-        try:
-            provider.create(request)
-            return zone
-        except (CapacityError, QuotaError) as exc:
-            say(f"  {zone}: {exc.message}; trying the next zone")
-            last = exc
-    assert last is not None
-    raise last
 
 
 def _wait_running(provider: Provider, name: str, timeout_s: float, poll_s: float) -> ObservedInstance:

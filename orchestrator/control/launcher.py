@@ -27,7 +27,7 @@ from orchestrator.core.instances import BAKE_MODE
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.status import FINAL_JOB, JobStatus
-from orchestrator.providers.ssh.provider import load_inventory
+from orchestrator.providers.registry import check_setup
 from orchestrator.store import queries
 from orchestrator.store.db import default_url, open_session
 from orchestrator.store.models import Event, Job
@@ -133,9 +133,8 @@ def known_blocks(spec: JobSpec) -> list[KnownBlock]:
 
 
 def preflight(spec: JobSpec) -> None:
-    """Provider checks that need more than the spec (the SSH inventory's content); raises before any row exists."""
-    if (inventory := spec.provider.inventory_path) is not None:
-        load_inventory(inventory)
+    """The provider's set-up (providers.registry.check_setup, sending nothing); raises before any row exists."""
+    check_setup(spec, probe=False)
 
 
 def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | None = None, *, detach: bool,

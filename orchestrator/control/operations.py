@@ -199,16 +199,15 @@ def _revoke_after(ctx: JobContext, slot: Slot, inst: Instance, now: float) -> fl
 
 
 def _cloud_deadline(ctx: JobContext, slot: Slot, now: float) -> int | None:
-    """The VM's cloud-side time limit from what is left of the job's deadline and budget (see gce_requests)."""
-    if ctx.spec.provider.kind != "gce":
+    """The VM's cloud-side time limit from what is left of the job's deadline and budget (a Backend capability)."""
+    limit = ctx.backend.cloud_deadline
+    if limit is None:
         return None
-    from orchestrator.providers.gce.requests import cloud_max_run_s  # pulls google-cloud-compute: gce only
-
     job = ctx.job
     spent = queries.job_cost(ctx.session, job.id)["total"] if job.budget_usd is not None else 0.0
-    return cloud_max_run_s(deadline_s=job.deadline_s, elapsed_s=now - (job.started_at or now),
-                           budget_usd=job.budget_usd, spent_usd=spent,
-                           cluster_usd_per_hour=sum(s.price_per_hour for s in ctx.slots), flex_start=slot.flex_start)
+    return limit(deadline_s=job.deadline_s, elapsed_s=now - (job.started_at or now), budget_usd=job.budget_usd,
+                 spent_usd=spent, cluster_usd_per_hour=sum(s.price_per_hour for s in ctx.slots),
+                 flex_start=slot.flex_start)
 
 
 def _blocks(ctx: JobContext) -> list[Block]:

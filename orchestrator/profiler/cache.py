@@ -20,7 +20,7 @@ def cache_key(ref: str, fingerprint: str, torch_version: str) -> str:
 def torch_profile(ref: str, base: Path | None = None, use_cache: bool = True) -> tuple[ModelProfile, bool]:
     """(profile of ``ref``, whether it came from the cache); registered with the cost model either way."""
     try:
-        import torch
+        import torch  # lazy: torch is an optional extra (heavy import)
     except ImportError:
         raise ProfileError("PyTorch is not installed: `pip install torch` (CPU wheels are enough)") from None
     factory = load_factory(ref, base)
@@ -49,7 +49,7 @@ def spec_model_ref(raw: Any) -> str | None:
 def prepare_spec_model(spec_path: Path) -> ModelProfile | None:
     """Profile (or fetch from the cache) the model a spec names, before the spec is loaded and checked
     (its batch check needs the profile). The factory path is relative to the spec's folder."""
-    import yaml
+    import yaml  # lazy: only a spec file needs it
 
     try:
         raw = yaml.safe_load(Path(spec_path).read_text())

@@ -18,8 +18,10 @@ import socket
 import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from orchestrator.core.instances import InstanceRequest, ObservedInstance
+from orchestrator.core.plan import LaunchPlan
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec
 from orchestrator.storage.base import JobStorage
@@ -78,6 +80,33 @@ class SupportsImages(abc.ABC):
     def create_image(self, name: str, source_instance: str, zone: str, family: str | None = None) -> None: ...
 
 
+S_contra = TypeVar("S_contra", contravariant=True)
+
+
+class ChecksSetup(Protocol[S_contra]):
+    """Capability, registered by kind (providers/registry.py): is the provider set up for this spec's
+    provider section (credentials, project, keys, inventory)? Raises a one-line ``UserError`` naming what is
+    missing and how to fix it, before any job row or resource exists. ``provider`` builds the job's provider
+    when the check may ask the API (a launch); None for a check that sends nothing (a dry run)."""
+
+    def __call__(self, spec: S_contra, provider: Callable[[], Provider] | None) -> None: ...
+
+
+class DryRuns(Protocol):
+    """Capability, registered by kind: what a launch of ``spec`` would send to the cloud, as JSON-ready data
+    (gce: the exact Compute API bodies). Kinds without it get the generic table of ``launch --dry-run``."""
+
+    def __call__(self, spec: JobSpec, plan: LaunchPlan) -> dict[str, Any]: ...
+
+
+class CloudDeadline(Protocol):
+    """Capability of a Backend: the time limit the cloud itself enforces on a VM (seconds), from what is left
+    of the job's deadline and budget, so spend stays bounded even with no controller alive."""
+
+    def __call__(self, *, deadline_s: float | None, elapsed_s: float, budget_usd: float | None, spent_usd: float,
+                 cluster_usd_per_hour: float, flex_start: bool = False) -> int: ...
+
+
 def _local_endpoint(observed: ObservedInstance) -> Endpoint:
     return Endpoint(workdir=observed.workdir or ".")
 
@@ -107,6 +136,7 @@ class Backend:
     # False on real clouds: a replacement VM gets a new IP, so an async chief must restart to reach it.
     stable_addresses: bool = True
     prepare_network: Callable[[], None] | None = None  # run once before the first create (firewall)
+    cloud_deadline: CloudDeadline | None = None  # None: the provider enforces no time limit itself
     network_ready: bool = False
 
     def task_port(self, previous: int | None) -> int:

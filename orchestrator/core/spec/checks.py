@@ -14,7 +14,6 @@ from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
 from orchestrator.core.spec.job import Cluster, JobSpec, OnRevocation, WorkerGroup
 from orchestrator.core.spec.training import TrainingMode
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
-from orchestrator.core.torch_spec import is_pytorch
 
 
 def check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
@@ -215,7 +214,7 @@ class _CatalogCheck:
         if batch is None:
             return
         from orchestrator.core.costmodel.memory import max_batch  # cycle: costmodel's __init__ imports the spec
-        from orchestrator.core.costmodel.profiles import UnknownModelError
+        from orchestrator.core.costmodel.profiles import UnknownModelError  # cycle: the cost model imports the spec
 
         try:
             cap = max_batch(training.profile_name, gpu.key)
@@ -251,7 +250,7 @@ class _CatalogCheck:
             if slow.worker >= spec.worker_count:
                 self._error(f"provider.slowdowns[{i}].worker",
                             f"{slow.worker} is not a worker slot of this cluster (0..{spec.worker_count - 1})")
-            elif not is_pytorch(spec):
+            elif getattr(spec.training, "framework", "tensorflow") != "pytorch":
                 self._error(f"provider.slowdowns[{i}]", "slowdowns are emulated by the PyTorch job only; "
                             "set training.framework: pytorch or drop provider.slowdowns")
 

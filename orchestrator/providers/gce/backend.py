@@ -53,7 +53,10 @@ def shutdown_script(storage_uri: str, name: str) -> str | None:
 
 def request_settings(spec: GceSpec) -> GceRequestSettings:
     """The request settings of every VM of this provider spec: the real create and the dry run use these."""
-    from orchestrator.providers.gce.requests import GceRequestSettings, bundled_machine_types
+    from orchestrator.providers.gce.requests import (  # lazy: the request builder loads google-cloud-compute
+        GceRequestSettings,
+        bundled_machine_types,
+    )
 
     account = spec.service_account or "default"  # the project's default account, with the storage scope only
     return GceRequestSettings(
@@ -90,14 +93,13 @@ def build(key: str, spec: GceSpec) -> Backend:
     ssh port and work directory metadata): a Compute API emulator is reached like GCE itself."""
     from orchestrator.providers.gce.network import (  # google-cloud-compute: ~2 s to import, gce jobs only
         IsolatedGceProvider,
-        address_learner,
     )
+    from orchestrator.providers.gce.requests import cloud_max_run_s  # google-cloud-compute, as above
 
     # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
     provider = IsolatedGceProvider(
         spec.project, ports=firewall_ports(spec), ssh_ranges=spec.ssh_source_ranges,
         allow_open_network=spec.allow_open_network,
-        learn_address=address_learner(spec.api_endpoint),
         credentials=spec.credentials, api_endpoint=spec.api_endpoint, network=spec.network,
         termination_action=spec.termination_action, settings=request_settings(spec))
 
@@ -118,6 +120,7 @@ def build(key: str, spec: GceSpec) -> Backend:
         endpoint=endpoint, instance_metadata=metadata, python=spec.python, task_env=passed_env(),
         # One address with a port kept per slot: a replacement is where its predecessor was. A VM of its
         # own gets a new IP, so an async chief must restart to reach it.
-        stable_addresses=shared_address,
+        stable_addresses=shared_address, cloud_deadline=cloud_max_run_s,
         # The job's firewall rules are made by provider.create before its first VM (IsolatedGceProvider).
     )
+

@@ -1,4 +1,10 @@
-"""Which credentials the GCE clients use: ADC by default, a key file, or anonymous for an emulator."""
+"""Which credentials the GCE clients use: ADC by default, or a key file; anonymous only under the test setting.
+
+Credentials are never inferred from an endpoint: a custom ``api_endpoint`` (a regional endpoint, a proxy)
+gets the user's own credentials like the default one. Anonymous credentials, and VMs reached at this
+machine's loopback address, come only from the explicit test setting (providers/gce/test_setting.py), which the
+tests and orchestrator_testing set when they talk to the Compute API emulator.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +17,11 @@ from google.oauth2 import service_account
 
 from orchestrator.providers.gce.errors import AUTH_HINT, GceCredentialsError
 from orchestrator.providers.gce.requests import CLOUD_PLATFORM_SCOPE
+from orchestrator.providers.gce.test_setting import emulator_mode
 
 
-def load_credentials(
-    credentials: Credentials | str | os.PathLike[str] | None, api_endpoint: str | None, project: str
-) -> Credentials:
-    """ADC by default, a key file if a path is given, anonymous for an emulator endpoint."""
+def load_credentials(credentials: Credentials | str | os.PathLike[str] | None, project: str) -> Credentials:
+    """A Credentials object as given, a key file if a path is given, anonymous under the test setting, else ADC."""
     if isinstance(credentials, Credentials):
         return credentials
     if credentials is not None:
@@ -29,10 +34,10 @@ def load_credentials(
         except (OSError, ValueError, auth_exc.GoogleAuthError) as exc:
             # Only the exception type: a parse error message could quote the key file.
             raise GceCredentialsError(
-                f"cannot load service-account key file {path} ({type(exc).__name__}); "
+                f"provider.credentials: cannot load service-account key file {path} ({type(exc).__name__}); "
                 + AUTH_HINT.format(project=project)
             ) from None
-    if api_endpoint:
+    if emulator_mode():
         return AnonymousCredentials()  # type: ignore[no-untyped-call]
     try:
         creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])

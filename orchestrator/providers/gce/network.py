@@ -20,21 +20,18 @@ import logging
 import re
 import threading
 import urllib.request
-import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.instances import InstanceRequest
-from orchestrator.providers.gce.errors import op_has_code, operation_error
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.gce.requests import PORTS_RE
-from orchestrator.transport.host_keys import HostKeyError, HostKeyPending
+from orchestrator.providers.gce.test_setting import emulator_mode
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +79,10 @@ def public_address(urls: Sequence[str] = PUBLIC_IP_URLS, timeout_s: float = 3.0)
     return None
 
 
-def address_learner(api_endpoint: str | None) -> Callable[[], str | None]:
-    """How to learn the controller's address: ask the internet for GCE; another Compute endpoint (an
-    emulator) reports VMs on this machine, reached from 127.0.0.1."""
-    return public_address if api_endpoint is None else (lambda: "127.0.0.1")
+def address_learner() -> Callable[[], str | None]:
+    """How to learn the controller's address: ask the internet; under the explicit test setting (the Compute
+    API emulator, whose VMs are this machine) 127.0.0.1. Never inferred from the endpoint."""
+    return (lambda: "127.0.0.1") if emulator_mode() else public_address
 
 
 def ssh_source_ranges(configured: Sequence[str] | None, learn: Callable[[], str | None] = public_address) -> list[str]:
@@ -144,12 +141,12 @@ class IsolatedGceProvider(GceProvider):
 
     def __init__(self, project: str, *, ports: str, ssh_ranges: Sequence[str] | None = None,
                  allow_open_network: bool = False,
-                 learn_address: Callable[[], str | None] = public_address, **kwargs: Any) -> None:
+                 learn_address: Callable[[], str | None] | None = None, **kwargs: Any) -> None:
         super().__init__(project, network_tag=JOB_TAG, **kwargs)
         self.ports = ports
         self.allow_open_network = allow_open_network
         self._configured_ranges = list(ssh_ranges) if ssh_ranges else None
-        self._learn = learn_address
+        self._learn = learn_address or address_learner()
         self._ranges: list[str] | None = None
         self._ready: set[str] = set()
         self._lock = threading.Lock()
@@ -161,9 +158,7 @@ class IsolatedGceProvider(GceProvider):
             return
         port = int(self.ports.split(",")[0].split("-")[0])
         network = self.network.rstrip("/").rsplit("/", 1)[-1]
-        pager = self._call("list firewall rules", partial(self._firewalls.list, project=self.project,
-                                                          retry=None, timeout=self.retry.request_timeout_s))
-        for rule in pager:
+        for rule in self.firewalls.all():
             if rule.network.rstrip("/").rsplit("/", 1)[-1] == network and _opens(rule, port):
                 raise NetworkError(
                     f"network {network} lets every VM reach the training ports (firewall rule {rule.name} opens "
@@ -191,7 +186,7 @@ class IsolatedGceProvider(GceProvider):
             if job_id in self._ready:
                 return
             for rule in job_rules(self.network, job_id, self.ports, self._ssh_ranges()):
-                self._ensure_firewall(rule)
+                self.firewalls.ensure(rule)
             self._ready.add(job_id)
 
     def delete_job_network(self, job_id: str) -> None:
@@ -199,19 +194,7 @@ class IsolatedGceProvider(GceProvider):
         with self._job_lock(job_id):
             self._ready.discard(job_id)
             for rule in job_rules(self.network, job_id, self.ports, ["0.0.0.0/32"]):
-                self._delete_firewall(rule.name)
-
-    def _delete_firewall(self, name: str) -> None:
-        what = f"delete firewall {name}"
-        req = compute_v1.DeleteFirewallRequest(project=self.project, firewall=name, request_id=str(uuid.uuid4()))
-        try:
-            op = self._call(what, partial(self._firewalls.delete_unary, request=req, retry=None,
-                                          timeout=self.retry.request_timeout_s), passthrough=(gexc.NotFound,))
-        except gexc.NotFound:
-            return
-        op = self._wait(op, what)
-        if (error := operation_error(op, what, self.project)) is not None and not op_has_code(op, "RESOURCE_NOT_FOUND"):
-            raise error
+                self.firewalls.delete(rule.name)
 
     def _before_create(self, request: InstanceRequest) -> None:
         self.ensure_job_network(request.job_id)
@@ -228,32 +211,3 @@ class IsolatedGceProvider(GceProvider):
         job = _job_of(name)
         if not self.list([job]):  # the job's last VM is gone: so are its rules
             self.delete_job_network(job)
-
-    def host_keys(self, name: str, zone: str) -> list[str]:
-        return published_host_keys(self, name, zone)
-
-
-def published_host_keys(provider: object, name: str, zone: str) -> list[str]:
-    """``TYPE BASE64`` lines of the SSH host keys VM ``name`` published in its guest attributes (empty
-    until its guest agent has); raises HostKeyPending (a transport error, so connecting retries) when the
-    API fails."""
-    if not isinstance(provider, GceProvider):
-        raise HostKeyError(f"{name}: cannot read published host keys through {provider!r}")
-    req = compute_v1.GetGuestAttributesInstanceRequest(project=provider.project, zone=zone, instance=name,
-                                                       query_path="hostkeys/")
-    try:
-        attrs = provider._call(f"read the host keys of {name}",
-                               partial(provider._instances.get_guest_attributes, request=req, retry=None,
-                                       timeout=provider.retry.request_timeout_s),
-                               zone=zone, passthrough=(gexc.NotFound,))
-    except gexc.NotFound:
-        return []
-    except ProviderError as e:
-        raise HostKeyPending(f"cannot read the SSH host keys of {name}: {e}") from None
-    lines = []
-    for item in attrs.query_value.items:
-        if item.namespace != "hostkeys" or not item.value:
-            continue
-        value = item.value.strip()
-        lines.append(value if value.split()[0] == item.key else f"{item.key} {value}")
-    return lines

@@ -1,0 +1,160 @@
+"""One project's Compute API clients, and the one way every call is made.
+
+Every call goes through ``GceApi.call``: the client's own retries are switched off (``retry=None``) so that
+one bounded exponential backoff applies everywhere and every failure surfaces as a typed ``ProviderError``.
+Operations are polled with ``ZoneOperationsClient.wait`` / ``GlobalOperationsClient.wait`` rather than
+``.result()``, whose internal polling client ignores a custom ``api_endpoint``. Real stockouts and most
+quota failures arrive as errors on a DONE operation, not as HTTP errors, so both paths are mapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import Credentials
+from google.cloud import compute_v1
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from orchestrator.core.cloud_errors import ProviderError, TransientError
+from orchestrator.providers.gce.credentials import load_credentials
+from orchestrator.providers.gce.errors import map_exception, op_has_code, operation_error
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Bounded exponential backoff for 429 / 5xx / timeouts, and how long to wait for operations."""
+
+    attempts: int = 5
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 16.0
+    request_timeout_s: float = 60.0  # one HTTP call (other than operations.wait)
+    wait_call_timeout_s: float = 150.0  # one operations.wait call; GCE answers within ~2 min
+    operation_timeout_s: float = 900.0  # give up waiting for one operation (raises TransientError)
+
+
+class GceApi:
+    """The clients of one project (built once; the credentials go to them only, never kept or logged)."""
+
+    def __init__(self, project: str, credentials: Credentials | str | os.PathLike[str] | None,
+                 api_endpoint: str | None, retry: RetrySettings | None = None) -> None:
+        self.project = project
+        self.retry = retry or RetrySettings()
+        kwargs: dict[str, Any] = {"credentials": load_credentials(credentials, project)}
+        if api_endpoint:
+            kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
+        self.instances = compute_v1.InstancesClient(**kwargs)
+        self.zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
+        self.global_ops = compute_v1.GlobalOperationsClient(**kwargs)
+        self.firewalls = compute_v1.FirewallsClient(**kwargs)
+        self.images = compute_v1.ImagesClient(**kwargs)
+        self.regions = compute_v1.RegionsClient(**kwargs)
+        self.projects = compute_v1.ProjectsClient(**kwargs)
+
+    def _clients(self) -> tuple[Any, ...]:
+        return (self.instances, self.zone_ops, self.global_ops, self.firewalls, self.images, self.regions,
+                self.projects)
+
+    def close(self) -> None:
+        for client in self._clients():
+            client.transport.close()
+
+    def widen_pools(self, connections: int) -> None:
+        """As many kept-alive connections as background threads (requests keeps 10 per host by default)."""
+        for client in (self.instances, self.zone_ops, self.global_ops, self.firewalls):
+            session = getattr(client.transport, "_session", None)  # a requests.Session (google-auth's)
+            if session is not None and hasattr(session, "get_adapter"):
+                for scheme in ("http://", "https://"):
+                    adapter = type(session.get_adapter(scheme))  # requests' HTTPAdapter, sized up
+                    session.mount(scheme, adapter(pool_connections=4, pool_maxsize=connections))
+
+    def kw(self) -> dict[str, Any]:
+        """The per-call arguments: no client retries (``call`` retries), the request timeout."""
+        return {"retry": None, "timeout": self.retry.request_timeout_s}
+
+    def call(self, what: str, fn: Callable[[], T], *, zone: str | None = None,
+             passthrough: tuple[type[Exception], ...] = ()) -> T:
+        """Run one API call with bounded exponential backoff (tenacity) on retryable errors; map the rest."""
+
+        def once() -> T:
+            try:
+                return fn()
+            except passthrough:
+                raise
+            except Exception as exc:
+                error = map_exception(exc, what, zone, self.project)
+                if error is None:
+                    raise
+                raise error from exc
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retry.attempts),
+            wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
+            retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+            before_sleep=self._log_retry, reraise=True)
+        try:
+            return retrying(once)
+        except ProviderError as error:
+            if not error.retryable or isinstance(error, passthrough):
+                raise
+            raise TransientError(f"{error.message} (gave up after {self.retry.attempts} attempts)",
+                                 zone=zone) from error
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        pause = state.next_action.sleep if state.next_action else 0.0
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s (attempt %d/%d); retrying in %.2fs", exc, state.attempt_number, self.retry.attempts, pause)
+
+    def wait(self, op: compute_v1.Operation, what: str, *, zone: str | None = None) -> compute_v1.Operation:
+        """Poll with operations.wait (each call returns when DONE or after ~2 min) until DONE (blocking calls only)."""
+        if op.status == compute_v1.Operation.Status.DONE:
+            return op
+        waiting = Retrying(retry=retry_if_result(lambda o: o.status != compute_v1.Operation.Status.DONE),
+                           stop=stop_after_delay(self.retry.operation_timeout_s), retry_error_callback=lambda _: None)
+        done: compute_v1.Operation | None = waiting(
+            self.call, f"{what} (waiting for {op.name})", partial(self._wait_once, op.name, zone), zone=zone)
+        if done is None:
+            raise TransientError(f"{what}: operation {op.name} not done after {self.retry.operation_timeout_s:.0f}s",
+                                 zone=zone)
+        return done
+
+    def _wait_once(self, operation: str, zone: str | None) -> compute_v1.Operation:
+        timeout = self.retry.wait_call_timeout_s
+        if zone is not None:
+            return self.zone_ops.wait(project=self.project, zone=zone, operation=operation, retry=None,
+                                      timeout=timeout)
+        return self.global_ops.wait(project=self.project, operation=operation, retry=None, timeout=timeout)
+
+    def finish(self, op: compute_v1.Operation, what: str, *, zone: str | None = None, resource: str = "",
+               fine: str | None = None) -> None:
+        """Wait for ``op`` and raise the error it ended with (an error coded ``fine`` counts as success)."""
+        done = self.wait(op, what, zone=zone)
+        error = operation_error(done, what, self.project, zone=zone, resource=resource)
+        if error is not None and not (fine is not None and op_has_code(done, fine)):
+            raise error
+
+    def quotas(self, region: str | None) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of one region (``regions.get``) or, for None, of the project (``projects.get``)."""
+        if region is None:
+            found: Any = self.call("read the project's global quotas",
+                                   partial(self.projects.get, project=self.project, **self.kw()))
+        else:
+            found = self.call(f"read the quotas of region {region}",
+                              partial(self.regions.get, project=self.project, region=region, **self.kw()))
+        return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
