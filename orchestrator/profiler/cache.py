@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.core.costmodel.profiles import ModelProfile, register_profile
 from orchestrator.core.costmodel.profiles.user import profiles_dir
+from orchestrator.core.specfile import read_yaml_file
 from orchestrator.profiler.torch_profile import BATCHES, PROFILER_VERSION, ProfileError, load_factory, profile_factory
 
 
@@ -49,11 +50,9 @@ def spec_model_ref(raw: Any) -> str | None:
 def prepare_spec_model(spec_path: Path) -> ModelProfile | None:
     """Profile (or fetch from the cache) the model a spec names, before the spec is loaded and checked
     (its batch check needs the profile). The factory path is relative to the spec's folder."""
-    import yaml  # lazy: only a spec file needs it
-
     try:
-        raw = yaml.safe_load(Path(spec_path).read_text())
-    except (OSError, yaml.YAMLError):
+        raw = read_yaml_file(Path(spec_path), "spec")  # the safe reader load_spec uses (UTF-8, size, depth)
+    except (OSError, ValueError):
         return None  # load_spec reports it
     ref = spec_model_ref(raw)
     if ref is None:
