@@ -35,10 +35,10 @@ def local_spec(**cluster: Any) -> dict[str, Any]:
 
 
 def test_emulated_h100_traces_the_measured_curve() -> None:
-    # The curve is one session's: the shared 2026-11-23 run, which has every batch from 32 to 2048.
+    # The curve is one session's: the 2026-11-23 run, which has every batch from 32 to 2048.
     measured = {m.batch: float(m.step_time_s or 0) for m in load_measurements(data_dir() / "measurements")
                 if m.gpu == "h100" and m.key == "pytorch-eager" and m.model == "resnet_cifar_32"
-                and m.source.startswith("../shared/measurements/h100-torch-resnet-cifar.csv")}
+                and m.source.endswith("2026-11-23, bench/gpu/torchbench.py curve")}
     # With the K80 sleeping its real 216 ms, an emulated H100 sleeps the H100's measured step time.
     for batch in (32, 128, 512, 2048):
         assert emulated_step_s("h100", batch, 0.216) == pytest.approx(measured[batch], rel=1e-9)

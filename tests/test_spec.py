@@ -44,9 +44,25 @@ def test_unknown_gpu_names_field_and_choices() -> None:
     doc = copy.deepcopy(GOOD)
     doc["cluster"]["workers"][1]["gpu"] = "v200"
     assert errors_of(doc) == [
-        "cluster.workers[1].gpu: 'v200' is not a GPU type; known: k80, p100, v100, t4, l4, rtx-pro-6000, a100, "
-        "a100-80gb, h100, h200, b200"
+        "cluster.workers[1].gpu: 'v200' is not a GPU type; did you mean v100, h200 or b200? known: k80, p100, v100, "
+        "t4, l4, rtx-pro-6000, a100, a100-80gb, h100, h200, b200"
     ]
+
+
+def test_a_typo_gets_the_nearest_names() -> None:
+    doc = copy.deepcopy(GOOD)
+    doc["cluster"]["workers"][1]["gpu"] = "p10O"
+    doc["cluster"]["workers"][0]["zone"] = "us-centrl1-c"
+    doc["cluster"]["workers"][0]["machine_type"] = "n1-standrd-8"
+    doc["pricing"] = {"overrides": {"a3-highgpu-1": {"on_demand": 1.0, "spot": 0.5}}}
+    errors = errors_of(doc)
+    # GPU keys are case-insensitive: the spec reads 'p10O' as 'p10o'
+    assert any(e.startswith("cluster.workers[1].gpu: 'p10o' is not a GPU type; did you mean p100? ") for e in errors)
+    assert not any("no price for machine type" in e for e in errors)  # the typo is reported once
+    assert any(e.startswith("cluster.workers[0].zone: 'us-centrl1-c' is not a known zone; did you mean us-central1-c")
+               for e in errors), errors
+    assert any("'n1-standrd-8' is not a machine type; did you mean n1-standard-8" in e for e in errors), errors
+    assert any("pricing.overrides.a3-highgpu-1: " in e and "did you mean a3-highgpu-1g" in e for e in errors), errors
 
 
 def test_gpu_not_offered_in_zone() -> None:

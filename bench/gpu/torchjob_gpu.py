@@ -316,7 +316,7 @@ class Driver:
                 "step_ms": r["step_ms"], "peak_gb": r.get("gpu_peak_gb") or "", "ps_count": "", "workers": 1,
                 "steps_per_s": round(1000 / float(r["step_ms"]), 3), "ps_machine_type": "",
                 "source": "measured by this project on a lent H100, 2026-11-24, jobs/torchjob via "
-                          "bench/gpu/torchjob_gpu.*",
+                          "bench/gpu/torchjob_gpu.py",
                 "method": (f"the payload itself (node.py -> torchrun --nproc-per-node=1, c10d rendezvous, NCCL, "
                            f"DDP world 1, CrossRankBatchNorm -> native BN at world 1, {fmt}, cudnn.benchmark, "
                            f"true fp32), offline digits 32x32x3 held on the GPU; {a.steps} steps, its own "

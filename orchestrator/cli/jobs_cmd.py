@@ -78,6 +78,8 @@ def print_dry_run(checked: ValidatedLaunch) -> None:
     if (est := checked.estimate) is not None:
         console.print(f"predicted: {duration(est.time_s)} of training, {money(est.cost_usd)} "
                       "(cost model, with expected revocation overhead; distribution: `orchestrator simulate`)")
+    for warning in checked.result.warnings:  # placeholder / unverified prices, a GPU's end of support ahead
+        console.print(f"[bold red]warning:[/bold red] {escape(warning)}")
     limits = [f"budget {money(spec.policy.budget_usd)}" if spec.policy.budget_usd else "",
               f"deadline {duration(spec.policy.deadline)}" if spec.policy.deadline else ""]
     if any(limits):

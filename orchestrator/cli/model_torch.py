@@ -24,7 +24,7 @@ from orchestrator.core.errors import UserError
 
 def load_torch_profile(ref: str, use_cache: bool = True) -> tuple[ModelProfile, bool]:
     from orchestrator.profiler.cache import torch_profile  # lazy: imports the user's module (and torch)
-    from orchestrator.profiler.torch_profile import ProfileError
+    from orchestrator.profiler.torch_profile import ProfileError  # lazy: torch is an optional extra (heavy import)
 
     try:
         return torch_profile(ref, use_cache=use_cache)
@@ -134,7 +134,7 @@ def prepare_spec(spec_path: Path) -> None:
     """Profile (or take from the cache) the PyTorch model a spec names in ``training.model: {torch: ...}``,
     before the spec is loaded (its batch check and the planner need the profile)."""
     from orchestrator.profiler.cache import prepare_spec_model  # lazy: the user's module and torch
-    from orchestrator.profiler.torch_profile import ProfileError
+    from orchestrator.profiler.torch_profile import ProfileError  # lazy: torch is an optional extra (heavy import)
 
     try:
         prepare_spec_model(spec_path)

@@ -214,6 +214,8 @@ def _print_plan(name: str, result: PlanResult, top: int) -> None:
     )
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
+    for warning in result.warnings:
+        console.print(f"[bold red]warning:[/bold red] {warning}")
     front = {id(c) for c in result.front}
     if result.chosen is not None:
         _print_chosen(result.chosen, result)

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.core.names import unknown_name
 from orchestrator.core.paths import data_dir
 
 
@@ -26,7 +27,9 @@ class Gpu:
     memory_gb: float
     memory_bw_gbs: float
     default_machine_type: str
-    source: str
+    source: str  # the public page (URL) the figures come from
+    verified: bool = True  # False: not re-checked against the source, a default a user can override
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class MachineType:
     source: str
     gpu: str | None = None  # accelerator-optimized types (A2/A3/A4/G2/G4) come with a fixed GPU model ...
     gpu_count: int = 0  # ... and count; N1 hosts have none (GPUs are attached)
+    verified: bool = True
+    note: str = ""
 
     @property
     def bundled(self) -> bool:
@@ -47,16 +52,19 @@ class MachineType:
 
 @dataclass(frozen=True)
 class LifecycleEvent:
-    """A GPU's retirement (``retired``) or end of sale (``end_of_sale``): no new VMs from ``date`` on."""
+    """A GPU's retirement (``retired``) or end of support (``end_of_support``): from ``date`` on, VMs
+    with it can no longer be created, launched or accessed on Compute Engine."""
 
     gpu: str
     gce_accelerator: str
     event: str
     date: dt.date
     source: str
+    verified: bool = True
+    note: str = ""
 
     def describe(self) -> str:
-        what = "retired from Compute Engine" if self.event == "retired" else "end of sale on Compute Engine"
+        what = "retired from Compute Engine" if self.event == "retired" else "at end of support on Compute Engine"
         return f"{what} {self.date.isoformat()}"
 
 
@@ -65,7 +73,9 @@ class Price:
     on_demand: float
     spot: float
     includes_host: bool
-    source: str
+    source: str  # the public page (URL), or OVERRIDE_SOURCE
+    verified: bool = True  # False: not confirmed by the source, or a placeholder (``note`` says which)
+    note: str = ""
 
     def rate(self, spot: bool) -> float:
         return self.spot if spot else self.on_demand
@@ -109,6 +119,25 @@ class PriceBook:
             return round(override.rate(spot) * count, 6)
         return self.machine_price(machine_type, spot)
 
+    def rows_for(self, machine_type: str, gpu: str | None, gpu_count: int) -> list[tuple[str, Price]]:
+        """The (key, price row) pairs ``instance_price`` reads for one instance (for their sources)."""
+        found: list[tuple[str, Price | None]]
+        if machine_type in self.bundled:
+            bundled_gpu, _ = self.bundled[machine_type]
+            override = self.gpus.get(bundled_gpu)
+            whole = self.machines.get(machine_type)
+            by_gpu = override is not None and override.source == OVERRIDE_SOURCE
+            by_gpu = by_gpu and not (whole is not None and whole.source == OVERRIDE_SOURCE)
+            found = [(bundled_gpu, override)] if by_gpu else [(machine_type, whole)]
+        elif gpu is not None and gpu_count > 0:
+            price = self.gpus.get(gpu)
+            found = [(gpu, price)]
+            if price is not None and not price.includes_host:
+                found.append((machine_type, self.machines.get(machine_type)))
+        else:
+            found = [(machine_type, self.machines.get(machine_type))]
+        return [(key, price) for key, price in found if price is not None]
+
     def machine_price(self, machine_type: str, spot: bool) -> float:
         price = self.machines.get(machine_type)
         if price is None:
@@ -149,12 +178,13 @@ class Catalog:
     gpu_zones: dict[str, tuple[str, ...]]  # gpu key -> zones offering it
     facts: dict[str, float]
     lifecycle: dict[str, tuple[LifecycleEvent, ...]] = field(default_factory=dict)
+    zone_sources: dict[tuple[str, str], str] = field(default_factory=dict)  # (gpu, zone) -> public page
 
     def gpu(self, key: str) -> Gpu:
         try:
             return self.gpus[key.lower()]
         except KeyError:
-            raise CatalogError(f"'{key}' is not a GPU type; known: {', '.join(self.gpus)}") from None
+            raise CatalogError(unknown_name(key, "a GPU type", self.gpus)) from None
 
     def gpu_by_accelerator(self, accelerator: str) -> Gpu:
         for gpu in self.gpus.values():
@@ -166,15 +196,13 @@ class Catalog:
         try:
             return self.machine_types[name]
         except KeyError:
-            known = ", ".join(self.machine_types)
-            raise CatalogError(f"'{name}' is not a known machine type; known: {known}") from None
+            raise CatalogError(unknown_name(name, "a known machine type", self.machine_types)) from None
 
     def price_book(self, name: str) -> PriceBook:
         try:
             return self.price_books[self.resolve_book(name)]
         except KeyError:
-            known = ", ".join([CURRENT_BOOK, *self.price_books])
-            raise CatalogError(f"'{name}' is not a price book; known: {known}") from None
+            raise CatalogError(unknown_name(name, "a price book", [CURRENT_BOOK, *self.price_books])) from None
 
     def resolve_book(self, name: str) -> str:
         """``current`` -> the newest dated book (e.g. ``2026-11``); other names unchanged."""
@@ -185,7 +213,7 @@ class Catalog:
     # ---- what GCE sells today
 
     def unavailable(self, gpu: str, today: dt.date | None = None) -> LifecycleEvent | None:
-        """The retirement / end of sale that keeps new GCE VMs from getting this GPU, if it has passed."""
+        """The retirement / end of support that keeps GCE VMs from getting this GPU, if it has passed."""
         day = today or dt.date.today()
         passed = [e for e in self.lifecycle.get(gpu, ()) if e.date <= day]
         return min(passed, key=lambda e: e.date) if passed else None
@@ -220,6 +248,11 @@ class Catalog:
         found = self.machine_types.get(machine_type)
         return found.gpu_count if found is not None and found.bundled else 1
 
+    def coming(self, gpu: str, today: dt.date, until: dt.date) -> LifecycleEvent | None:
+        """The first retirement / end of support of ``gpu`` after ``today`` and no later than ``until``."""
+        ahead = [e for e in self.lifecycle.get(gpu, ()) if today < e.date <= until]
+        return min(ahead, key=lambda e: e.date) if ahead else None
+
     def zones_for(self, gpu: str) -> tuple[str, ...]:
         return self.gpu_zones.get(gpu, ())
 
@@ -233,6 +266,11 @@ class Catalog:
 def region_of(zone: str) -> str:
     """us-central1-c -> us-central1."""
     return zone.rsplit("-", 1)[0]
+
+
+def _verified(row: dict[str, str]) -> bool:
+    """The row's ``verified`` column (1/0); a file without one vouches for its rows by their source."""
+    return row.get("verified", "1").strip() != "0"
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -254,6 +292,8 @@ def load_catalog(root: Path | None = None) -> Catalog:
             memory_bw_gbs=float(r["memory_bw_gbs"]),
             default_machine_type=r["default_machine_type"],
             source=r["source"],
+            verified=_verified(r),
+            note=r.get("note", ""),
         )
         for r in _rows(base / "gpus.csv")
     }
@@ -261,6 +301,7 @@ def load_catalog(root: Path | None = None) -> Catalog:
         r["name"]: MachineType(
             r["name"], int(r["vcpus"]), float(r["memory_gb"]), float(r["egress_gbps"]), r["source"],
             gpu=r.get("gpu") or None, gpu_count=int(r.get("gpu_count") or 0),
+            verified=_verified(r), note=r.get("note", ""),
         )
         for r in _rows(base / "machine_types.csv")
     }
@@ -270,20 +311,23 @@ def load_catalog(root: Path | None = None) -> Catalog:
         for r in _rows(base / "price_books.csv")
     }
     for r in _rows(base / "prices.csv"):
-        price = Price(float(r["on_demand_usd_hr"]), float(r["spot_usd_hr"]), r["includes_host"] == "1", r["source"])
+        price = Price(float(r["on_demand_usd_hr"]), float(r["spot_usd_hr"]), r["includes_host"] == "1", r["source"],
+                      _verified(r), r.get("note", ""))
         book = books[r["book"]]
         (book.gpus if r["kind"] == "gpu" else book.machines)[r["key"]] = price
     zones: dict[str, list[str]] = {}
+    zone_sources: dict[tuple[str, str], str] = {}
     for r in _rows(base / "gpu_zones.csv"):
         zones.setdefault(r["gpu"], []).append(r["zone"])
+        zone_sources[(r["gpu"], r["zone"])] = r["source"]
     facts = {r["key"]: float(r["value"]) for r in _rows(base / "cloud_facts.csv")}
     lifecycle: dict[str, list[LifecycleEvent]] = {}
     path = base / "gpu_lifecycle.csv"
     for r in _rows(path) if path.exists() else []:
         event = LifecycleEvent(r["gpu"], r["gce_accelerator"], r["event"], dt.date.fromisoformat(r["date"]),
-                               r["source"])
+                               r["source"], _verified(r), r.get("note", ""))
         lifecycle.setdefault(r["gpu"], []).append(event)
     return Catalog(
         gpus, machines, books, {k: tuple(v) for k, v in zones.items()}, facts,
-        {k: tuple(v) for k, v in lifecycle.items()},
+        {k: tuple(v) for k, v in lifecycle.items()}, zone_sources,
     )

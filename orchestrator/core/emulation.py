@@ -95,7 +95,7 @@ def reference_step_s(gpu: str) -> Reference:
              if g == key and model == REFERENCE_MODEL and b == REFERENCE_BATCH and p == "fp32"]
     if found:
         *_, t, src = min(found)
-        return Reference(t, src.split(":")[0])
+        return Reference(t, src.split(" ")[0] if "://" in src else src.split(":")[0])  # the URL, or the measurer
     cat = load_catalog()
     v100 = reference_step_s("v100")
     ratio = cat.gpu("v100").fp32_tflops / cat.gpu(key).fp32_tflops

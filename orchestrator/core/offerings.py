@@ -7,9 +7,12 @@ returns the message a user sees (naming the fix), or None when the request is fi
 from __future__ import annotations
 
 import datetime as dt
+import math
 
-from orchestrator.core.catalog import CURRENT_BOOK, Catalog, PriceBook
+from orchestrator.core.catalog import CURRENT_BOOK, OVERRIDE_SOURCE, Catalog, Price, PriceBook
 from orchestrator.core.gce_rules import load_gce_rules
+
+_PLACEHOLDER = "placeholder"  # how a price row's note marks a figure no public page gives (data/SOURCES.md)
 
 
 def price_note(book: PriceBook, gpu: str) -> str:
@@ -18,6 +21,7 @@ def price_note(book: PriceBook, gpu: str) -> str:
     if price is None:
         return "not priced"
     what = "whole VM" if price.includes_host else "GPU only, host VM on top"
+    what += "" if price.verified else ", unverified"
     return f"${price.spot:.4g}/h spot, ${price.on_demand:.4g}/h on-demand ({what})"
 
 
@@ -65,3 +69,40 @@ def flex_start_message(machine_type: str) -> str | None:
         "have it; G4 and A4X do not); use e.g. g2-standard-4 (L4), a3-highgpu-1g (H100) or a4-highgpu-8g "
         "(B200), or drop provisioning"
     )
+
+
+def unverified_price_notes(book: PriceBook, rows: list[tuple[str, Price]]) -> list[str]:
+    """One line per price row used that no public figure confirms (a placeholder says so), naming the fix."""
+    seen: dict[str, Price] = {}
+    for key, price in rows:
+        if not price.verified and price.source != OVERRIDE_SOURCE:
+            seen.setdefault(key, price)
+    out = []
+    for key, p in seen.items():
+        placeholder = p.note.startswith(_PLACEHOLDER)
+        why = p.note.removeprefix(_PLACEHOLDER).strip(": ")
+        out.append(f"the price of {key} in book {book.name} is {'a placeholder' if placeholder else 'unverified'} "
+                   f"({why}; {'look it up at' if placeholder else 'source:'} {p.source}); "
+                   f"set pricing.overrides.{key} to the price you pay")
+    return out
+
+
+def lifecycle_warnings(
+    catalog: Catalog, gpus: list[str], today: dt.date, horizon_s: float, why: str
+) -> list[str]:
+    """A GPU whose GCE retirement / end of support falls while this job could still be running."""
+    days = math.ceil(horizon_s / 86400) if math.isfinite(horizon_s) else 0
+    until = today + dt.timedelta(days=days)
+    out = []
+    for gpu in dict.fromkeys(gpus):
+        event = catalog.coming(gpu, today, until)
+        if event is not None:
+            out.append(
+                f"{event.gce_accelerator} reaches its Compute Engine "
+                f"{'retirement' if event.event == 'retired' else 'end of support'} on {event.date.isoformat()} "
+                f"({event.source}): from then on VMs with it can no "
+                f"longer be created, launched or accessed, and this job could still be running ({why}, "
+                f"{days} days from {today.isoformat()}); finish before {event.date.isoformat()} or pick "
+                f"another GPU"
+            )
+    return out

@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.core.costmodel.profiles import ModelProfile, register_profile
 from orchestrator.core.costmodel.profiles.user import profiles_dir
+from orchestrator.core.specfile import read_yaml_file
 from orchestrator.profiler.torch_profile import BATCHES, PROFILER_VERSION, ProfileError, load_factory, profile_factory
 
 
@@ -20,7 +21,7 @@ def cache_key(ref: str, fingerprint: str, torch_version: str) -> str:
 def torch_profile(ref: str, base: Path | None = None, use_cache: bool = True) -> tuple[ModelProfile, bool]:
     """(profile of ``ref``, whether it came from the cache); registered with the cost model either way."""
     try:
-        import torch
+        import torch  # lazy: torch is an optional extra (heavy import)
     except ImportError:
         raise ProfileError("PyTorch is not installed: `pip install torch` (CPU wheels are enough)") from None
     factory = load_factory(ref, base)
@@ -49,11 +50,9 @@ def spec_model_ref(raw: Any) -> str | None:
 def prepare_spec_model(spec_path: Path) -> ModelProfile | None:
     """Profile (or fetch from the cache) the model a spec names, before the spec is loaded and checked
     (its batch check needs the profile). The factory path is relative to the spec's folder."""
-    import yaml
-
     try:
-        raw = yaml.safe_load(Path(spec_path).read_text())
-    except (OSError, yaml.YAMLError):
+        raw = read_yaml_file(Path(spec_path), "spec")  # the safe reader load_spec uses (UTF-8, size, depth)
+    except (OSError, ValueError):
         return None  # load_spec reports it
     ref = spec_model_ref(raw)
     if ref is None:

@@ -83,7 +83,7 @@ def _torchvision(name: str) -> FactoryRef:
         raise ProfileError(f"torchvision has no model '{name}'") from None
 
     def build(batch: int) -> Any:
-        import torch
+        import torch  # lazy: torch is an optional extra (heavy import)
 
         return builder(weights=None), (torch.randn(batch, 3, 224, 224),)
 
@@ -135,15 +135,15 @@ def load_factory(ref: str, base: Path | None = None) -> FactoryRef:
 
 
 def _nbytes(tree: Any) -> int:
-    import torch
-    from torch.utils._pytree import tree_leaves
+    import torch  # lazy: torch is an optional extra (heavy import)
+    from torch.utils._pytree import tree_leaves  # lazy: torch is an optional extra (heavy import)
 
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def _numel(tree: Any) -> int:
-    import torch
-    from torch.utils._pytree import tree_leaves
+    import torch  # lazy: torch is an optional extra (heavy import)
+    from torch.utils._pytree import tree_leaves  # lazy: torch is an optional extra (heavy import)
 
     return sum(t.numel() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
@@ -160,7 +160,7 @@ class _Pass:
 
 
 def _classify(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> tuple[str, float]:
-    from torch.utils.flop_counter import flop_registry
+    from torch.utils.flop_counter import flop_registry  # lazy: torch is an optional extra (heavy import)
 
     if packet in flop_registry:
         return "tensor", float(flop_registry[packet](*args, **kwargs, out_val=out))
@@ -172,9 +172,9 @@ def _classify(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> tuple
 
 
 def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.module_tracker import ModuleTracker
+    import torch  # lazy: torch is an optional extra (heavy import)
+    from torch.utils._python_dispatch import TorchDispatchMode  # lazy: torch is an optional extra (heavy import)
+    from torch.utils.module_tracker import ModuleTracker  # lazy: torch is an optional extra (heavy import)
 
     record = _Pass()
     tracker = ModuleTracker()
@@ -240,7 +240,7 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
 
 def _shape_hook(record: _Pass, name: str) -> Callable[..., None]:
     def hook(module: Any, args: Any, out: Any) -> None:
-        import torch
+        import torch  # lazy: torch is an optional extra (heavy import)
 
         if isinstance(out, torch.Tensor):
             record.shapes.setdefault(name, tuple(out.shape[1:]))

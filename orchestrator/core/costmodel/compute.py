@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from orchestrator.core.catalog import Catalog, Gpu, load_catalog
-from orchestrator.core.costmodel import crossgpu
+from orchestrator.core.costmodel.crossgpu import arch_gpu, check_precision, class_work, layer_seconds
 from orchestrator.core.costmodel.profiles import (
     BYTES_PER_VALUE,
     ModelProfile,
@@ -489,8 +489,7 @@ def arch_step_fn(
     """A user's model (its op-class split measured by the profiler) on a GPU from its architecture
     (``crossgpu``: op-class roofline, efficiencies fitted on public measurements); the runtime's host
     overhead and the GPU's occupancy as in ``build_step_fn``."""
-    c, m, w = crossgpu.layer_seconds(crossgpu.class_work(profile), crossgpu.arch_gpu(gpu.key),
-                                     crossgpu.check_precision(precision))
+    c, m, w = layer_seconds(class_work(profile), arch_gpu(gpu.key), check_precision(precision))
     h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
     return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
 

@@ -16,6 +16,7 @@ from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.accounting import local_host
 from orchestrator.core.costmodel.compute import Calibration
 from orchestrator.core.costmodel.partition import Partition, Partitioner, StageDevice, flop_shares, local_layer_s, units
+from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.emulation import emulated_step_s, reference_batch
 from orchestrator.core.spec import JobSpec
 
@@ -44,8 +45,6 @@ def resnet_module_starts(model: str) -> list[int]:
 
 
 def units_of(model: str) -> list[int]:
-    from orchestrator.core.costmodel.profiles import get_profile
-
     return units(get_profile(model))
 
 

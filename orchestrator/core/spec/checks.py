@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, CatalogError, Gpu, PriceBook
 from orchestrator.core.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
+from orchestrator.core.names import did_you_mean, unknown_name
 from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
 from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
 from orchestrator.core.spec.job import Cluster, JobSpec, OnRevocation, WorkerGroup
 from orchestrator.core.spec.training import TrainingMode
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
-from orchestrator.core.torch_spec import is_pytorch
 
 
 def check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
@@ -57,14 +57,15 @@ class _CatalogCheck:
         if zone is None or zone == LOCAL_ZONE:
             return
         if zone not in self.catalog.all_zones():
-            self._error(path, f"'{zone}' is not a known zone; known: {', '.join(self.catalog.all_zones())}")
+            self._error(path, unknown_name(zone, "a known zone", self.catalog.all_zones()))
         elif self.allowed_zones and zone not in self.allowed_zones:
-            self._error(path, f"'{zone}' is not in provider.zones ({', '.join(self.allowed_zones)})")
+            self._error(path, f"'{zone}' is not in provider.zones; {did_you_mean(zone, self.allowed_zones)}"
+                              f"allowed: {', '.join(self.allowed_zones)}")
 
     def _machine_ok(self, path: str, name: str) -> bool:
         if name in self.catalog.machine_types:
             return True
-        self._error(path, f"'{name}' is not a machine type; known: {', '.join(self.catalog.machine_types)}")
+        self._error(path, unknown_name(name, "a machine type", self.catalog.machine_types))
         return False
 
     def _priced(self, path: str, machine: str, gpu: str | None, spot: bool) -> None:
@@ -84,7 +85,7 @@ class _CatalogCheck:
     def _unknown_gpu(self, path: str, key: str) -> bool:
         if key in self.catalog.gpus:
             return False
-        self._error(path, f"'{key}' is not a GPU type; known: {', '.join(self.catalog.gpus)}")
+        self._error(path, unknown_name(key, "a GPU type", self.catalog.gpus))
         return True
 
     # ---- the parts of the spec, in the order they are read
@@ -101,7 +102,9 @@ class _CatalogCheck:
         for key in pricing.overrides:
             if key not in self.catalog.gpus and key not in machine_types:
                 self._error(f"pricing.overrides.{key}",
-                            f"'{key}' is neither a GPU type ({', '.join(self.catalog.gpus)}) nor a machine type")
+                            f"'{key}' is neither a GPU type nor a machine type; "
+                            f"{did_you_mean(key, [*self.catalog.gpus, *machine_types])}GPU types: "
+                            f"{', '.join(self.catalog.gpus)}")
         if book is None:
             return None
         return book.with_overrides({k: (v.on_demand, v.spot) for k, v in pricing.overrides.items()}, set(machine_types))
@@ -137,8 +140,7 @@ class _CatalogCheck:
             return
         gpu = self.catalog.gpus[group.gpu]
         machine = group.machine_type or gpu.default_machine_type
-        if group.machine_type is not None:
-            self._machine_ok(f"{path}.machine_type", group.machine_type)
+        machine_known = group.machine_type is None or self._machine_ok(f"{path}.machine_type", group.machine_type)
         if gone := self._retired(gpu.key):
             self._error(f"{path}.gpu", gone)
             return
@@ -152,7 +154,8 @@ class _CatalogCheck:
         self._gce_rules(path, machine, gpu.key, model)
         self._zone_known(f"{path}.zone", group.zone)
         self._worker_zone_offers(path, group, gpu)
-        self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
+        if machine_known:  # an unknown machine type is already reported: no second error for its price
+            self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
         self._batch_fits(path, group, gpu)
 
     def _gce_rules(self, path: str, machine: str, gpu: str | None, model: str) -> None:
@@ -211,7 +214,7 @@ class _CatalogCheck:
         if batch is None:
             return
         from orchestrator.core.costmodel.memory import max_batch  # cycle: costmodel's __init__ imports the spec
-        from orchestrator.core.costmodel.profiles import UnknownModelError
+        from orchestrator.core.costmodel.profiles import UnknownModelError  # cycle: the cost model imports the spec
 
         try:
             cap = max_batch(training.profile_name, gpu.key)
@@ -247,7 +250,7 @@ class _CatalogCheck:
             if slow.worker >= spec.worker_count:
                 self._error(f"provider.slowdowns[{i}].worker",
                             f"{slow.worker} is not a worker slot of this cluster (0..{spec.worker_count - 1})")
-            elif not is_pytorch(spec):
+            elif getattr(spec.training, "framework", "tensorflow") != "pytorch":
                 self._error(f"provider.slowdowns[{i}]", "slowdowns are emulated by the PyTorch job only; "
                             "set training.framework: pytorch or drop provider.slowdowns")
 

@@ -53,7 +53,10 @@ def shutdown_script(storage_uri: str, name: str) -> str | None:
 
 def request_settings(spec: GceSpec) -> GceRequestSettings:
     """The request settings of every VM of this provider spec: the real create and the dry run use these."""
-    from orchestrator.providers.gce.requests import GceRequestSettings, bundled_machine_types
+    from orchestrator.providers.gce.requests import (  # lazy: the request builder loads google-cloud-compute
+        GceRequestSettings,
+        bundled_machine_types,
+    )
 
     account = spec.service_account or "default"  # the project's default account, with the storage scope only
     return GceRequestSettings(

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.cloud_errors import CapacityError
 from orchestrator.core.instances import InstanceRequest, ObservedInstance, ObservedState, Role
+from orchestrator.core.names import unknown_name
 from orchestrator.core.paths import user_dir
 from orchestrator.core.spec import SSH_USER_PATTERN, FieldError, SpecError
 from orchestrator.core.specfile import YamlFileError, read_yaml_file
@@ -136,7 +137,7 @@ def load_inventory(path: str | Path, catalog: Catalog | None = None) -> Inventor
             errors.append(FieldError(path=f"{where}.name", message=f"'{h.name}' is listed twice"))
         seen.add(h.name)
         if h.gpu is not None and h.gpu not in catalog.gpus:
-            msg = f"'{h.gpu}' is not a GPU type; known: {', '.join(catalog.gpus)}"
+            msg = unknown_name(h.gpu, "a GPU type", catalog.gpus)
             errors.append(FieldError(path=f"{where}.gpu", message=msg))
         if h.key is not None:
             key = h.key.expanduser()

@@ -29,17 +29,19 @@ here, the search that ties them together and the choice.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from collections.abc import Callable, Sequence
 
 from orchestrator.core.blocks import BlockLike
-from orchestrator.core.catalog import Catalog
+from orchestrator.core.catalog import Catalog, Price, PriceBook
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
-from orchestrator.core.costmodel.planner.evaluate import Evaluator
+from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
 from orchestrator.core.costmodel.planner.layouts import layouts
 from orchestrator.core.costmodel.planner.scoring import AnalyticScorer, Scorer, plan_context, score_candidates
+from orchestrator.core.offerings import lifecycle_warnings, unverified_price_notes
 from orchestrator.core.spec import JobSpec
 
 
@@ -75,15 +77,44 @@ def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) 
     return "calibration: " + "; ".join(f"{g}: {calib.describe(g, model=model)}" for g in gpus)
 
 
+def price_rows(book: PriceBook, c: Candidate, cloud: bool) -> list[tuple[str, Price]]:
+    """The price rows a candidate's instances are priced from (as ``Evaluator.price`` reads them)."""
+    instances: list[tuple[str, str | None]] = [(w.machine_type, w.gpu) for w in c.workers]
+    instances += [(c.ps_machine_type, None)] * c.ps_count
+    if c.chief_machine_type is not None:
+        instances.append((c.chief_machine_type, None))
+    return [row for machine, gpu in instances
+            for row in book.rows_for(machine if cloud else LOCAL_MACHINE, gpu, 1 if gpu else 0)]
+
+
+def plan_warnings(
+    spec: JobSpec, cat: Catalog, c: Candidate | None, book: PriceBook, today: dt.date | None = None
+) -> list[str]:
+    """What a user must know before trusting the plan: a price that is a placeholder or unconfirmed (never
+    passed off as fact), a GPU whose GCE retirement / end of support falls within the job's deadline (or
+    its predicted time)."""
+    if c is None:
+        return []
+    prices = unverified_price_notes(book, price_rows(book, c, spec.provider.is_cloud))
+    if not spec.provider.is_cloud:
+        return prices
+    deadline = spec.policy.deadline
+    predicted = c.time_s if math.isfinite(c.time_s) else 0.0
+    horizon, why = (deadline, "its deadline") if deadline and deadline >= predicted else (predicted, "predicted")
+    return prices + lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why)
+
+
 def plan(
     spec: JobSpec,
     catalog: Catalog | None = None,
     calibration: Calibration | None = None,
     scorer: Scorer | None = None,
     blocks: Sequence[BlockLike] = (),
+    today: dt.date | None = None,
 ) -> PlanResult:
     """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring.
-    ``blocks``: stockouts and quotas in force (the blocks table), which placement avoids."""
+    ``blocks``: stockouts and quotas in force (the blocks table), which placement avoids; ``today``: the
+    day the job would start (GCE retirement dates are checked against it)."""
     started = time.perf_counter()
     context = plan_context(spec, catalog, calibration)
     cat = context.catalog
@@ -129,9 +160,10 @@ def plan(
         elapsed_s=time.perf_counter() - started,
         calibration=calib.name,
         notes=tuple(notes),
+        warnings=tuple(plan_warnings(spec, cat, best, context.book, today)),
     )
 
 
 
 
-__all__ = ["calibration_note", "pareto_front", "plan"]
+__all__ = ["calibration_note", "pareto_front", "plan", "plan_warnings", "price_rows"]

@@ -252,6 +252,7 @@ class PlanResult:
     elapsed_s: float = 0.0
     calibration: str = DEFAULT_CALIBRATION.name
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # e.g. a GPU's GCE end of support within the job's deadline
 
     def cluster(self) -> Cluster:
         if self.chosen is None:
@@ -285,6 +286,7 @@ class PlanResult:
             "elapsed_s": self.elapsed_s,
             "calibration": self.calibration,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "chosen": self.chosen.to_dict() if self.chosen else None,
             # how the chosen (else the closest) cluster would train: data parallel, pipeline, hybrid
             "strategies": [st.to_dict() for st in (self.chosen or self.best_infeasible or _NONE).strategies],

@@ -57,6 +57,7 @@ from orchestrator.core.costmodel.profiles.architectures import (
 )
 from orchestrator.core.costmodel.profiles.model import BYTES_PER_VALUE, Layer, ModelProfile, OpWork, Variable
 from orchestrator.core.costmodel.profiles.user import find_user_profile, is_user_model, register_profile
+from orchestrator.core.names import did_you_mean
 from orchestrator.core.paths import data_dir
 
 PROFILES_FILE = "model_profiles.json"
@@ -130,7 +131,7 @@ def get_profile(model: str) -> ModelProfile:
         return profiles[model]
     except KeyError:
         raise UnknownModelError(
-            f"no cost-model profile for model '{model}'; known: {', '.join(profiles)}"
+            f"no cost-model profile for model '{model}'; {did_you_mean(model, profiles)}known: {', '.join(profiles)}"
         ) from None
 
 
