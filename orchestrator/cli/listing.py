@@ -35,6 +35,7 @@ class Col:
     header: str
     whole: bool = False
     right: bool = False
+    floor: int | None = None  # cut no narrower than this (default: MIN_CUT, or the header up to 8)
 
 
 def format_option(what: str = "") -> Any:
@@ -59,21 +60,26 @@ def fit_widths(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -
     """Each column's width: its widest cell, then the widest cuttable columns narrowed one cell at a time
     until the row fits ``width`` (ids keep theirs, whatever the width)."""
     widths = [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
-    floors = [w if c.whole else min(w, max(MIN_CUT, min(cell_len(c.header), 8))) for c, w in zip(cols, widths)]
-    excess = sum(widths) + GAP * (len(cols) - 1) - width
-    while excess > 0:
+    floors = [w if c.whole else min(w, c.floor if c.floor is not None else max(MIN_CUT, min(cell_len(c.header), 8)))
+              for c, w in zip(cols, widths)]
+    while _total(widths) > width:
         shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]
         if not shrinkable:
             break
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
-        excess -= 1
+        widths[max(shrinkable, key=lambda i: widths[i])] -= 1
     return widths
+
+
+def _total(widths: Sequence[int]) -> int:
+    shown = [w for w in widths if w > 0]
+    return sum(shown) + GAP * max(len(shown) - 1, 0)
 
 
 def _line(cells: Sequence[str], cols: Sequence[Col], widths: Sequence[int]) -> str:
     parts = []
     for text, col, w in zip(cells, cols, widths):
+        if w == 0:  # a column cut away entirely (floor 0): its data is in --format json/csv
+            continue
         text = cut(text, w)
         pad = " " * (w - cell_len(text))
         parts.append(pad + text if col.right else text + pad)
@@ -89,7 +95,7 @@ def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
         console.print(Text(title, style="bold"))
     header = _line([c.header for c in cols], cols, widths)
     console.print(Text(header, style="bold"), no_wrap=True, crop=False, soft_wrap=True)
-    console.print("─" * min(sum(widths) + GAP * (len(cols) - 1), max(cell_len(header), console.width)),
+    console.print("─" * min(_total(widths), max(cell_len(header), console.width)),
                   style="dim", highlight=False, markup=False, soft_wrap=True)
     for r in cells:
         console.print(_line(r, cols, widths), highlight=False, markup=False, soft_wrap=True)
