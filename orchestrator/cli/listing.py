@@ -61,7 +61,7 @@ def fit_widths(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -
     until the row fits ``width`` (ids keep theirs, whatever the width)."""
     widths = [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
     floors = [w if c.whole else min(w, c.floor if c.floor is not None else max(MIN_CUT, min(cell_len(c.header), 8)))
-              for c, w in zip(cols, widths)]
+              for c, w in zip(cols, widths, strict=True)]
     while _total(widths) > width:
         shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]
         if not shrinkable:
@@ -77,7 +77,7 @@ def _total(widths: Sequence[int]) -> int:
 
 def _line(cells: Sequence[str], cols: Sequence[Col], widths: Sequence[int]) -> str:
     parts = []
-    for text, col, w in zip(cells, cols, widths):
+    for text, col, w in zip(cells, cols, widths, strict=True):
         if w == 0:  # a column cut away entirely (floor 0): its data is in --format json/csv
             continue
         text = cut(text, w)

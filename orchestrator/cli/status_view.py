@@ -78,6 +78,6 @@ def print_job(ref: str, fmt: str) -> None:
                   i["status"], i["end_reason"] or ""] for i in instances])
     print_table(f"recent events (last {RECENT_EVENTS}; all: --format json)",
                 [Col("at"), Col("who", whole=True), Col("change"), Col("reason", floor=0)],
-                [[_clock(e["at"]), e["slot"] or e["entity"], f"{e['from']} -> {e['to']}" if e["from"] else e["to"],
+                [[_clock(float(e["at"])), e["slot"] or e["entity"], f"{e['from']} -> {e['to']}" if e["from"] else e["to"],
                   e["reason"] or ""] for e in evs[-RECENT_EVENTS:]],
                 note="bill: spot or od (on-demand); times, zones and full reasons: --format json")
