@@ -58,9 +58,11 @@ def print_job(ref: str, fmt: str) -> None:
         rows = queries.job_instances(session, found.id)
         instances = [_instance_record(i) for i in rows]
         names = {i.id: (i.slot, i.name) for i in rows}
-        evs = [{"at": e.at, "entity": e.entity, "slot": names.get(e.instance_id or -1, (None, None))[0],
-                "instance": names.get(e.instance_id or -1, (None, None))[1], "from": e.from_status,
-                "to": e.to_status, "reason": e.reason} for e in queries.events(session, found.id)]
+        evs: list[dict[str, Any]] = []
+        for e in queries.events(session, found.id):
+            slot, name = names.get(e.instance_id or -1, (None, None))
+            evs.append({"at": e.at, "entity": e.entity, "slot": slot, "instance": name, "from": e.from_status,
+                        "to": e.to_status, "reason": e.reason})
         step, eps = queries.latest_step(session, found.id)
         head = (f"{found.id} {found.status}" + (f" ({found.status_reason})" if found.status_reason else "")
                 + f": step {step}/{found.train_steps}, {eps or 0:.1f} examples/s, cost so far "
@@ -78,6 +80,6 @@ def print_job(ref: str, fmt: str) -> None:
                   i["status"], i["end_reason"] or ""] for i in instances])
     print_table(f"recent events (last {RECENT_EVENTS}; all: --format json)",
                 [Col("at"), Col("who", whole=True), Col("change"), Col("reason", floor=0)],
-                [[_clock(float(e["at"])), e["slot"] or e["entity"], f"{e['from']} -> {e['to']}" if e["from"] else e["to"],
+                [[_clock(e["at"]), e["slot"] or e["entity"], f"{e['from']} -> {e['to']}" if e["from"] else e["to"],
                   e["reason"] or ""] for e in evs[-RECENT_EVENTS:]],
                 note="bill: spot or od (on-demand); times, zones and full reasons: --format json")
