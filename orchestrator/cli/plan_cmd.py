@@ -10,7 +10,8 @@ from typing import Any
 import typer
 
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
-from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.cli.listing import Col, check_format, print_csv, print_table
+from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.core.costmodel import Candidate, PlanResult, UnknownModelError
 from orchestrator.core.errors import UserError
 from orchestrator.core.spec import load_spec
@@ -43,33 +44,33 @@ def _row(rank: str, c: Candidate, front: set[int]) -> list[Any]:
     return [
         rank + (" *" if id(c) in front else ""),
         _workers_cell(c),
-        _step_cell(c),
         c.ps_count or "—",
-        pct(c.ps_load) if c.ps_count else "—",
         f"{c.steps_per_s:.1f}",
         _time(c),
         _cost(c),
         pct(c.revocation_risk),
-        c.zone or "—",
-        "spot" if c.spot else "on-demand",
+        _billing(c),
         "" if c.feasible else "; ".join(c.reasons),
     ]
 
 
-_COLUMNS = [
-    "#",
-    "workers (GPU, batch)",
-    "step (compute)",
-    "PS",
-    "PS load",
-    "steps/s",
-    "time",
-    "cost",
-    "revocation risk",
-    "zone",
-    "billing",
-    "why not",
-]
+def _billing(c: Candidate) -> str:
+    kinds = {w.spot for w in c.workers}
+    return "mixed" if len(kinds) > 1 else "spot" if c.spot else "od"
+
+
+# The table's columns; step times, PS load and zones are in --format json / csv.
+_COLUMNS = [Col("#", whole=True), Col("workers (GPU, batch)"), Col("PS", right=True), Col("steps/s", right=True),
+            Col("time", right=True), Col("cost", right=True), Col("risk", right=True), Col("bill"),
+            Col("why not", floor=0)]
+
+
+def _csv_row(rank: str, c: Candidate, front: set[int]) -> dict[str, Any]:
+    d = c.to_dict()
+    return {"rank": rank, "pareto": id(c) in front, "workers": _workers_cell(c), "step_compute": _step_cell(c),
+            **{k: d[k] for k in ("label", "ps_count", "ps_load", "steps_per_s", "time_s", "cost_usd",
+                                 "revocation_risk", "hourly_usd", "feasible")},
+            "zone": c.zone, "billing": _billing(c), "reasons": "; ".join(c.reasons)}
 
 
 def _print_chosen(c: Candidate, result: PlanResult) -> None:
@@ -93,21 +94,12 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
                 w.zone or "—",
                 money(w.price_per_hour),
             ]
-    rows = [[*g[:6], pct(g[6]), *g[7:]] for g in groups.values()]
-    columns = [
-        "worker GPU",
-        "count",
-        "batch",
-        "compute ms",
-        "comm ms",
-        "steps/s each",
-        "share of steps",
-        "max batch",
-        "billing",
-        "zone",
-        "$/h each",
-    ]
-    console.print(table(f"chosen: {c.label}", columns, rows))
+    rows = [[*g[:6], pct(g[6]), *g[8:]] for g in groups.values()]  # max batch (g[7]): --format json
+    columns = [Col("GPU", whole=True), Col("n", right=True), Col("batch", right=True), Col("ms", right=True),
+               Col("comm", right=True), Col("steps/s", right=True), Col("share", right=True), Col("billing"),
+               Col("zone", floor=0), Col("$/h each", right=True)]
+    print_table(f"chosen: {c.label}", columns, rows,
+                note="ms: compute time per step; comm: PS round trip (ms); steps/s and $/h: each worker")
     ps = (
         f"{c.ps_count} x {c.ps_machine_type} PS ({'spot' if c.ps_spot else 'on-demand'}), load "
         f"{pct(c.ps_load)} of {c.ps_capacity:.1f} steps/s; "
@@ -124,20 +116,27 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
     )
 
 
-def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
-    """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON)."""
+def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None, fmt: str = "table") -> None:
+    """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON, or CSV: one row a candidate)."""
+    fmt = "json" if json_out else check_format(fmt)
     spec = load_spec(spec_path)
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     if calib is not None and calib.emulated and not spec.provider.emulates_gpus:
-        console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
+        err_console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
                       "planning real GPUs with the shipped one (data/calibration.json) instead")
         calib = None
     try:
         result = plan_job(spec, calibration=calib)
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
-    if json_out:
+    if fmt == "csv":
+        front = {id(c) for c in result.front}
+        ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [
+            (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
+        print_csv([_csv_row(rank, c, front) for rank, c in ranked])
+    if fmt == "json":
         print(json.dumps(result.to_dict(top=top), indent=2))
+    if fmt != "table":
         if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
             raise typer.Exit(1)
         return
@@ -175,18 +174,11 @@ def _print_plan(name: str, result: PlanResult, top: int) -> None:
         _print_chosen(result.chosen, result)
     runner_ups = result.runner_ups(top)
     if runner_ups:
-        console.print(
-            table(
-                f"runner-ups by {result.objective} (* = on the time/cost Pareto front)",
-                _COLUMNS,
-                [_row(str(i), c, front) for i, c in enumerate(runner_ups, start=1)],
-            )
-        )
+        print_table(f"runner-ups by {result.objective} (* = on the time/cost Pareto front)", _COLUMNS,
+                    [_row(str(i), c, front) for i, c in enumerate(runner_ups, start=1)])
     if len(result.front) > 1:
-        console.print(
-            table(
-                "Pareto front (fastest first): no other feasible candidate is both faster and cheaper",
-                _COLUMNS,
-                [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)],
-            )
-        )
+        print_table("Pareto front (fastest first): no other feasible candidate is both faster and cheaper",
+                    _COLUMNS, [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)])
+    if runner_ups or len(result.front) > 1:
+        console.print("PS: parameter servers; risk: of any revocation; bill: spot, od (on-demand) or mixed; "
+                      "step times, PS load, zones: --format json or csv", style="dim", highlight=False)
