@@ -207,8 +207,17 @@ def logs(
     instance: str | None = typer.Option(None, "--instance", help="slot such as worker-1, or an instance name"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
     lines: int = typer.Option(50, "--lines", "-n", help="training-metric lines to show (every event is shown)"),
+    fmt: str = format_option("json / csv: the events and metrics recorded so far, one record each"),
 ) -> None:
     """Print the job's events (naming each instance) and training metrics, or one instance's process log."""
+    if check_format(fmt) != "table":
+        if follow or instance:
+            raise UserError(f"--format {fmt}: prints the job's recorded events and metrics; --follow and "
+                            "--instance print text only (drop them, or drop --format)")
+        from orchestrator.cli.log_records import print_log_records  # lazy: the ORM models
+
+        print_log_records(job, lines, fmt)
+        return
     _logs(job, instance, follow, lines)
 
 

@@ -30,7 +30,7 @@ MIN_CUT = 5  # a cut column keeps at least this many cells (4 characters and "â€
 
 @dataclass(frozen=True)
 class Col:
-    """One table column: its header, and whether it is an id (never cut) or right-aligned (numbers)."""
+    """One table column: its header, and whether it is an id (never cut) or a number (right-aligned, never cut)."""
 
     header: str
     whole: bool = False
@@ -58,9 +58,9 @@ def cut(text: str, width: int) -> str:
 
 def fit_widths(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> list[int]:
     """Each column's width: its widest cell, then the widest cuttable columns narrowed one cell at a time
-    until the row fits ``width`` (ids keep theirs, whatever the width)."""
+    until the row fits ``width`` (ids and numbers keep theirs, whatever the width)."""
     widths = [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
-    floors = [w if c.whole else min(w, c.floor if c.floor is not None else max(MIN_CUT, min(cell_len(c.header), 8)))
+    floors = [w if c.whole or c.right else min(w, c.floor if c.floor is not None else max(MIN_CUT, min(cell_len(c.header), 8)))
               for c, w in zip(cols, widths, strict=True)]
     while _total(widths) > width:
         shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]

@@ -9,8 +9,8 @@ from typing import Any
 
 import typer
 
-from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
+from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.core.costmodel import Candidate, PlanResult, UnknownModelError
 from orchestrator.core.errors import UserError

@@ -187,8 +187,8 @@ class LineFollower:
 
 
 def emit(lines: list[str]) -> None:
-    for line in lines:
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in lines:  # word-wrapped at the console's width (80 piped): an instance name is one word, never split
+        console.print(line, highlight=False, markup=False)
 
 
 def live_view(session: Session, job: Job, evs: list[Event]) -> Group:
