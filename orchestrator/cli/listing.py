@@ -60,14 +60,17 @@ def fit_widths(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -
     """Each column's width: its widest cell, then the widest cuttable columns narrowed one cell at a time
     until the row fits ``width`` (ids and numbers keep theirs, whatever the width)."""
     widths = [max([cell_len(c.header)] + [cell_len(r[i]) for r in rows]) for i, c in enumerate(cols)]
-    floors = [w if c.whole or c.right else min(w, c.floor if c.floor is not None else max(MIN_CUT, min(cell_len(c.header), 8)))
-              for c, w in zip(cols, widths, strict=True)]
+    floors = [w if c.whole or c.right else min(w, _floor(c)) for c, w in zip(cols, widths, strict=True)]
     while _total(widths) > width:
         shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]
         if not shrinkable:
             break
         widths[max(shrinkable, key=lambda i: widths[i])] -= 1
     return widths
+
+
+def _floor(c: Col) -> int:
+    return c.floor if c.floor is not None else max(MIN_CUT, min(cell_len(c.header), 8))
 
 
 def _total(widths: Sequence[int]) -> int:
