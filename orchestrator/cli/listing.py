@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,7 +123,29 @@ def print_csv(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None =
     sys.stdout.write(buf.getvalue())
 
 
+CONTINUED = "  "  # a wrapped line's continuation starts with this; a record never does
+
+
+def wrap(line: str, width: int) -> list[str]:
+    """One record in lines of at most ``width``, broken at spaces only: an id (``job-ab12-worker-1-0``) is never
+    split, at a hyphen or elsewhere. Continuations are indented, so ``unwrap`` gives the record back."""
+    return textwrap.wrap(line, width=max(width, 20), subsequent_indent=CONTINUED, break_long_words=False,
+                         break_on_hyphens=False, drop_whitespace=True) or [""]
+
+
+def unwrap(text: str) -> list[str]:
+    """The records of ``wrap``ped text, one a line."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(CONTINUED) and out:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
 def print_lines(lines: Sequence[str]) -> None:
-    """Text lines cut at the console's width with "…" (what comes first, a time and an id, stays whole)."""
+    """Log-like records, each wrapped at the console's width (80 when piped) with an indented continuation."""
     for line in lines:
-        console.print(cut(line, console.width), highlight=False, markup=False, soft_wrap=True)
+        for part in wrap(line, console.width):
+            console.print(part, highlight=False, markup=False, soft_wrap=True)
