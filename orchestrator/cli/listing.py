@@ -114,7 +114,7 @@ def print_json(data: Any) -> None:
 
 def print_csv(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None) -> None:
     """One CSV table (header row first); ``keys`` fixes the columns when there may be no record."""
-    fields = list(keys if keys is not None else (records[0].keys() if records else []))
+    fields = list(keys) if keys is not None else list(dict.fromkeys(k for r in records for k in r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
