@@ -54,9 +54,10 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _run(url: str, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ORCHESTRATOR_DB_URL": url, "COLUMNS": "80", "HOME": os.environ.get("HOME", "/root")}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, timeout=180)
+    env = {**os.environ, "ORCHESTRATOR_DB_URL": url, "COLUMNS": "80"}
+    # capture_output: stdout is a pipe, as in `orchestrator status | less` (no terminal, so no terminal width)
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=180)
 
 
 def _run_all(url: str, cases: Sequence[Sequence[str]]) -> list[subprocess.CompletedProcess[str]]:
