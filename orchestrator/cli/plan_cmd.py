@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from orchestrator.cli.host_load import HostLoad, host_load, with_load
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.render import console, duration, err_console, money, pct
@@ -116,31 +118,46 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
     )
 
 
-def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None, fmt: str = "table") -> None:
+def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None, fmt: str = "table",
+                 load_option: str = "measure") -> None:
     """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON, or CSV: one row a candidate)."""
     fmt = "json" if json_out else check_format(fmt)
+    load_option = load_option.strip()
     spec = load_spec(spec_path)
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     if calib is not None and calib.emulated and not spec.provider.emulates_gpus:
         err_console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
                       "planning real GPUs with the shipped one (data/calibration.json) instead")
         calib = None
+    load, idle = None, None
     try:
+        if spec.provider.emulates_gpus:  # local workers share this host's cores with whatever else runs on it
+            load = host_load(load_option)
+            idle = plan_job(spec, calibration=with_load(calib, replace(load, background=0.0))).chosen
+            calib = with_load(calib, load)
         result = plan_job(spec, calibration=calib)
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
+    load_note = _load_note(load, idle, result.chosen) if load is not None else None
     if fmt == "csv":
         front = {id(c) for c in result.front}
         ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [
             (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
         print_csv([_csv_row(rank, c, front) for rank, c in ranked])
     if fmt == "json":
-        print(json.dumps(result.to_dict(top=top), indent=2))
+        out = result.to_dict(top=top)
+        if load is not None:
+            out["host_load"] = {"background": load.background, "loadavg_1m": load.loadavg_1m, "cores": load.cores,
+                                "measured": load.measured, "idle_time_s": _finite(idle.time_s) if idle else None,
+                                "idle_cost_usd": _finite(idle.cost_usd) if idle else None, "note": load_note}
+        print(json.dumps(out, indent=2))
     if fmt != "table":
         if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
             raise typer.Exit(1)
         return
     _print_plan(spec.name, result, top)
+    if load_note:
+        console.print(f"[yellow]host load:[/yellow] {load_note}", highlight=False)
     if result.chosen is not None and not result.chosen.feasible:
         raise UserError(f"the pinned cluster breaks a constraint: {'; '.join(result.chosen.reasons)}",
                         hint="raise policy.budget_usd / policy.deadline, or change the cluster")
@@ -151,6 +168,22 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
             hint="raise policy.budget_usd / policy.deadline or widen search",
         )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _load_note(load: HostLoad, idle: Candidate | None, loaded: Candidate | None) -> str:
+    """How far the local prediction depends on what else runs on this host."""
+    said = load.describe()
+    if idle is None or loaded is None or not (math.isfinite(idle.time_s) and math.isfinite(loaded.time_s)):
+        return said
+    if load.background < 0.05:
+        return f"{said}: the prediction assumes the host stays this idle"
+    more = loaded.time_s / idle.time_s - 1
+    return (f"{said}: the prediction counts them as sharing the cores ({'+' if more >= 0 else ''}{more:.0%} over "
+            f"an idle host's {_time(idle)} / {_cost(idle)}); if they stop, expect the idle figures")
 
 
 def _print_plan(name: str, result: PlanResult, top: int) -> None:
