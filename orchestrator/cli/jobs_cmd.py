@@ -174,6 +174,10 @@ def launch(
         return
     check_budget(spec)
     check_quotas(spec, plan)
+    from orchestrator.cli.host_load import launch_note  # lazy: the cost model, only for a launch
+
+    if (note := launch_note(spec)) is not None:  # local workers share the cores with what else runs here
+        err_console.print(note, highlight=False, markup=False)
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
     from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer
