@@ -264,17 +264,37 @@ def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> 
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
     t_max = max(float(np.max(mc.time_s)) for _, mc in results)
     unit, scale = ("h", 3600.0) if t_max > 7200 else ("min", 60.0)
-    for _, mc in results:
+    said: dict[Any, int] = {ax_t: 0, ax_c: 0}
+
+    def say(ax: Any, text: str, colour: str) -> None:
+        # A CDF of identical values is one vertical line that tells nothing: say it in the panel instead.
+        ax.text(0.03, 0.92 - 0.1 * said[ax], text, transform=ax.transAxes, fontsize=9, color=colour, va="top")
+        said[ax] += 1
+
+    for i, (_, mc) in enumerate(results):
         n = len(mc.time_s)
         y = np.arange(1, n + 1) / n
-        (line,) = ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=mc.cluster.name)
-        ax_c.step(np.sort(mc.cost_usd), y, where="post", label=mc.cluster.name)
-        # Every limit stays on its axis (x from 0 covers it), even far beyond the runs: how far is the point.
+        colour = f"C{i}"
         deadline, budget = mc.cluster.deadline_s, mc.cluster.budget_usd
+        all_hit = bool(np.all(mc.deadline_missed)) and deadline is not None
+        label = mc.cluster.name + (" (all runs hit the deadline)" if all_hit else "")
+        if all_hit:
+            say(ax_t, f"{mc.cluster.name}: all runs hit the deadline ({duration(deadline)}); none finished",
+                colour)
+        elif float(np.ptp(mc.time_s)) == 0:
+            say(ax_t, f"{mc.cluster.name}: every run took {duration(float(mc.time_s[0]))}", colour)
+        else:
+            ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=label, color=colour)
+        if float(np.ptp(mc.cost_usd)) == 0:
+            say(ax_c, f"{mc.cluster.name}: every run cost {money(float(mc.cost_usd[0]))}"
+                + (" (stopped at the deadline)" if all_hit else ""), colour)
+        else:
+            ax_c.step(np.sort(mc.cost_usd), y, where="post", label=label, color=colour)
+        # Every limit stays on its axis (x from 0 covers it), even far beyond the runs: how far is the point.
         if deadline:
-            ax_t.axvline(deadline / scale, linestyle=":", linewidth=1, color=line.get_color())
+            ax_t.axvline(deadline / scale, linestyle=":", linewidth=1, color=colour)
         if budget:
-            ax_c.axvline(budget, linestyle=":", linewidth=1, color=line.get_color())
+            ax_c.axvline(budget, linestyle=":", linewidth=1, color=colour)
     ax_t.set_xlabel(f"wall time ({unit}); dotted: deadline")
     ax_c.set_xlabel("cost (USD); dotted: budget")
     for ax in (ax_t, ax_c):
@@ -282,7 +302,9 @@ def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> 
         ax.ticklabel_format(axis="x", useOffset=False)
         ax.set_ylabel("fraction of runs")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, 1.05)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="lower right")
     runs = results[0][1].runs
     fig.suptitle(f"Simulated time and cost under revocations ({runs} runs per spec)")
     fig.tight_layout()
