@@ -254,6 +254,19 @@ def _print_replay(result: dict[str, Any]) -> None:
                   f"live workers; measured delays: {delays or 'none'}[/dim]")
 
 
+def cdf_notes(mc: MonteCarloResult) -> tuple[str | None, str | None]:
+    """What to say instead of drawing a CDF of identical values (one vertical line that tells nothing): for
+    the time panel and the cost panel, None where the runs differ and the CDF is drawn."""
+    name, deadline = mc.cluster.name, mc.cluster.deadline_s
+    all_hit = deadline is not None and bool(np.all(mc.deadline_missed))
+    time_note = (f"{name}: all runs hit the deadline ({duration(deadline)}); none finished" if all_hit
+                 else f"{name}: every run took {duration(float(mc.time_s[0]))}" if float(np.ptp(mc.time_s)) == 0
+                 else None)
+    cost_note = (f"{name}: every run cost {money(float(mc.cost_usd[0]))}"
+                 + (" (stopped at the deadline)" if all_hit else "") if float(np.ptp(mc.cost_usd)) == 0 else None)
+    return time_note, cost_note
+
+
 def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> None:
     """PNG with the empirical CDFs of wall time (hours) and cost (USD), one line per spec."""
     import matplotlib  # lazy: matplotlib (~0.3 s) loads only when a plot is asked for
@@ -276,20 +289,15 @@ def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> 
         y = np.arange(1, n + 1) / n
         colour = f"C{i}"
         deadline, budget = mc.cluster.deadline_s, mc.cluster.budget_usd
-        all_hit = bool(np.all(mc.deadline_missed)) and deadline is not None
-        label = mc.cluster.name + (" (all runs hit the deadline)" if all_hit else "")
-        if all_hit:
-            say(ax_t, f"{mc.cluster.name}: all runs hit the deadline ({duration(deadline)}); none finished",
-                colour)
-        elif float(np.ptp(mc.time_s)) == 0:
-            say(ax_t, f"{mc.cluster.name}: every run took {duration(float(mc.time_s[0]))}", colour)
+        time_note, cost_note = cdf_notes(mc)
+        if time_note:
+            say(ax_t, time_note, colour)
         else:
-            ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=label, color=colour)
-        if float(np.ptp(mc.cost_usd)) == 0:
-            say(ax_c, f"{mc.cluster.name}: every run cost {money(float(mc.cost_usd[0]))}"
-                + (" (stopped at the deadline)" if all_hit else ""), colour)
+            ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=mc.cluster.name, color=colour)
+        if cost_note:
+            say(ax_c, cost_note, colour)
         else:
-            ax_c.step(np.sort(mc.cost_usd), y, where="post", label=label, color=colour)
+            ax_c.step(np.sort(mc.cost_usd), y, where="post", label=mc.cluster.name, color=colour)
         # Every limit stays on its axis (x from 0 covers it), even far beyond the runs: how far is the point.
         if deadline:
             ax_t.axvline(deadline / scale, linestyle=":", linewidth=1, color=colour)
