@@ -4,14 +4,47 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from orchestrator_testing.processes import SESSION_ENV, kill_all, left_behind
+
 PG_ADMIN_URL = os.environ.get("ORCHESTRATOR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parent.parent
+
+
+# Every process a test starts inherits this marker (unless given a built environment: then its folder, under
+# the session's temporary root, or its parent chain gives it away); pytest_sessionfinish looks for them.
+_SESSION_ID = uuid.uuid4().hex
+os.environ[SESSION_ENV] = _SESSION_ID
+_TMP_ROOT: list[Path] = []
+LEFT_BEHIND_GRACE_S = 10.0  # a process stopped by the last test's teardown may take a moment to go
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_tmp_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _TMP_ROOT.append(tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a process a test started is still running at the end (and stop it)."""
+    root = _TMP_ROOT[0] if _TMP_ROOT else None
+    deadline = time.monotonic() + LEFT_BEHIND_GRACE_S
+    left = left_behind(_SESSION_ID, root)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = left_behind(_SESSION_ID, root)
+    if not left:
+        return
+    lines = "\n".join(f"  {pid}: {cmd}" for pid, cmd in sorted(left.items()))
+    print(f"\nFAILED: {len(left)} process(es) started by the tests were still running at the end "
+          f"(stopped now: SIGTERM, then SIGKILL):\n{lines}", flush=True)
+    kill_all(sorted(left))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ second daemon is refused with a clear message."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from orchestrator.core.spec import validate_spec
 from orchestrator.store import queries
 from orchestrator.store.db import get_engine, session_factory
 from orchestrator.store.models import Job
+from orchestrator_testing.processes import stop
 
 
 def test_claims_skip_locked_rows_and_a_driver_that_lost_its_lease_changes_nothing(own_pg: str,
@@ -80,5 +80,4 @@ def test_a_second_daemon_on_sqlite_is_refused_with_a_clear_message(tmp_path: Pat
         assert "SQLite takes one daemon" in message and "PostgreSQL" in message and "Traceback" not in message
         assert first.poll() is None  # the first one is untouched
     finally:
-        first.send_signal(signal.SIGINT)
-        first.wait(timeout=20)
+        stop(first)

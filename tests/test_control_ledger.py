@@ -22,6 +22,7 @@ from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Instance, Job, LedgerEntry
+from orchestrator_testing.processes import stop
 
 DOWN_S = 3.0
 
@@ -76,11 +77,12 @@ def test_a_restarted_daemon_keeps_its_owner_id_and_a_second_one_gets_another(tmp
     first = _daemon_id(tmp_path)
     one = first.communicate(timeout=60)[0].strip()
     again = _daemon_id(tmp_path, hold_s=30)  # the same daemon after kill -9 and restart ...
-    assert again.stdout is not None
-    two = again.stdout.readline().strip()
-    assert one == two and one.startswith("daemon-")  # hostname + the persisted id, no pid
-    other = _daemon_id(tmp_path)  # ... and a second daemon beside it (PostgreSQL) is another owner
-    three = other.communicate(timeout=60)[0].strip()
-    again.kill()
-    again.wait()
+    try:
+        assert again.stdout is not None
+        two = again.stdout.readline().strip()
+        assert one == two and one.startswith("daemon-")  # hostname + the persisted id, no pid
+        other = _daemon_id(tmp_path)  # ... and a second daemon beside it (PostgreSQL) is another owner
+        three = other.communicate(timeout=60)[0].strip()
+    finally:
+        stop(again)
     assert three != two

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from orchestrator.core.spec import validate_spec
 from orchestrator.core.status import FINAL_JOB
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
+from orchestrator_testing.processes import stop
 
 GOOD = 45
 
@@ -171,11 +171,7 @@ def test_fifty_jobs_five_poisoned_the_other_45_finish(tmp_path: Path, broken_clo
         print(f"\n45 healthy jobs finished in {finished_s:.1f}s; poisoned: "
               + ", ".join(f"{k}: {final[v]}" for k, v in poisoned.items()))
     finally:
-        daemon.send_signal(signal.SIGINT)
-        try:
-            daemon.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        stop(daemon)
     assert "Traceback" not in log_path.read_text()
     assert "Running job" not in log_path.read_text()  # the scheduler's tick lines are off
     wait_until(lambda: processes_under(tmp_path) == [], timeout=20)

@@ -15,6 +15,8 @@ from e2e_helpers import REPO, processes_under, wait_until
 from sqlalchemy import create_engine, text
 from test_control_poison import local_spec
 
+from orchestrator_testing.processes import stop
+
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
@@ -72,8 +74,8 @@ def test_sigterm_hands_over_to_a_running_daemon(tmp_path: Path) -> None:
         wait_until(lambda: _rows(env["ORCHESTRATOR_DB_URL"])[0] == "cancelled", timeout=120)
         assert set(_rows(env["ORCHESTRATOR_DB_URL"])[1]) == {"deleted"}
     finally:
-        daemon.send_signal(signal.SIGINT)
-        daemon.wait(timeout=20)
+        stop(daemon)
+        stop(proc)  # a launch that failed an assertion above
     wait_until(lambda: processes_under(tmp_path) == [], timeout=20)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from orchestrator_testing.processes import stop
 from tests.e2e_helpers import REPO, cli, tiny_spec
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -60,8 +61,7 @@ def dashboard(finished_local_job: tuple[dict[str, str], str]) -> Iterator[str]:
         assert "http://" in line, line + (proc.stderr.read() if proc.stderr else "")
         yield line.split()[2]
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc, timeout_s=10)
 
 
 def test_jobs_page_lists_the_finished_job(dashboard: str, finished_local_job: tuple[dict[str, str], str]) -> None:

@@ -15,6 +15,7 @@ from e2e_helpers import REPO, processes_under, wait_until
 from sqlalchemy import create_engine, text
 
 from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
+from orchestrator_testing.processes import stop
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorflow")
@@ -69,8 +70,7 @@ def test_gce_job_with_stockout_and_preemption(tmp_path: Path) -> None:
             cloud.compute.preempt(victim)
             out, _ = proc.communicate(timeout=600)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            stop(proc, timeout_s=120)  # SIGTERM: the launch tears its instances down
         assert proc.returncode == 0, out[-4000:]
         with engine.connect() as conn:
             summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()

@@ -23,6 +23,7 @@ from google.cloud import compute_v1 as c
 
 from orchestrator_testing.gce_emulator import GceEmulator
 from orchestrator_testing.gce_emulator_filter import FilterError, compile_filter
+from orchestrator_testing.processes import stop
 
 P, Z, Z2 = "proj", "us-central1-a", "us-central1-b"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
@@ -420,8 +421,7 @@ def test_cli_process_and_http_control_api(tmp_path: Path) -> None:
         snap = control("GET", "snapshot")
         assert snap["calls"]["instances.insert"] == 2 and snap["instances"][0]["name"] == "cli-0"
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=5) == 0
+        assert stop(proc, timeout_s=5) == 0
 
 
 @pytest.mark.parametrize(
@@ -510,5 +510,4 @@ def test_the_emulator_process_answers_every_request_after_the_latency_asked_for(
             answer.read()
         assert time.monotonic() - started < 0.5
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc, timeout_s=10)

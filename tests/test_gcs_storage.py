@@ -17,6 +17,7 @@ import pytest
 from orchestrator.storage import open_storage
 from orchestrator.storage.gcs import GcsStorage, parse_gs_uri
 from orchestrator_testing.gcs import GcsEmulator
+from orchestrator_testing.processes import stop
 
 REPO = Path(__file__).resolve().parent.parent
 SYNC = REPO / "jobs" / "storage_sync.py"
@@ -146,8 +147,7 @@ def test_sync_sidecar_round_trip(storage: GcsStorage, tmp_path: Path) -> None:
         (local / "checkpoints" / "ckpt-7.index").write_text("7")
         eventually(lambda: storage.read_text("checkpoints/ckpt-7.index") == "7")
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=10) == 0
+        assert stop(proc, timeout_s=10) == 0
 
 
 def test_sync_sidecar_flushes_on_sigterm(storage: GcsStorage, tmp_path: Path) -> None:
@@ -164,6 +164,4 @@ def test_sync_sidecar_flushes_on_sigterm(storage: GcsStorage, tmp_path: Path) ->
         assert storage.read_text("result.json") == '{"done": true}'
         assert storage.read_text("metrics.jsonl") == '{"step": 9}\n'
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout_s=10)

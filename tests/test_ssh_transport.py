@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,7 +17,7 @@ from orchestrator.core.instances import ProcState, ProcStatus
 from orchestrator.transport.base import Endpoint, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
 from orchestrator.transport.local import pid_alive
-from orchestrator.transport.ssh import SshTransport, UnreachableError, remote_path
+from orchestrator.transport.ssh import DROP_RETRIES, SshTransport, UnreachableError, remote_path
 from orchestrator_testing.sshd import Sshd
 
 
@@ -192,3 +195,63 @@ def test_remote_path_quoting() -> None:
     assert remote_path("~/x y") == "\"$HOME\"/'x y'"
     assert remote_path("~") == '"$HOME"'
     assert remote_path("rel/dir") == "rel/dir"
+
+
+class _DroppingProxy:
+    """Closes the first ``drop`` connections at once (as sshd past MaxStartups does), forwards the rest."""
+
+    def __init__(self, target: int, drop: int) -> None:
+        self.target, self.drop, self.accepted = target, drop, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted <= self.drop:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_dropped_connections_are_retried_with_backoff(sshd: Sshd, ep: Endpoint) -> None:
+    proxy = _DroppingProxy(sshd.port, drop=DROP_RETRIES - 1)
+    via = replace(ep, port=proxy.port)  # the same server (and pinned key) behind the proxy
+    t = SshTransport(connect_timeout_s=3.0)
+    try:
+        assert t.status(via, ["x"]) == {"x": ProcStatus(ProcState.ABSENT)}
+        assert proxy.accepted == DROP_RETRIES
+    finally:
+        t.close()
+        proxy.close()
+    always = _DroppingProxy(sshd.port, drop=1000)
+    t = SshTransport(connect_timeout_s=3.0)
+    try:
+        with pytest.raises(TransportError, match="cannot connect"):
+            t.status(replace(ep, port=always.port), ["x"])
+        assert always.accepted == DROP_RETRIES, "bounded: a server that always drops is not retried forever"
+    finally:
+        t.close()
+        always.close()

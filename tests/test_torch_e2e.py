@@ -87,3 +87,23 @@ def test_missing_secret_fails_before_anything_is_created(tmp_path: Path) -> None
     out = cli("launch", str(spec), "--quiet", env=env, timeout=60)
     assert out.returncode != 0 and "training.secrets" in out.stderr + out.stdout
     assert "nothing was created" in out.stderr + out.stdout
+
+
+def test_a_running_job_resplits_when_a_worker_slows(tmp_path: Path) -> None:
+    """examples/local-torch-resplit.yaml, shorter: worker 0 (the V100) slows 4x at step 30; the ranks time their
+    own compute every 10 steps and move examples off it. `report --format json` lists each re-split."""
+    import json
+
+    env = _env(tmp_path)
+    spec = _spec(tmp_path, "local-torch-resplit.yaml", {"slowdowns": [{"worker": 0, "at_step": 30, "factor": 4}]},
+                 train_steps=150, resplit_every=10, checkpoint_every=150)
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(cli("report", "--format", "json", env=env).stdout)[0]
+    after = [r for r in report["resplits"] if r["step"] > 30]
+    assert after, report["resplits"]
+    planned = report["worker_batches"]["0"]["planned"]
+    assert after[-1]["batches"]["0"] < planned, (planned, after)  # the slowed V100 gave examples away
+    assert all(sum(r["batches"].values()) == 96 for r in report["resplits"])  # the global batch never changes
+    assert report["worker_batches"]["0"]["reported"] == after[-1]["batches"]["0"]
+    assert processes_under(tmp_path) == []

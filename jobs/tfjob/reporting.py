@@ -88,6 +88,7 @@ class WindowStats:
         workers = {
             str(w): {
                 "steps": self.steps.get(w, 0),
+                "batch": batch_per_worker[w],
                 "examples_per_s": round(batch_per_worker[w] * self.steps.get(w, 0) / secs, 3),
                 "step_time_s": round(secs / self.steps[w], 5) if self.steps.get(w) else None,
             }
@@ -101,4 +102,7 @@ class WindowStats:
             "steps_per_s": round(total_steps / secs, 4),
             "window_s": round(secs, 4),
             "workers": workers,
+            # The calibration's runtime key of this payload (TensorFlow's graph-mode PS job, the 2019 study's).
+            "runtime": "tf1-graph",
+            "precision": "fp32",
         }

@@ -6,8 +6,10 @@ ranks (whatever each rank's share), so a DDP step equals one process on the conc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,21 @@ _FORCE_CROSS = os.environ.get("TORCHJOB_BN", "") == "cross"
 warnings.filterwarnings("ignore", message=".*distributed.nn.functional.all_reduce is deprecated.*")
 
 
+_probing = False  # inside local_statistics(): the cross-rank kernels, but no collective
+
+
+@contextlib.contextmanager
+def local_statistics() -> Iterator[None]:
+    """Batch norm keeps its cross-rank kernels but sums this rank's statistics only: a rank can time its own
+    compute (rebalance.py's probe) without waiting for the others."""
+    global _probing
+    _probing = True
+    try:
+        yield
+    finally:
+        _probing = False
+
+
 def set_bn_group(group: dist.ProcessGroup | None) -> None:
     """A process group of its own for batch-norm statistics, so they never interleave with DDP's buckets."""
     global _bn_group
@@ -44,8 +61,9 @@ class CrossRankBatchNorm(nn.BatchNorm2d):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if not self.training or not (shared or _FORCE_CROSS):
+        in_world = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        shared = in_world and not _probing
+        if not self.training or not (in_world or _FORCE_CROSS):
             # One rank holds the whole batch: the same statistics as below, in one fused (cuDNN) kernel
             # instead of ~20 elementwise ones per layer and pass.
             return super().forward(x)

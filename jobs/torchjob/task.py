@@ -39,6 +39,8 @@ class TorchTask:
     run: list[str] | None = None  # the user's command (argv) instead of the built-in job
     setup: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    resplit_every: int = 0  # probe each rank's compute every N steps and re-split the batch (0: never)
+    slowdowns: list[tuple[int, float]] = field(default_factory=list)  # local emulation: (at step, factor)
 
     @property
     def notice_file(self) -> Path:
@@ -71,6 +73,7 @@ def parse(raw: dict[str, Any]) -> TorchTask:
         max_restarts=t.max_restarts, threads=t.threads or None,
         sleep_table=[[a, b] for a, b in t.sleep_table],
         run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
+        resplit_every=t.resplit_every, slowdowns=[(int(a), float(f)) for a, f in t.slowdowns],
     )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")

@@ -20,13 +20,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torchjob import ckpt
-from torchjob.model import param_groups, resnet, set_bn_group, weighted_loss
+from torchjob.model import local_statistics, param_groups, resnet, set_bn_group, weighted_loss
+from torchjob.rebalance import Rebalancer, initial_weights, slowdown_factor
 from torchjob.runtime import leave_with_agent, log
 from torchjob.split import interpolate, offsets, proportional_split
 from torchjob.task import TorchTask
 
 WORLD_FILE = "torch_world.json"  # the last world rank 0 recorded, to tell a shrink from a grow
 EVENTS_FILE = "torch_events.jsonl"  # world changes and checkpoints on notice: the controller makes them events
+SPEEDS_FILE = "torch_speeds.json"  # the latest probe's examples/s per slot: a restarted world splits by them
+RUNTIME = "pytorch-eager+torchjob"  # the calibration's runtime key of this payload (data/measurements)
 
 
 class WorldChange(RuntimeError):
@@ -61,17 +64,20 @@ class Trainer:
                 self.memory_format = torch.channels_last
         torch.manual_seed(task.seed)
         set_bn_group(dist.new_group(backend=dist.get_backend()) if self.world > 1 else None)
-        # Who is where: each rank's slot (stable) and the planner's batch for it (its split weight).
-        me = (task.slot_index, task.planned_batch, task.instance)
+        # Who is where: each rank's slot (stable), the planner's batch for it, and (rank 0) the speeds this job
+        # measured per slot before a restart: the split starts from them.
+        me = (task.slot_index, task.planned_batch, task.instance, self._measured_speeds() if self.rank == 0 else {})
         peers: list[Any] = [None] * self.world
         dist.all_gather_object(peers, me)
         self.slots = [int(p[0]) for p in peers]
         self.instances = [str(p[2]) for p in peers]
         self.instance = task.instance
-        self.batches = proportional_split(task.global_batch, [float(p[1]) for p in peers])
-        self.batch = self.batches[self.rank]
-        self.offset = offsets(self.batches)[self.rank]
-        self.sleep_s = interpolate(task.sleep_table, self.batch)
+        speeds: dict[str, float] = peers[0][3]
+        weights = initial_weights([int(p[1]) for p in peers], [speeds.get(str(s)) for s in self.slots])
+        self._set_split(proportional_split(task.global_batch, weights))
+        self.rebalancer = Rebalancer(task.resplit_every)
+        self.cpu_s = 0.0  # this rank's own compute seconds per step at its batch, from the latest probe
+        self.compute_s: list[float] = []  # every rank's, from the latest probe
         model = resnet(task.hparam_set).to(self.device, memory_format=self.memory_format)
         # Batch-norm buffers are equal on every rank already (global statistics): no per-forward broadcast.
         with warnings.catch_warnings():
@@ -95,6 +101,7 @@ class Trainer:
         task, t_start = self.task, time.monotonic()
         step = ckpt.restore(task.checkpoint_dir, self.model, self.opt)
         self._record_world(step, resumed=step > 0)
+        self.rebalancer.start(step)
         # The whole training split on the device once (CIFAR-10: 0.6 GB): a step then gathers its slice there,
         # with no host-side gather and pageable copy while the GPU waits.
         x_all, y_all = (t.to(self.device) for t in to_tensors(*load_split(task.data_dir, "train")))
@@ -107,13 +114,15 @@ class Trainer:
             x, y = x_all[idx_t].contiguous(memory_format=self.memory_format), y_all[idx_t]
             if task.data_dir and step % 2:
                 x = x.flip(3)  # the cheapest augmentation that keeps the step deterministic
+            if self.rebalancer.due(step):
+                self._probe_and_resplit(step, x, y)
+                continue  # the step's slice changes with the split
             self._set_lr(step)
             loss = weighted_loss(self.model(x), y, task.global_batch, self.world)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
-            if self.sleep_s:
-                time.sleep(self.sleep_s)  # the emulated GPU's extra time for this rank's batch
+            self._emulate_device(step)
             step += 1
             window_steps += 1
             loss_sum += loss.detach().double() / self.world  # stays on the device: no sync per step
@@ -126,6 +135,74 @@ class Trainer:
         if self.rank == 0:
             self._evaluate(step, time.monotonic() - t_start)
         dist.barrier()
+
+    def _set_split(self, batches: list[int]) -> None:
+        self.batches = batches
+        self.batch = batches[self.rank]
+        self.offset = offsets(batches)[self.rank]
+        self.sleep_s = interpolate(self.task.sleep_table, self.batch)
+
+    def _emulate_device(self, step: int) -> None:
+        """Local provider: the emulated GPU's extra time for this rank's batch; a slowdown (provider.slowdowns)
+        makes the whole device F times slower from its step on (the CPU work included, as of the last probe)."""
+        factor = slowdown_factor(self.task.slowdowns, step)
+        extra = self.sleep_s * factor + (factor - 1.0) * self.cpu_s
+        if extra > 0:
+            time.sleep(extra)
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _probe(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """This rank's compute seconds per step at its batch: forward + backward of its slice with no collective
+        (DDP's no_sync, batch norm's local statistics), device synced; batch-norm buffers and gradients are put
+        back as they were. On the local provider the emulated GPU's time is added."""
+        module = self.model.module
+        saved = [b.detach().clone() for b in module.buffers()]
+        self._sync_device()
+        t0 = time.perf_counter()
+        with self.model.no_sync(), local_statistics():
+            weighted_loss(self.model(x), y, self.task.global_batch, self.world).backward()
+        self._sync_device()
+        self.cpu_s = time.perf_counter() - t0
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for b, v in zip(module.buffers(), saved, strict=True):
+                b.copy_(v)
+        return self.cpu_s
+
+    def _probe_and_resplit(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Every rank probes its compute, the ranks share the times, and all compute the same new split."""
+        factor = slowdown_factor(self.task.slowdowns, step)
+        mine = factor * (self._probe(x, y) + self.sleep_s)
+        times = torch.zeros(self.world, dtype=torch.float64, device=self.device)
+        times[self.rank] = mine
+        dist.all_reduce(times)
+        self.compute_s = [float(t) for t in times.tolist()]
+        new = self.rebalancer.record(step, self.compute_s, self.batches)
+        speeds = {str(s): b / t for s, b, t in zip(self.slots, self.batches, self.compute_s, strict=True) if t > 0}
+        if self.metrics is not None:
+            write_json_atomic(self.task.storage / SPEEDS_FILE, {"step": step, "examples_per_s": speeds})
+        if new is None:
+            return
+        old = self.batches
+        self._set_split(new)
+        if self.metrics is not None:
+            by_slot = {str(s): b for s, b in zip(self.slots, new, strict=True)}
+            compute = {str(s): round(t, 5) for s, t in zip(self.slots, self.rebalancer.verdict, strict=True)}
+            before = {str(s): b for s, b in zip(self.slots, old, strict=True)}
+            self.metrics.write("resplit", step=step, batches=by_slot, previous=before, compute_s=compute)
+            self._event("resplit", step=step, batches=by_slot, previous=before, compute_s=compute)
+            log(f"re-split at step {step}: batches by slot {before} -> {by_slot} (compute s {compute})")
+
+    def _measured_speeds(self) -> dict[str, float]:
+        """Examples/s of compute per slot this job measured before (a restart keeps what it learnt)."""
+        try:
+            raw = json.loads((self.task.storage / SPEEDS_FILE).read_text())["examples_per_s"]
+            return {str(k): float(v) for k, v in raw.items() if float(v) > 0}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
 
     def _zero_loss(self) -> torch.Tensor:
         # On the collective's device: NCCL all-reduces CUDA tensors only.
@@ -187,13 +264,15 @@ class Trainer:
         extra: dict[str, Any] = {}
         if self.device.type == "cuda":
             extra["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated(self.device) / 1e9, 3)
+        compute = self.compute_s if len(self.compute_s) == self.world else [None] * self.world
         workers = {str(slot): {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
-                               "step_time_s": round(secs / steps, 5) if steps else None}
-                   for slot, b in zip(self.slots, self.batches, strict=True)}
+                               "step_time_s": round(secs / steps, 5) if steps else None,
+                               "compute_s": None if c is None else round(c, 5)}
+                   for slot, b, c in zip(self.slots, self.batches, compute, strict=True)}
         self.metrics.write("step", step=step, loss=round(loss / max(steps, 1), 5),
                            examples_per_s=round(self.task.global_batch * steps / secs, 3),
                            steps_per_s=round(steps / secs, 4), window_s=round(secs, 4), world_size=self.world,
-                           workers=workers, **extra)
+                           workers=workers, runtime=RUNTIME, precision="fp32", **extra)
 
     def _record_world(self, step: int, resumed: bool) -> None:
         if self.metrics is None:

@@ -255,13 +255,21 @@ def report(
         rows: list[dict[str, Any]] = queries.job_summaries(session, ids or None)
         if plot is not None:
             _write_plot(session, ids[0], plot)
-        from orchestrator.cli.torch_report import training_section  # lazy: the ORM models
+        from orchestrator.cli.torch_report import resplits, training_section, worker_batches  # lazy: the ORM
 
         training = training_section(session, rows) if fmt == "table" else []
+        from orchestrator.cli.deadline_report import deadline_section  # lazy: the ORM models
+
+        deadlines = deadline_section(session, rows) if fmt == "table" else []
+        if fmt == "json":  # the batch each worker was planned and ran, and each re-split of a running sync job
+            for r in rows:
+                r["worker_batches"] = worker_batches(session, r["job_id"])
+                r["resplits"] = resplits(session, r["job_id"])
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
             "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
             "revocations", "replacements", "restarts"]
     if fmt == "json":
+        keys += ["worker_batches", "resplits"]
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], default=str, indent=2) + "\n")
     elif fmt == "csv":
         buf = io.StringIO()
@@ -273,6 +281,8 @@ def report(
         print_report(rows, title=f"report ({time.strftime('%Y-%m-%d %H:%M')})")
         if training:  # framework, world-size timeline (PyTorch elastic), examples/s, accuracy, cost
             sys.stdout.write("training:\n" + "".join(f"  {line}\n" for line in training))
+        if deadlines:  # on_revocation: deadline: spot / on-demand / waiting against uniform progress
+            sys.stdout.write("deadline policy:\n" + "".join(f"  {line}\n" for line in deadlines))
 
 
 def _watch(job: str | None) -> None:

@@ -84,8 +84,21 @@ def simulate(
     replay: str | None = typer.Option(None, "--replay", help="replay a finished job's revocations; sim vs measured"),
     calibration: str | None = typer.Option(None, "--calibration", help="cost-model calibration ID (DB) or JSON"),
     cloud: bool = typer.Option(False, "--cloud", help="a local spec: simulate the cloud cluster it emulates"),
+    availability_trace: Path | None = typer.Option(
+        None, "--availability-trace", help="spot availability trace (JSON): replay the deadline policies on it"),
+    start_tick: int = typer.Option(0, "--start-tick", help="with --availability-trace: the job starts at this tick"),
+    policy_name: str = typer.Option("all", "--policy", help="with --availability-trace: one policy, or all"),
+    work_h: float | None = typer.Option(None, "--work-h", help="with --availability-trace: override the work"),
+    deadline_h: float | None = typer.Option(None, "--deadline-h", help="override policy.deadline (hours)"),
+    overhead_min: float | None = typer.Option(None, "--restart-overhead-min", help="override the restart overhead"),
 ) -> None:
     """What would this cluster cost and how long would it take, under real revocation traces?"""
+    if availability_trace is not None:
+        from orchestrator.cli.deadline_cmd import availability_command  # lazy: the simulator loads only here
+
+        availability_command(list(specs or []), availability_trace, start_tick, policy_name, json_out, work_h,
+                             deadline_h, overhead_min, price_book)
+        return
     from orchestrator.cli.simulate_cmd import simulate_command  # lazy: the simulator loads only for this verb
 
     simulate_command(list(specs or []), runs, seed, price_book, trace, json_out, plot, fit, replay,

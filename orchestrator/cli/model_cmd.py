@@ -122,6 +122,10 @@ def _measurements(path: Path | None, from_db: bool) -> list[Measurement]:
 
         with open_session() as session:
             found = step_time_measurements(session)
+        for r in found:
+            if "refused" in r:
+                console.print(f"warning: job {escape(r['job_id'])} left out: {escape(r['refused'])}")
+        found = [r for r in found if "refused" not in r]
         try:
             rows += measurements_from_dicts(found)
         except ValueError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from orchestrator.cli.host_load import HostLoad, host_load, with_load
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
@@ -110,12 +111,26 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
     )
     console.print(f"{ps}cluster {c.steps_per_s:.2f} steps/s ({c.bottleneck} bound)")
     steps = "global steps" if result.mode == "async" else "synchronous steps"
+    _print_strategies(c)
     console.print(
         f"predicted: [bold]{_time(c)}[/bold] for {result.train_steps:,} {steps} "
         f"({duration(c.base_time_s)} + {duration(c.revocation_overhead_s)} expected revocation overhead), "
         f"[bold]{_cost(c)}[/bold] at {money(c.hourly_usd)}/h; expected revocations "
         f"{c.expected_revocations:.2f} (risk of any {pct(c.revocation_risk)})"
     )
+
+
+def _print_strategies(c: Candidate) -> None:
+    """Which strategy runs (data parallel, pipeline, hybrid), and why not the others."""
+    from orchestrator.core.costmodel.planner.strategies import why_not  # the planner's own words
+
+    if not c.strategies:
+        return
+    chosen = c.strategies[0]
+    console.print(f"strategy: [bold]{chosen.name}[/bold] ({escape(chosen.detail)}); "
+                  f"{chosen.step_s:.3g} s a step, {chosen.memory_gb_per_gpu:.1f} GB on the fullest GPU")
+    for other in c.strategies[1:]:
+        console.print(f"  not {escape(why_not(chosen, other))}")
 
 
 def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None, fmt: str = "table",
@@ -139,23 +154,31 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
     load_note = _load_note(load, idle, result.chosen) if load is not None else None
+    from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
+
+    chosen_ok = result.chosen is not None and result.chosen.feasible
+    found = deadline_outlook(spec) if chosen_ok else None  # on_revocation: deadline: each policy on real traces
     if fmt == "csv":
         front = {id(c) for c in result.front}
         ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [
             (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
         print_csv([_csv_row(rank, c, front) for rank, c in ranked])
     if fmt == "json":
-        out = result.to_dict(top=top)
+        doc = result.to_dict(top=top)
+        if found is not None:
+            doc["deadline_policies"] = outlook_dict(found)
         if load is not None:
-            out["host_load"] = {"background": load.background, "loadavg_1m": load.loadavg_1m, "cores": load.cores,
+            doc["host_load"] = {"background": load.background, "loadavg_1m": load.loadavg_1m, "cores": load.cores,
                                 "measured": load.measured, "idle_time_s": _finite(idle.time_s) if idle else None,
                                 "idle_cost_usd": _finite(idle.cost_usd) if idle else None, "note": load_note}
-        print(json.dumps(out, indent=2))
+        print(json.dumps(doc, indent=2))
     if fmt != "table":
         if result.chosen is None or not result.chosen.feasible:  # a pinned cluster over budget/deadline
             raise typer.Exit(1)
         return
     _print_plan(spec.name, result, top)
+    if found is not None:
+        print_outlook(found)
     if load_note:
         console.print(f"[yellow]host load:[/yellow] {load_note}", highlight=False)
     if result.chosen is not None and not result.chosen.feasible:

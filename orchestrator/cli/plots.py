@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 FORMATS = {".png": "png", ".svg": "svg"}
+Panel = Callable[["Axes", float], None]  # draws one more plot on its axes, given the time scale
 # One colour per GPU type in every plot (a P100 is the same green in each job's picture).
 GPU_COLOURS = {"k80": "#1f77b4", "p100": "#2ca02c", "v100": "#9467bd", "t4": "#ff7f0e", "p4": "#bcbd22",
                "l4": "#8c564b", "a100": "#e377c2", "h100": "#17becf", "h200": "#d62728", "b200": "#7f7f7f"}
@@ -59,6 +61,7 @@ class PlotData:
     throughput: list[tuple[float, float]] = field(default_factory=list)  # (t, examples/s of the cluster)
     worker_rates: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     budget_usd: float | None = None
+    resplits: list[tuple[float, str]] = field(default_factory=list)  # (t, "step N") of each batch re-split
 
     @property
     def slots(self) -> list[str]:
@@ -111,6 +114,8 @@ def gather(session: Session, job_id: str, now: float | None = None) -> PlotData:
             data.worker_rates.setdefault(f"worker-{m.worker}", []).append((t, m.examples_per_s))
     data.notice_checkpoints = [e.at - t0 for e in queries.events(session, job_id)
                                if e.entity == "note" and e.to_status == "checkpoint"]
+    data.resplits = [(e.at - t0, (e.reason or "").split(":", 1)[0].removeprefix("re-split at "))
+                     for e in queries.events(session, job_id) if e.entity == "note" and e.to_status == "resplit"]
     return data
 
 
@@ -134,18 +139,24 @@ def _time_unit(span_s: float) -> tuple[float, str]:
     return 1.0, "seconds"
 
 
-def render(data: PlotData, fmt: str = "png") -> bytes:
-    """The three plots, one above the other on one time axis, as PNG or SVG bytes."""
+def render(data: PlotData, fmt: str = "png", extra: Panel | None = None, until: float = 0.0) -> bytes:
+    """The three plots, one above the other on one time axis, as PNG or SVG bytes; ``extra`` draws a fourth
+    below them (``report --plot`` of a deadline job), ``until``: a time the axis must reach (its deadline)."""
     from matplotlib.figure import Figure  # lazy: matplotlib (~0.3 s) loads only when a plot is drawn
 
-    fig = Figure(figsize=(11, 8.5), dpi=110, layout="constrained")
-    ax_tl, ax_cost, ax_tp = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1])
-    scale, unit = _time_unit(max([data.end] + [b.end for b in data.bars]))
+    fig = Figure(figsize=(11, 11 if extra else 8.5), dpi=110, layout="constrained")
+    axes = fig.subplots(4 if extra else 3, 1, sharex=True, height_ratios=[2.2, 1, 1, 1.4][:4 if extra else 3])
+    ax_tl, ax_cost, ax_tp = axes[:3]
+    scale, unit = _time_unit(max([data.end, until] + [b.end for b in data.bars]))
     colour = slot_colours(data)
     _draw_timeline(ax_tl, data, scale, colour)
     _draw_cost(ax_cost, data, scale)
     _draw_throughput(ax_tp, data, scale, unit, colour)
-    for ax in (ax_tl, ax_cost, ax_tp):
+    _mark_resplits(ax_tp, data, scale)
+    if extra is not None:
+        extra(axes[3], scale)
+        axes[3].set_xlabel(f"{unit} since the job started")
+    for ax in axes:
         ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt)
@@ -279,6 +290,16 @@ def _draw_throughput(ax: Axes, data: PlotData, scale: float, unit: str, colour: 
         ax.text(0.5, 0.5, "no training metrics yet", transform=ax.transAxes, ha="center", va="center")
 
 
+def _mark_resplits(ax: Axes, data: PlotData, scale: float) -> None:
+    """A dotted line where a running sync job re-split its batch (examples moved between the workers)."""
+    for k, (t, step) in enumerate(data.resplits):
+        ax.axvline(t / scale, color="#7f7f7f", linestyle=":", linewidth=0.9, label="batch re-split" if k == 0 else None)
+        ax.annotate(step, (t / scale, 1.0), xycoords=("data", "axes fraction"), fontsize=6, rotation=90,
+                    va="top", ha="right", color="#555555")
+    if data.resplits:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
 def format_for(path: Path) -> str:
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -288,4 +309,16 @@ def format_for(path: Path) -> str:
 
 def write_plot(session: Session, job_id: str, path: Path) -> None:
     fmt = format_for(path)
-    path.write_bytes(render(gather(session, job_id), fmt))
+    from orchestrator.cli.deadline_report import deadline_job  # lazy: only report --plot draws
+
+    job = deadline_job(session, job_id)
+    data = gather(session, job_id)
+    if job is not None:  # on_revocation: deadline: the three plots, then the policy's timeline
+        from orchestrator.cli.deadline_report import draw_deadline_panel  # lazy: only deadline jobs
+
+        def panel(ax: Axes, scale: float) -> None:
+            draw_deadline_panel(ax, session, job, data.bars, data.end, scale)
+
+        path.write_bytes(render(data, fmt, panel, until=float(job.deadline_s or 0.0)))
+        return
+    path.write_bytes(render(data, fmt))

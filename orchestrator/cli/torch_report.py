@@ -3,6 +3,7 @@ accuracy and cost, from the events and metrics the daemon stored (PyTorch world 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -10,9 +11,11 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.store.models import Event, Job, Metric
+from orchestrator.store.models import Event, Instance, Job, Metric
 
 _WORLD = re.compile(r"world (\d+) -> (\d+) at step (\d+)")
+_RESPLIT = re.compile(r"re-split at step (\d+): batches by slot (\{[^}]*\}) from (\{[^}]*\})"
+                      r"(?:; compute s by slot (\{[^}]*\}))?")
 
 
 def framework_of(spec_yaml: str) -> str:
@@ -38,6 +41,33 @@ def world_timeline(session: Session, job_id: str) -> list[tuple[int, int]]:
         if m:
             out.append((int(m.group(3)), int(m.group(2))))
     return out
+
+
+def resplits(session: Session, job_id: str) -> list[dict[str, Any]]:
+    """Each re-split of a running synchronous job's batch (jobs/torchjob/rebalance.py): when, at which step, the
+    per-worker batches before and after, and the compute seconds per step each worker measured."""
+    rows = session.scalars(select(Event).where(Event.job_id == job_id, Event.entity == "note",
+                                               Event.to_status == "resplit").order_by(Event.at, Event.id))
+    out: list[dict[str, Any]] = []
+    for ev in rows:
+        m = _RESPLIT.match(ev.reason or "")
+        if m is None:
+            continue
+        out.append({"at": ev.at, "step": int(m.group(1)), "batches": json.loads(m.group(2)),
+                    "previous": json.loads(m.group(3)),
+                    "compute_s": json.loads(m.group(4)) if m.group(4) else None})
+    return out
+
+
+def worker_batches(session: Session, job_id: str) -> dict[str, dict[str, int | None]]:
+    """Per worker slot: the batch the planner gave it, and the batch it last reported running (elastic shrink /
+    grow and re-splits move it)."""
+    planned = {int(i): int(b or 0) for i, b in session.execute(select(Instance.slot_index, Instance.batch).where(
+        Instance.job_id == job_id, Instance.role == "worker", Instance.batch.is_not(None))).all()}
+    reported = {int(w): int(b or 0) for w, b in session.execute(select(Metric.worker, Metric.batch).where(
+        Metric.job_id == job_id, Metric.kind == "worker", Metric.batch.is_not(None)).order_by(Metric.at)).all()}
+    return {str(w): {"planned": planned.get(w), "reported": reported.get(w)}
+            for w in sorted(set(planned) | set(reported))}
 
 
 def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:

@@ -29,7 +29,7 @@ import yaml
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from orchestrator.control import operations, torch_task
+from orchestrator.control import deadline, operations, torch_task
 from orchestrator.control.context import Budget
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
@@ -220,7 +220,9 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     view = job_view(session, job, spec, slots, now, backend.stable_addresses, cost=reads.costs.get(job.id))
     obs = Observation(instances=observed, procs=observe_tasks(job, backend, observed), notices=_notices(job, storage),
                       result=result.raw if result is not None else None, payload_error=result_error,
-                      failed_zones=blocked_zones(session, spec, slots, ctx.blocks))
+                      failed_zones=blocked_zones(session, spec, slots, ctx.blocks),
+                      spot_available=deadline.spot_available(backend.provider, job.id)
+                      if view.deadline_inputs is not None else None)
     actions = reconcile(view, obs, now)
     if actions:
         log.debug("job %s: %s", job.id, actions)
@@ -320,7 +322,8 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    max_replacements=spec.policy.max_replacements, budget_usd=job.budget_usd,
                    deadline_s=job.deadline_s, started_at=job.started_at, restarts=job.restarts, cost_usd=cost,
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
-                   fatal_exits=job.fatal_exits, **torch_view(spec, slots))
+                   fatal_exits=job.fatal_exits, deadline_inputs=deadline.deadline_inputs(session, job, spec, now),
+                   **torch_view(spec, slots))
 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:

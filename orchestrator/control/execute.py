@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.control import operations, torch_task
+from orchestrator.control.calibration_fold import fold_finished_job
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.core import task as task_schema
 from orchestrator.core.actions import (
@@ -28,13 +29,14 @@ from orchestrator.core.actions import (
 from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
+from orchestrator.core.slots import DEFAULT_BATCH
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
-from orchestrator.core.status import EndReason, InstanceStatus
+from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.core.task import TaskConfig, TrainingSection
 from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.store import queries
 from orchestrator.store.models import Instance
-from orchestrator.transport.base import Endpoint, TransportError
+from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 from orchestrator.transport.local import UnsafePathError
 
 __all__ = ["TASK", "JobContext", "cluster_addresses", "execute", "log_action"]
@@ -60,9 +62,14 @@ def execute(ctx: JobContext, actions: list[Action]) -> None:
                 return
         except (TransportError, TimeoutError) as exc:
             ctx.session.rollback()
+            if isinstance(exc, FatalTransportError):
+                # A wrong host key or a refused login stays so on every replacement: fail now, in one line
+                # that names the failure and its fix, rather than cycle through replacements.
+                fail_job(ctx, str(exc)[:500])
+                return
             queries.note(ctx.session, ctx.job.id, "transport_error", f"{type(action).__name__}: {exc}"[:500])
             ctx.session.commit()
-            if isinstance(exc, UnsafePathError):  # the job's files can never be pushed as listed
+            if isinstance(exc, UnsafePathError):
                 fail_job(ctx, f"{type(exc).__name__}: {exc}"[:480])
                 return
 
@@ -75,6 +82,8 @@ def _one(ctx: JobContext, action: Action) -> None:
                 ctx.job.outcome = outcome.value
             queries.switch_status(s, ctx.job, status, reason)
             s.commit()
+            if status == JobStatus.SUCCEEDED:
+                _fold(ctx)
         case SetInstanceStatus(name=name, status=status, reason=reason, end_reason=end_reason):
             inst = instance_row(ctx, name)
             if end_reason is not None and inst.end_reason is None:
@@ -94,6 +103,16 @@ def _one(ctx: JobContext, action: Action) -> None:
             _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
             operations.delete(ctx, name, reason, end_reason)
+
+
+def _fold(ctx: JobContext) -> None:
+    """The finished job's step times refine the next plan's calibration; a failed fold never fails the job."""
+    try:
+        fold_finished_job(ctx.session, ctx.job)
+    except Exception as exc:  # noqa: BLE001 - a calibration problem is a note, never a failed pass
+        ctx.session.rollback()
+        queries.note(ctx.session, ctx.job.id, "calibration", f"calibration not refined: {exc}"[:500])
+        ctx.session.commit()
 
 
 def _prepare(ctx: JobContext, name: str) -> None:
@@ -246,7 +265,7 @@ def cluster_addresses(ctx: JobContext) -> dict[str, list[str]]:
 def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     spec = ctx.spec
     training = spec.training
-    batches = tuple(s.batch or 128 for s in ctx.slots if s.role == Role.WORKER)
+    batches = tuple(s.batch or DEFAULT_BATCH for s in ctx.slots if s.role == Role.WORKER)
     storage = ctx.storage.local_path()
     local = spec.provider.as_local()
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
@@ -262,6 +281,7 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
             data_dir=training.data_dir if isinstance(training, BuiltinTraining) else None,
             train_steps=training.train_steps, batch_per_worker=batches, checkpoint_every=training.checkpoint_every,
             eval_every=training.eval_every, log_every=training.log_every, seed=local.seed if local else 0),
-        step_sleep_s=ctx.emulation_sleep(inst.gpu, inst.batch or 128) if inst.role == Role.WORKER.value else 0.0,
+        step_sleep_s=(ctx.emulation_sleep(inst.gpu, inst.batch or DEFAULT_BATCH) if inst.role == Role.WORKER.value
+                      else 0.0),
         gpu=inst.gpu if torch is not None else None, torch=torch,
     )

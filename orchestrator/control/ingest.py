@@ -47,6 +47,16 @@ def _float(value: Any, what: str, default: float | None = None) -> float | None:
     return float(value)
 
 
+def _label(value: Any, what: str, longest: int = 40) -> str | None:
+    """A runtime / precision label as the payload reported it: a short plain token, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= longest or not all(c.isalnum() or c in "+-_."
+                                                                               for c in value):
+        raise BadPayloadOutput(f"{what} is {_short(value)}, not a short label")
+    return value
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -137,8 +147,10 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
     at = _float(rec.get("t"), "t", time.time())
     assert at is not None
     if kind == "step":
+        runtime, precision = _label(rec.get("runtime"), "runtime"), _label(rec.get("precision"), "precision", 8)
         rows = [Metric(job_id=job.id, kind="step", worker=-1, step=step, loss=_float(rec.get("loss"), "loss"),
-                       examples_per_s=_float(rec.get("examples_per_s"), "examples_per_s"), at=at)]
+                       examples_per_s=_float(rec.get("examples_per_s"), "examples_per_s"), at=at,
+                       runtime=runtime, precision=precision)]
         per_worker = rec.get("workers") or {}
         if not isinstance(per_worker, dict):
             raise BadPayloadOutput("workers is not an object")
@@ -147,10 +159,14 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
             if not isinstance(w, dict):
                 raise BadPayloadOutput(f"worker {index} is not an object")
             slot = workers.get(index)
+            # The batch the worker ran (elastic changes and re-splits move it), else the planned one.
+            ran = _int(w["batch"], f"worker {index} batch") if w.get("batch") is not None else None
             rows.append(Metric(job_id=job.id, kind="worker", worker=index, gpu=slot.gpu if slot else None,
-                               batch=slot.batch if slot else None, step=step,
+                               batch=ran or (slot.batch if slot else None), step=step,
                                examples_per_s=_float(w.get("examples_per_s"), "examples_per_s"),
-                               step_time_s=_float(w.get("step_time_s"), "step_time_s"), at=at))
+                               step_time_s=_float(w.get("step_time_s"), "step_time_s"), at=at,
+                               runtime=runtime, precision=precision,
+                               compute_s=_float(w.get("compute_s"), "compute_s")))
         job.final_step = max(job.final_step or 0, step)
         return rows
     if kind == "eval":

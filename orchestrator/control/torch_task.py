@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.instances import Role
-from orchestrator.core.slots import Slot
+from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.status import EndReason
 from orchestrator.core.task import TorchSection
@@ -26,7 +26,7 @@ from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job
 
 EVENTS = "torch_events.jsonl"  # appended by the payload's rank 0: world changes, checkpoints on notice
-EVENT_KINDS = ("world", "shrink", "grow", "ckpt_on_notice")
+EVENT_KINDS = ("world", "shrink", "grow", "ckpt_on_notice", "resplit")
 MAX_RESTARTS = 1000  # torchrun restarts of the worker group per node (each membership change is one)
 
 
@@ -60,10 +60,14 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
     address = host.host if host is not None and host.host else "127.0.0.1"
     port = host.port if host is not None and host.port else 29500
     workers = [s for s in slots if s.role == Role.WORKER]
-    planned = inst.batch or 128
+    planned = inst.batch or DEFAULT_BATCH
     points = sorted({1, max(1, planned // 2), planned, planned * 2, global_batch})
     training = spec.training
     run, setup = argv(getattr(training, "run", None)), argv(getattr(training, "setup", None))
+    local = spec.provider.as_local()
+    slot = next((s for s in slots if s.name == inst.slot), None)
+    slowdowns = tuple((d.at_step, d.factor) for d in (local.slowdowns if local else [])
+                      if slot is not None and slot.role == Role.WORKER and d.worker == slot.index)
     return TorchSection(
         rdzv_endpoint=f"{address}:{port}",
         is_rdzv_host=host_slot is not None and inst.slot == host_slot.name,
@@ -75,6 +79,8 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         run=None if run is None else tuple(run),
         setup=None if setup is None else tuple(setup),
         env={},  # the spec's env: and secrets go to the process environment, not to this file
+        resplit_every=0 if run is not None else int(getattr(training, "resplit_every", 0) or 0),
+        slowdowns=slowdowns,
     )
 
 
@@ -105,6 +111,9 @@ def _event(line: str) -> tuple[str, str, float | None]:
             raise ValueError("not an object")
         at = float(rec["t"])
         step = int(rec["step"])
+        if rec.get("kind") == "resplit":
+            return ("resplit", f"re-split at step {step}: batches by slot {_slot_ints(rec['batches'])} from "
+                    f"{_slot_ints(rec['previous'])}; compute s by slot {_slot_floats(rec['compute_s'])}"[:500], at)
         if rec.get("kind") == "ckpt_on_notice":
             return ("ckpt_on_notice", f"checkpoint on a preemption notice at step {step}: saved in "
                     f"{float(rec['seconds']):.3f} s by {int(rec['world_size'])} ranks (torch.distributed.checkpoint)",
@@ -116,3 +125,15 @@ def _event(line: str) -> tuple[str, str, float | None]:
     batches = rec.get("batches")
     tail = f"; batches by slot {json.dumps(batches, sort_keys=True)}" if isinstance(batches, dict) else ""
     return what, f"world {previous} -> {world} at step {step}{tail}"[:500], at
+
+
+def _slot_ints(raw: object) -> str:
+    if not isinstance(raw, dict):
+        raise ValueError("not an object of slots")
+    return json.dumps({str(k): int(v) for k, v in raw.items()}, sort_keys=True)
+
+
+def _slot_floats(raw: object) -> str:
+    if not isinstance(raw, dict):
+        raise ValueError("not an object of slots")
+    return json.dumps({str(k): round(float(v), 4) for k, v in raw.items()}, sort_keys=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from platformdirs import user_data_dir
@@ -35,8 +36,26 @@ def alembic_ini() -> Path:
     return _bundled("alembic.ini")
 
 
+def home_path() -> Path:
+    """Where ``user_dir`` is (nothing created)."""
+    return Path(os.environ.get("ORCHESTRATOR_HOME") or user_data_dir("orchestrator"))
+
+
 def user_dir() -> Path:
-    """Per-user state: the default SQLite DB, local instances, per-job SSH keys."""
-    root = Path(os.environ.get("ORCHESTRATOR_HOME") or user_data_dir("orchestrator"))
-    root.mkdir(parents=True, exist_ok=True)
+    """Per-user state: the default SQLite DB, local instances, per-job SSH keys. Owner-only (0700) whatever
+    the DB URL: the keys and the instances' disks live here even when the DB is elsewhere."""
+    root = home_path()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _owner_only(root)
     return root
+
+
+def _owner_only(folder: Path) -> None:
+    # An existing home made before (0755 by the umask) is narrowed too; never a shared sticky folder such as
+    # /tmp given as the home, nor one that another user owns.
+    try:
+        st = folder.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o077 and not st.st_mode & stat.S_ISVTX:
+            folder.chmod(0o700)
+    except OSError:
+        pass

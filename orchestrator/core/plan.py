@@ -14,6 +14,8 @@ from typing import Any
 
 from orchestrator.core.blocks import BlockLike, blocked, prefer_unblocked
 from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel.split import SplitError
+from orchestrator.core.errors import UserError
 from orchestrator.core.instances import Role
 from orchestrator.core.slots import Slot, cluster_shape, expand, price_book_for
 from orchestrator.core.spec import JobSpec
@@ -73,7 +75,14 @@ def plan_spec(spec: JobSpec, catalog: Catalog | None = None, book: str | None = 
     ``blocks`` (stockouts and quotas in force) move each slot's blocked zones last, so placement starts
     where a create can succeed."""
     cat = catalog or load_catalog()
-    slots = tuple(_place(s, blocks) for s in expand(spec, cat, book))
+    try:
+        expanded = expand(spec, cat, book)
+    except SplitError as exc:
+        raise UserError(f"data parallel cannot place {spec.training.profile_name} on this cluster: {exc}",
+                        hint="`orchestrator plan` weighs a pipeline of the model's layers across the GPUs, but "
+                        "jobs run data parallel until the pipeline payload lands: pick GPUs that hold the "
+                        "whole model") from None
+    slots = tuple(_place(s, blocks) for s in expanded)
     return LaunchPlan(slots=slots, price_book=price_book_for(spec, cat, book).name, shape=cluster_shape(spec))
 
 

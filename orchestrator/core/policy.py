@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -44,6 +44,7 @@ CREATE_RETRY_S: Final = _CHOICES["create_retry_s"]  # every zone out of capacity
 CREATE_REISSUE_S: Final = _CHOICES["create_reissue_s"]  # REQUESTED and unseen this long -> create again
 MAX_CREATE_FAILURES: Final = int(_CHOICES["max_create_failures"])  # per slot, then the job fails
 EXTRA_RESTARTS: Final = int(_CHOICES["extra_restarts"])  # whole-cluster restarts beyond max_replacements
+DEADLINE_TICK_S: Final = _CHOICES["deadline_tick_s"]  # cloud seconds between on_revocation: deadline decisions
 
 
 def boot_s(spot: bool, base: float = BOOT_S, spot_extra: float = SPOT_EXTRA_BOOT_S) -> float:
@@ -128,3 +129,182 @@ def revoke_after_s(provider: LocalProvider, role: Role, index: int, generation: 
     cloud_s = float(model.sample_lifetimes(gpu, None if zone == "local" else zone, 1,
                                            _rng(provider.seed, slot, generation))[0])
     return cloud_s / provider.time_scale
+
+
+# ---------------------------------------------------------------- finishing by a deadline (issue 23)
+#
+# Each decision point (a tick of an availability trace in the simulator, a reconcile pass in the daemon)
+# picks what the job runs on next: a spot VM, an on-demand VM, or nothing (wait for spot). Starting a VM
+# (from nothing, or switching pricing) costs the restart overhead: boot + restore + lost steps. Every
+# function below is pure, so the simulator (``sim.availability``) and the daemon (``core.reconcile``) make
+# the same decision from the same state.
+
+
+class Mode(StrEnum):
+    IDLE = "idle"
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a job stands against its deadline (hours from the job's start)."""
+
+    elapsed_h: float
+    work_done_h: float  # training time done, in no-revocation hours of the job's work
+    work_h: float  # the whole job's work (the planner's predicted no-revocation time)
+    deadline_h: float
+    overhead_h: float  # restart overhead: boot + restore + lost steps
+    mode: Mode  # what runs now (IDLE after a preemption)
+    spot_available: bool  # can a spot VM be had now (no stockout / quota block; trace tick > 0)
+    tick_h: float  # time until the next decision
+    overhead_left_h: float = 0.0  # of the current VM's start, still to run
+    outage_h: float = 0.0  # how long spot has been out (0 when it can be had)
+    spot_up_h: float = 0.0  # how long spot has been available (0 when it cannot be had)
+    spot_usd_per_h: float = 0.3
+    on_demand_usd_per_h: float = 1.0
+
+    @property
+    def slack_h(self) -> float:
+        """Hours the job can still lose (waiting, restarts) and finish on time."""
+        return self.deadline_h - self.elapsed_h - (self.work_h - self.work_done_h) - self.overhead_left_h
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Spot availability seen so far: mean lengths of the up and down stretches (hours), and the finished
+    stretches themselves, for what is left of one of a given age (stretches are heavy-tailed: an outage
+    that has lasted an hour is likely to last longer than a fresh one)."""
+
+    up_h: float
+    down_h: float
+    ups: tuple[float, ...] = ()
+    downs: tuple[float, ...] = ()
+
+    @classmethod
+    def from_samples(cls, samples: tuple[bool, ...], tick_h: float) -> Availability:
+        """The stretches of ``samples`` (one per tick)."""
+        log = AvailabilityLog()
+        for x in samples:
+            log.add(x)
+        return log.seen(tick_h)
+
+    def up_left(self, age_h: float) -> float:
+        return _left(self.ups, age_h, self.up_h)
+
+    def down_left(self, age_h: float) -> float:
+        return _left(self.downs, age_h, self.down_h)
+
+
+def _left(stretches: tuple[float, ...], age_h: float, mean_h: float) -> float:
+    """Mean of what is left of the seen stretches longer than ``age_h``; without any, the mean (or the age)."""
+    longer = [x - age_h for x in stretches if x > age_h]
+    if longer:
+        return sum(longer) / len(longer)
+    return max(mean_h - age_h, age_h) if stretches else mean_h
+
+
+@dataclass
+class AvailabilityLog:
+    """Stretches of availability seen so far (the open one counts in the means), added one tick at a time:
+    the simulator's thousands of ticks and the daemon's passes read the same figures."""
+
+    ticks: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    runs: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    closed: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})
+    last: bool | None = None
+    open_ticks: int = 0
+
+    def add(self, available: bool) -> None:
+        self.ticks[available] += 1
+        if available != self.last:
+            self.runs[available] += 1
+            if self.last is not None:
+                self.closed[self.last].append(self.open_ticks)
+            self.open_ticks = 0
+        self.open_ticks += 1
+        self.last = available
+
+    def seen(self, tick_h: float, prior: Availability | None = None) -> Availability:
+        """Mean stretches; a side never seen keeps ``prior`` (default: ``DEFAULT_AVAILABILITY``)."""
+        prior = prior or DEFAULT_AVAILABILITY
+        up = tick_h * self.ticks[True] / self.runs[True] if self.runs[True] else prior.up_h
+        down = tick_h * self.ticks[False] / self.runs[False] if self.runs[False] else prior.down_h
+        return Availability(up, down, tuple(tick_h * n for n in self.closed[True]),
+                            tuple(tick_h * n for n in self.closed[False]))
+
+
+# Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
+# NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
+DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
+# Tuned (bench/deadline_policy.py --tune) on the even start points of every trace; the odd ones are held out.
+RESERVE_CYCLES: Final = 1.0  # slack kept for this many expected spot/outage cycles' hops (2 overheads each)
+HOP_GAIN: Final = 2.0  # hop from on-demand to spot when the expected saving is this many times its cost
+OUTAGE_SHARE: Final = 3.0  # an outage may take this many times its even share of the spare slack
+
+
+def _safe(p: Progress, choice: Mode) -> Mode:
+    """The safety net every deadline-aware policy shares: a choice that could leave no time to start an
+    on-demand VM (after a preemption, or after waiting this tick) becomes on-demand now."""
+    s, d = p.slack_h, p.overhead_h
+    if choice == Mode.SPOT and s < (d if p.mode == Mode.SPOT else 2 * d):
+        return Mode.ON_DEMAND
+    if choice == Mode.IDLE and s - p.tick_h < d:
+        return Mode.ON_DEMAND
+    return choice
+
+
+def greedy_policy(p: Progress) -> Mode:
+    """Spot whenever it can be had; on-demand only when the deadline forces it, then to the end."""
+    if p.mode == Mode.ON_DEMAND:
+        return Mode.ON_DEMAND
+    return _safe(p, Mode.SPOT if p.spot_available else Mode.IDLE)
+
+
+def uniform_progress_policy(p: Progress) -> Mode:
+    """"Can't Be Late" (NSDI'24) Uniform Progress: on-demand only while behind the line of uniform
+    progress, spot whenever it can be had, leave on-demand only once ahead by twice the overhead."""
+    ahead = p.work_done_h - p.elapsed_h * p.work_h / p.deadline_h
+    if p.mode == Mode.ON_DEMAND and ahead < 2 * p.overhead_h:
+        return Mode.ON_DEMAND
+    if p.spot_available:
+        return _safe(p, Mode.SPOT)
+    return _safe(p, Mode.ON_DEMAND if ahead < 0 else Mode.IDLE)
+
+
+def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
+    """The product's own policy. The slack (hours the job can still lose) is spent on waiting out spot
+    outages, a share for each outage still to come (their number from the spot/outage cycles ``seen``),
+    less a reserve for the hops between spot and on-demand those cycles ask for. An outage that outlasts
+    its share is run on on-demand; spot is taken back as soon as the expected spot stretch saves more than
+    the hop costs (the overhead on spot now, and on on-demand after the next preemption)."""
+    d = p.overhead_h
+    cycles = (p.deadline_h - p.elapsed_h) / max(seen.up_h + seen.down_h, p.tick_h)
+    if p.spot_available:
+        if p.mode != Mode.ON_DEMAND:
+            return _safe(p, Mode.SPOT)
+        stretch = min(seen.up_left(p.spot_up_h), p.work_h - p.work_done_h)
+        gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * stretch
+        cost = d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
+        return Mode.SPOT if p.slack_h >= 2 * d and gain >= HOP_GAIN * cost else Mode.ON_DEMAND
+    if p.mode == Mode.ON_DEMAND:
+        return Mode.ON_DEMAND  # this outage outlasted its share: stay until spot is back
+    spare = p.slack_h - RESERVE_CYCLES * cycles * 2 * d - d
+    share = OUTAGE_SHARE * spare / max(1.0, cycles)
+    return _safe(p, Mode.IDLE if p.outage_h < share else Mode.ON_DEMAND)
+
+
+def on_demand_policy(p: Progress) -> Mode:
+    return Mode.ON_DEMAND
+
+
+def decide_deadline(name: str, p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
+    """What to run next under the named online policy (``DEADLINE_POLICIES``)."""
+    if name == "deadline":
+        return deadline_policy(p, seen)
+    return {"on-demand": on_demand_policy, "greedy": greedy_policy,
+            "uniform-progress": uniform_progress_policy}[name](p)
+
+
+ONLINE_POLICIES: Final = ("on-demand", "greedy", "uniform-progress", "deadline")
+DEADLINE_POLICIES: Final = (*ONLINE_POLICIES, "optimal")  # optimal: offline, knows the trace (sim only)

@@ -27,7 +27,7 @@ from orchestrator.core.blocks import prefer_unblocked
 from orchestrator.core.exits import EXIT_FATAL, FATAL_RETRIES, Exit, classify
 from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
 from orchestrator.core.slots import Slot
-from orchestrator.core.spec import TrainingMode
+from orchestrator.core.spec import OnRevocation, TrainingMode
 from orchestrator.core.state import InstanceView, JobView, Observation
 from orchestrator.core.status import (
     FINAL_JOB,
@@ -174,7 +174,12 @@ def _fill_slots(p: _Pass) -> list[Action] | None:
     for inst in job.instances:
         by_slot[inst.slot].append(inst)
     p.replacements = sum(1 for i in job.instances if i.generation > 0 and i.end_reason != EndReason.CREATE_FAILED)
+    governed = _deadline_slots(job)
+    if governed:
+        _deadline_fill(p, governed, by_slot)
     for slot in job.slots:
+        if slot in governed:
+            continue
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
         if any(p.status[i.name] in LIVE_INSTANCE for i in insts):
             continue
@@ -225,6 +230,71 @@ def _replace(p: _Pass, slot: Slot, last: InstanceView) -> list[Action] | None:
     p.create(slot, last.generation + 1, decision.spot, zones, last.port, why)
     p.replacements += 1
     return None
+
+
+def _deadline_slots(job: JobView) -> tuple[Slot, ...]:
+    """The slots ``on_revocation: deadline`` drives: those planned on spot."""
+    if job.on_revocation != OnRevocation.DEADLINE or job.deadline_inputs is None or job.deadline_s is None:
+        return ()
+    return tuple(s for s in job.slots if s.spot)
+
+
+def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]) -> None:
+    """``on_revocation: deadline``: the spot-planned slots run on what ``core.policy.deadline_policy`` picks
+    this pass (spot, on-demand, or nothing while waiting for spot), the simulator's very decision
+    (``sim.availability``); a change of pricing replaces the VM and training restarts from its checkpoint.
+    The deadline bounds the run, so ``max_replacements`` does not apply to these hops."""
+    choice = policy.decide_deadline("deadline", _deadline_progress(p, slots, by_slot))
+    for slot in slots:
+        insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
+        cur = next((i for i in reversed(insts) if p.status[i.name] in LIVE_INSTANCE), None)
+        if cur is not None and choice != policy.Mode.IDLE and cur.spot == (choice == policy.Mode.SPOT):
+            continue
+        why = f"deadline policy: {choice.value}"
+        if cur is not None:
+            p.acts.append(DeleteInstance(cur.name, cur.zone, why, EndReason.REPLACED))
+            p.status[cur.name] = S.DELETING
+            p.lost[slot.name], p.lost_role[slot.name] = f"{cur.name} {why}", cur.role
+        if choice == policy.Mode.IDLE:
+            continue
+        last = insts[-1] if insts else None
+        zones = policy.replacement_zones(last.zone, slot.zones) if last is not None else slot.zones
+        p.create(slot, last.generation + 1 if last is not None else 0, choice == policy.Mode.SPOT, zones,
+                 last.port if last is not None else None, why)
+
+
+def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]) -> policy.Progress:
+    job, di = p.job, p.job.deadline_inputs
+    assert di is not None and job.deadline_s is not None
+    insts = [i for s in slots for i in by_slot.get(s.name, [])]
+    live = [i for i in insts if p.status[i.name] in LIVE_INSTANCE]
+    mode = policy.Mode.IDLE if not live else policy.Mode.SPOT if any(i.spot for i in live) else policy.Mode.ON_DEMAND
+    started = job.started_at if job.started_at is not None else p.now
+    available = _spot_available(p, slots, insts)
+    ended_spot = [p.now if i.status in LIVE_INSTANCE else i.revoked_at or i.updated_at  # lost in this pass: now
+                  for i in insts if i.spot and p.status[i.name] not in LIVE_INSTANCE]
+    outage_since = max([started, *ended_spot])
+    booting = [i for i in live if p.status[i.name] != S.TRAINING]
+    left_s = max((max(0.0, di.overhead_s - (p.now - i.requested_at)) for i in booting), default=0.0)
+    h = 3600.0 / di.time_scale  # hours of cloud time, the clock of the availability the policy has in mind
+    return policy.Progress(
+        elapsed_h=(p.now - started) / h, work_done_h=di.done_s / h, work_h=di.work_s / h,
+        deadline_h=job.deadline_s / h, overhead_h=di.overhead_s / h, mode=mode, spot_available=available,
+        tick_h=di.tick_s / h, overhead_left_h=left_s / h, outage_h=0.0 if available else (p.now - outage_since) / h,
+        spot_usd_per_h=di.spot_usd_per_h, on_demand_usd_per_h=di.on_demand_usd_per_h)
+
+
+def _spot_available(p: _Pass, slots: tuple[Slot, ...], insts: list[InstanceView]) -> bool:
+    """The provider's capacity probe when it has one; else no spot while a spot VM was just preempted, its
+    last create was refused less than ``CREATE_RETRY_S`` ago, or every allowed zone is blocked."""
+    if p.obs.spot_available is not None:
+        return p.obs.spot_available
+    if any(why for slot, why in p.lost.items() if any(s.name == slot for s in slots)):
+        return False
+    refused = [i for i in insts if i.spot and i.end_reason == EndReason.CREATE_FAILED]
+    if refused and p.now - max(i.updated_at for i in refused) < policy.CREATE_RETRY_S:
+        return False
+    return not all(s.zones and set(s.zones) <= set(p.obs.failed_zones.get(s.name, ())) for s in slots)
 
 
 # ---------------------------------------------------------------- 3. tasks, 4. job status

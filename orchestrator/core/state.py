@@ -12,6 +12,19 @@ from orchestrator.core.status import InstanceStatus, JobStatus
 
 
 @dataclass(frozen=True)
+class DeadlineInputs:
+    """What ``on_revocation: deadline`` decides from, besides the instances (seconds of the job's clock)."""
+
+    work_s: float  # the job's predicted no-revocation training time
+    done_s: float  # of it, done so far (latest step / train_steps)
+    overhead_s: float  # restart overhead: boot + restore + lost steps
+    tick_s: float  # time between two decisions
+    spot_usd_per_h: float
+    on_demand_usd_per_h: float
+    time_scale: float = 1.0  # cloud seconds per second of the job's clock (local): the policy thinks in cloud time
+
+
+@dataclass(frozen=True)
 class InstanceView:
     id: int
     name: str
@@ -55,6 +68,7 @@ class JobView:
     # worker) and a ready replacement joins the running world at once. rdzv_slot hosts the rendezvous.
     elastic: bool = False
     rdzv_slot: str | None = None
+    deadline_inputs: DeadlineInputs | None = None  # on_revocation: deadline
 
 
 @dataclass(frozen=True)
@@ -65,3 +79,4 @@ class Observation:
     result: dict[str, Any] | None = None  # result.json, once training ended
     failed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)  # slot -> zones without capacity
     payload_error: str | None = None  # result.json exists but cannot be used (untrusted payload output)
+    spot_available: bool | None = None  # a spot VM can be had now (provider's capacity probe); None: unknown

@@ -56,6 +56,8 @@ class TorchSection:
     run: tuple[str, ...] | None
     setup: tuple[str, ...] | None
     env: Mapping[str, str] = field(default_factory=dict)  # secrets never go here: the process env has them
+    resplit_every: int = 0  # the built-in job re-splits its batch from measured compute every N steps (0: off)
+    slowdowns: tuple[tuple[int, float], ...] = ()  # local emulation: this node's GPU slows (at step, factor)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ class TaskConfig:
                             "min_nodes": p.min_nodes, "max_nodes": p.max_nodes, "max_restarts": p.max_restarts,
                             "threads": p.threads, "sleep_table": [list(r) for r in p.sleep_table],
                             "run": None if p.run is None else list(p.run),
-                            "setup": None if p.setup is None else list(p.setup), "env": dict(p.env)}
+                            "setup": None if p.setup is None else list(p.setup), "env": dict(p.env),
+                            "resplit_every": p.resplit_every, "slowdowns": [list(r) for r in p.slowdowns]}
         return out
 
     def to_json(self) -> str:
@@ -146,12 +149,17 @@ def _torch(raw: Mapping[str, Any]) -> TorchSection:
     except (TypeError, ValueError) as exc:
         raise TaskSchemaError("task.json: torch.sleep_table must be [batch, seconds] pairs") from exc
     env = _get(raw, "env", dict, w, {})
+    try:
+        slowdowns = tuple((int(a), float(f)) for a, f in _get(raw, "slowdowns", list, w, []))
+    except (TypeError, ValueError) as exc:
+        raise TaskSchemaError("task.json: torch.slowdowns must be [at_step, factor] pairs") from exc
     return TorchSection(
         rdzv_endpoint=_get(raw, "rdzv_endpoint", str, w), is_rdzv_host=_get(raw, "is_rdzv_host", bool, w, False),
         min_nodes=_get(raw, "min_nodes", int, w), max_nodes=_get(raw, "max_nodes", int, w),
         max_restarts=_get(raw, "max_restarts", int, w, 100), threads=_opt(raw, "threads", int, w),
         sleep_table=sleep, run=_argv(raw, "run"), setup=_argv(raw, "setup"),
-        env={str(k): str(v) for k, v in env.items()})
+        env={str(k): str(v) for k, v in env.items()}, resplit_every=_get(raw, "resplit_every", int, w, 0),
+        slowdowns=slowdowns)
 
 
 def check_version(raw: object) -> Mapping[str, Any]:

@@ -64,6 +64,13 @@ class SupportsOwnPricing(abc.ABC):
     def price_per_hour(self, name: str) -> float | None: ...
 
 
+class SupportsSpotCapacity(abc.ABC):
+    """Optional capability: say whether a spot VM could be had now (the local provider's replayed trace)."""
+
+    @abc.abstractmethod
+    def spot_capacity(self, job_id: str) -> bool | None: ...
+
+
 class SupportsImages(abc.ABC):
     """Optional capability: make a boot image from an instance's disk (``orchestrator image bake``)."""
 

@@ -12,11 +12,11 @@ from typing import Any
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
-from orchestrator.core.paths import alembic_dir, user_dir
+from orchestrator.core.paths import alembic_dir, home_path, user_dir
 
 ENV_URL = "ORCHESTRATOR_DB_URL"
 
@@ -45,8 +45,8 @@ def _owner_only(db: Path) -> None:
             if path.exists() and path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
                 path.chmod(mode)
     with contextlib.suppress(OSError):
-        if db.parent.resolve() == user_dir().resolve() and db.parent.stat().st_mode & 0o077:
-            db.parent.chmod(0o700)
+        if db.parent.resolve() == home_path().resolve():
+            user_dir()  # narrows the home to 0700 (a home made by hand, or widened since)
 
 
 @functools.cache
@@ -77,9 +77,23 @@ def current_revision(url: str) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+# pg_advisory_xact_lock's key for schema migrations: any fixed 64-bit number, the same in every process.
+MIGRATION_LOCK_KEY = 0x6F72636865737472  # "orchestr"
+
+
+def _migration_lock(conn: Connection) -> None:
+    """Serialise migrations across processes: daemons started together on a fresh PostgreSQL would each
+    create alembic_version and the tables (UniqueViolation). The lock is held until the transaction ends;
+    a waiter then finds the schema migrated and alembic does nothing. SQLite's writer lock does the same
+    (its DDL runs in one write transaction)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     engine = get_engine(url)
     with engine.begin() as conn:
+        _migration_lock(conn)
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
@@ -88,6 +102,7 @@ def upgrade(url: str, revision: str = "head") -> None:
 def downgrade(url: str, revision: str = "base") -> None:
     engine = get_engine(url)
     with engine.begin() as conn:
+        _migration_lock(conn)
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)

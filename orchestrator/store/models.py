@@ -117,8 +117,11 @@ class Metric(Base):
     accuracy: Mapped[float | None] = mapped_column(Float)
     examples_per_s: Mapped[float | None] = mapped_column(Float)
     step_time_s: Mapped[float | None] = mapped_column(Float)
-    batch: Mapped[int | None] = mapped_column(Integer)
+    batch: Mapped[int | None] = mapped_column(Integer)  # the batch the worker reported it ran (else planned)
     at: Mapped[float] = mapped_column(Float)
+    runtime: Mapped[str | None] = mapped_column(String(40))  # as the worker reported it (pytorch-eager+torchjob)
+    precision: Mapped[str | None] = mapped_column(String(8))
+    compute_s: Mapped[float | None] = mapped_column(Float)  # this worker's own compute per step, timed alone
 
 
 class LedgerEntry(Base):

@@ -262,25 +262,66 @@ def latest_worker_rates(session: Session, job_id: str) -> dict[int, float]:
     return {int(w): float(e or 0.0) for w, e in rows}
 
 
-def step_time_measurements(session: Session) -> list[dict[str, Any]]:
-    """Measured per-worker step times of finished jobs: rows with model, gpu, batch, step_time_s."""
-    rows = session.execute(
-        select(Job.spec_yaml, Metric.gpu, Metric.batch, func.avg(Metric.step_time_s), func.count())
-        .join(Job, Job.id == Metric.job_id)
-        .where(Metric.kind == "worker", Metric.step_time_s.is_not(None), Metric.gpu.is_not(None))
-        .group_by(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch)
-    ).all()
-    import yaml  # local: only this query needs the spec's model name
+def step_time_measurements(session: Session, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """Measured per-worker step times of finished jobs, labelled as the workers reported them: rows with model,
+    gpu, batch (the batch each worker ran), runtime, precision, step_time_s (its own compute per step where it
+    timed it alone: in synchronous training the window's step time is the slowest rank's), emulated.
 
-    out = []
-    for spec_yaml, gpu, batch, step_time, n in rows:
-        doc = yaml.safe_load(spec_yaml) or {}
-        training = doc.get("training") or {}
-        local = ((doc.get("provider") or {}).get("kind") or "local") == "local"  # emulated GPUs: kept apart
-        out.append({"model": training.get("hparam_set", "resnet_cifar_32"), "gpu": gpu, "batch": batch,
-                    "step_time_s": float(step_time), "samples": int(n), "emulated": int(local),
-                    "runtime": "tf1-graph", "source": "results DB (job step times)"})
+    A job whose workers reported more than one runtime / precision label, or none that the payload implies, is
+    left out and named in a row of its own (``refused``): its points cannot be fitted under one label."""
+    q = (select(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.runtime, Metric.precision,
+                func.avg(func.coalesce(Metric.compute_s, Metric.step_time_s)), func.count())
+         .join(Job, Job.id == Metric.job_id)
+         .where(Metric.kind == "worker", Metric.step_time_s.is_not(None), Metric.gpu.is_not(None),
+                Job.status == "succeeded")
+         .group_by(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.runtime, Metric.precision))
+    if job_ids is not None:
+        q = q.where(Job.id.in_(job_ids))
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for job_id, spec_yaml, gpu, batch, runtime, precision, step_time, n in session.execute(q).all():
+        doc = _spec_doc(spec_yaml)
+        label = runtime or _implied_runtime(doc)
+        by_job.setdefault(job_id, []).append({
+            "job_id": job_id, "model": _model_name(doc), "gpu": gpu, "batch": batch, "step_time_s": float(step_time),
+            "samples": int(n), "emulated": int(((doc.get("provider") or {}).get("kind") or "local") == "local"),
+            "runtime": label, "precision": precision or "fp32", "source": f"results DB (job {job_id})"})
+    out: list[dict[str, Any]] = []
+    for job_id, rows in by_job.items():
+        labels = {(r["runtime"], r["precision"]) for r in rows}
+        if len(labels) != 1 or None in {r["runtime"] for r in rows}:
+            out.append({"job_id": job_id, "refused": "its workers reported "
+                        + (", ".join(sorted(f"{a}/{b}" for a, b in labels if a)) or "no runtime label")
+                        + ": one job is fitted under one runtime x precision"})
+            continue
+        out += rows
     return out
+
+
+def _spec_doc(spec_yaml: str) -> dict[str, Any]:
+    import yaml  # local: only these queries need the spec
+
+    try:
+        doc = yaml.safe_load(spec_yaml) or {}
+    except yaml.YAMLError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _model_name(doc: dict[str, Any]) -> str:
+    training = doc.get("training") or {}
+    model = training.get("model")
+    if isinstance(model, dict) and isinstance(model.get("torch"), str):
+        return str(model["torch"])  # the user's own model, by its factory (MODULE:FACTORY)
+    return str(training.get("hparam_set", "resnet_cifar_32"))
+
+
+def _implied_runtime(doc: dict[str, Any]) -> str | None:
+    """Rows logged before workers reported their runtime: the built-in payloads have one each; a user's own
+    `run:` script has none that can be assumed."""
+    training = doc.get("training") or {}
+    if training.get("job") in ("run", "command") or "run" in training:
+        return None
+    return "pytorch-eager+torchjob" if training.get("framework") == "pytorch" else "tf1-graph"
 
 
 # ---------------------------------------------------------------- plans and calibrations

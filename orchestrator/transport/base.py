@@ -37,6 +37,10 @@ class TransportError(Exception):
     """The instance could not be reached or the command failed."""
 
 
+class FatalTransportError(TransportError):
+    """Retrying cannot help (a wrong host key, a refused login): the job fails at once with this reason."""
+
+
 class UnsafePathError(TransportError):
     """A file to push would land outside the instance's work directory, or inside itself: never retried."""
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator.transport.base import Endpoint, TransportError
+from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
-class HostKeyError(TransportError):
+class HostKeyError(FatalTransportError):
     """The server's host key is not the one we expected (or we have none to compare with)."""
 
 
@@ -122,7 +122,15 @@ def pin(client: paramiko.SSHClient, ep: Endpoint) -> str:
 def mismatch(ep: Endpoint, exc: paramiko.BadHostKeyException, source: str) -> HostKeyError:
     """The one-line error for a server that shows a key other than the pinned one."""
     got, wanted = exc.key, exc.expected_key
+    name = known_hosts_name(ep.host, ep.port)
+    if ep.host_keys or ep.host_key_source is not None:
+        pinned = source
+        fix = "the instance publishes other keys: something answers in its place; check the network path"
+    else:  # the file's path once, in the fix (the reason must fit one DB field)
+        path = os.path.expanduser(ep.known_hosts or DEFAULT_KNOWN_HOSTS)
+        pinned = "known_hosts"
+        fix = (f"if its owner confirms the new key: ssh-keygen -R '{name}' -f {path}, then "
+               f"ssh-keyscan -p {ep.port} {ep.host} >> that file")
     return HostKeyError(
-        f"host key of {known_hosts_name(ep.host, ep.port)} does not match: it shows {got.get_name()} "
-        f"{fingerprint(got)}, the {source} says {wanted.get_name()} {fingerprint(wanted)}; refusing to connect "
-        "(a man in the middle, or a reinstalled or readdressed host: verify it, then fix the entry)")
+        f"host key of {name} does not match: it shows {got.get_name()} {fingerprint(got)}, {pinned} pins "
+        f"{fingerprint(wanted)}; refusing to connect (a man in the middle, or a reinstalled host); {fix}")

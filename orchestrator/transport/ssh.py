@@ -28,9 +28,25 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 from paramiko.config import SSHConfig
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from orchestrator.core.instances import ProcState, ProcStatus
-from orchestrator.transport.base import Endpoint, Transport, TransportError, check_relative, wrapped_command
+from orchestrator.transport.base import (
+    Endpoint,
+    FatalTransportError,
+    Transport,
+    TransportError,
+    check_relative,
+    wrapped_command,
+)
 from orchestrator.transport.host_keys import HostKeyError, mismatch, pin
 
 log = logging.getLogger(__name__)
@@ -60,6 +76,31 @@ case "$pid" in ''|*[!0-9]*) pid=0;; esac
 
 class UnreachableError(TransportError, TimeoutError):
     """The instance did not answer SSH in time (also a TimeoutError, like the local transport's)."""
+
+
+class _Dropped(TransportError):
+    """The server closed the connection before the handshake (sshd past MaxStartups): retried a few times."""
+
+
+DROP_RETRIES = 4
+
+
+class SshAuthError(FatalTransportError):
+    """The server refused our key: a fixed host will refuse it again (a booting VM may not, see wait_reachable)."""
+
+
+class _LibraryDetailToDebug(logging.Filter):
+    """paramiko's transport thread logs each failed handshake at ERROR with its traceback, one record per
+    line: on a console that is a wall of library internals for what the caller reports in one line. They
+    stay in the debug log (a handler at DEBUG still gets them), never on an INFO console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+logging.getLogger("paramiko.transport").addFilter(_LibraryDetailToDebug())
 
 
 def check_key_file(path: str) -> None:
@@ -136,33 +177,14 @@ class SshTransport(Transport):
                 return conn
             if conn is not None:
                 conn.close()
-            kwargs: dict[str, object] = {
-                "timeout": connect_timeout_s, "banner_timeout": connect_timeout_s,
-                "auth_timeout": connect_timeout_s, "channel_timeout": connect_timeout_s,
-            }
-            if ep.key_path is not None:
-                check_key_file(ep.key_path)
-                # Only the job's key: no agent, no ~/.ssh keys tried (and maybe locking us out first).
-                kwargs.update(key_filename=[ep.key_path], look_for_keys=False, allow_agent=False)
-            # An explicit empty SSHConfig: the user's ~/.ssh/config must not redirect our hosts.
-            conn = Connection(ep.host, user=ep.user, port=ep.port, config=Config(ssh_config=SSHConfig()),
-                              connect_kwargs=kwargs)
-            source = pin(conn.client, ep)
-            try:
-                conn.open()
-            except HostKeyError:
-                conn.close()
-                raise
-            except paramiko.BadHostKeyException as e:
-                conn.close()
-                raise mismatch(ep, e, source) from None
-            except paramiko.AuthenticationException as e:
-                conn.close()
-                raise TransportError(f"SSH authentication to {_where(ep)} failed"
-                                     f"{' with key ' + ep.key_path if ep.key_path else ''}: {e}") from None
-            except (*_CONN_ERRORS, ValueError) as e:
-                conn.close()
-                raise TransportError(f"cannot connect to {_where(ep)}: {type(e).__name__}: {e}") from None
+            # sshd drops connections past MaxStartups (many instances connecting at once): a few quick
+            # retries, jittered so that the crowd spreads out, before the pass counts a failure.
+            conn = None
+            for tried in Retrying(retry=retry_if_exception_type(_Dropped), stop=stop_after_attempt(DROP_RETRIES),
+                                  wait=wait_random_exponential(multiplier=0.2, max=2.0), reraise=True):
+                with tried:
+                    conn = _open(ep, connect_timeout_s)
+            assert conn is not None
             with self._lock:
                 self._conns[key] = conn
             return conn
@@ -208,26 +230,36 @@ class SshTransport(Transport):
     # ---------------------------------------------------------------- Transport
 
     def wait_reachable(self, ep: Endpoint, timeout_s: float) -> None:
-        """Connect and create the work directory, retrying with exponential backoff until ``timeout_s``."""
+        """Connect and create the work directory, retrying until ``timeout_s`` with jittered exponential
+        backoff (sshd drops connections past MaxStartups: a crowd retrying in step would be dropped again).
+
+        A wrong host key is fatal at once. A refused login is too, except on a VM whose keys are published at
+        boot (``host_key_source``): its guest agent installs our login key at boot as well, maybe late."""
         deadline = time.monotonic() + timeout_s
-        delay = 0.25
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                self._check(ep, f"mkdir -p {remote_path(ep.workdir)}", "mkdir",
-                            connect_timeout_s=max(0.5, min(self.connect_timeout_s, remaining)),
-                            timeout_s=max(1.0, min(self.command_timeout_s, remaining)))
-                return
-            except HostKeyError:
-                raise  # a wrong key stays wrong: no point retrying
-            except TransportError as e:
-                # Early on a new VM: sshd not up yet, or the guest agent has not installed our key yet.
-                last = e
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise UnreachableError(f"{_where(ep)} not reachable within {timeout_s:.0f}s: {last}")
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 10.0)
+
+        def attempt() -> None:
+            remaining = max(0.0, deadline - time.monotonic())
+            self._check(ep, f"mkdir -p {remote_path(ep.workdir)}", "mkdir",
+                        connect_timeout_s=max(0.5, min(self.connect_timeout_s, remaining)),
+                        timeout_s=max(1.0, min(self.command_timeout_s, remaining)))
+
+        def retryable(exc: BaseException) -> bool:
+            if isinstance(exc, SshAuthError):
+                return ep.host_key_source is not None
+            return isinstance(exc, TransportError) and not isinstance(exc, FatalTransportError)
+
+        def give_up(state: RetryCallState) -> None:
+            assert state.outcome is not None
+            last = state.outcome.exception()
+            if isinstance(last, FatalTransportError):
+                raise last
+            raise UnreachableError(f"{_where(ep)} not reachable within {timeout_s:.0f}s: {last}")
+
+        for tried in Retrying(retry=retry_if_exception(retryable), stop=stop_after_delay(timeout_s),
+                              wait=wait_random_exponential(multiplier=0.25, max=10.0), sleep=_sleep_until(deadline),
+                              retry_error_callback=give_up, reraise=True):
+            with tried:
+                attempt()
 
     def put(self, ep: Endpoint, local: Path, remote_rel: str) -> None:
         if not local.exists():
@@ -257,19 +289,22 @@ class SshTransport(Transport):
         for k in merged:
             if not _ENV_KEY.match(k):
                 raise ValueError(f"environment variable name {k!r} is not valid")
+        # The variables (secrets among them) travel on the channel's stdin and are eval'd by the remote
+        # shell: a command line is world-readable in /proc/*/cmdline, the script below is only code.
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in merged.items())
         wd = remote_path(ep.workdir)
         # setsid without fork (the background child of a non-interactive sh is no group leader), so $! is
         # the new process group that stop() kills. Every fd is redirected: an open one would keep the
         # SSH channel (and this call) waiting for the task to end.
         script = (
-            f"mkdir -p {wd}/procs {wd}/logs && cd {wd} || exit 97\n{_ALIVE}{_READ_PID.format(name=name)}"
+            f'vars=$(cat) || exit 96\nmkdir -p {wd}/procs {wd}/logs && cd {wd} || exit 97\n'
+            f"{_ALIVE}{_READ_PID.format(name=name)}"
             f'if [ "$pid" -gt 1 ] && alive "$pid"; then exit 0; fi\n'
-            f"rm -f procs/{name}.pid procs/{name}.exit\n{exports}"
+            f'rm -f procs/{name}.pid procs/{name}.exit\neval "$vars"\nunset vars\n'
             f"setsid nohup sh -c {shlex.quote(wrapped_command(name, argv))} >/dev/null 2>&1 </dev/null &\n"
             f"echo $! > procs/{name}.pid.tmp && mv -f procs/{name}.pid.tmp procs/{name}.pid\n"
         )
-        self._check(ep, script, f"start {name}")
+        self._check(ep, script, f"start {name}", exports.encode())
 
     def status(self, ep: Endpoint, names: list[str]) -> dict[str, ProcStatus]:
         for n in names:
@@ -338,6 +373,51 @@ class SshTransport(Transport):
         if ep.workdir.strip("/ ") in ("", "~", "."):
             raise ValueError(f"refusing to remove work directory {ep.workdir!r}")
         self._check(ep, f"rm -rf -- {remote_path(ep.workdir)}", "remove work directory")
+
+
+def _open(ep: Endpoint, connect_timeout_s: float) -> Connection:
+    """A new connection to ``ep``, its host key pinned; failures mapped to one-line TransportErrors."""
+    kwargs: dict[str, object] = {
+        "timeout": connect_timeout_s, "banner_timeout": connect_timeout_s,
+        "auth_timeout": connect_timeout_s, "channel_timeout": connect_timeout_s,
+    }
+    if ep.key_path is not None:
+        check_key_file(ep.key_path)
+        # Only the job's key: no agent, no ~/.ssh keys tried (and maybe locking us out first).
+        kwargs.update(key_filename=[ep.key_path], look_for_keys=False, allow_agent=False)
+    # An explicit empty SSHConfig: the user's ~/.ssh/config must not redirect our hosts.
+    conn = Connection(ep.host, user=ep.user, port=ep.port, config=Config(ssh_config=SSHConfig()),
+                      connect_kwargs=kwargs)
+    source = pin(conn.client, ep)
+    try:
+        conn.open()
+    except HostKeyError:
+        conn.close()
+        raise
+    except paramiko.BadHostKeyException as e:
+        conn.close()
+        raise mismatch(ep, e, source) from None
+    except paramiko.AuthenticationException as e:
+        conn.close()
+        with_key = f" with key {ep.key_path}" if ep.key_path else ""
+        raise SshAuthError(
+            f"SSH authentication to {_where(ep)} failed{with_key} ({e}): add that key's public half to "
+            f"~{ep.user or ''}/.ssh/authorized_keys on {ep.host}, or fix the inventory's user/key fields") from None
+    except (*_CONN_ERRORS, ValueError) as e:
+        conn.close()
+        # Closed before or during the banner: the server dropped us (MaxStartups), not a dead host (a timeout).
+        dropped = isinstance(e, EOFError | ConnectionResetError) or (
+            isinstance(e, paramiko.SSHException) and isinstance(e.__context__, EOFError | ConnectionResetError))
+        error = _Dropped if dropped else TransportError
+        raise error(f"cannot connect to {_where(ep)}: {type(e).__name__}: {e}") from None
+    return conn
+
+
+def _sleep_until(deadline: float) -> Callable[[float], None]:
+    """tenacity's sleep, never past ``deadline`` (the last attempt then reports in time)."""
+    def sleep(seconds: float) -> None:
+        time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
+    return sleep
 
 
 def _run_channel(conn: Connection, command: str, stdin: bytes | None,

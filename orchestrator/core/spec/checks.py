@@ -12,6 +12,7 @@ from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
 from orchestrator.core.spec.job import Cluster, JobSpec, WorkerGroup
 from orchestrator.core.spec.training import TrainingMode
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
+from orchestrator.core.torch_spec import is_pytorch
 
 
 def check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
@@ -194,6 +195,13 @@ class _CatalogCheck:
             if item.instance not in slots:
                 self._error(f"provider.schedule[{i}].instance",
                             f"'{item.instance}' is not in this cluster; slots: {', '.join(sorted(slots))}")
+        for i, slow in enumerate(local.slowdowns):
+            if slow.worker >= spec.worker_count:
+                self._error(f"provider.slowdowns[{i}].worker",
+                            f"{slow.worker} is not a worker slot of this cluster (0..{spec.worker_count - 1})")
+            elif not is_pytorch(spec):
+                self._error(f"provider.slowdowns[{i}]", "slowdowns are emulated by the PyTorch job only; "
+                            "set training.framework: pytorch or drop provider.slowdowns")
 
     def _global_batch(self) -> None:
         total, workers = self.spec.training.global_batch, self.spec.worker_count

@@ -103,6 +103,7 @@ class OnRevocation(StrEnum):
     REPLACE = "replace"  # same GPU type, next allowed zone if the first has no capacity
     SHRINK = "shrink"  # carry on with fewer workers
     FALLBACK_ON_DEMAND = "fallback-on-demand"  # replace with an on-demand instance of the same type
+    DEADLINE = "deadline"  # wait for spot, take on-demand, or go back to spot: finish by policy.deadline, cheapest
 
 
 class Policy(StrictModel):
@@ -115,6 +116,12 @@ class Policy(StrictModel):
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
+
+    @model_validator(mode="after")
+    def _deadline_given(self) -> Policy:
+        if self.on_revocation == OnRevocation.DEADLINE and self.deadline is None:
+            raise ValueError("on_revocation: deadline needs policy.deadline (e.g. deadline: 6h)")
+        return self
 
 
 class PriceOverride(StrictModel):

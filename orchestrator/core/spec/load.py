@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.revocation.availability import AvailabilityTraceError, load_trace
 from orchestrator.core.spec.base import FieldError, NotANumberError, SpecError
 from orchestrator.core.spec.checks import check_against_catalog, search_too_big
 from orchestrator.core.spec.job import JobSpec
@@ -115,6 +116,17 @@ def _local_paths(spec: JobSpec, base: Path) -> tuple[JobSpec, list[FieldError]]:
         except YamlFileError as exc:
             errors.append(FieldError(path="provider.inventory", message=str(exc)))
         update["provider"] = spec.provider.model_copy(update={"inventory": inventory})
+    local = spec.provider.as_local()
+    if local is not None and local.availability_trace is not None:
+        trace = resolve_under(base, local.availability_trace)
+        try:
+            n = len(load_trace(trace).counts)
+            if local.availability_start_tick >= n:
+                errors.append(FieldError(path="provider.availability_start_tick", message=(
+                    f"{local.availability_start_tick} is past the trace's end; give a tick below {n}")))
+        except AvailabilityTraceError as exc:
+            errors.append(FieldError(path="provider.availability_trace", message=str(exc)))
+        update["provider"] = local.model_copy(update={"availability_trace": trace})
     if isinstance(spec.training, CommandTraining | RunTraining):
         names: dict[str, int] = {}
         for i, f in enumerate(spec.training.files):

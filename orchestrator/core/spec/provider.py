@@ -36,6 +36,14 @@ class ScheduledRevocation(StrictModel):
         return v
 
 
+class Slowdown(StrictModel):
+    """An emulated GPU that slows mid-run (a noisy neighbour, thermal throttling): the local provider only."""
+
+    worker: int = Field(ge=0, le=255, description="worker slot index (worker-N)")
+    at_step: int = Field(ge=0, le=10_000_000, description="training step from which it is slower")
+    factor: float = Field(gt=0, le=100, description="its step takes this many times as long (2: half speed)")
+
+
 class _ProviderBase(StrictModel):
     """What the rest of the product asks a provider spec, answered per kind (no isinstance dispatch)."""
 
@@ -96,11 +104,18 @@ class LocalProvider(_ProviderBase):
     # types sleep proportionally less (ratio from the cost model, which uses the catalog specs).
     emulation_k80_step_s: float = Field(default=0.3, ge=0, le=60)
     base_port: int = Field(default=0, ge=0, le=65000, description="0 = pick free ports")
+    # A measured spot availability trace (shared/spot-traces JSON) replayed from this tick, its gap scaled by
+    # time_scale: a spot create is refused (stockout) while it reads 0, a spot VM is revoked when it drops to 0.
+    availability_trace: Path | None = Field(default=None, description="spot availability trace (JSON) to replay")
+    availability_start_tick: int = Field(default=0, ge=0, le=10_000_000)
+    slowdowns: list[Slowdown] = Field(default_factory=list, description="emulated GPUs that slow mid-run")
 
     @model_validator(mode="after")
     def _schedule_needs_mode(self) -> LocalProvider:
         if self.schedule and self.revocations != RevocationMode.SCHEDULE:
             raise ValueError("a revocation schedule is given, so set revocations: schedule")
+        if self.availability_trace is not None and self.revocations != RevocationMode.NONE:
+            raise ValueError("availability_trace revokes spot VMs where the trace drops to 0; set revocations: none")
         return self
 
     def as_local(self) -> LocalProvider:

@@ -33,6 +33,14 @@ class BuiltinTraining(StrictModel):
     checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
     eval_every: int = Field(default=0, ge=0, le=10_000_000)
     log_every: int = Field(default=10, gt=0, le=10_000_000)
+    # pytorch: every N steps each rank times its own compute and the ranks re-split the global batch until
+    # they finish within 5% of each other (jobs/torchjob/rebalance.py); 0 keeps the planned split.
+    resplit_every: int = Field(default=20, ge=0, le=1_000_000)
+    # Data parallel (each worker holds the whole model; the batch is split), a pipeline of contiguous layer
+    # stages sized to each GPU (and hybrids: a stage data parallel over equal GPUs), or auto: the faster that
+    # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).
+    parallelism: Literal["auto", "data", "pipeline"] = "auto"
+    optimizer: Literal["sgd", "adam"] = "sgd"
 
     @model_validator(mode="before")
     @classmethod
@@ -118,6 +126,11 @@ class RunTraining(StrictModel):
     eval_every: int = Field(default=0, ge=0, le=10_000_000)
     log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
+    # Data parallel (each worker holds the whole model; the batch is split), a pipeline of contiguous layer
+    # stages sized to each GPU (and hybrids: a stage data parallel over equal GPUs), or auto: the faster that
+    # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).
+    parallelism: Literal["auto", "data", "pipeline"] = "auto"
+    optimizer: Literal["sgd", "adam"] = "sgd"
 
     @field_validator("run", "setup")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.core.paths import user_dir
+from orchestrator.core.revocation.availability import load_trace
 from orchestrator.core.spec import LocalProvider as LocalSpec
 from orchestrator.providers.base import Backend
 from orchestrator.providers.local.provider import LocalProvider, progress_clock_for
@@ -10,10 +11,13 @@ from orchestrator.transport.local import LocalTransport
 
 
 def cache_key(spec: LocalSpec) -> str:
-    return f"local:{user_dir()}:{spec.time_scale}"
+    return f"local:{user_dir()}:{spec.time_scale}:{spec.availability_trace}:{spec.availability_start_tick}"
 
 
 def build(key: str, spec: LocalSpec) -> Backend:
     # Every instance is this machine: one free port per slot, and a replacement keeps its slot's address.
-    return Backend(key, LocalProvider(user_dir() / "local", time_scale=spec.time_scale), LocalTransport(),
+    trace = None if spec.availability_trace is None else load_trace(spec.availability_trace)
+    provider = LocalProvider(user_dir() / "local", time_scale=spec.time_scale, availability=trace,
+                             start_tick=spec.availability_start_tick)
+    return Backend(key, provider, LocalTransport(),
                    fixed_task_port=None, request_metadata=progress_clock_for)

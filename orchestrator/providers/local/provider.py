@@ -26,13 +26,15 @@ from typing import Any
 
 import orchestrator
 from orchestrator.core import policy
+from orchestrator.core.cloud_errors import CapacityError
 from orchestrator.core.instances import LABEL_JOB, InstanceRequest, ObservedInstance, ObservedState, Role, instance_name
-from orchestrator.core.slots import Slot
+from orchestrator.core.revocation.availability import AvailabilityTrace
+from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
-from orchestrator.providers.base import Provider
+from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.providers.local.progress import max_step
 from orchestrator.storage.base import METRICS
-from orchestrator.transport.local import kill_all_in, kill_group, pid_alive, spawn_detached
+from orchestrator.transport.local import kill_all_in, kill_group, payload_base_env, pid_alive, spawn_detached
 
 PROGRESS_STEP_S = "progress-step-s"
 NOTICE_MIN_S = 2.0  # wall seconds: a scaled 30 s window still leaves the chief time to checkpoint
@@ -41,13 +43,17 @@ _STATES = {"provisioning": ObservedState.PENDING, "running": ObservedState.RUNNI
            "stopping": ObservedState.STOPPING, "terminated": ObservedState.TERMINATED}
 
 
-class LocalProvider(Provider):
+class LocalProvider(Provider, SupportsSpotCapacity):
     name = "local"
 
     def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = policy.BOOT_S,
-                 notice_window_cloud_s: float = policy.NOTICE_WINDOW_S) -> None:
+                 notice_window_cloud_s: float = policy.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
+                 start_tick: int = 0) -> None:
         self.root = root / "instances"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.time_scale = time_scale
+        self.availability = availability  # replayed spot capacity: stockouts and revocations at its ticks
+        self.start_tick = start_tick
         self.boot_delay_s = boot_delay_cloud_s / time_scale
         self.notice_window_s = max(NOTICE_MIN_S, notice_window_cloud_s / time_scale)
 
@@ -58,8 +64,9 @@ class LocalProvider(Provider):
         d = self._dir(request.name)
         if (d / "instance.json").exists():
             return  # deterministic name: the instance exists already
-        (d / "disk").mkdir(parents=True, exist_ok=True)
         now = time.time()
+        trace_revoke_at = self._trace_revoke_at(request, now)
+        (d / "disk").mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {
             "name": request.name, "labels": request.all_labels(), "role": request.role.value,
             "index": request.index, "generation": request.generation, "zone": request.zone,
@@ -71,12 +78,48 @@ class LocalProvider(Provider):
         }
         if state["revoke_at"] is not None:
             state.update(self._progress_clock(request))
+        if trace_revoke_at is not None:
+            state["revoke_at"] = trace_revoke_at
         tmp = d / ".instance.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(d / "instance.json")
         pid = spawn_detached([sys.executable, "-m", "orchestrator.providers.local.host", str(d)], d,
                              _env_with_package())
         (d / "hypervisor.pid").write_text(str(pid))
+
+    def _tick(self, job_id: str, now: float) -> int:
+        """The replayed trace's tick now: from the job's first create or capacity probe, gap / time_scale."""
+        assert self.availability is not None
+        origin_file = self.root.parent / "availability" / job_id
+        try:
+            origin = float(origin_file.read_text())
+        except (OSError, ValueError):
+            origin_file.parent.mkdir(parents=True, exist_ok=True)
+            origin_file.write_text(repr(now))
+            origin = now
+        return self.start_tick + int((now - origin) * self.time_scale / self.availability.gap_s)
+
+    def _tick_at(self, job_id: str, tick: int) -> float:
+        assert self.availability is not None
+        origin = float((self.root.parent / "availability" / job_id).read_text())
+        return origin + (tick - self.start_tick) * self.availability.gap_s / self.time_scale
+
+    def spot_capacity(self, job_id: str) -> bool | None:
+        """Whether a spot VM could be had now (the replayed trace); None without a trace (unknown)."""
+        if self.availability is None:
+            return None
+        return self.availability.count_at(self._tick(job_id, time.time())) >= 1
+
+    def _trace_revoke_at(self, request: InstanceRequest, now: float) -> float | None:
+        """A spot create in a stockout of the replayed trace is refused; else when the trace revokes it."""
+        if self.availability is None or not request.spot:
+            return None
+        tick = self._tick(request.job_id, now)
+        if self.availability.count_at(tick) < 1:
+            raise CapacityError(f"no spot capacity (availability trace {self.availability.name}, tick {tick})",
+                                zone=request.zone, resource=request.gpu or "cpu")
+        drop = self.availability.next_drop(tick)
+        return self._tick_at(request.job_id, drop if drop is not None else len(self.availability.counts))
 
     def _progress_clock(self, request: InstanceRequest) -> dict[str, Any]:
         """The step at which to revoke (see the module doc), or {} to stay on the wall clock."""
@@ -163,7 +206,7 @@ def progress_clock_for(spec: JobSpec, slots: Sequence[Slot], step_sleep: Callabl
     local = spec.provider.as_local()
     if local is None or local.revocations != RevocationMode.MODEL:
         return {}
-    times = [step_sleep(s.gpu, s.batch or 128) for s in slots if s.role == Role.WORKER]
+    times = [step_sleep(s.gpu, s.batch or DEFAULT_BATCH) for s in slots if s.role == Role.WORKER]
     times = [t for t in times if t > 0]
     if not times:
         return {}
@@ -179,5 +222,9 @@ def _hypervisor_alive(d: Path) -> bool:
 
 
 def _env_with_package() -> dict[str, str]:
+    """The emulated host's environment: built like a payload's (never the controller's DB URL or cloud
+    credentials: a host is not the controller), plus this package on the path."""
+    env = payload_base_env()
     root = str(Path(orchestrator.__file__).resolve().parent.parent)
-    return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env

@@ -44,7 +44,7 @@ from orchestrator.core.paths import user_dir
 from orchestrator.core.spec import SSH_USER_PATTERN, FieldError, SpecError
 from orchestrator.core.specfile import YamlFileError, read_yaml_file
 from orchestrator.providers.base import Provider, SupportsOwnPricing
-from orchestrator.transport.base import Endpoint, TransportError
+from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 from orchestrator.transport.ssh import SshTransport
 
 log = logging.getLogger(__name__)
@@ -310,9 +310,10 @@ class SshInventoryProvider(Provider, SupportsOwnPricing):
                     self.transport.remove_workdir(ep)
                 except TransportError as e:
                     # Free the host anyway (a dead node must not block the job) but kill leftovers before
-                    # the host is handed out again: they would hold the TensorFlow port.
-                    log.warning("deleting %s: cannot clean up on %s (%s); retrying on reuse",
-                                name, host.name, e)
+                    # the host is handed out again: they would hold the TensorFlow port. A refused host key
+                    # or login is the job's reason already, in full.
+                    why = f"{type(e).__name__}, see the job's reason" if isinstance(e, FatalTransportError) else e
+                    log.warning("deleting %s: cannot clean up on %s (%s); retrying on reuse", name, host.name, why)
                     st["cleanup"].append({"inventory": self._inv_key, "host": host.name,
                                           "workdir": ep.workdir})
             del st["assignments"][name]

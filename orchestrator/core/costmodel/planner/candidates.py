@@ -65,6 +65,8 @@ class Candidate:
     feasible: bool = True
     reasons: tuple[str, ...] = ()
     risk_assumed: bool = False  # a GPU type without revocation data used the GPU mean
+    strategy: str = "data"  # data | pipeline | hybrid (planner/strategies.py)
+    strategies: tuple[Any, ...] = ()  # every strategy weighed for this cluster (planner.strategies.Strategy)
 
     # ---- views
     @property
@@ -201,8 +203,17 @@ class Candidate:
             "feasible": self.feasible,
             "reasons": list(self.reasons),
             "risk_assumed": self.risk_assumed,
+            "strategy": self.strategy,
+            "strategies": [st.to_dict() for st in self.strategies],
             "cluster": self.to_cluster().model_dump(mode="json"),
         }
+
+
+class _NoStrategies:
+    strategies: tuple[Any, ...] = ()
+
+
+_NONE = _NoStrategies()
 
 
 @dataclass(frozen=True)
@@ -255,6 +266,8 @@ class PlanResult:
             "calibration": self.calibration,
             "notes": list(self.notes),
             "chosen": self.chosen.to_dict() if self.chosen else None,
+            # how the chosen (else the closest) cluster would train: data parallel, pipeline, hybrid
+            "strategies": [st.to_dict() for st in (self.chosen or self.best_infeasible or _NONE).strategies],
             "best_infeasible": self.best_infeasible.to_dict() if self.best_infeasible else None,
             "front": [c.to_dict() for c in self.front],
             "runner_ups": [c.to_dict() for c in self.runner_ups(top)],

@@ -17,9 +17,11 @@ from orchestrator.core.costmodel.accounting import local_worker_steps, run_accou
 from orchestrator.core.costmodel.batches import worker_batches
 from orchestrator.core.costmodel.cluster import ClusterEstimate, estimate_from_compute
 from orchestrator.core.costmodel.compute import Calibration, StepTimeFn, step_fn
-from orchestrator.core.costmodel.memory import max_batch
+from orchestrator.core.costmodel.memory import MemoryParams, max_batch, memory_bytes
+from orchestrator.core.costmodel.partition import Partitioner
 from orchestrator.core.costmodel.planner.candidates import Candidate, WorkerPlan
 from orchestrator.core.costmodel.planner.layouts import Layout
+from orchestrator.core.costmodel.planner.strategies import DATA, Strategy, choose, pipeline_strategies
 from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.costmodel.split import SplitError, min_max_split
 from orchestrator.core.spec import JobSpec, TrainingMode
@@ -46,6 +48,10 @@ class Evaluator:
         self._batches: dict[tuple[tuple[str, int | None], ...], tuple[list[int], str | None]] = {}
         self._estimates: dict[tuple[Any, ...], ClusterEstimate] = {}
         self._prices: dict[tuple[str, str | None, bool], float | str] = {}
+        slots = 2 if getattr(spec.training, "optimizer", "sgd") == "adam" else 1
+        self.memory = MemoryParams(optimizer_slots=slots)
+        self.parallelism = str(getattr(spec.training, "parallelism", DATA))
+        self._partitioner: Partitioner | None = None
 
     def fn(self, gpu: str) -> StepTimeFn:
         if gpu not in self._fns:
@@ -54,7 +60,7 @@ class Evaluator:
 
     def cap(self, gpu: str) -> int:
         if gpu not in self._caps:
-            self._caps[gpu] = max_batch(self.model, gpu, self.catalog)
+            self._caps[gpu] = max_batch(self.model, gpu, self.catalog, self.memory)
         return self._caps[gpu]
 
     def gpus_per_instance(self, machine: str) -> int:
@@ -182,7 +188,17 @@ class Evaluator:
         reasons: list[str] = [err] if err else []
         workers = self._worker_plans(layout, machines, owner, batches, est, reasons)
         hourly = sum([w.price_per_hour for w in workers] + self._cpu_prices(layout, reasons))
-        rate = est.steps_per_s
+        rate, bottleneck, strategy = est.steps_per_s, est.bottleneck, DATA
+        strategies: tuple[Strategy, ...] = ()
+        if self._weighs(layout, err):
+            gpus, gpu_machines = [slots[i].gpu for i in owner], [machines[i] for i in owner]
+            picked, weighed = self._strategies(gpus, gpu_machines, batches, rate, err, hourly, slots)
+            strategy, strategies = picked.name, tuple(weighed)
+            if picked.name != DATA and picked.fits:
+                rate, bottleneck = 1.0 / picked.step_s, f"{picked.name} stage"
+                reasons = [r for r in reasons if r != err]
+            elif not picked.fits and picked.name != DATA:
+                reasons.append(f"no {self.parallelism} partition fits: {picked.detail}")
         return Candidate(
             mode=self.mode,
             workers=tuple(workers),
@@ -196,14 +212,55 @@ class Evaluator:
             steps_per_s=rate,
             ps_capacity=est.ps_capacity,
             ps_load=est.ps_load,
-            bottleneck=est.bottleneck,
+            bottleneck=bottleneck,
             base_time_s=self.accounting.failure_free_s(
                 self.train_steps, self.spec.training.checkpoint_every, rate,
                 layout.ps_spot or layout.chief_spot or all(s.spot for s in slots)),
             hourly_usd=hourly,
             feasible=not reasons,
             reasons=tuple(dict.fromkeys(reasons)),
+            strategy=strategy,
+            strategies=strategies,
         )
+
+    def _weighs(self, layout: Layout, err: str | None) -> bool:
+        """Strategies are weighed for synchronous jobs: always for a pinned cluster; in a search, where data
+        parallel does not fit or a pipeline is asked for (a partition per searched cluster would be slow)."""
+        if self.mode != "sync" or self.spec.provider.emulates_gpus:
+            return False
+        return layout.pinned or err is not None or self.parallelism == "pipeline"
+
+    def _strategies(self, gpus: list[str], machines: list[str], batches: Sequence[int], rate: float,
+                    err: str | None, hourly: float, slots: Sequence[Any]) -> tuple[Strategy, list[Strategy]]:
+        spot = all(s.spot for s in slots)
+        total = sum(batches)
+
+        def usd(step_s: float) -> float:
+            run = self.accounting.failure_free_s(self.train_steps, self.spec.training.checkpoint_every,
+                                                 1.0 / step_s if step_s > 0 else 0.0, spot)
+            return run * hourly / 3600.0
+
+        need = max(memory_bytes(self.model, b, self.memory) for b in batches) / 1e9
+        data_step = 1.0 / rate if rate > 0 else float("inf")
+        optimizer = getattr(self.spec.training, "optimizer", "sgd")
+        detail = (f"{err}; the whole model needs {need:.1f} GB per GPU with {optimizer} (weights, gradients, "
+                  "optimizer state, activations)" if err else f"{len(gpus)} replicas, batches "
+                  f"{'/'.join(map(str, batches))}")
+        weighed = [Strategy(DATA, data_step, need, usd(data_step), err is None, detail)]
+        if self._partitioner is None:
+            self._partitioner = Partitioner(self.model, self.calibration, self.catalog, self.memory)
+        for name, p in pipeline_strategies(self._partitioner, self.catalog, gpus, machines, total):
+            if p is None:
+                weighed.append(Strategy(name, float("inf"), float("inf"), float("inf"), False,
+                                        "no order of the GPUs holds every stage in memory"))
+                continue
+            stages = ", ".join(f"{d.gpu}{'x' + str(d.width) if d.width > 1 else ''} layers {i}-{j - 1}"
+                               for d, (i, j) in zip(p.devices, p.layer_ranges(), strict=True))
+            weighed.append(Strategy(name, p.step_s, max(p.memory_gb), usd(p.step_s), p.fits,
+                                    f"{p.stages} stages ({stages}); {p.micro_batches} micro-batches of "
+                                    f"{p.micro_batch}", p))
+        picked = choose(self.parallelism, weighed)
+        return picked, [picked, *sorted((s for s in weighed if s is not picked), key=lambda s: s.step_s)]
 
     def _gpu_batches(
         self, layout: Layout, machines: Sequence[str], owner: Sequence[int]

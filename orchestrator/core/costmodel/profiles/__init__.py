@@ -23,6 +23,9 @@ Models (input, what one example is):
   parameters), the ICAC'19 study's other CIFAR-10 models.
 * ``vgg16``: the **ImageNet** VGG-16 (configuration D, 224x224x3 input, 1000 classes, fc 4096-4096-1000,
   ReLU fused into the conv/dense layers; as ``keras.applications.VGG16``: 138,357,544 parameters).
+* ``gpt_1_5b``: a GPT-2 XL-shaped decoder-only transformer (48 layers, d_model 1600, 25 heads, 50,257-token
+  tied embedding, 1.56 B parameters); one example = a sequence of 512 tokens. With Adam it fits no T4 or L4
+  whole: the pipeline planner's test case.
 * ``transformer_base``: Vaswani et al. 2017 base (6+6 layers, d_model 512, d_ff 2048, 8 heads,
   post-layer-norm, biases in every projection, shared 37,000-token source/target/pre-softmax embedding,
   sinusoidal positions); one example = a sentence pair of 128 source and 128 target tokens.
@@ -46,6 +49,7 @@ from orchestrator.core.costmodel.profiles.architectures import (
     MEASURED_RESNETS,
     RESNET_SETS,
     SHAKE_SETS,
+    gpt,
     resnet_cifar,
     shake_shake,
     transformer,
@@ -72,10 +76,12 @@ def build_profiles() -> dict[str, ModelProfile]:
     out.update({name: shake_shake(name, width) for name, width in SHAKE_SETS.items()})
     out["vgg16"] = vgg16()
     out["transformer_base"] = transformer()
+    out["gpt_1_5b"] = gpt()
     return out
 
 
-MODEL_NAMES: tuple[str, ...] = (*RESNET_SETS, *MEASURED_RESNETS, *SHAKE_SETS, "vgg16", "transformer_base")
+MODEL_NAMES: tuple[str, ...] = (*RESNET_SETS, *MEASURED_RESNETS, *SHAKE_SETS, "vgg16", "transformer_base",
+                                "gpt_1_5b")
 
 
 def profiles_path() -> Path:

@@ -233,3 +233,26 @@ def transformer(
         32,
         tuple(layers),
     )
+
+
+# ---------------------------------------------------------------- GPT (decoder-only)
+
+
+def gpt(
+    name: str = "gpt_1_5b", layers_n: int = 48, d: int = 1600, heads: int = 25, vocab: int = 50257,
+    seq_len: int = 512, positions: int = 1024,
+) -> ModelProfile:
+    """A GPT-2-style decoder-only transformer (pre-layer-norm blocks, learned positions, tied output
+    embedding). The defaults are GPT-2 XL's shape (Radford et al. 2019: 48 layers, d_model 1600, 25 heads,
+    50,257 tokens, 1,024 positions: 1.56 B parameters), trained here on sequences of ``seq_len`` tokens."""
+    x = (seq_len, d)
+    tokens = Variable("wte/embeddings", (vocab, d))
+    layers = [_embedding("embedding", x, (tokens, Variable("wpe/embeddings", (positions, d))))]
+    for i in range(layers_n):
+        p = f"h{i}"
+        layers += [layer_norm(f"{p}_ln1", x), *_attention(f"{p}_attn", seq_len, seq_len, d, heads),
+                   add(f"{p}_add1", x), layer_norm(f"{p}_ln2", x), *_ffn(p, x, 4 * d), add(f"{p}_add2", x)]
+    layers += [layer_norm("ln_f", x), dense("logits", x, vocab, bias=False, tied_weight_bytes=tokens.nbytes),
+               softmax_xent("softmax_xent", (seq_len, vocab))]
+    desc = f"GPT-2-style decoder: {layers_n} layers, d_model {d}, {heads} heads, {vocab}-token tied embedding"
+    return ModelProfile(name, desc, f"a sequence of {seq_len} tokens", (seq_len,), 8, tuple(layers))

@@ -1,0 +1,125 @@
+"""`orchestrator simulate SPEC --availability-trace FILE`: finish by the deadline at the least cost, each
+policy replayed on a measured spot availability trace (``sim.availability``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.render import console, money, table
+from orchestrator.core import policy
+from orchestrator.core.errors import UserError
+from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
+from orchestrator.sim.availability import (
+    AvailabilityTraceError,
+    Job,
+    Outlook,
+    bundled_traces,
+    deadline_figures,
+    load_trace,
+    outlook,
+    saving_share,
+    study,
+)
+from orchestrator.sim.from_spec import SimSpecError
+
+
+def availability_command(specs: list[Path], trace_path: Path, start_tick: int, policy_name: str, json_out: bool,
+                         work_h: float | None, deadline_h: float | None, overhead_min: float | None,
+                         price_book: str | None) -> None:
+    if len(specs) != 1:
+        raise UserError("--availability-trace takes exactly one job spec",
+                        hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
+    names = policy.DEADLINE_POLICIES if policy_name == "all" else (policy_name,)
+    if policy_name != "all" and policy_name not in policy.DEADLINE_POLICIES:
+        raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, "
+                        f"{', '.join(policy.DEADLINE_POLICIES)}")
+    for flag, v in (("--work-h", work_h), ("--deadline-h", deadline_h), ("--restart-overhead-min", overhead_min)):
+        if v is not None and not 0 <= v < 1e6:
+            raise UserError(f"{flag} must be a number of hours/minutes between 0 and 1e6, not {v}")
+    spec = load_spec(specs[0])
+    try:
+        trace = load_trace(trace_path)
+        fig = deadline_figures(spec, price_book)
+    except AvailabilityTraceError as exc:
+        raise UserError(str(exc)) from None
+    except SimSpecError as exc:
+        raise UserError(f"{specs[0]}: {exc}") from None
+    scale = fig.time_scale / 60.0  # seconds of the job's clock -> minutes of the trace's (cloud) clock
+    deadline_s = spec.policy.deadline
+    if deadline_h is None and deadline_s is None:
+        raise UserError("the spec has no policy.deadline; add one (e.g. deadline: 52h) or give --deadline-h")
+    work = round(work_h * 60) if work_h is not None else round(fig.work_s * scale)
+    dl = round(deadline_h * 60) if deadline_h is not None else round((deadline_s or 0.0) * scale)
+    ovh = round(overhead_min) if overhead_min is not None else round(fig.overhead_s * scale)
+    if work < 1 or dl < 1:
+        raise UserError(f"work ({work} min) and deadline ({dl} min) must be at least a minute of cloud time")
+    job = Job(work, dl, ovh, fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+    try:
+        outcomes = study(job, trace, start_tick, names)
+    except AvailabilityTraceError as exc:
+        raise UserError(str(exc)) from None
+    costs = {o.policy: o.cost_usd for o in outcomes}
+    doc: dict[str, Any] = {
+        "spec": spec.name, "trace": str(trace_path), "start_tick": start_tick, "tick_min": trace.tick_min,
+        "work_h": work / 60, "deadline_h": dl / 60, "restart_overhead_h": ovh / 60,
+        "spot_usd_per_h": fig.spot_usd_per_h, "on_demand_usd_per_h": fig.on_demand_usd_per_h,
+        "policies": [o.as_dict() for o in outcomes],
+    }
+    if "on-demand" in costs and "optimal" in costs:
+        for d in doc["policies"]:
+            d["saving_share"] = saving_share(d["cost_usd"], costs["on-demand"], costs["optimal"])
+    if json_out:
+        print(json.dumps(doc, indent=2))
+        return
+    rows = [[o.policy, money(o.cost_usd), f"{o.finish_min / 60:.2f} h", "yes" if o.deadline_met else "MISSED",
+             _share(d.get("saving_share")), _mix(o.as_dict())] for o, d in zip(outcomes, doc["policies"], strict=True)]
+    console.print(table(
+        f"{spec.name}: {work / 60:.2f} h of work, deadline {dl / 60:.2f} h, restart overhead {ovh} min, on "
+        f"{trace.name} from tick {start_tick} ({money(fig.spot_usd_per_h)}/h spot, "
+        f"{money(fig.on_demand_usd_per_h)}/h on-demand)",
+        ["policy", "cost", "finish", "deadline", "share of saving", "timeline"], rows))
+
+
+def _share(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def _mix(d: dict[str, Any]) -> str:
+    """The timeline in short: s(pot) o(n-demand) .(waiting), one letter per change."""
+    letters = {"spot": "s", "on-demand": "o", "idle": ".", "done": "|"}
+    return "".join(letters[c["mode"]] for c in d["timeline"])[:40]
+
+
+def deadline_outlook(spec: JobSpec) -> tuple[Job, list[Outlook], list[str]] | None:
+    """``plan``'s view of an ``on_revocation: deadline`` spec: each policy's mean cost and chance of meeting
+    the deadline on the spec's own availability trace (local provider) or the bundled ones; None otherwise."""
+    if spec.policy.on_revocation != OnRevocation.DEADLINE or spec.policy.deadline is None:
+        return None
+    local = spec.provider.as_local()
+    paths = [local.availability_trace] if local is not None and local.availability_trace is not None \
+        else bundled_traces()
+    fig = deadline_figures(spec)
+    scale = fig.time_scale / 60.0
+    job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
+              round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+    return job, outlook(job, [load_trace(p) for p in paths]), [p.name for p in paths]
+
+
+def print_outlook(found: tuple[Job, list[Outlook], list[str]]) -> None:
+    job, rows, names = found
+    console.print(table(
+        f"Deadline policies on measured spot availability ({', '.join(names)}; {rows[0].runs} start times): "
+        f"{job.work_min / 60:.2f} h of work, deadline {job.deadline_min / 60:.2f} h, restart overhead "
+        f"{job.overhead_min} min (cloud time)",
+        ["policy", "mean cost", "P(deadline met)"],
+        [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"] for o in rows]))
+
+
+def outlook_dict(found: tuple[Job, list[Outlook], list[str]]) -> dict[str, Any]:
+    job, rows, names = found
+    return {"traces": names, "work_h": job.work_min / 60, "deadline_h": job.deadline_min / 60,
+            "restart_overhead_h": job.overhead_min / 60,
+            "policies": [{"policy": o.policy, "mean_cost_usd": o.mean_cost_usd, "p_deadline_met": o.p_deadline_met,
+                          "runs": o.runs} for o in rows]}

@@ -1,0 +1,108 @@
+"""``on_revocation: deadline`` jobs in ``report`` and ``report --plot``: when the job ran on spot, on
+on-demand or waited, against the line of uniform progress (the whole work spread evenly up to the
+deadline, "Can't Be Late", NSDI'24)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.control.driver import job_spec
+from orchestrator.core.spec import OnRevocation
+from orchestrator.store import queries
+from orchestrator.store.models import Job, Metric
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from orchestrator.cli.plots import Bar
+
+MIN_WAIT_S = 2.0
+MODE_COLOURS = {"spot": "#66bb6a", "on-demand": "#ef6c00", "waiting": "#bdbdbd"}
+
+
+def segments(bars: Sequence[Bar], end: float) -> list[tuple[float, float, str]]:
+    """(start, end, spot | on-demand | waiting) of the job's spot-planned workers, seconds since its start."""
+    out: list[tuple[float, float, str]] = []
+    t = 0.0
+    for b in sorted((b for b in bars if b.slot.startswith("worker")), key=lambda b: b.start):
+        stop = b.end if b.revoked is None else b.revoked
+        if b.start > t:
+            out.append((t, b.start, "waiting"))
+        if stop > max(t, b.start):
+            out.append((max(t, b.start), stop, "spot" if b.spot else "on-demand"))
+        t = max(t, stop)
+    if end > t:
+        out.append((t, end, "waiting"))
+    # Gaps of a moment (the first request a beat after the start, the teardown after the last VM) are no wait.
+    return [s for s in out if s[2] != "waiting" or s[1] - s[0] >= MIN_WAIT_S]
+
+
+def is_deadline_job(job: Job) -> bool:
+    try:
+        spec = job_spec(job.spec_yaml)
+    except Exception:  # noqa: BLE001 - an old spec that no longer loads is shown without this section
+        return False
+    return spec.policy.on_revocation == OnRevocation.DEADLINE and job.deadline_s is not None
+
+
+def progress_points(session: Session, job: Job) -> list[tuple[float, float]]:
+    """(seconds since the start, share of the steps done) from the job's step metrics."""
+    t0 = job.started_at or job.created_at
+    rows = session.execute(select(Metric.at, Metric.step).where(
+        Metric.job_id == job.id, Metric.kind == "step", Metric.worker == -1).order_by(Metric.at)).all()
+    return [(0.0, 0.0)] + [(at - t0, min(1.0, step / max(1, job.train_steps))) for at, step in rows]
+
+
+def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
+    """Per deadline job: the spot / on-demand / waiting timeline, each change with the progress then against
+    the line of uniform progress, and whether the deadline was met."""
+    from orchestrator.cli.plots import gather  # lazy: the plot data module, as the report's --plot
+
+    lines = []
+    for r in rows:
+        job = session.get(Job, r["job_id"])
+        if job is None or not is_deadline_job(job):
+            continue
+        data = gather(session, job.id)
+        deadline = float(job.deadline_s or 0.0)
+        points = progress_points(session, job)
+        parts = []
+        for start, stop, mode in segments(data.bars, data.end):
+            done = max((p for t, p in points if t <= start), default=0.0)
+            line = 100 * start / deadline
+            parts.append(f"{mode} {start:.0f}-{stop:.0f}s (done {100 * done:.0f}% / uniform line {line:.0f}%)")
+        met = "met" if job.status == "succeeded" and data.end <= deadline else (
+            "missed" if job.status in ("succeeded", "failed") else "running")
+        lines.append(f"{job.id}: deadline {deadline:.0f}s {met} (ran {data.end:.0f}s)")
+        lines += [f"  {p}" for p in parts]
+    return lines
+
+
+def draw_deadline_panel(ax: Axes, session: Session, job: Job, bars: Sequence[Bar], end: float, scale: float) -> None:
+    """Spot / on-demand / waiting bands, the work done, and the line of uniform progress to the deadline."""
+    from matplotlib.patches import Patch  # lazy: matplotlib, as in plots.render
+
+    deadline = float(job.deadline_s or 0.0)
+    for start, stop, mode in segments(bars, end):
+        ax.axvspan(start / scale, stop / scale, color=MODE_COLOURS[mode], alpha=0.45, linewidth=0)
+    pts = progress_points(session, job)
+    ax.plot([t / scale for t, _ in pts], [100 * p for _, p in pts], color="black", linewidth=1.6,
+            drawstyle="steps-post", label="work done")
+    ax.plot([0, deadline / scale], [0, 100], color="#1565c0", linestyle="--", label="uniform progress")
+    ax.axvline(deadline / scale, color="#c62828", linewidth=1.2, label="deadline")
+    ax.set_xlim(0, 1.03 * max(end, deadline) / scale)  # the deadline stays in the picture
+    ax.set_ylabel("work done (%)")
+    ax.set_ylim(0, 105)
+    handles = [Patch(color=c, alpha=0.45, label=m) for m, c in MODE_COLOURS.items()]
+    h, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + h, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.set_title("deadline policy: spot / on-demand / waiting against uniform progress")
+
+
+def deadline_job(session: Session, job_id: str) -> Job | None:
+    job = queries.get_job(session, job_id)
+    return job if job is not None and is_deadline_job(job) else None

@@ -1,0 +1,72 @@
+"""The inputs of ``on_revocation: deadline`` for one pass: the job's work and restart overhead (the
+simulator's accounting of its planned cluster, computed once per spec), how much of the work is done
+(the latest step), the restarts it has measured, and the provider's spot capacity probe where it has one."""
+
+from __future__ import annotations
+
+import bisect
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.core import policy
+from orchestrator.core.revocation.availability import load_trace
+from orchestrator.core.spec import JobSpec, OnRevocation
+from orchestrator.core.state import DeadlineInputs
+from orchestrator.core.status import EndReason
+from orchestrator.providers.base import Provider, SupportsSpotCapacity
+from orchestrator.sim.availability import DeadlineFigures, deadline_figures
+from orchestrator.store import queries
+from orchestrator.store.models import Job, Metric
+
+_FIGURES: dict[str, tuple[DeadlineFigures, float]] = {}  # spec YAML -> figures, decision tick (s)
+_MAX_CACHED = 256
+
+
+def _figures(spec_yaml: str, spec: JobSpec) -> tuple[DeadlineFigures, float]:
+    found = _FIGURES.get(spec_yaml)
+    if found is None:
+        fig = deadline_figures(spec)
+        local = spec.provider.as_local()
+        if local is not None and local.availability_trace is not None:
+            tick = load_trace(local.availability_trace).gap_s / local.time_scale  # the replayed trace's pace
+        else:
+            tick = policy.DEADLINE_TICK_S / fig.time_scale
+        if len(_FIGURES) >= _MAX_CACHED:
+            _FIGURES.clear()
+        found = _FIGURES[spec_yaml] = (fig, tick)
+    return found
+
+
+def measured_overhead_s(session: Session, job: Job, now: float) -> float:
+    """The longest restart this job has seen: from an instance's request to the first training step after it
+    (an instance still starting counts its time so far). A loaded host or a slow image makes restarts dearer
+    than the plan says; the policy then keeps more slack for them."""
+    steps = sorted(session.scalars(select(Metric.at).where(
+        Metric.job_id == job.id, Metric.kind == "step", Metric.worker == -1)))
+    worst = 0.0
+    for inst in job.instances:
+        if inst.end_reason == EndReason.CREATE_FAILED.value:
+            continue
+        k = bisect.bisect_right(steps, inst.requested_at)
+        ended = inst.revoked_at or inst.deleted_at
+        if k < len(steps) and (ended is None or steps[k] <= ended):
+            worst = max(worst, steps[k] - inst.requested_at)
+        elif ended is None:
+            worst = max(worst, now - inst.requested_at)
+    return worst
+
+
+def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> DeadlineInputs | None:
+    if spec.policy.on_revocation != OnRevocation.DEADLINE:
+        return None
+    fig, tick = _figures(job.spec_yaml, spec)
+    step, _ = queries.latest_step(session, job.id)
+    overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
+    return DeadlineInputs(work_s=fig.work_s, done_s=fig.work_s * min(1.0, step / max(1, job.train_steps)),
+                          overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
+                          on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale)
+
+
+def spot_available(provider: Provider, job_id: str) -> bool | None:
+    return provider.spot_capacity(job_id) if isinstance(provider, SupportsSpotCapacity) else None

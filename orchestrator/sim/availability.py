@@ -1,0 +1,277 @@
+"""Finishing by a deadline on spot VMs whose availability comes from a measured trace (issue 23).
+
+A trace (shared/spot-traces, "Can't Be Late", NSDI'24) says at each tick how many spot VMs could be had.
+A job needs ``work`` of training; each tick a policy picks spot (if it can be had), on-demand or nothing.
+Starting a VM (from nothing, after a preemption, or switching pricing) costs the restart overhead: time
+billed at that VM's price without progress. A spot VM is lost at the first tick the trace has none.
+
+Time is counted in whole minutes of cloud time, so the offline optimum (dynamic programming over tick,
+work done, what runs and the overhead still to run) and the online policies share one exact model:
+``run_policy`` replays the optimum's choices to the same cost (tests/test_deadline_policy.py).
+The online policies are ``core.policy``'s pure decision functions, the same the daemon applies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from orchestrator.core import policy
+from orchestrator.core.paths import data_dir
+from orchestrator.core.policy import AvailabilityLog, Mode, Progress
+from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
+from orchestrator.core.spec import JobSpec
+from orchestrator.sim.engine import NoRevocations, simulate
+from orchestrator.sim.from_spec import cluster_from_spec
+
+__all__ = ["AvailabilityTrace", "AvailabilityTraceError", "load_trace"]  # the trace loader, for the callers here
+_MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
+HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts
+OUTLOOK_STARTS: Final = 24  # start ticks per trace behind plan's figures per policy
+
+
+@dataclass(frozen=True)
+class Job:
+    """The study's job, in minutes of cloud time."""
+
+    work_min: int
+    deadline_min: int
+    overhead_min: int
+    spot_usd_per_h: float
+    on_demand_usd_per_h: float
+
+
+@dataclass
+class Outcome:
+    policy: str
+    cost_usd: float
+    finish_min: float
+    deadline_met: bool
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (minute, mode) at each change
+    work_at: list[tuple[float, float]] = field(default_factory=list)  # (minute, work done) per tick
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "cost_usd": round(self.cost_usd, 4), "finish_h": round(self.finish_min / 60, 4),
+                "deadline_met": self.deadline_met,
+                "timeline": [{"t_h": round(t / 60, 4), "mode": m} for t, m in self.timeline]}
+
+
+def _price(job: Job, mode: Mode) -> float:
+    return {Mode.IDLE: 0.0, Mode.SPOT: job.spot_usd_per_h, Mode.ON_DEMAND: job.on_demand_usd_per_h}[mode] / 60.0
+
+
+def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, history: tuple[bool, ...] = (),
+               choices: list[Mode] | None = None, learn: bool = True) -> Outcome:
+    """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
+    ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand.
+    ``learn``: the deadline policy reads the up and down stretches seen so far (``history``, then the
+    ticks it lived through); else it keeps ``core.policy.DEFAULT_AVAILABILITY``, as the daemon does."""
+    t, w, r, i, cost, down, up = 0, 0, 0, 0, 0.0, 0, 0
+    mode = Mode.IDLE
+    log = AvailabilityLog()
+    learn = learn and name == "deadline"
+    for x in history if learn else ():
+        log.add(x)
+    out = Outcome(name, 0.0, 0.0, False)
+    while True:
+        a = avail[i] if i < len(avail) else False
+        if mode == Mode.SPOT and not a:
+            mode, r = Mode.IDLE, 0  # preempted
+        down, up = (0, up + 1) if a else (down + 1, 0)
+        if choices is not None:
+            c = choices[i] if i < len(choices) else Mode.ON_DEMAND
+        elif t >= job.deadline_min:
+            c = Mode.ON_DEMAND
+        else:
+            p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60,
+                         deadline_h=job.deadline_min / 60, overhead_h=job.overhead_min / 60, mode=mode,
+                         spot_available=a, tick_h=tick / 60, overhead_left_h=r / 60,
+                         outage_h=max(0, down - 1) * tick / 60, spot_up_h=max(0, up - 1) * tick / 60,
+                         spot_usd_per_h=job.spot_usd_per_h,
+                         on_demand_usd_per_h=job.on_demand_usd_per_h)
+            c = policy.decide_deadline(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
+        if c == Mode.SPOT and not a:
+            raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
+        log.add(a)
+        if not out.timeline or out.timeline[-1][1] != c.value:  # a preemption into waiting shows too
+            out.timeline.append((t, c.value))
+        r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
+        mode = c
+        out.work_at.append((t, w))
+        need = r + job.work_min - w
+        if c != Mode.IDLE and need <= tick:
+            cost += _price(job, c) * need
+            t += need
+            break
+        if c != Mode.IDLE:
+            w += max(0, tick - r)
+            r = max(0, r - tick)
+            cost += _price(job, c) * tick
+        t += tick
+        i += 1
+    out.work_at.append((t, job.work_min))
+    out.timeline.append((t, "done"))
+    out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
+    return out
+
+
+def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float, list[Mode]] | None:
+    """The offline optimum: least cost to finish by the deadline knowing the whole trace, and its choice
+    at each tick; None when no schedule finishes in time. Backward dynamic programming over (tick, work
+    done in minutes, what runs, overhead still to run), vectorised over the work done."""
+    W, D, d = job.work_min, job.deadline_min, job.overhead_min
+    n = math.ceil(D / tick)
+    rs = sorted({0, *(d - k * tick for k in range(1, d // tick + 1) if d - k * tick > 0)})
+    r_idx = {r: k for k, r in enumerate(rs)}
+    w = np.arange(W + 1)
+    nxt = np.full((3, len(rs), W + 1), math.inf)
+    nxt[:, :, W] = 0.0
+    best: list[np.ndarray] = []
+    for i in range(n - 1, -1, -1):
+        a = avail[i] if i < len(avail) else False
+        room = min(tick, D - i * tick)
+        # Running c with rc minutes of overhead still to run this tick: finish now, or go on to tick i + 1.
+        run: dict[tuple[int, int], np.ndarray] = {}
+        for ci in ((1, 2) if a else (2,)):
+            price = _price(job, _MODES[ci])
+            for rc in {d, *rs}:
+                need = rc + W - w
+                prog = max(0, tick - rc)
+                v = np.full(W + 1, math.inf)
+                fin = need <= room
+                v[fin] = price * need[fin]
+                nw = w + prog
+                go = (~fin) & (nw < W)
+                v[go] = price * tick + nxt[ci, r_idx[max(0, rc - tick)], nw[go]]
+                run[ci, rc] = v
+        cur = np.full((3, len(rs), W + 1), math.inf)
+        arg = np.zeros((3, len(rs), W + 1), dtype=np.int8)
+        for mi in range(3):
+            for ri, r in enumerate(rs):
+                if mi == 0 and r:
+                    continue
+                v, k = nxt[0, 0].copy(), np.zeros(W + 1, dtype=np.int8)  # wait
+                for ci in ((1, 2) if a else (2,)):
+                    cand = run[ci, r if ci == mi else d]
+                    better = cand < v
+                    v[better], k[better] = cand[better], ci
+                cur[mi, ri], arg[mi, ri] = v, k
+        if not a:  # a spot VM is lost at this tick: its state is that of nothing running
+            cur[1], arg[1] = cur[0, 0], arg[0, 0]
+        cur[:, :, W] = 0.0
+        best.append(arg)
+        nxt = cur
+    if not math.isfinite(nxt[0, 0, 0]):
+        return None
+    best.reverse()
+    return float(nxt[0, 0, 0]), _forward(job, avail, tick, best, rs, r_idx)
+
+
+def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[np.ndarray], rs: list[int],
+             r_idx: dict[int, int]) -> list[Mode]:
+    """The optimum's choice at each tick, following its argmins from the start."""
+    w, r, mode, out = 0, 0, Mode.IDLE, []
+    for i, arg in enumerate(best):
+        a = avail[i] if i < len(avail) else False
+        if mode == Mode.SPOT and not a:
+            mode, r = Mode.IDLE, 0
+        c = _MODES[int(arg[_MODES.index(mode), r_idx[r], w])]
+        out.append(c)
+        r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
+        if c != Mode.IDLE:
+            if r + job.work_min - w <= tick:
+                break
+            w += max(0, tick - r)
+            r = max(0, r - tick)
+        mode = c
+    return out
+
+
+def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policy.DEADLINE_POLICIES,
+          need: int = 1) -> list[Outcome]:
+    """Every named policy on ``trace`` from ``start_tick``; the ``deadline`` policy has seen the
+    ``HISTORY_H`` hours before it (the others need no history)."""
+    if not 0 <= start_tick < len(trace.counts):
+        raise AvailabilityTraceError(f"--start-tick {start_tick} is outside the trace (0..{len(trace.counts) - 1})")
+    tick = trace.tick_min
+    full = trace.available(need)
+    avail = full[start_tick:]
+    history = full[max(0, start_tick - round(HISTORY_H * 60 / tick)):start_tick]
+    out = []
+    for name in names:
+        if name == "optimal":
+            opt = optimal_choices(job, avail, tick)
+            if opt is None:
+                o = run_policy("optimal", job, avail, tick, choices=[Mode.ON_DEMAND])
+                o.deadline_met = False
+            else:
+                o = run_policy("optimal", job, avail, tick, choices=opt[1])
+            out.append(o)
+        else:
+            out.append(run_policy(name, job, avail, tick, history=history if name == "deadline" else ()))
+    return out
+
+
+def saving_share(cost: float, on_demand: float, optimal: float) -> float | None:
+    """The share of the on-demand-to-optimum saving a policy captured (1 = as cheap as the optimum)."""
+    gap = on_demand - optimal
+    return None if gap <= 1e-9 else (on_demand - cost) / gap + 0.0  # + 0.0: on-demand itself shows 0, not -0
+
+
+@dataclass(frozen=True)
+class DeadlineFigures:
+    """A spec's job as the deadline policies see it, in seconds of its own clock (local: wall seconds)."""
+
+    work_s: float  # predicted no-revocation time, less the first start (every start pays the overhead)
+    overhead_s: float  # boot + start-up (restore) + half a checkpoint interval of lost steps
+    spot_usd_per_h: float  # the spot-planned slots on spot, the others as planned
+    on_demand_usd_per_h: float  # the spot-planned slots on on-demand
+    time_scale: float  # cloud seconds per second of the job's clock (local provider)
+
+
+def deadline_figures(spec: JobSpec, price_book: str | None = None) -> DeadlineFigures:
+    """Work, restart overhead and prices of ``spec``'s planned cluster, from the simulator's accounting."""
+    cluster = cluster_from_spec(spec, price_book=price_book)
+    base = simulate(replace(cluster, enforce_limits=False), NoRevocations())
+    start_s = cluster.boot_delay_s + cluster.spot_extra_boot_s + cluster.startup_s
+    train_s = max(1e-9, base.wall_time_s - start_s - cluster.teardown_s)
+    lost_s = train_s * min(cluster.checkpoint_every, cluster.train_steps) / cluster.train_steps / 2
+    fixed = sum(s.price_per_hour for s in cluster.slots if not s.spot)
+    return DeadlineFigures(
+        work_s=base.wall_time_s - start_s, overhead_s=start_s + lost_s,
+        spot_usd_per_h=fixed + sum(s.price_per_hour for s in cluster.slots if s.spot),
+        on_demand_usd_per_h=fixed + sum(s.od_price for s in cluster.slots if s.spot),
+        time_scale=cluster.time_scale)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    policy: str
+    mean_cost_usd: float
+    p_deadline_met: float
+    runs: int
+
+
+def bundled_traces() -> list[Path]:
+    """The availability traces shipped in data/spot-availability (each with its source in data/SOURCES.md)."""
+    return sorted((data_dir() / "spot-availability").glob("*.json"))
+
+
+def outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,
+            names: tuple[str, ...] = policy.ONLINE_POLICIES) -> list[Outlook]:
+    """Each online policy's mean cost and chance of meeting the deadline, replayed from ``starts`` start ticks
+    spread over each trace (after ``HISTORY_H`` of history): what ``plan`` prints."""
+    runs: dict[str, list[Outcome]] = {n: [] for n in names}
+    for tr in traces:
+        first = min(len(tr.counts) - 1, round(HISTORY_H * 60 / tr.tick_min))
+        last = max(first, len(tr.counts) - 1 - math.ceil(job.deadline_min / tr.tick_min))
+        for k in range(starts):
+            start = first + (last - first) * k // max(1, starts - 1)
+            for o in study(job, tr, start, names):
+                runs[o.policy].append(o)
+    return [Outlook(n, sum(o.cost_usd for o in rs) / len(rs), sum(o.deadline_met for o in rs) / len(rs), len(rs))
+            for n, rs in runs.items() if rs]

@@ -1,0 +1,235 @@
+"""Finish by the deadline at the least cost (issue 23): the policies' pure decisions, the availability
+simulator and its offline optimum, and the daemon's reconcile making the simulator's very decisions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core import policy
+from orchestrator.core.actions import CreateInstance, DeleteInstance, SetInstanceStatus
+from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.core.paths import data_dir
+from orchestrator.core.policy import Availability, Mode, Progress
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
+from orchestrator.core.spec.base import SpecError
+from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.sim.availability import Job, load_trace, optimal_choices, run_policy, study
+
+TRACE = data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json"
+
+
+def progress(**kw: object) -> Progress:
+    base: dict[str, object] = dict(elapsed_h=10.0, work_done_h=9.0, work_h=48.0, deadline_h=52.0, overhead_h=0.2,
+                                   mode=Mode.IDLE, spot_available=False, tick_h=1 / 6)
+    base.update(kw)
+    return Progress(**base)  # type: ignore[arg-type]
+
+
+def test_safety_net_takes_on_demand_when_waiting_could_miss_the_deadline() -> None:
+    p = progress(elapsed_h=10.0, work_done_h=6.0 - 0.3)  # slack 0.3 h: one more idle tick leaves < overhead
+    for name in ("greedy", "uniform-progress", "deadline"):
+        assert policy.decide_deadline(name, p) == Mode.ON_DEMAND
+    assert policy.greedy_policy(progress(work_done_h=9.0)) == Mode.IDLE  # slack 3 h: greedy waits
+
+
+def test_spot_start_needs_room_for_a_later_switch_to_on_demand() -> None:
+    tight = progress(work_done_h=6.0 - 0.3, spot_available=True)  # slack 0.3 h < 2 x 0.2 h overhead
+    assert policy.greedy_policy(tight) == Mode.ON_DEMAND
+    assert policy.greedy_policy(progress(spot_available=True)) == Mode.SPOT
+
+
+def test_uniform_progress_follows_the_line_with_hysteresis() -> None:
+    behind = progress(elapsed_h=26.0, work_done_h=23.0)  # the line is at 24 h of work
+    assert policy.uniform_progress_policy(behind) == Mode.ON_DEMAND
+    ahead = progress(elapsed_h=26.0, work_done_h=24.2, mode=Mode.ON_DEMAND, spot_available=True)
+    assert policy.uniform_progress_policy(ahead) == Mode.ON_DEMAND  # ahead by 0.2 h < 2 x overhead: stays
+    far_ahead = progress(elapsed_h=26.0, work_done_h=24.5, mode=Mode.ON_DEMAND, spot_available=True)
+    assert policy.uniform_progress_policy(far_ahead) == Mode.SPOT
+
+
+def test_deadline_policy_waits_a_share_of_the_slack_per_outage_then_takes_on_demand() -> None:
+    seen = Availability(up_h=2.0, down_h=1.0)  # 14 cycles left: keep 14 x 2 overheads, wait 3 x 0.11 h per outage
+    assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.0), seen) == Mode.IDLE
+    assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.5), seen) == Mode.ON_DEMAND
+    assert policy.deadline_policy(progress(outage_h=0.0), seen) == Mode.ON_DEMAND  # the hops need the slack
+    on_od = progress(mode=Mode.ON_DEMAND, spot_available=True)
+    assert policy.deadline_policy(on_od, seen) == Mode.SPOT  # a 2 h spot stretch pays for the hop
+    assert policy.deadline_policy(on_od, Availability(up_h=0.1, down_h=1.0)) == Mode.ON_DEMAND
+
+
+def test_availability_log_matches_the_stretches() -> None:
+    seen = Availability.from_samples((True, True, False, True, True, True, False, False), tick_h=0.5)
+    assert (seen.up_h, seen.down_h, seen.ups, seen.downs) == (1.25, 0.75, (1.0, 1.5), (0.5,))
+    assert seen.up_left(0.0) == 1.25 and seen.up_left(1.0) == 0.5  # only the 1.5 h stretch outlived 1 h
+    assert Availability.from_samples((), 1.0) == policy.DEFAULT_AVAILABILITY
+
+
+@pytest.mark.parametrize("start", [100, 1500, 3000])
+@pytest.mark.parametrize(("deadline_h", "overhead_min"), [(52, 3), (70, 12)])
+def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int, overhead_min: int) -> None:
+    trace = load_trace(TRACE)
+    job = Job(48 * 60, deadline_h * 60, overhead_min, 0.918, 3.06)
+    avail = trace.available()[start:]
+    opt = optimal_choices(job, avail, trace.tick_min)
+    assert opt is not None
+    replayed = run_policy("optimal", job, avail, trace.tick_min, choices=opt[1])
+    assert replayed.cost_usd == pytest.approx(opt[0])  # the DP and the simulator share one model
+    assert replayed.deadline_met
+    for o in study(job, trace, start):
+        assert o.deadline_met, o.policy
+        assert o.cost_usd >= opt[0] - 1e-6, o.policy
+
+
+# ---------------------------------------------------------------- the daemon makes the simulator's decisions
+
+T0 = 1_000_000.0
+SCALE = 60.0  # as the local provider's time_scale: the daemon's clock runs in seconds of 1 cloud minute
+K = 60.0 / SCALE  # the daemon's seconds per cloud minute
+
+
+def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple[float, str]]:
+    """Drive ``core.reconcile`` one pass per tick over the trace (a spot VM is preempted where the trace
+    drops, creates start at once, progress as the simulator counts it): what the daemon runs, when."""
+    slot = Slot(Role.WORKER, 0, "v100", "local", "z1", True, job.spot_usd_per_h,
+                on_demand_price_per_hour=job.on_demand_usd_per_h, zones=("z1",))
+    insts: dict[str, InstanceView] = {}
+    t, w, r, i, shown = 0, 0, 0, 0, Mode.IDLE
+    timeline: list[tuple[float, str]] = []
+    while True:
+        now, a = T0 + K * t, avail[i] if i < len(avail) else False
+        live = [v for v in insts.values() if v.status == InstanceStatus.TRAINING]
+        seen = {v.name: ObservedInstance(v.name, "j", v.role, v.index, v.generation, v.zone,
+                                         ObservedState.TERMINATED if v.spot and not a else ObservedState.RUNNING,
+                                         preempted=v.spot and not a) for v in live}
+        view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(slot,),
+                       instances=tuple(insts.values()), on_revocation=OnRevocation.DEADLINE, max_replacements=5,
+                       budget_usd=None, deadline_s=K * job.deadline_min, started_at=T0, restarts=0,
+                       cost_usd=0.0, deadline_inputs=DeadlineInputs(
+                           work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
+                           tick_s=K * tick, spot_usd_per_h=job.spot_usd_per_h,
+                           on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=SCALE))
+        obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen}, spot_available=a)
+        for act in reconcile(view, obs, now):
+            if isinstance(act, SetInstanceStatus):
+                v = insts[act.name]
+                insts[act.name] = InstanceView(**{**v.__dict__, "status": act.status, "updated_at": now,
+                                                  "end_reason": act.end_reason or v.end_reason,
+                                                  "revoked_at": now if act.status == InstanceStatus.REVOKED
+                                                  else v.revoked_at})
+            elif isinstance(act, DeleteInstance):
+                v = insts[act.name]
+                insts[act.name] = InstanceView(**{**v.__dict__, "status": InstanceStatus.DELETED})
+            elif isinstance(act, CreateInstance):
+                name = f"j-worker-0-{act.generation}"
+                insts[name] = InstanceView(id=len(insts), name=name, role=Role.WORKER, index=0,
+                                           generation=act.generation, status=InstanceStatus.TRAINING, spot=act.spot,
+                                           zone="z1", port=None, requested_at=now, updated_at=now)
+        running = [v for v in insts.values() if v.status == InstanceStatus.TRAINING]
+        mode = Mode.IDLE if not running else Mode.SPOT if running[0].spot else Mode.ON_DEMAND
+        if not timeline or timeline[-1][1] != mode.value:
+            timeline.append((t, mode.value))
+        r = r if mode == shown else (job.overhead_min if mode != Mode.IDLE else 0)
+        shown = mode
+        if mode != Mode.IDLE and r + job.work_min - w <= tick:
+            timeline.append((t + r + job.work_min - w, "done"))
+            return timeline
+        if mode != Mode.IDLE:
+            w, r = w + max(0, tick - r), max(0, r - tick)
+        t, i = t + tick, i + 1
+
+
+@pytest.mark.parametrize("start", [300, 1990, 2243, 2940])
+@pytest.mark.parametrize(("work_h", "deadline_h", "overhead_min"), [(12, 14, 3), (12, 20, 8)])
+def test_daemon_makes_the_simulators_decisions_on_the_trace(start: int, work_h: int, deadline_h: int,
+                                                            overhead_min: int) -> None:
+    trace = load_trace(TRACE)
+    job = Job(work_h * 60, deadline_h * 60, overhead_min, 0.861, 2.144)
+    avail = trace.available()[start:]
+    sim = run_policy("deadline", job, avail, trace.tick_min, learn=False)
+    assert sim.deadline_met
+    assert _daemon_timeline(job, avail, trace.tick_min) == sim.timeline
+
+
+# ---------------------------------------------------------------- spec, provider, CLI
+
+def _spec(**policy_kw: object) -> dict[str, object]:
+    return {"name": "d", "provider": {"kind": "local", "revocations": "none"},
+            "cluster": {"workers": [{"gpu": "v100", "count": 1, "spot": True}]}, "policy": policy_kw}
+
+
+def test_deadline_policy_needs_a_deadline() -> None:
+    with pytest.raises(SpecError, match="policy.deadline"):
+        validate_spec(_spec(on_revocation="deadline"))
+    assert validate_spec(_spec(on_revocation="deadline", deadline="2h")).policy.deadline == 7200
+
+
+def test_availability_trace_replaces_drawn_revocations() -> None:
+    spec = _spec()
+    spec["provider"] = {"kind": "local", "availability_trace": str(TRACE)}
+    with pytest.raises(SpecError, match="revocations: none"):
+        validate_spec(spec)
+
+
+def test_local_provider_refuses_spot_in_a_stockout_and_revokes_at_the_drop(tmp_path: Path) -> None:
+    from orchestrator.core.cloud_errors import CapacityError
+    from orchestrator.core.instances import InstanceRequest
+    from orchestrator.providers.local.provider import LocalProvider
+
+    trace = load_trace(TRACE)  # tick 2248 has no spot VM; 2243..2247 have one
+    provider = LocalProvider(tmp_path, time_scale=600.0, availability=trace, start_tick=2248)
+    req = InstanceRequest(name="j-worker-0-0", job_id="j", role=Role.WORKER, index=0, generation=0, zone="local",
+                          machine_type="local", spot=True, gpu="v100", gpu_count=1, price_per_hour=1.0)
+    assert provider.spot_capacity("j") is False
+    with pytest.raises(CapacityError, match="no spot capacity"):
+        provider.create(req)
+    provider = LocalProvider(tmp_path / "b", time_scale=600.0, availability=trace, start_tick=2243)
+    provider.create(req)
+    try:
+        state = json.loads((tmp_path / "b" / "instances" / req.name / "instance.json").read_text())
+        origin = float((tmp_path / "b" / "availability" / "j").read_text())
+        assert state["revoke_at"] == pytest.approx(origin + 5 * trace.gap_s / 600.0)
+    finally:
+        provider.delete(req.name, "local")
+
+
+def test_simulate_availability_trace_json(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "local-deadline.yaml"
+    res = CliRunner().invoke(app, ["simulate", str(example), "--availability-trace", str(TRACE), "--start-tick",
+                                   "2243", "--work-h", "48", "--deadline-h", "52", "--restart-overhead-min", "3",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert {"work_h", "restart_overhead_h", "spot_usd_per_h", "on_demand_usd_per_h", "policies"} <= doc.keys()
+    assert [p["policy"] for p in doc["policies"]] == list(policy.DEADLINE_POLICIES)
+    for p in doc["policies"]:
+        assert {"policy", "cost_usd", "finish_h", "deadline_met"} <= p.keys()
+        assert p["deadline_met"] or p["policy"] == "on-demand"
+    bad = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "simulate", str(example),
+                          "--availability-trace", str(tmp_path / "none.json")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "cannot read the availability trace" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_report_segments_show_spot_on_demand_and_waiting() -> None:
+    from orchestrator.cli.deadline_report import segments
+    from orchestrator.cli.plots import Bar
+
+    def bar(start: float, end: float, spot: bool, revoked: float | None = None) -> Bar:
+        return Bar(slot="worker-0", name="w", gpu="v100", spot=spot, start=start, end=end, price_per_hour=1.0,
+                   on_demand_per_hour=2.0, revoked=revoked, notice=False, replacement=start > 0)
+
+    bars = [bar(0.5, 62.0, True, revoked=50.0), bar(80.0, 200.0, False)]
+    assert segments(bars, 201.0) == [(0.5, 50.0, "spot"), (50.0, 80.0, "waiting"), (80.0, 200.0, "on-demand")]

@@ -1,0 +1,121 @@
+"""The measurement loop: workers report the batch, runtime and precision they ran; ingest stores them; `model
+calibrate --from-db` fits per GPU x runtime x precision x model and leaves out a job with mixed labels."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.control.ingest import ingest_metrics
+from orchestrator.core.instances import Role
+from orchestrator.core.slots import Slot
+from orchestrator.storage.local import LocalStorage
+from orchestrator.store.db import open_session
+from orchestrator.store.models import Event, Job, Metric
+from orchestrator.store.queries import step_time_measurements
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir(exist_ok=True)  # conftest's ORCHESTRATOR_HOME, where the DB file goes
+
+
+def _job(job_id: str, provider: str, training: dict[str, object]) -> Job:
+    doc = {"name": job_id, "provider": {"kind": provider, "project": "my-project-1"}, "training": training,
+           "cluster": {"workers": [{"gpu": "v100", "count": 1}]}}
+    return Job(id=job_id, name=job_id, provider=provider, mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
+               storage_uri="gs://b/x", price_book="2026-11", status="succeeded", train_steps=100, created_at=0.0,
+               ended_at=100.0, updated_at=100.0)
+
+
+def _worker(job_id: str, gpu: str, batch: int, step_s: float, runtime: str | None, at: float,
+            compute_s: float | None = None) -> Metric:
+    return Metric(job_id=job_id, kind="worker", worker=0, gpu=gpu, batch=batch, step=int(at), step_time_s=step_s,
+                  compute_s=compute_s, runtime=runtime, precision="fp32" if runtime else None, at=at)
+
+
+def test_ingest_keeps_the_batch_runtime_and_compute_a_worker_reported(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path), "s")
+    line = {"kind": "step", "t": 10.0, "step": 40, "loss": 0.5, "examples_per_s": 300.0, "runtime":
+            "pytorch-eager+torchjob", "precision": "fp32",
+            "workers": {"0": {"steps": 10, "batch": 30, "examples_per_s": 100.0, "step_time_s": 0.3,
+                              "compute_s": 0.21}}}
+    (tmp_path / "s" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    slot = Slot(role=Role.WORKER, index=0, gpu="v100", machine_type="n1-standard-8", zone="local", spot=False,
+                price_per_hour=1.0, batch=48)
+    with open_session() as session:
+        session.add(_job("j1", "local", {"framework": "pytorch"}))
+        session.flush()
+        job = session.get(Job, "j1")
+        assert job is not None
+        ingest_metrics(session, job, storage, [slot])
+        session.commit()
+        row = session.query(Metric).filter_by(job_id="j1", kind="worker").one()
+    assert (row.batch, row.runtime, row.precision, row.compute_s) == (30, "pytorch-eager+torchjob", "fp32", 0.21)
+
+
+def test_measurements_are_labelled_per_job_and_a_mixed_job_is_left_out() -> None:
+    with open_session() as session:
+        session.add_all([_job("tf-1", "gce", {"framework": "tensorflow", "hparam_set": "resnet_cifar_32"}),
+                         _job("pt-1", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}),
+                         _job("mixed-1", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"})])
+        session.flush()
+        session.add_all([_worker("tf-1", "v100", 128, 0.105, None, 1.0),  # logged before labels: TF implied
+                         _worker("pt-1", "v100", 128, 0.09, "pytorch-eager+torchjob", 2.0, compute_s=0.06),
+                         _worker("mixed-1", "v100", 128, 0.09, "pytorch-eager+torchjob", 3.0),
+                         _worker("mixed-1", "v100", 128, 0.09, "torch-compile", 4.0)])
+        session.commit()
+        rows = step_time_measurements(session)
+    by_job = {r["job_id"]: r for r in rows}
+    assert by_job["tf-1"]["runtime"] == "tf1-graph" and by_job["tf-1"]["step_time_s"] == 0.105
+    # the PyTorch worker's own compute, not the window's (slowest rank's) step time
+    assert by_job["pt-1"]["runtime"] == "pytorch-eager+torchjob" and by_job["pt-1"]["step_time_s"] == 0.06
+    assert "refused" in by_job["mixed-1"] and "torch-compile" in by_job["mixed-1"]["refused"]
+
+
+def test_calibrate_from_db_fits_a_tf_and_a_pytorch_job_apart(tmp_path: Path) -> None:
+    with open_session() as session:
+        session.add_all([_job("tf-2", "gce", {"framework": "tensorflow", "hparam_set": "resnet_cifar_32"}),
+                         _job("pt-2", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}),
+                         _job("mixed-2", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"})])
+        session.flush()
+        session.add_all([_worker("tf-2", "v100", 128, 0.105, "tf1-graph", 1.0),
+                         _worker("pt-2", "v100", 128, 0.04, "pytorch-eager+torchjob", 2.0, compute_s=0.035),
+                         _worker("mixed-2", "v100", 128, 0.09, "pytorch-eager+torchjob", 3.0),
+                         _worker("mixed-2", "v100", 128, 0.09, "torch-compile", 4.0)])
+        session.add(Event(job_id="pt-2", entity="note", to_status="resplit", at=5.0,
+                          reason='re-split at step 40: batches by slot {"0": 30} from {"0": 48}; '
+                                 'compute s by slot {"0": 0.2}'))
+        session.commit()
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "model", "calibrate", "--from-db"],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert "v100/tf1-graph" in text and "v100/pytorch-eager+torchjob" in text, text
+    assert "job mixed-2 left out" in text, text
+
+
+def test_a_finished_real_job_refines_the_next_plans_calibration_and_an_emulated_one_is_kept_apart() -> None:
+    from orchestrator.control.calibration_fold import fold_finished_job
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    with open_session() as session:
+        session.add_all([_job("pt-3", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}),
+                         _job("emu-3", "local", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"})])
+        session.flush()
+        session.add_all([_worker("pt-3", "v100", 128, 0.05, "pytorch-eager+torchjob", 1.0, compute_s=0.04),
+                         _worker("emu-3", "v100", 48, 0.2, "pytorch-eager+torchjob", 2.0, compute_s=0.1)])
+        session.commit()
+        real, emulated = (session.get(Job, "pt-3"), session.get(Job, "emu-3"))
+        assert real is not None and emulated is not None
+        said = fold_finished_job(session, real)
+        assert said.startswith("calibration ") and "refined on 1 measured" in said, said
+        assert "emulated GPUs" in fold_finished_job(session, emulated)
+        rows = session.query(CalibrationRow).all()
+        assert len(rows) == 1 and json.loads(rows[0].params)["name"].startswith("auto after pt-3")
