@@ -6,8 +6,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
 from orchestrator_testing.gce_emulator_model import (
-    FLEX_START_SERIES,
     LABEL_KEY_RE,
     LABEL_VALUE_RE,
     NAME_RE,
@@ -34,6 +34,7 @@ def build_instance(
     labels = _labels(req)
     gpu, gpu_count, accelerators = _gpus(config, project, zone, req, machine_url)
     scheduling = _scheduling(req.get("scheduling") or {}, gpu is not None, machine)
+    _google_rules(req, machine, scheduling["provisioningModel"], accelerators)
     spot = scheduling["provisioningModel"] == "SPOT"
     body = _body(config, project, zone, req, name, inst_id, stamp)
     body.update(
@@ -57,6 +58,44 @@ def build_instance(
         gpu_count=gpu_count,
         cpus=cpus,
     )
+
+
+def _google_rules(req: dict[str, Any], machine: str, model: str, accelerators: list[dict[str, Any]]) -> None:
+    """What GCE refuses by machine family (data/gce_rules.csv, the same rules the product plans with):
+    provisioning models, boot disk types, gVNIC, flex-start's fields, GPUs per N1 VM."""
+    rules = load_gce_rules()
+    rule = rules.family(machine)
+    if rule is None:
+        return
+    if model not in rule.provisioning:
+        offered = " or ".join(sorted(rule.provisioning))
+        raise invalid("resource.scheduling.provisioningModel", model,
+                      f"Machine type {machine} supports provisioning models {offered} only.")
+    if model == FLEX_START:
+        affinity = (req.get("reservationAffinity") or {}).get("consumeReservationType")
+        if affinity != "NO_RESERVATION":
+            raise invalid("resource.reservationAffinity.consumeReservationType", affinity or "",
+                          "FLEX_START instances require consumeReservationType NO_RESERVATION.")
+        seconds = int(((req.get("scheduling") or {}).get("maxRunDuration") or {}).get("seconds", 0))
+        if not rules.flex_min_run_s <= seconds <= rules.flex_max_run_s:
+            raise invalid("resource.scheduling.maxRunDuration.seconds", seconds,
+                          f"FLEX_START instances must run between {rules.flex_min_run_s:.0f} and "
+                          f"{rules.flex_max_run_s:.0f} seconds.")
+    boot: dict[str, Any] = next((d for d in req.get("disks") or [] if d.get("boot")), {})
+    # No diskType: GCE picks a type the family boots from; a named one must be one of them.
+    disk_type = last_segment(str((boot.get("initializeParams") or {}).get("diskType") or rule.default_disk))
+    if disk_type not in rule.boot_disks:
+        raise invalid("resource.disks[0].initializeParams.diskType", disk_type,
+                      f"[{disk_type}] features are not compatible for creating instance of machine type {machine}; "
+                      f"supported boot disk types: {', '.join(rule.boot_disks)}.")
+    nics = req.get("networkInterfaces") or [{}]
+    if rule.gvnic_required and any(nic.get("nicType") != "GVNIC" for nic in nics):
+        raise invalid("resource.networkInterfaces[0].nicType", nics[0].get("nicType", ""),
+                      f"Machine type {machine} requires nicType GVNIC.")
+    for i, acc in enumerate(accelerators):
+        kind, count = last_segment(acc["acceleratorType"]), int(acc["acceleratorCount"])
+        if (wrong := rules.gpu_count_message(machine, kind, count)) is not None:
+            raise invalid(f"resource.guestAccelerators[{i}].acceleratorCount", count, wrong)
 
 
 def _name(req: dict[str, Any]) -> str:
@@ -254,13 +293,15 @@ def _termination_action(req: dict[str, Any], model: str, out: dict[str, Any]) ->
 
 
 def _scheduling(req: dict[str, Any], has_gpu: bool, machine: str = "") -> dict[str, Any]:
-    model = req.get("provisioningModel") or "STANDARD"
-    if model not in ("STANDARD", "SPOT", "FLEX_START"):
+    model = req.get("provisioningModel") or STANDARD
+    if model not in (STANDARD, SPOT, FLEX_START):
         raise invalid("resource.scheduling.provisioningModel", model)
-    if model == "FLEX_START" and machine.split("-", 1)[0] not in FLEX_START_SERIES:
+    rule = load_gce_rules().family(machine)
+    if model == FLEX_START and not (rule is not None and rule.flex_start):
         raise invalid(
             "resource.scheduling.provisioningModel", model, f"FLEX_START is not supported for machine type {machine}."
         )
+    _notice(req, model)
     spot = model == "SPOT"
     preemptible = bool(req.get("preemptible", False)) or spot
     maintenance = req.get("onHostMaintenance") or ("TERMINATE" if preemptible else "MIGRATE")
@@ -286,7 +327,20 @@ def _scheduling(req: dict[str, Any], has_gpu: bool, machine: str = "") -> dict[s
     }
     _termination_action(req, model, out)
     _time_limit(req, model, out)
+    if req.get("preemptionNoticeDuration") is not None:
+        out["preemptionNoticeDuration"] = {"seconds": str(int(req["preemptionNoticeDuration"].get("seconds", 0)))}
     return out
+
+
+def _notice(req: dict[str, Any], model: str) -> None:
+    """scheduling.preemptionNoticeDuration (Preview): 0 or 120 s, on Spot VMs only."""
+    notice = req.get("preemptionNoticeDuration")
+    if notice is None:
+        return
+    seconds = int((notice or {}).get("seconds", 0))
+    if model != SPOT or seconds not in (0, 120):
+        raise invalid("resource.scheduling.preemptionNoticeDuration", seconds,
+                      "Must be 0 or 120 seconds, and only with provisioningModel SPOT.")
 
 
 def _disks(project: str, zone: str, name: str, disks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -332,6 +386,7 @@ def _nics(
                 ),
                 "networkIP": config.network_ip,
                 "stackType": "IPV4_ONLY",
+                **({"nicType": nic["nicType"]} if nic.get("nicType") else {}),
                 "fingerprint": fingerprint(i),
                 "accessConfigs": [
                     {

@@ -80,7 +80,6 @@ _G_COUNTS = {
     "g2-standard": {4: 1, 8: 1, 12: 1, 16: 1, 24: 2, 32: 1, 48: 4, 96: 8},
     "g4-standard": {48: 1, 96: 2, 192: 4, 384: 8},
 }
-FLEX_START_SERIES = ("a2", "a3", "a4")
 HOOK_EVENTS = ("running", "preempted", "terminated", "deleted")
 Hook = Callable[[dict[str, Any]], None]
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.policy import NOTICE_WINDOW_S
 from orchestrator_testing.gce_emulator_capacity import admission, quota_items
 from orchestrator_testing.gce_emulator_instance import build_instance
 from orchestrator_testing.gce_emulator_model import (
@@ -303,7 +304,9 @@ class GceState(DiskOwners):
             else:
                 self._terminated(inst)
 
-        self.after(self.config.preempt_delay_s, finish)
+        # preempt_delay_s stands for GCE's 30 s window; scheduling.preemptionNoticeDuration lengthens it.
+        notice = float((inst.body["scheduling"].get("preemptionNoticeDuration") or {}).get("seconds", 0))
+        self.after(self.config.preempt_delay_s * (notice / NOTICE_WINDOW_S if notice else 1.0), finish)
         return str(op.body["name"])
 
     def _terminated(self, inst: InstanceRecord) -> None:

@@ -155,7 +155,10 @@ def test_pareto_front_helper_drops_ties_and_infinities(searched: PlanResult) -> 
 
 
 def test_every_example_plans(tmp_path: Path) -> None:
+    from orchestrator.profiler.cache import prepare_spec_model
+
     for path in sorted((REPO / "examples").glob("*.yaml")):
+        prepare_spec_model(path)  # training.model: {torch: ...} is profiled first, as `plan` does
         result = plan(validate_spec(yaml.safe_load(path.read_text())))
         assert result.chosen is not None or result.best_infeasible is not None, path.name
         json.dumps(result.to_dict())

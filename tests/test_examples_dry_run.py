@@ -7,10 +7,12 @@ GCE does), and must be accepted: spot VMs are SPOT + DELETE, every VM carries a 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -41,6 +43,9 @@ def emu() -> Iterator[GceEmulator]:
 def dry_run(example: Path, emu: GceEmulator, tmp_path: Path) -> dict[str, Any]:
     data = yaml.safe_load(example.read_text())
     data["provider"]["api_endpoint"] = emu.url  # the launch would talk to the emulator, not GCE
+    for name in data["training"].get("files", []):  # they (and a training.model file) live beside the spec
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(example.parent / name, tmp_path / name)
     spec = tmp_path / example.name
     spec.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", "--dry-run", str(spec)],
@@ -122,3 +127,11 @@ def test_dry_run_uses_the_settings_the_real_backend_uses(emu: GceEmulator) -> No
     hourly = out["cluster_usd_per_hour"]
     expected = int(min(12 * 3600 + 600, 20 / hourly * 3600))
     assert {int(i["body"]["scheduling"]["maxRunDuration"]["seconds"]) for i in out["instances.insert"]} == {expected}
+    # The metadata too is what the real create sends (issue 21: enable-guest-attributes was missing), but
+    # for the job's public key, which is made at launch.
+    for insert in out["instances.insert"]:
+        body = insert["body"]
+        real = backend.instance_metadata("l4x4-spot-dryrun", body["name"], SimpleNamespace(uri=spec.storage))
+        dry = {item["key"]: item["value"] for item in body["metadata"]["items"]}
+        assert dry.keys() == real.keys()
+        assert {k: v for k, v in dry.items() if k != "ssh-keys"} == {k: v for k, v in real.items() if k != "ssh-keys"}

@@ -476,7 +476,7 @@ def test_accelerator_optimized_types_time_limits_and_flex_start(emu: GceEmulator
     limited.scheduling.max_run_duration = c.Duration(seconds=3600)
     with pytest.raises(gexc.BadRequest, match="instanceTerminationAction"):
         api.insert(limited)  # GCE asks what to do at the limit
-    flex = instance("flex-0", gpu=None, machine="g2-standard-4", spot=False)
+    flex = instance("flex-0", gpu=None, machine="g4-standard-48", spot=False)  # G4: no flex-start (G2 has it)
     flex.scheduling.provisioning_model = "FLEX_START"
     flex.scheduling.max_run_duration = c.Duration(seconds=3600)
     flex.scheduling.instance_termination_action = "DELETE"
@@ -487,6 +487,9 @@ def test_accelerator_optimized_types_time_limits_and_flex_start(emu: GceEmulator
     with pytest.raises(gexc.BadRequest, match="maxRunDuration"):
         api.insert(flex)  # flex-start VMs run at most 7 days
     flex.scheduling.max_run_duration = c.Duration(seconds=3600)
+    with pytest.raises(gexc.BadRequest, match="NO_RESERVATION"):
+        api.insert(flex)  # Google's flex-start requests never consume a reservation
+    flex.reservation_affinity = c.ReservationAffinity(consume_reservation_type="NO_RESERVATION")
     api.wait(api.insert(flex))
     # The limit is the cloud's own: with no controller, the VM goes at maxRunDuration.
     until(lambda: (emu.instance("a3-0") or {}).get("status") == "RUNNING")

@@ -412,12 +412,12 @@ def test_time_limit_makes_the_cloud_delete_the_vm_itself(emu: GceEmulator, gce: 
     until(lambda: gce.list(["job"]) == [])
 
 
-def test_flex_start_is_for_a2_a3_a4_only(emu: GceEmulator, gce: GceProvider) -> None:
+def test_flex_start_is_refused_where_google_does_not_offer_it(emu: GceEmulator, gce: GceProvider) -> None:
     flex = req(gpu="a100", machine="a2-highgpu-1g", spot=False)
     gce.create(InstanceRequest(**{**flex.__dict__, "flex_start": True, "max_run_s": 7200}))
     scheduling = found(emu.instance("job-worker-0-0"))["scheduling"]
     assert scheduling["provisioningModel"] == "FLEX_START" and scheduling["instanceTerminationAction"] == "DELETE"
-    bad = req(index=1, gpu="l4", machine="g2-standard-4", spot=False)
+    bad = req(index=1, gpu="rtx-pro-6000", machine="g4-standard-48", spot=False)  # G4: no flex-start
     with pytest.raises(InvalidRequestError, match="FLEX_START"):
         gce.create(InstanceRequest(**{**bad.__dict__, "flex_start": True, "max_run_s": 7200}))
 

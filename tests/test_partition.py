@@ -39,8 +39,7 @@ def test_mini_max_beats_equal_layers_on_unequal_gpus() -> None:
     best = part.best(DEVICES, 128)
     equal = part.equal_layers(DEVICES, 128)
     assert best is not None and best.step_s < equal.step_s
-    # the fastest GPU takes the most layers' time: its stage is never the one far behind
-    assert max(best.stage_s) / min(best.stage_s) < max(equal.stage_s) / min(equal.stage_s)
+    assert best.bottleneck_s <= equal.bottleneck_s  # the slowest stage (with its send) is what mini-max lowers
 
 
 def test_memory_bounds_every_stage() -> None:
@@ -62,7 +61,7 @@ def _plan_json(example: str) -> dict[str, object]:
 
 
 def test_plan_chooses_a_pipeline_for_a_model_no_gpu_holds() -> None:
-    doc = _plan_json("gpt-1.5b-pipeline.yaml")
+    doc = _plan_json("plan/gpt-1.5b-pipeline.yaml")
     chosen = doc["chosen"]
     assert isinstance(chosen, dict) and chosen["strategy"] in ("pipeline", "hybrid") and chosen["feasible"]
     strategies = {s["name"]: s for s in doc["strategies"]}  # type: ignore[union-attr]
@@ -80,7 +79,7 @@ def test_plan_keeps_data_parallel_where_the_model_fits_and_reports_the_pipeline(
 
 
 def test_parallelism_data_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None:
-    text = (REPO / "examples" / "gpt-1.5b-pipeline.yaml").read_text().replace("optimizer: adam",
+    text = (REPO / "examples" / "plan" / "gpt-1.5b-pipeline.yaml").read_text().replace("optimizer: adam",
                                                                               "optimizer: adam\n  parallelism: data")
     path = tmp_path / "gpt-data.yaml"
     path.write_text(text)

@@ -250,11 +250,12 @@ def test_machine_type_shapes() -> None:
     assert "l4 is sold only with its accelerator-optimized machine types" in msg and "g2-standard-4 (1 GPU)" in msg
 
 
-def test_flex_start_is_for_a2_a3_a4_only() -> None:
+def test_flex_start_is_for_the_families_google_offers_it_on() -> None:
     spec = validate_spec(gce_doc({"gpu": "h100", "provisioning": "flex_start", "zone": "us-central1-a"}))
     assert spec.pinned.workers[0].spot is False  # flex-start VMs are not spot
-    (msg,) = errors_of(gce_doc({"gpu": "l4", "provisioning": "flex_start", "zone": "us-central1-a"}))
-    assert msg.startswith("cluster.workers[0].provisioning: provisioning: flex_start is for A2/A3/A4")
+    validate_spec(gce_doc({"gpu": "l4", "provisioning": "flex_start", "zone": "us-central1-a"}))  # G2 has it
+    (msg,) = errors_of(gce_doc({"gpu": "rtx-pro-6000", "provisioning": "flex_start", "zone": "us-central1-a"}))
+    assert msg.startswith("cluster.workers[0].provisioning: provisioning: flex_start is not offered for g4-")
     assert any("not spot VMs" in m for m in errors_of(gce_doc({"gpu": "h100", "provisioning": "flex_start",
                                                                "spot": True, "zone": "us-central1-a"})))
     local = {"name": "x", "cluster": {"workers": [{"gpu": "h100", "provisioning": "flex_start"}]}}

@@ -107,3 +107,20 @@ def test_a_running_job_resplits_when_a_worker_slows(tmp_path: Path) -> None:
     assert all(sum(r["batches"].values()) == 96 for r in report["resplits"])  # the global batch never changes
     assert report["worker_batches"]["0"]["reported"] == after[-1]["batches"]["0"]
     assert processes_under(tmp_path) == []
+
+
+def test_a_pipeline_survives_the_revocation_of_a_stage(tmp_path: Path) -> None:
+    """examples/local-pipeline.yaml, shorter: three stages sized to three emulated GPUs; the P100 stage is revoked,
+    every stage checkpoints on the notice, the pipeline waits for the replacement and trains on to the end."""
+    env = _env(tmp_path)
+    spec = _spec(tmp_path, "local-pipeline.yaml", {"schedule": [{"instance": "worker-1", "at_s": 40}]},
+                 train_steps=120, checkpoint_every=60)
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+        kinds = [r[0] for r in conn.execute(text("SELECT to_status FROM events WHERE entity = 'note'")).all()]
+    assert summary["status"] == "succeeded" and summary["revocations"] == 1 and summary["replacements"] == 1
+    assert summary["accuracy"] > 0.5, summary
+    assert "ckpt_on_notice" in kinds
+    assert processes_under(tmp_path) == []

@@ -32,17 +32,35 @@ def complete(root: Path) -> list[Path]:
 
 def save(root: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> float | None:
     """Collective: every rank calls it. Returns the seconds it took, or None if that step is saved already."""
+    if (_dir(root, step) / ".metadata").exists():
+        return None
+    msd, osd = get_state_dict(model, opt)
+    return save_state(root, {"model": msd, "optim": osd}, step)
+
+
+def save_state(root: Path, state: dict[str, object], step: int) -> float | None:
+    """Collective: a state dict (each rank its own keys, or the same replicated ones) as the step's checkpoint."""
     path = _dir(root, step)
     if (path / ".metadata").exists():
         return None
     t0 = time.perf_counter()
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd, "step": torch.tensor(step)}, checkpoint_id=str(path))
+    dcp.save({**state, "step": torch.tensor(step)}, checkpoint_id=str(path))
     seconds = time.perf_counter() - t0
     if dist.get_rank() == 0:
         for old in complete(root)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
     return seconds
+
+
+def load_state(root: Path, state: dict[str, object]) -> int:
+    """Fill ``state`` (its keys only) from the newest complete checkpoint; its step, 0 if there is none."""
+    found = complete(root)
+    if not found:
+        return 0
+    full = {**state, "step": torch.tensor(0)}
+    dcp.load(full, checkpoint_id=str(found[-1]))
+    state.update({k: v for k, v in full.items() if k != "step"})
+    return int(full["step"])  # type: ignore[call-overload]
 
 
 def restore(root: Path, model: nn.Module, opt: torch.optim.Optimizer) -> int:

@@ -88,15 +88,15 @@ class CrossRankBatchNorm(nn.BatchNorm2d):
 
 
 class Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    def __init__(self, cin: int, cout: int, stride: int, norm: type[nn.BatchNorm2d] = CrossRankBatchNorm) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.b1 = CrossRankBatchNorm(cout)
+        self.b1 = norm(cout)
         self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.b2 = CrossRankBatchNorm(cout)
+        self.b2 = norm(cout)
         self.short: nn.Module | None = None
         if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), CrossRankBatchNorm(cout))
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.b1(self.c1(x)))
@@ -104,16 +104,18 @@ class Block(nn.Module):
         return F.relu(y + (x if self.short is None else self.short(x)))
 
 
-def resnet(hparam_set: str, classes: int = 10) -> nn.Sequential:
+def resnet(hparam_set: str, classes: int = 10, norm: type[nn.BatchNorm2d] = CrossRankBatchNorm) -> nn.Sequential:
+    """The CIFAR ResNet as one flat Sequential: stem conv, BN, ReLU; the blocks; pool, flatten, linear (a pipeline
+    cuts it between these children). ``norm``: plain nn.BatchNorm2d for a pipeline, whose ranks hold other layers."""
     try:
         n, widths = ARCHS[hparam_set]
     except KeyError:
         raise ValueError(f"unknown hparam_set {hparam_set!r}; known: {sorted(ARCHS)}") from None
-    layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), CrossRankBatchNorm(widths[0]), nn.ReLU()]
+    layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), norm(widths[0]), nn.ReLU()]
     cin = widths[0]
     for stage, cout in enumerate(widths):
         for j in range(n):
-            layers.append(Block(cin, cout, 2 if (j == 0 and stage > 0) else 1))
+            layers.append(Block(cin, cout, 2 if (j == 0 and stage > 0) else 1, norm))
             cin = cout
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
     model = nn.Sequential(*layers)

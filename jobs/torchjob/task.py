@@ -41,6 +41,7 @@ class TorchTask:
     env: dict[str, str] = field(default_factory=dict)
     resplit_every: int = 0  # probe each rank's compute every N steps and re-split the batch (0: never)
     slowdowns: list[tuple[int, float]] = field(default_factory=list)  # local emulation: (at step, factor)
+    pipeline: task_schema.PipelineSection | None = None  # a pipeline job's stages (pipe.py); None: DDP
 
     @property
     def notice_file(self) -> Path:
@@ -74,6 +75,7 @@ def parse(raw: dict[str, Any]) -> TorchTask:
         sleep_table=[[a, b] for a, b in t.sleep_table],
         run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
         resplit_every=t.resplit_every, slowdowns=[(int(a), float(f)) for a, f in t.slowdowns],
+        pipeline=t.pipeline,
     )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")

@@ -247,13 +247,16 @@ class Trainer:
             raise WorldChange(f"torchrun stops the worker group at step {step} (a node joins)")
 
     def _checkpoint(self, step: int, reason: str) -> None:
-        seconds = ckpt.save(self.task.checkpoint_dir, self.model, self.opt, step)
+        seconds = self._save(step)
         if seconds is not None and self.metrics is not None:
             self.metrics.write("checkpoint", step=step, reason=reason, seconds=round(seconds, 4),
                                world_size=self.world)
             if reason == "notice":
                 self._event("ckpt_on_notice", step=step, seconds=round(seconds, 4), world_size=self.world)
             log(f"checkpoint at step {step} ({reason}) in {seconds:.3f}s")
+
+    def _save(self, step: int) -> float | None:
+        return ckpt.save(self.task.checkpoint_dir, self.model, self.opt, step)
 
     def _log_step(self, step: int, loss_sum: torch.Tensor, steps: int, window_t: float) -> None:
         dist.all_reduce(loss_sum)  # each rank's (loss share / world): the sum is the global-batch mean loss

@@ -50,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))),
                             device_id=device_id)
     try:
-        Trainer(task).run()
+        if task.pipeline is not None:
+            from torchjob.pipe import PipeTrainer  # a pipeline stage instead of a DDP replica
+
+            PipeTrainer(task).run()
+        else:
+            Trainer(task).run()
     except WorldChange as e:
         log(str(e))
         _exit_now(EXIT_ERROR)

@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.listing import check_format, format_option
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, print_report, table
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 def resolve_spec(spec_path: Path) -> tuple[JobSpec, PlanResult | None, list[KnownBlock]]:
     """Validate the spec; if it does not pin the cluster, let the planner choose one. Placement avoids the
     stockouts and quotas the cloud reported that are still in force (the blocks, also returned)."""
+    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(spec_path)
     from orchestrator.control.launcher import known_blocks  # lazy: the control layer (~0.3 s) only for launch
 

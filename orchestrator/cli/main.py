@@ -176,8 +176,8 @@ def _usage_error(exc: Exception) -> int:
 
 def _print_spec_error(exc: SpecError) -> None:
     what = "SSH inventory" if isinstance(exc, InventoryError) else "job spec"
-    if len(exc.errors) == 1 and not exc.errors[0].path:  # the file as a whole (unreadable, not a mapping)
-        msg = exc.errors[0].message
+    if len(exc.errors) == 1:  # one problem, one line: the field, what is wrong and the fix
+        msg = str(exc.errors[0]) if exc.errors[0].path else exc.errors[0].message
         text = msg if exc.source and exc.source in msg else f"{what} {exc.source}: {msg}"
         err_console.print(f"error: {text}; nothing was created", highlight=False, markup=False, soft_wrap=True)
         return

@@ -13,6 +13,7 @@ from rich.markup import escape
 from sqlalchemy import select
 
 from orchestrator.cli.listing import Col, check_format, format_option, print_csv, print_json, print_table
+from orchestrator.cli.model_torch import predict_torch, profile_torch
 from orchestrator.cli.render import console
 from orchestrator.core.catalog import CatalogError, load_catalog
 from orchestrator.core.costmodel import (
@@ -266,17 +267,30 @@ def _print_calibration(label: str, calib: Calibration, rows: list[Measurement], 
 
 @app.command("predict")
 def predict(
-    model: str = typer.Option(..., "--model", help=f"one of: {', '.join(MODEL_NAMES)}"),
-    gpu: str = typer.Option(..., "--gpu", help="catalog GPU key (k80, p100, v100, t4, l4, a100, h100)"),
+    model: str | None = typer.Option(None, "--model", help=f"one of: {', '.join(MODEL_NAMES)}"),
+    gpu: str = typer.Option(..., "--gpu", help="GPU key (k80, v100, a100, h100, ...; data/gpu_arch.csv)"),
     batch: int = typer.Option(..., "--batch", min=1, help="per-worker batch"),
     calibration: str | None = typer.Option(None, "--calibration", help="calibration ID (DB) or JSON file"),
-    runtime: str = typer.Option("tf1-graph", "--runtime", help="tf1-graph, keras-xla, pytorch-eager, torch-compile"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32 or bf16"),
+    runtime: str | None = typer.Option(
+        None, "--runtime", help="tf1-graph, keras-xla, pytorch-eager, torch-compile (default: tf1-graph; "
+        "pytorch-eager with --torch)"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, amp (fp16 mixed) or bf16"),
+    torch_ref: str | None = typer.Option(
+        None, "--torch", help="your PyTorch model, MODULE:FACTORY (FACTORY(batch) -> (nn.Module, inputs))"),
+    measurements: Path | None = typer.Option(
+        None, "--measurements", help="with --torch: CSV of measured steps (data/measurements columns; model = "
+        "MODULE:FACTORY)"),
     json_out: bool = typer.Option(False, "--json", help="same as --format json"),
     fmt: str = format_option(),
 ) -> None:
     """Predict one worker's compute step time (and whether the batch fits the GPU's memory)."""
     fmt = "json" if json_out else check_format(fmt)
+    if torch_ref is not None:
+        predict_torch(torch_ref, gpu, batch, precision, runtime or "pytorch-eager", measurements, fmt == "json")
+        return
+    if model is None:
+        raise UserError("give --model NAME or --torch MODULE:FACTORY")
+    runtime = runtime or "tf1-graph"
     _check_model(model)
     calib = resolve_calibration(calibration) or DEFAULT_CALIBRATION
     cat = load_catalog()
@@ -350,10 +364,19 @@ def profile(
     ),
     gpu: str | None = typer.Option(None, "--gpu", help="also show per-layer step time on this GPU"),
     batch: int = typer.Option(128, "--batch", min=1, help="batch for the per-layer times"),
+    torch_ref: str | None = typer.Option(
+        None, "--torch", help="profile your PyTorch model: MODULE:FACTORY (a file path.py:build, pkg.mod:build or "
+        "torchvision:resnet50); FACTORY(batch) -> (nn.Module, tuple of inputs); no weights are allocated"),
+    precision: str = typer.Option("fp32", "--precision", help="with --torch --gpu: fp32, tf32, amp or bf16"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="with --torch: profile again even if cached"),
+    json_out: bool = typer.Option(False, "--json", help="with --torch: the profile as JSON (= --format json)"),
     fmt: str = format_option("json / csv: one record a model, or a layer with --model"),
 ) -> None:
-    """Per-layer FLOPs, bytes, parameters and activation memory of a model (pure analytic profile)."""
-    check_format(fmt)
+    """Per-layer FLOPs, bytes, parameters and activation memory of a model (analytic, or --torch: measured)."""
+    fmt = "json" if json_out else check_format(fmt)
+    if torch_ref is not None:
+        profile_torch(torch_ref, fmt == "json", gpu, batch, precision, no_cache)
+        return
     if model is None:
         _print_profiles(fmt)
         return

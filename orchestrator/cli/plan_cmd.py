@@ -14,8 +14,10 @@ from rich.markup import escape
 from orchestrator.cli.host_load import HostLoad, host_load, with_load
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
-from orchestrator.core.costmodel import Candidate, PlanResult, UnknownModelError
+from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult, UnknownModelError
+from orchestrator.core.costmodel.interval import plan_interval
 from orchestrator.core.errors import UserError
 from orchestrator.core.spec import load_spec
 from orchestrator.sim.from_spec import plan_job
@@ -138,11 +140,12 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     """Load the spec, plan, print the chosen cluster and the runner-ups (or JSON, or CSV: one row a candidate)."""
     fmt = "json" if json_out else check_format(fmt)
     load_option = load_option.strip()
+    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(spec_path)
     calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     if calib is not None and calib.emulated and not spec.provider.emulates_gpus:
         err_console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
-                      "planning real GPUs with the shipped one (data/calibration.json) instead")
+                          "planning real GPUs with the shipped one (data/calibration.json) instead")
         calib = None
     load, idle = None, None
     try:
@@ -154,6 +157,7 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     except UnknownModelError as exc:
         raise UserError(str(exc), hint="set training.hparam_set to a model the cost model profiles") from None
     load_note = _load_note(load, idle, result.chosen) if load is not None else None
+    interval = plan_interval(result, calib or DEFAULT_CALIBRATION)
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
     chosen_ok = result.chosen is not None and result.chosen.feasible
@@ -164,7 +168,7 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
         print_csv([_csv_row(rank, c, front) for rank, c in ranked])
     if fmt == "json":
-        doc = result.to_dict(top=top)
+        doc = {**result.to_dict(top=top), "prediction_interval": interval}
         if found is not None:
             doc["deadline_policies"] = outlook_dict(found)
         if load is not None:
@@ -177,6 +181,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
             raise typer.Exit(1)
         return
     _print_plan(spec.name, result, top)
+    if interval is not None:
+        _print_interval(result, interval)
     if found is not None:
         print_outlook(found)
     if load_note:
@@ -207,6 +213,19 @@ def _load_note(load: HostLoad, idle: Candidate | None, loaded: Candidate | None)
     more = loaded.time_s / idle.time_s - 1
     return (f"{said}: the prediction counts them as sharing the cores ({'+' if more >= 0 else ''}{more:.0%} over "
             f"an idle host's {_time(idle)} / {_cost(idle)}); if they stop, expect the idle figures")
+
+
+def _print_interval(result: PlanResult, interval: dict[str, Any]) -> None:
+    why = {"same-gpu": "measured on these GPUs", "other-gpu": "measured on other GPUs only",
+           "other-gpu-precision": "measured at another precision", "none": "no measured step of this model"}
+    console.print(
+        f"prediction interval: +-{interval['relative']:.0%} ({why[interval['kind']]}; held-out error, "
+        f"bench/cross_gpu.py): time {duration(interval['time_low_s'])} .. {duration(interval['time_high_s'])}, "
+        f"cost {money(interval['cost_low_usd'])} .. {money(interval['cost_high_usd'])}"
+    )
+    if interval["flips_to"]:
+        console.print(f"[yellow]the choice may flip inside the interval:[/yellow] {interval['flips_to']} is within "
+                      f"it by {result.objective}; measure the model (model predict --measurements) to decide")
 
 
 def _print_plan(name: str, result: PlanResult, top: int) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.cli.model_cmd import resolve_calibration
+from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
@@ -99,6 +100,7 @@ def _monte_carlo(
     path: Path, runs: int, seed: int, price_book: str | None, calibration: Calibration | None, cloud: bool,
     model: RevocationModel, model_kind: str,
 ) -> MonteCarloResult:
+    prepare_spec(path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(path)
     try:
         cluster = cluster_from_spec(spec, price_book=price_book, calibration=calibration, as_cloud=cloud)

@@ -36,6 +36,7 @@ from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
 from orchestrator.control.torch_task import torch_view
+from orchestrator.core import policy
 from orchestrator.core.blocks import blocked, provider_key
 from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.instances import ObservedInstance, ProcStatus, Role
@@ -323,6 +324,7 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    deadline_s=job.deadline_s, started_at=job.started_at, restarts=job.restarts, cost_usd=cost,
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
                    fatal_exits=job.fatal_exits, deadline_inputs=deadline.deadline_inputs(session, job, spec, now),
+                   notice_s=policy.notice_window_s(spec.provider),
                    **torch_view(spec, slots))
 
 

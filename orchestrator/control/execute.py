@@ -276,7 +276,7 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
         storage=str(storage) if storage is not None else "storage",  # remote: the synced local copy
         storage_uri=ctx.storage.uri,
         training=TrainingSection(
-            model=getattr(training, "model", "resnet"), hparam_set=training.hparam_set,
+            model=training.model if isinstance(training, BuiltinTraining) else "resnet", hparam_set=training.hparam_set,
             problem=getattr(training, "problem", "image_cifar10"),
             data_dir=training.data_dir if isinstance(training, BuiltinTraining) else None,
             train_steps=training.train_steps, batch_per_worker=batches, checkpoint_every=training.checkpoint_every,

@@ -15,11 +15,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
 from orchestrator.core.instances import Role
 from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.status import EndReason
-from orchestrator.core.task import TorchSection
+from orchestrator.core.task import PipelineSection, TorchSection
 from orchestrator.core.torch_spec import argv, is_pytorch, is_run_job
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
@@ -64,6 +65,7 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
     points = sorted({1, max(1, planned // 2), planned, planned * 2, global_batch})
     training = spec.training
     run, setup = argv(getattr(training, "run", None)), argv(getattr(training, "setup", None))
+    pipeline = pipeline_section(spec, slots, global_batch)
     local = spec.provider.as_local()
     slot = next((s for s in slots if s.name == inst.slot), None)
     slowdowns = tuple((d.at_step, d.factor) for d in (local.slowdowns if local else [])
@@ -71,7 +73,8 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
     return TorchSection(
         rdzv_endpoint=f"{address}:{port}",
         is_rdzv_host=host_slot is not None and inst.slot == host_slot.name,
-        min_nodes=min(getattr(training, "min_workers", None) or 1, len(workers)),
+        # A pipeline needs every stage: the world waits for a lost stage's replacement.
+        min_nodes=len(workers) if pipeline else min(getattr(training, "min_workers", None) or 1, len(workers)),
         max_nodes=len(workers),
         max_restarts=MAX_RESTARTS,
         threads=1 if spec.provider.emulates_gpus else None,
@@ -79,9 +82,22 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         run=None if run is None else tuple(run),
         setup=None if setup is None else tuple(setup),
         env={},  # the spec's env: and secrets go to the process environment, not to this file
-        resplit_every=0 if run is not None else int(getattr(training, "resplit_every", 0) or 0),
+        resplit_every=0 if run is not None or pipeline else int(getattr(training, "resplit_every", 0) or 0),
         slowdowns=slowdowns,
+        pipeline=pipeline,
     )
+
+
+def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> PipelineSection | None:
+    """The stages of a built-in job with ``training.parallelism: pipeline`` (None: data parallel)."""
+    if getattr(spec.training, "parallelism", "data") != "pipeline" or is_run_job(spec):
+        return None
+    workers = [(s.index, s.gpu or "k80", s.machine_type) for s in slots if s.role == Role.WORKER]
+    found = plan_pipeline(spec, workers, global_batch)
+    if found is None:
+        raise ValueError("no pipeline of these GPUs holds the model in memory")
+    return PipelineSection(stage_slots=found.stage_slots, modules=found.modules, micro_batches=found.micro_batches,
+                           stage_sleep=found.stage_sleep)
 
 
 def push_paths(spec: JobSpec) -> list[Any]:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 from orchestrator.core.catalog import CURRENT_BOOK, Catalog, PriceBook
-
-# Dynamic Workload Scheduler (provisioningModel=FLEX_START) serves these accelerator-optimized series.
-FLEX_START_FAMILIES = ("a2", "a3", "a4")
+from orchestrator.core.gce_rules import load_gce_rules
 
 
 def price_note(book: PriceBook, gpu: str) -> str:
@@ -58,10 +56,12 @@ def machine_type_message(catalog: Catalog, gpu: str, machine_type: str | None) -
 
 
 def flex_start_message(machine_type: str) -> str | None:
-    family = machine_type.split("-", 1)[0]
-    if family in FLEX_START_FAMILIES:
+    """Dynamic Workload Scheduler (provisioningModel=FLEX_START) serves the families data/gce_rules.csv marks."""
+    rule = load_gce_rules().family(machine_type)
+    if rule is not None and rule.flex_start:
         return None
     return (
-        f"provisioning: flex_start is for A2/A3/A4 machine types only, not {machine_type}; "
-        "use e.g. a2-highgpu-1g (A100), a3-highgpu-1g (H100) or a4-highgpu-8g (B200), or drop provisioning"
+        f"provisioning: flex_start is not offered for {machine_type} (data/gce_rules.csv: G2, A2, A3 and A4 "
+        "have it; G4 and A4X do not); use e.g. g2-standard-4 (L4), a3-highgpu-1g (H100) or a4-highgpu-8g "
+        "(B200), or drop provisioning"
     )

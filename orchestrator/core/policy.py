@@ -18,9 +18,10 @@ from typing import Final
 
 import numpy as np
 
+from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.instances import Role
 from orchestrator.core.paths import data_dir
-from orchestrator.core.spec import LocalProvider, OnRevocation, RevocationMode
+from orchestrator.core.spec import JobSpec, LocalProvider, OnRevocation, ProviderSpec, RevocationMode
 
 
 def _read(name: str) -> dict[str, float]:
@@ -44,6 +45,8 @@ CREATE_RETRY_S: Final = _CHOICES["create_retry_s"]  # every zone out of capacity
 CREATE_REISSUE_S: Final = _CHOICES["create_reissue_s"]  # REQUESTED and unseen this long -> create again
 MAX_CREATE_FAILURES: Final = int(_CHOICES["max_create_failures"])  # per slot, then the job fails
 EXTRA_RESTARTS: Final = int(_CHOICES["extra_restarts"])  # whole-cluster restarts beyond max_replacements
+FLEX_START_REQUEST_VALID_S: Final = _CHOICES["flex_start_request_valid_s"]  # a Flex-start request waits this long
+EXTENDED_NOTICE_S: Final = _CLOUD["preemption_notice_extended"]  # scheduling.preemptionNoticeDuration (Preview)
 DEADLINE_TICK_S: Final = _CHOICES["deadline_tick_s"]  # cloud seconds between on_revocation: deadline decisions
 
 
@@ -97,9 +100,35 @@ def replacement_zones(last_zone: str, zones: tuple[str, ...], rotate: bool = Fal
     return (last_zone,) + tuple(z for z in zones if z != last_zone)
 
 
-def in_notice_grace(revoked_at: float, now: float) -> bool:
-    """A revoked instance still in its notice window (plus the checkpoint upload) is not deleted yet."""
-    return now - revoked_at < REVOKED_GRACE_S
+def in_notice_grace(revoked_at: float, now: float, notice_s: float | None = None) -> bool:
+    """A revoked instance still in its notice window (plus the checkpoint upload: as long again) is not
+    deleted yet; ``notice_s``: the window the VM really has (``notice_window_s``)."""
+    return now - revoked_at < (REVOKED_GRACE_S if notice_s is None else 2 * notice_s)
+
+
+def notice_window_s(provider: ProviderSpec) -> float:
+    """Seconds from a preemption notice to hard off: 30 s, or 120 s on gce Spot VMs whose spec asks for
+    scheduling.preemptionNoticeDuration (provider.preemption_notice_s: 120)."""
+    gce = provider.as_gce()
+    return EXTENDED_NOTICE_S if gce is not None and gce.preemption_notice_s else NOTICE_WINDOW_S
+
+
+def image_boot_extra_s(route: str) -> float:
+    """Seconds a first boot on an image route adds to BOOT_S (data/cloud_facts.csv image_boot_extra_<route>;
+    the stock route's VMs have no GPU, and a baked image adds nothing)."""
+    return _CLOUD.get(f"image_boot_extra_{route.replace('-', '_')}", 0.0)
+
+
+def gce_boot_extra_s(spec: JobSpec) -> float:
+    """The slowest first boot among a gce job's GPU VMs, from the image route each one takes; 0 elsewhere."""
+    gce = spec.provider.as_gce()
+    if gce is None:
+        return 0.0
+    rules = load_gce_rules()
+    gpus = [g.gpu for g in spec.cluster.workers] if spec.cluster else list(spec.search.gpus if spec.search else [])
+    routes = {rules.image_route(gce.image or rules.default_image(g), gce.project, gce.gpu_driver == "installer").route
+              for g in gpus}
+    return max((image_boot_extra_s(r) for r in routes), default=0.0)
 
 
 def _rng(seed: int, slot: str, generation: int) -> np.random.Generator:

@@ -140,7 +140,7 @@ def _step_ended(p: _Pass, inst: InstanceView, o: ObservedInstance | None) -> Non
             p.acts.append(DeleteInstance(inst.name, inst.zone, "delete timed out; asking again"))
         return
     in_window = (st == S.REVOKED and o is not None and o.state != ObservedState.TERMINATED
-                 and policy.in_notice_grace(inst.revoked_at or inst.updated_at, p.now))
+                 and policy.in_notice_grace(inst.revoked_at or inst.updated_at, p.now, p.job.notice_s))
     if not in_window:
         p.acts.append(DeleteInstance(inst.name, inst.zone, f"clean up {st.value} instance"))
         p.status[inst.name] = S.DELETING

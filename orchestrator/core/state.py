@@ -68,6 +68,7 @@ class JobView:
     # worker) and a ready replacement joins the running world at once. rdzv_slot hosts the rendezvous.
     elastic: bool = False
     rdzv_slot: str | None = None
+    notice_s: float | None = None  # the VMs' preemption notice window (policy.notice_window_s); None: 30 s
     deadline_inputs: DeadlineInputs | None = None  # on_revocation: deadline
 
 

@@ -43,6 +43,18 @@ class TrainingSection:
 
 
 @dataclass(frozen=True)
+class PipelineSection:
+    """A pipeline job's stages (jobs/torchjob/pipe.py): worker slots in stage order, the half-open range of the
+    model's top-level modules each stage holds, micro-batches per step, and (local emulation) each stage's
+    forward / backward sleep per micro-batch."""
+
+    stage_slots: tuple[int, ...]
+    modules: tuple[tuple[int, int], ...]
+    micro_batches: int
+    stage_sleep: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TorchSection:
     """The PyTorch payload's extra section (elastic rendezvous, emulated step times, the user's command)."""
 
@@ -58,6 +70,7 @@ class TorchSection:
     env: Mapping[str, str] = field(default_factory=dict)  # secrets never go here: the process env has them
     resplit_every: int = 0  # the built-in job re-splits its batch from measured compute every N steps (0: off)
     slowdowns: tuple[tuple[int, float], ...] = ()  # local emulation: this node's GPU slows (at step, factor)
+    pipeline: PipelineSection | None = None  # a pipeline job's stages; None: data parallel
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,12 @@ class TaskConfig:
                             "threads": p.threads, "sleep_table": [list(r) for r in p.sleep_table],
                             "run": None if p.run is None else list(p.run),
                             "setup": None if p.setup is None else list(p.setup), "env": dict(p.env),
-                            "resplit_every": p.resplit_every, "slowdowns": [list(r) for r in p.slowdowns]}
+                            "resplit_every": p.resplit_every, "slowdowns": [list(r) for r in p.slowdowns],
+                            "pipeline": None if p.pipeline is None else {
+                                "stage_slots": list(p.pipeline.stage_slots),
+                                "modules": [list(m) for m in p.pipeline.modules],
+                                "micro_batches": p.pipeline.micro_batches,
+                                "stage_sleep": [list(x) for x in p.pipeline.stage_sleep]}}
         return out
 
     def to_json(self) -> str:
@@ -159,7 +177,23 @@ def _torch(raw: Mapping[str, Any]) -> TorchSection:
         max_restarts=_get(raw, "max_restarts", int, w, 100), threads=_opt(raw, "threads", int, w),
         sleep_table=sleep, run=_argv(raw, "run"), setup=_argv(raw, "setup"),
         env={str(k): str(v) for k, v in env.items()}, resplit_every=_get(raw, "resplit_every", int, w, 0),
-        slowdowns=slowdowns)
+        slowdowns=slowdowns, pipeline=_pipeline(_opt(raw, "pipeline", dict, w)))
+
+
+def _pipeline(raw: Mapping[str, Any] | None) -> PipelineSection | None:
+    if raw is None:
+        return None
+    try:
+        section = PipelineSection(
+            stage_slots=tuple(int(s) for s in raw["stage_slots"]),
+            modules=tuple((int(a), int(b)) for a, b in raw["modules"]),
+            micro_batches=int(raw["micro_batches"]),
+            stage_sleep=tuple((float(f), float(b)) for f, b in raw.get("stage_sleep", [])))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TaskSchemaError(f"task.json: torch.pipeline is malformed ({exc})") from exc
+    if len(section.modules) != len(section.stage_slots) or section.micro_batches < 1:
+        raise TaskSchemaError("task.json: torch.pipeline needs one module range per stage and micro_batches >= 1")
+    return section
 
 
 def check_version(raw: object) -> Mapping[str, Any]:

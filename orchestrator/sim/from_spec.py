@@ -138,7 +138,9 @@ def _delays(spec: JobSpec, acc: RunAccounting, local: bool) -> _Delays:
     sync = spec.mode == TrainingMode.SYNC
     return {"startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
             "regroup_s": acc.startup_s if sync else 0.0, "teardown_s": acc.teardown_s,
-            "notice_s": policy.NOTICE_WINDOW_S / spec.provider.time_scale if local else 0.0}
+            # A preempted VM runs (and bills) through the notice window it really has (30 s, 120 s if asked).
+            "notice_s": policy.notice_window_s(spec.provider) / spec.provider.time_scale
+            if local or spec.provider.is_cloud else 0.0}
 
 
 def _pinned(spec: JobSpec, cluster: Cluster | None) -> JobSpec:

@@ -54,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from orchestrator.core.catalog import Catalog, Gpu, load_catalog
+from orchestrator.core.costmodel import crossgpu
 from orchestrator.core.costmodel.profiles import (
     BYTES_PER_VALUE,
     ModelProfile,
@@ -61,6 +62,7 @@ from orchestrator.core.costmodel.profiles import (
     get_profile,
     resnet_cifar,
 )
+from orchestrator.core.costmodel.profiles.user import is_user_model
 from orchestrator.core.paths import data_dir
 
 FloatArray = npt.NDArray[np.float64]
@@ -474,8 +476,23 @@ def step_fn(
 ) -> StepTimeFn:
     cat = catalog or load_catalog()
     g = cat.gpu(gpu)
-    eff = (calibration or DEFAULT_CALIBRATION).for_gpu(g.key, runtime_key(runtime, precision), model)
+    calib = calibration or DEFAULT_CALIBRATION
+    key, eff = calib.lookup(g.key, runtime_key(runtime, precision), model)
+    if is_user_model(model) and not key.endswith(f"/{model}"):  # no measured figure of this model on this GPU
+        return arch_step_fn(model_profile(model), layer_arrays(model), g, eff, precision, runtime)
     return build_step_fn(layer_arrays(model), g, eff, precision, runtime)
+
+
+def arch_step_fn(
+    profile: ModelProfile, arrays: LayerArrays, gpu: Gpu, eff: Efficiency, precision: str, runtime: str
+) -> StepTimeFn:
+    """A user's model (its op-class split measured by the profiler) on a GPU from its architecture
+    (``crossgpu``: op-class roofline, efficiencies fitted on public measurements); the runtime's host
+    overhead and the GPU's occupancy as in ``build_step_fn``."""
+    c, m, w = crossgpu.layer_seconds(crossgpu.class_work(profile), crossgpu.arch_gpu(gpu.key),
+                                     crossgpu.check_precision(precision))
+    h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
+    return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
 
 
 def step_time(

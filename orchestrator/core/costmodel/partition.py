@@ -13,7 +13,8 @@ each stage's memory: its parameters with their gradients and optimizer state, pl
 micro-batches in flight (1F1B: stage k holds ``min(micro, S - k)``).
 
 Cuts fall between *units* (a residual block, a transformer block, the stem), where one tensor crosses: the
-unit is the layer name's prefix before its first ``_`` (``s1b0_conv1`` -> ``s1b0``, ``h7_attn_query`` -> ``h7``).
+unit is the layer name's prefix before its first ``_`` (``s1b0_conv1`` -> ``s1b0``, ``h7_attn_query`` -> ``h7``), or
+for a profiled PyTorch model the block of a numbered container (``layer1.0.conv1`` -> ``layer1.0``).
 
 A *hybrid* stage is a group of equal GPUs that runs its layers data parallel: each replica takes
 ``micro / width`` of the micro-batch, and the stage all-reduces its gradients once a step.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,9 +84,22 @@ class Partition:
 
 
 def units(profile: ModelProfile) -> list[int]:
-    """Layer indices where a new unit begins (the allowed cuts), 0 first."""
-    names = [layer.name.split("_", 1)[0] for layer in profile.layers]
-    return [i for i, n in enumerate(names) if i == 0 or n != names[i - 1]]
+    """Layer indices where a new unit begins (the allowed cuts), 0 first. The loss (``softmax_xent``) stays with
+    the layer before it: no stage holds a loss alone."""
+    layers = profile.layers
+    names = [_unit(layer.name) for layer in layers]
+    return [i for i, n in enumerate(names)
+            if i == 0 or (n != names[i - 1] and layers[i].name != "softmax_xent")]
+
+
+def _unit(name: str) -> str:
+    """The unit a layer belongs to: ``s1b0_conv1`` -> ``s1b0``; a PyTorch module path ``layer1.0.conv1`` ->
+    ``layer1.0`` (a block of a numbered container), ``fc`` -> ``fc``."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0].split("_", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -107,17 +121,17 @@ class _Costs:
         return np.asarray((np.power(host, p) + np.power(gpu, p)) ** (1 / p))
 
 
-def _costs(model: str, fn: StepTimeFn, micro: float) -> _Costs:
+def _costs(model: str, fn: StepTimeFn, micro: float, given: np.ndarray | None = None) -> _Costs:
     prof = get_profile(model)
     arrays = layer_arrays(model)
     slope = np.maximum(fn.c, fn.m)
-    per_layer = slope * (micro + fn.h) + fn.w
+    per_layer = slope * (micro + fn.h) + fn.w if given is None else given
     kernels = arrays.kernels / max(float(arrays.kernels.sum()), 1.0)
 
     def cum(x: Sequence[float] | np.ndarray) -> np.ndarray:
         return np.concatenate([[0.0], np.cumsum(np.asarray(x, dtype=np.float64))])
 
-    return _Costs(cum(per_layer), cum(kernels), fn.host_s, fn.overlap,
+    return _Costs(cum(per_layer), cum(kernels), fn.host_s if given is None else 0.0, fn.overlap,
                   cum([sum(v.nbytes for v in layer.variables) for layer in prof.layers]),
                   cum([layer.saved_bytes for layer in prof.layers]),
                   np.array([layer.write_bytes for layer in prof.layers], dtype=np.float64))
@@ -127,8 +141,12 @@ class Partitioner:
     """Mini-max contiguous partitions of one model over given GPUs (cached per GPU type and micro-batch)."""
 
     def __init__(self, model: str, calibration: Calibration | None = None, catalog: Catalog | None = None,
-                 memory: MemoryParams = DEFAULT_MEMORY) -> None:
+                 memory: MemoryParams = DEFAULT_MEMORY,
+                 layer_s: Callable[[str, float], np.ndarray] | None = None) -> None:
+        """``layer_s(gpu, micro_batch)``: each layer's forward + backward seconds from another source than the
+        cost model (the local provider's emulated GPUs: ``local_layer_s``)."""
         self.model = model
+        self.layer_s = layer_s
         self.calibration = calibration
         self.catalog = catalog or load_catalog()
         self.memory = memory
@@ -139,7 +157,8 @@ class Partitioner:
     def costs(self, gpu: str, micro: float) -> _Costs:
         key = (gpu, micro)
         if key not in self._costs:
-            self._costs[key] = _costs(self.model, step_fn(self.model, gpu, self.calibration, self.catalog), micro)
+            fn = step_fn(self.model, gpu, self.calibration, self.catalog)
+            self._costs[key] = _costs(self.model, fn, micro, None if self.layer_s is None else self.layer_s(gpu, micro))
         return self._costs[key]
 
     def best(self, devices: Sequence[StageDevice], global_batch: int, micro_batches: int | None = None,
@@ -230,6 +249,24 @@ class Partitioner:
                          tuple(mem), fits)
 
 
+def flop_shares(model: str) -> np.ndarray:
+    """Each layer's share of the model's forward FLOPs (a plain count, not the cost model's time)."""
+    flops = layer_arrays(model).flops
+    return np.asarray(flops / max(float(flops.sum()), 1.0))
+
+
+def local_layer_s(model: str, emulated_s: Callable[[str, float], float], cpu_s: Callable[[float], float]
+                  ) -> Callable[[str, float], np.ndarray]:
+    """Per-layer seconds of a local-provider stage: the emulated GPU's step (measured curves, core.emulation) and
+    this host's CPU step (data/local_host.csv) at the micro-batch, each spread over the layers by FLOPs."""
+    shares = flop_shares(model)
+
+    def layer_s(gpu: str, micro: float) -> np.ndarray:
+        return np.asarray(shares * (emulated_s(gpu, micro) + cpu_s(micro)))
+
+    return layer_s
+
+
 def _orders(devices: Sequence[StageDevice]) -> list[tuple[StageDevice, ...]]:
     """Distinct orders of the devices along the pipeline (equal devices are interchangeable)."""
     distinct = set(itertools.permutations(devices)) if math.factorial(len(devices)) <= MAX_ORDERS * 10 else set()
@@ -239,4 +276,4 @@ def _orders(devices: Sequence[StageDevice]) -> list[tuple[StageDevice, ...]]:
     return [tuple(by_name), tuple(reversed(by_name))]
 
 
-__all__ = ["SMOOTH_MAX_P", "Partition", "Partitioner", "StageDevice", "units"]
+__all__ = ["SMOOTH_MAX_P", "Partition", "Partitioner", "StageDevice", "flop_shares", "local_layer_s", "units"]

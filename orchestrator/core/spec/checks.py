@@ -7,9 +7,10 @@ user sees every problem at once, each at its field path.
 from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, CatalogError, Gpu, PriceBook
+from orchestrator.core.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
 from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
 from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
-from orchestrator.core.spec.job import Cluster, JobSpec, WorkerGroup
+from orchestrator.core.spec.job import Cluster, JobSpec, OnRevocation, WorkerGroup
 from orchestrator.core.spec.training import TrainingMode
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
 from orchestrator.core.torch_spec import is_pytorch
@@ -44,6 +45,7 @@ class _CatalogCheck:
             self._ps_count(cluster)
             self._local_schedule()
             self._global_batch()
+        self._gce_image()
         return self.errors
 
     def _error(self, path: str, message: str) -> None:
@@ -128,6 +130,7 @@ class _CatalogCheck:
             self._zone_known(f"{path}.zone", zone)
             if self._machine_ok(f"{path}.machine_type", machine):
                 self._priced(f"{path}.machine_type", machine, None, spot)
+                self._gce_rules(path, machine, None, SPOT if spot else STANDARD)
 
     def _worker_group(self, path: str, group: WorkerGroup) -> None:
         if self._unknown_gpu(f"{path}.gpu", group.gpu):
@@ -145,10 +148,51 @@ class _CatalogCheck:
         if group.provisioning == "flex_start" and (not self.cloud or flex_start_message(machine)):
             self._error(f"{path}.provisioning",
                         flex_start_message(machine) or "provisioning: flex_start needs provider kind: gce")
+        model = FLEX_START if group.provisioning == "flex_start" else SPOT if group.spot else STANDARD
+        self._gce_rules(path, machine, gpu.key, model)
         self._zone_known(f"{path}.zone", group.zone)
         self._worker_zone_offers(path, group, gpu)
         self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
         self._batch_fits(path, group, gpu)
+
+    def _gce_rules(self, path: str, machine: str, gpu: str | None, model: str) -> None:
+        """Google's provisioning rules (data/gce_rules.csv) and image routes (data/gce_images.csv): what
+        GCE would refuse, or would create but could not train on, is refused here."""
+        gce = self.spec.provider.as_gce()
+        if gce is None:
+            return
+        rules = load_gce_rules()
+        flex_reported = model == FLEX_START and flex_start_message(machine) is not None  # by _worker_group
+        if not flex_reported and (wrong := rules.provisioning_message(machine, model)) is not None:
+            self._error(f"{path}.provisioning" if model == FLEX_START else f"{path}.spot", wrong)
+        fallback = self.spec.policy.on_revocation == OnRevocation.FALLBACK_ON_DEMAND
+        if model == SPOT and fallback and not rules.allows(machine, STANDARD):
+            self._error("policy.on_revocation", f"fallback-on-demand would replace a preempted {machine} with an "
+                        f"on-demand one, which GCE does not create; use on_revocation: replace or shrink")
+        if gce.boot_disk_type and (wrong := rules.disk_message(machine, gce.boot_disk_type)):
+            self._error("provider.boot_disk_type", wrong)
+        deadline = self.spec.policy.deadline
+        if model == FLEX_START and deadline is not None and deadline < rules.flex_min_run_s:
+            self._error("policy.deadline",
+                        f"a Flex-start VM runs at least {rules.flex_min_run_s / 60:g} minutes, the deadline is "
+                        f"{deadline / 60:g} minutes; raise policy.deadline to {rules.flex_min_run_s / 60:g}m or more, "
+                        "or drop provisioning: flex_start")
+
+    def _gce_image(self) -> None:
+        """A gce spec's GPU VMs boot an image with an NVIDIA driver (data/gce_images.csv), or the user asked
+        for Google's installer: a VM that cannot train is refused before it is billed."""
+        gce = self.spec.provider.as_gce()
+        if gce is not None and gce.service_account == "none" and self.spec.storage.startswith("gs://"):
+            self._error("provider.service_account", "with no service account the VMs cannot write to "
+                        f"{self.spec.storage}; name one (a per-job account with storage access) or leave it out")
+        if gce is None or gce.image is None:  # None: the route's default image, which has a driver
+            return
+        cluster, search = self.spec.cluster, self.spec.search
+        gpus = [g.gpu for g in cluster.workers] if cluster else list(search.gpus if search else [])
+        known = list(dict.fromkeys(g for g in gpus if g in self.catalog.gpus))
+        if known and (wrong := load_gce_rules().image_message(gce.image, gce.project, ", ".join(known),
+                                                              gce.gpu_driver == "installer")):
+            self._error("provider.image", wrong)
 
     def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
         """The group's zone offers its GPU type; on a cloud, an unplaced group has an allowed zone that does."""
@@ -167,8 +211,12 @@ class _CatalogCheck:
         if batch is None:
             return
         from orchestrator.core.costmodel.memory import max_batch  # cycle: costmodel's __init__ imports the spec
+        from orchestrator.core.costmodel.profiles import UnknownModelError
 
-        cap = max_batch(training.profile_name, gpu.key)
+        try:
+            cap = max_batch(training.profile_name, gpu.key)
+        except UnknownModelError:  # training.model.torch not profiled yet: plan / launch profile it first
+            return
         if batch > cap:
             self._error(f"{path}.batch" if group.batch else "training.batch_per_worker",
                         f"batch {batch} does not fit a {gpu.key}'s {gpu.memory_gb:g} GB "

@@ -14,6 +14,9 @@ from orchestrator.core.specfile import short
 
 SSH_USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]*$"  # POSIX portable user names (no newline, colon or space)
 _CIDR = r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$"
+# A service account email (user-made or the project's Compute default), or "none".
+_SERVICE_ACCOUNT = (r"^(none|[a-z][a-z0-9-]{4,29}@[a-z0-9.-]+\.iam\.gserviceaccount\.com"
+                    r"|[0-9]+-compute@developer\.gserviceaccount\.com)$")
 
 
 class RevocationMode(StrEnum):
@@ -140,7 +143,17 @@ class GceProvider(_RealTime):
     project: str = Field(min_length=6, max_length=30)
     zones: list[str] = Field(default_factory=list, description="allowed zones, in order of preference")
     credentials: Path | None = Field(default=None, description="service-account key file; default: ADC")
-    image: str = "projects/debian-cloud/global/images/family/debian-12"
+    # None: a Deep Learning VM image with the NVIDIA driver, per GPU and framework (data/gce_images.csv).
+    image: str | None = Field(default=None, min_length=1, max_length=300)
+    # "installer": a stock image (debian-12, ubuntu) gets Google's cuda_installer.pyz at boot (it reboots once).
+    gpu_driver: Literal["image", "installer"] = "image"
+    # None: the family's default from data/gce_rules.csv (hyperdisk-balanced on A3 Ultra / A4 / G4, else pd-balanced).
+    boot_disk_type: Literal["pd-balanced", "pd-ssd", "pd-standard", "hyperdisk-balanced"] | None = None
+    # scheduling.preemptionNoticeDuration (Preview): a Spot VM gets 120 s of notice instead of 30 s.
+    preemption_notice_s: Literal[0, 120] = 0
+    # The VMs' identity, always with the storage scope only (never cloud-platform): an email (a per-job
+    # account is best), None = the project's default account, "none" = no account (storage not on gs://).
+    service_account: str | None = Field(default=None, pattern=_SERVICE_ACCOUNT, max_length=100)
     network: str = "global/networks/default"
     api_endpoint: str | None = Field(default=None, description="Compute API endpoint (emulator, tests)")
     # A POSIX login name: it goes into the ssh-keys metadata as "user:key", where a newline adds a key.

@@ -41,6 +41,9 @@ class BuiltinTraining(StrictModel):
     # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).
     parallelism: Literal["auto", "data", "pipeline"] = "auto"
     optimizer: Literal["sgd", "adam"] = "sgd"
+    # pipeline: stages sized to each GPU (mini-max, the default) or as many layers each (equal-layers: the
+    # heterogeneity-blind baseline, for comparison)
+    partition: Literal["mini-max", "equal-layers"] = "mini-max"
 
     @model_validator(mode="before")
     @classmethod
@@ -65,6 +68,14 @@ class BuiltinTraining(StrictModel):
         return self.hparam_set
 
 
+class TorchModel(StrictModel):
+    """``model: {torch: "pkg.mod:build"}``: the cost model profiles ``build(batch) -> (nn.Module, inputs)``
+    (``orchestrator model profile --torch``); a file path is relative to the spec's folder."""
+
+    torch: str = Field(pattern=r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*$",
+                       description="MODULE:FACTORY, e.g. own-script/models.py:resnet50 or torchvision:resnet50")
+
+
 class CommandTraining(StrictModel):
     job: Literal["command"]
     command: str = Field(min_length=1, description="run on every instance; TF_CONFIG and TASK_JSON are set")
@@ -77,10 +88,11 @@ class CommandTraining(StrictModel):
     eval_every: int = Field(default=0, ge=0, le=10_000_000)
     log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
+    model: TorchModel | None = None  # the user's own PyTorch model; replaces hparam_set in the cost model
 
     @property
     def profile_name(self) -> str:
-        return self.hparam_set
+        return f"torch:{self.model.torch}" if self.model is not None else self.hparam_set
 
 
 class SecretRef(StrictModel):
@@ -126,6 +138,7 @@ class RunTraining(StrictModel):
     eval_every: int = Field(default=0, ge=0, le=10_000_000)
     log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
+    model: TorchModel | None = None  # the user's own PyTorch model; replaces hparam_set in the cost model
     # Data parallel (each worker holds the whole model; the batch is split), a pipeline of contiguous layer
     # stages sized to each GPU (and hybrids: a stage data parallel over equal GPUs), or auto: the faster that
     # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).
@@ -150,7 +163,7 @@ class RunTraining(StrictModel):
 
     @property
     def profile_name(self) -> str:
-        return self.hparam_set
+        return f"torch:{self.model.torch}" if self.model is not None else self.hparam_set
 
 
 def _training_kind(value: Any) -> str:

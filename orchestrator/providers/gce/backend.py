@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from functools import partial
+from typing import TYPE_CHECKING
 
 from orchestrator.core.instances import ObservedInstance
+from orchestrator.core.policy import FLEX_START_REQUEST_VALID_S
 from orchestrator.core.spec import GceProvider as GceSpec
 from orchestrator.providers.base import Backend
 from orchestrator.providers.passed_env import passed_env
@@ -13,6 +15,9 @@ from orchestrator.storage.base import NOTICES, JobStorage
 from orchestrator.transport.base import Endpoint
 from orchestrator.transport.keys import job_key
 from orchestrator.transport.ssh import SshTransport
+
+if TYPE_CHECKING:
+    from orchestrator.providers.gce.requests import GceRequestSettings
 
 NETWORK_TAG = "orch-{job}"  # = providers.gce.network.JOB_TAG: each job's VMs carry their own tag
 TF_PORTS = "2222-2299"
@@ -46,6 +51,30 @@ def shutdown_script(storage_uri: str, name: str) -> str | None:
     return SHUTDOWN_SCRIPT.format(bucket=bucket, blob=f"{prefix}/{NOTICES}/{name}")
 
 
+def request_settings(spec: GceSpec) -> GceRequestSettings:
+    """The request settings of every VM of this provider spec: the real create and the dry run use these."""
+    from orchestrator.providers.gce.requests import GceRequestSettings, bundled_machine_types
+
+    account = spec.service_account or "default"  # the project's default account, with the storage scope only
+    return GceRequestSettings(
+        project=spec.project, image=spec.image, gpu_driver_installer=spec.gpu_driver == "installer",
+        network=spec.network, network_tag=NETWORK_TAG, disk_type=spec.boot_disk_type,
+        service_account_email=None if account == "none" else account,
+        preemption_notice_s=spec.preemption_notice_s, flex_request_valid_s=int(FLEX_START_REQUEST_VALID_S),
+        termination_action=spec.termination_action, bundled=bundled_machine_types())
+
+
+def instance_metadata(ssh_user: str, public_key: str, storage_uri: str, name: str) -> dict[str, str]:
+    """The metadata of instance ``name``: the real create and the dry run send exactly these items."""
+    from orchestrator.providers.gce.network import GUEST_ATTRIBUTES_KEY  # google-cloud-compute, gce jobs only
+
+    items = {"ssh-keys": f"{ssh_user}:{public_key}", "block-project-ssh-keys": "true",
+             GUEST_ATTRIBUTES_KEY: "TRUE"}  # the guest agent publishes the SSH host keys we pin
+    if (script := shutdown_script(storage_uri, name)) is not None:
+        items["shutdown-script"] = script
+    return items
+
+
 def firewall_ports(spec: GceSpec) -> str:
     """The cluster ports the firewall opens between the job's VMs: TF_PORTS, plus a task port outside it
     and the port after it (where a chief co-located with worker 0 listens)."""
@@ -60,7 +89,6 @@ def build(key: str, spec: GceSpec) -> Backend:
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
     ssh port and work directory metadata): a Compute API emulator is reached like GCE itself."""
     from orchestrator.providers.gce.network import (  # google-cloud-compute: ~2 s to import, gce jobs only
-        GUEST_ATTRIBUTES_KEY,
         IsolatedGceProvider,
         address_learner,
     )
@@ -70,8 +98,8 @@ def build(key: str, spec: GceSpec) -> Backend:
         spec.project, ports=firewall_ports(spec), ssh_ranges=spec.ssh_source_ranges,
         allow_open_network=spec.allow_open_network,
         learn_address=address_learner(spec.api_endpoint),
-        credentials=spec.credentials, api_endpoint=spec.api_endpoint, image=spec.image, network=spec.network,
-        termination_action=spec.termination_action)
+        credentials=spec.credentials, api_endpoint=spec.api_endpoint, network=spec.network,
+        termination_action=spec.termination_action, settings=request_settings(spec))
 
     def endpoint(observed: ObservedInstance) -> Endpoint:
         key_path, _ = job_key(observed.job_id)
@@ -82,11 +110,7 @@ def build(key: str, spec: GceSpec) -> Backend:
 
     def metadata(job_id: str, name: str, storage: JobStorage) -> dict[str, str]:
         _, public = job_key(job_id)
-        items = {"ssh-keys": f"{spec.ssh_user}:{public}", "block-project-ssh-keys": "true",
-                 GUEST_ATTRIBUTES_KEY: "TRUE"}  # the guest agent publishes the SSH host keys we pin
-        if (script := shutdown_script(storage.uri, name)) is not None:
-            items["shutdown-script"] = script
-        return items
+        return instance_metadata(spec.ssh_user, public, storage.uri, name)
 
     shared_address = spec.task_port == 0  # all VMs answer at one address, each task on its own port
     return Backend(

@@ -10,37 +10,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orchestrator.core import policy as timings
 from orchestrator.core.catalog import load_catalog
+from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.instances import InstanceRequest, instance_name
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import GceProvider, JobSpec
-from orchestrator.providers.gce.backend import NETWORK_TAG, firewall_ports, shutdown_script
+from orchestrator.providers.gce.backend import firewall_ports, instance_metadata, request_settings
 from orchestrator.providers.gce.network import address_learner, job_rules
-from orchestrator.providers.gce.requests import (
-    GceRequestSettings,
-    bundled_machine_types,
-    cloud_max_run_s,
-    instance_resource,
-)
+from orchestrator.providers.gce.requests import cloud_max_run_s, instance_resource
 
 GB_MONTH_HOURS = 730.0  # GCE bills disks per GB-month; one month = 730 h
 
 
-def request_settings(spec: GceProvider) -> GceRequestSettings:
-    """The provider settings ``gce_backend`` builds a GceProvider with (tested to stay equal)."""
-    return GceRequestSettings(
-        project=spec.project, image=spec.image, network=spec.network, network_tag=NETWORK_TAG,
-        termination_action=spec.termination_action, bundled=bundled_machine_types(),
-    )
+PUBLIC_KEY = "<the job's ed25519 public key, generated at launch>"
 
 
 def _metadata(spec: JobSpec, provider: GceProvider, name: str) -> dict[str, str]:
-    items = {"ssh-keys": f"{provider.ssh_user}:<the job's ed25519 public key, generated at launch>",
-             "block-project-ssh-keys": "true"}
-    if (script := shutdown_script(spec.storage, name)) is not None:
-        items["shutdown-script"] = script
-    return items
+    return instance_metadata(provider.ssh_user, PUBLIC_KEY, spec.storage, name)
 
 
 def _request(spec: JobSpec, provider: GceProvider, job_id: str, slot: Slot, max_run_s: int) -> InstanceRequest:
@@ -81,11 +69,17 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
         max_run = cloud_max_run_s(deadline_s=policy.deadline, elapsed_s=0.0, budget_usd=policy.budget_usd,
                                   spent_usd=0.0, cluster_usd_per_hour=hourly, flex_start=slot.flex_start)
         body = instance_resource(_request(spec, provider, job_id, slot, max_run), settings)
+        route = load_gce_rules().image_route(settings.image_for(slot.gpu), provider.project,
+                                             installer=settings.installs_driver(slot.gpu)).route
         inserts.append({"method": "POST", "path": f"projects/{provider.project}/zones/{slot.zone}/instances",
-                        "zone": slot.zone, "body": _json(body)})
+                        "zone": slot.zone, "image_route": route,
+                        "boot_s": timings.BOOT_S + timings.image_boot_extra_s(route)
+                        + (timings.SPOT_EXTRA_BOOT_S if slot.spot else 0.0),
+                        "body": _json(body)})
         kept = settings.termination_action == "STOP" and (slot.spot or body.scheduling.max_run_duration)
         disks.append({
-            "instance": body.name, "zone": slot.zone, "type": settings.disk_type, "sizeGb": settings.disk_size_gb,
+            "instance": body.name, "zone": slot.zone, "type": settings.disk_for(slot.machine_type),
+            "sizeGb": settings.disk_size_gb,
             "created_with": "instances.insert (boot disk, autoDelete: true)",
             "usd_per_hour": round(settings.disk_size_gb * disk_price / GB_MONTH_HOURS, 6),
             "after_preemption_or_time_limit": "kept and billed until the controller deletes the VM" if kept

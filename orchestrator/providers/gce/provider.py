@@ -64,6 +64,7 @@ from orchestrator.providers.gce.requests import (
     CLOUD_PLATFORM_SCOPE,
     DEFAULT_IMAGE,
     GPU_ACCELERATORS,
+    STORAGE_SCOPE,
     GceRequestSettings,
     accelerator_type,
     bundled_machine_types,
@@ -109,13 +110,14 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
         external_ip: bool = True,
         use_internal_ip: bool = False,
         disk_size_gb: int = 50,
-        disk_type: str = "pd-balanced",
-        service_account_email: str | None = "default",
-        scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,),
+        disk_type: str | None = None,
+        service_account_email: str | None = None,
+        scopes: Sequence[str] = (STORAGE_SCOPE,),
         ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",),
         termination_action: str = "DELETE",
         retry: RetrySettings | None = None,
         page_size: int = 500,
+        settings: GceRequestSettings | None = None,
     ) -> None:
         """``credentials``: None for Application Default Credentials (anonymous when ``api_endpoint`` is
         set, i.e. the emulator), a service-account key file path, or a Credentials object.
@@ -125,7 +127,8 @@ class GceProvider(Provider, SupportsFirewall, SupportsImages, SupportsOperations
         ``termination_action``: what GCE does to a preempted or time-limited spot VM (DELETE or STOP).
         """
         self.project = project
-        self.settings = GceRequestSettings(
+        # ``settings``: the request settings of a job spec (backend.request_settings), used as given.
+        self.settings = settings or GceRequestSettings(
             project=project, image=image, network=network, subnetwork=subnetwork, network_tag=network_tag,
             external_ip=external_ip, disk_size_gb=disk_size_gb, disk_type=disk_type,
             service_account_email=service_account_email, scopes=tuple(scopes),

@@ -16,10 +16,26 @@ from google.cloud import compute_v1
 
 from orchestrator.core.catalog import load_catalog
 from orchestrator.core.cloud_errors import InvalidRequestError
+from orchestrator.core.gce_rules import ROUTE_INSTALLER, load_gce_rules
 from orchestrator.core.instances import InstanceRequest
 
+# The controller's own credentials (credentials.py); a VM never gets this scope (see STORAGE_SCOPE).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+# What a job's VMs need: read the data and write checkpoints and preemption notices in gs:// storage.
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+# A stock OS image with no NVIDIA driver: CPU-only VMs (image baking's base) and provider.gpu_driver: installer.
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+# Google's flex-start request shape: never consume a reservation (https://cloud.google.com/compute/docs/instances/flex-start-vms).
+NO_RESERVATION = "NO_RESERVATION"
+# Google's driver installer, run at every boot until the driver answers: it reboots the VM once mid-install,
+# and GCE runs the startup script again after that reboot, which completes the install.
+INSTALLER_SCRIPT = """#!/bin/bash
+nvidia-smi >/dev/null 2>&1 && exit 0
+mkdir -p /opt/google/cuda-installer && cd /opt/google/cuda-installer || exit 1
+[ -f cuda_installer.pyz ] || curl -fsSL -o cuda_installer.pyz \\
+  https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz
+python3 cuda_installer.pyz install_driver --installation-mode=repo --installation-branch=prod
+"""
 PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
 # Cloud-side deadline bounds (seconds): GCE accepts maxRunDuration from 30 s; flex-start VMs run at
 # most 7 days. Without a deadline or budget a VM still gets DEFAULT_MAX_RUN_S.
@@ -72,22 +88,47 @@ class GceRequestSettings:
     """Everything about a VM that comes from the provider's configuration rather than the slot."""
 
     project: str
-    image: str = DEFAULT_IMAGE
+    image: str | None = None  # None: Google's image with a driver for the VM's GPU (data/gce_images.csv)
+    gpu_driver_installer: bool = False  # a stock image gets INSTALLER_SCRIPT at boot
     network: str = "global/networks/default"
     subnetwork: str | None = None
     network_tag: str | None = "orchestrator"
     external_ip: bool = True
     disk_size_gb: int = 50
-    disk_type: str = "pd-balanced"
-    service_account_email: str | None = "default"
-    scopes: Sequence[str] = (CLOUD_PLATFORM_SCOPE,)
+    disk_type: str | None = None  # None: the machine family's default (data/gce_rules.csv)
+    service_account_email: str | None = None  # None: the VM has no service account
+    scopes: Sequence[str] = (STORAGE_SCOPE,)
+    preemption_notice_s: int = 0  # 120: scheduling.preemptionNoticeDuration on Spot VMs (Preview)
+    flex_request_valid_s: int = 1800  # requestValidForDuration of a Flex-start request
     ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",)
     termination_action: str = "DELETE"  # of spot and time-limited VMs: DELETE or STOP (keeps the disk, billed)
     bundled: dict[str, int] = field(default_factory=dict)  # machine type -> GPUs GCE attaches itself
 
     @property
     def image_url(self) -> str:
-        return image_url(self.project, self.image)
+        """The image of a VM without a GPU (the GPU's route image when the spec names none)."""
+        return self.image_for(None)
+
+    def image_for(self, gpu: str | None) -> str:
+        if self.image is not None:
+            return image_url(self.project, self.image)
+        return load_gce_rules().default_image(_catalog_key(gpu))
+
+    def disk_for(self, machine_type: str) -> str:
+        return load_gce_rules().boot_disk(machine_type, self.disk_type)
+
+    def installs_driver(self, gpu: str | None) -> bool:
+        """The VM runs Google's driver installer at boot (a GPU VM on a stock image, by the spec's choice)."""
+        if gpu is None or not self.gpu_driver_installer:
+            return False
+        return load_gce_rules().image_route(self.image_for(gpu), self.project, installer=True).route == ROUTE_INSTALLER
+
+
+def _catalog_key(gpu: str | None) -> str | None:
+    """``nvidia-l4`` -> ``l4`` (requests may carry either)."""
+    if gpu is None:
+        return None
+    return next((key for key, accel in GPU_ACCELERATORS.items() if gpu in (key, accel)), gpu)
 
 
 def bundled_machine_types() -> dict[str, int]:
@@ -99,16 +140,23 @@ def _scheduling(request: InstanceRequest, settings: GceRequestSettings) -> compu
     scheduling = compute_v1.Scheduling()
     if request.gpu or request.spot or request.flex_start:
         scheduling.on_host_maintenance = "TERMINATE"  # GPUs cannot live-migrate; spot cannot either
+    max_run_s = request.max_run_s
     if request.spot:
         scheduling.provisioning_model = "SPOT"
         scheduling.automatic_restart = False
+        if settings.preemption_notice_s:
+            scheduling.preemption_notice_duration = compute_v1.Duration(seconds=settings.preemption_notice_s)
     elif request.flex_start:
         scheduling.provisioning_model = "FLEX_START"
         scheduling.automatic_restart = False
+        # Flex-start VMs run 10 min .. 7 days (data/cloud_facts.csv); GCE refuses a limit outside that.
+        max_run_s = load_gce_rules().flex_run_s(max_run_s if max_run_s is not None else FLEX_START_MAX_RUN_S)
+        if "request_valid_for_duration" in compute_v1.Scheduling.meta.fields:  # newer clients only
+            scheduling.request_valid_for_duration = compute_v1.Duration(seconds=settings.flex_request_valid_s)
     else:
         scheduling.automatic_restart = True
-    if request.max_run_s is not None:
-        scheduling.max_run_duration = compute_v1.Duration(seconds=int(request.max_run_s))
+    if max_run_s is not None:
+        scheduling.max_run_duration = compute_v1.Duration(seconds=int(max_run_s))
     if request.spot or request.flex_start or request.max_run_s is not None:
         # Flex-start VMs are always deleted at their limit; GCE asks for DELETE with FLEX_START.
         scheduling.instance_termination_action = "DELETE" if request.flex_start else settings.termination_action
@@ -120,7 +168,8 @@ def instance_resource(request: InstanceRequest, settings: GceRequestSettings) ->
     zone = request.zone
     if bool(request.gpu) != (request.gpu_count > 0):
         raise InvalidRequestError(f"{request.name}: gpu={request.gpu!r} with gpu_count={request.gpu_count}", zone=zone)
-    nic = compute_v1.NetworkInterface(network=settings.network)
+    # gVNIC: required on A3 Ultra / A4, and what gives any GPU VM more than 50 Gbps (data/gce_rules.csv).
+    nic = compute_v1.NetworkInterface(network=settings.network, nic_type="GVNIC")
     if settings.subnetwork:
         nic.subnetwork = settings.subnetwork
     if settings.external_ip:
@@ -136,16 +185,18 @@ def instance_resource(request: InstanceRequest, settings: GceRequestSettings) ->
                 boot=True,
                 auto_delete=True,
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=settings.image_url,
+                    source_image=settings.image_for(request.gpu),
                     disk_size_gb=settings.disk_size_gb,
-                    disk_type=f"zones/{zone}/diskTypes/{settings.disk_type}",
+                    disk_type=f"zones/{zone}/diskTypes/{settings.disk_for(request.machine_type)}",
                 ),
             )
         ],
         metadata=compute_v1.Metadata(
-            items=[compute_v1.Items(key=k, value=v) for k, v in sorted(request.metadata.items())]
+            items=[compute_v1.Items(key=k, value=v) for k, v in sorted(_metadata(request, settings).items())]
         ),
     )
+    if request.flex_start:
+        instance.reservation_affinity = compute_v1.ReservationAffinity(consume_reservation_type=NO_RESERVATION)
     if request.gpu and request.machine_type not in settings.bundled:
         # N1: attach the GPUs. A2/A3/A4/G2/G4 types come with theirs (GCE refuses guestAccelerators there).
         instance.guest_accelerators = [
@@ -162,6 +213,13 @@ def instance_resource(request: InstanceRequest, settings: GceRequestSettings) ->
             compute_v1.ServiceAccount(email=settings.service_account_email, scopes=list(settings.scopes))
         ]
     return instance
+
+
+def _metadata(request: InstanceRequest, settings: GceRequestSettings) -> dict[str, str]:
+    items = dict(request.metadata)
+    if settings.installs_driver(request.gpu):
+        items["startup-script"] = INSTALLER_SCRIPT
+    return items
 
 
 def firewall_rules(settings: GceRequestSettings, network_tag: str, ports: str) -> list[compute_v1.Firewall]:

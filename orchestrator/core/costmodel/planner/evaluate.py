@@ -19,6 +19,7 @@ from orchestrator.core.costmodel.cluster import ClusterEstimate, estimate_from_c
 from orchestrator.core.costmodel.compute import Calibration, StepTimeFn, step_fn
 from orchestrator.core.costmodel.memory import MemoryParams, max_batch, memory_bytes
 from orchestrator.core.costmodel.partition import Partitioner
+from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
 from orchestrator.core.costmodel.planner.candidates import Candidate, WorkerPlan
 from orchestrator.core.costmodel.planner.layouts import Layout
 from orchestrator.core.costmodel.planner.strategies import DATA, Strategy, choose, pipeline_strategies
@@ -190,7 +191,11 @@ class Evaluator:
         hourly = sum([w.price_per_hour for w in workers] + self._cpu_prices(layout, reasons))
         rate, bottleneck, strategy = est.steps_per_s, est.bottleneck, DATA
         strategies: tuple[Strategy, ...] = ()
-        if self._weighs(layout, err):
+        if self.spec.provider.emulates_gpus and self.parallelism == "pipeline":
+            local = self._local_pipeline([(i, slots[i].gpu, machines[i]) for i in owner], sum(batches))
+            if local is not None:
+                rate, bottleneck, strategy, strategies = 1.0 / local.step_s, "pipeline stage", local.name, (local,)
+        elif self._weighs(layout, err):
             gpus, gpu_machines = [slots[i].gpu for i in owner], [machines[i] for i in owner]
             picked, weighed = self._strategies(gpus, gpu_machines, batches, rate, err, hourly, slots)
             strategy, strategies = picked.name, tuple(weighed)
@@ -222,6 +227,15 @@ class Evaluator:
             strategy=strategy,
             strategies=strategies,
         )
+
+    def _local_pipeline(self, workers: list[tuple[int, str, str]], total: int) -> Strategy | None:
+        """The pipeline a local job runs: stages sized to the emulated GPUs (core/costmodel/pipeline_plan.py)."""
+        found = plan_pipeline(self.spec, workers, total, self.calibration, self.catalog)
+        if found is None:
+            return None
+        p = found.partition
+        return Strategy("pipeline", p.step_s, max(p.memory_gb), math.nan, p.fits,
+                        f"{p.stages} stages on emulated GPUs; {p.micro_batches} micro-batches of {p.micro_batch}", p)
 
     def _weighs(self, layout: Layout, err: str | None) -> bool:
         """Strategies are weighed for synchronous jobs: always for a pinned cluster; in a search, where data

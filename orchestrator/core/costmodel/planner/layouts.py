@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from orchestrator.core.blocks import BlockLike, blocked
 from orchestrator.core.catalog import Catalog
+from orchestrator.core.gce_rules import SPOT, STANDARD, load_gce_rules
 from orchestrator.core.spec import LOCAL_ZONE, Chief, JobSpec, ParameterServers, TrainingMode
 
 
@@ -160,7 +161,13 @@ def _shapes(
         default = catalog.gpu(gpu).default_machine_type
         packings += [(m.name, m.gpu_count) for m in catalog.machine_types_for(gpu)
                      if m.name != default and m.gpu_count > 1 and len(worker_set) % m.gpu_count == 0]
+    rules = load_gce_rules() if spec.provider.as_gce() is not None else None
     for spot in spots:
         for machine, k in packings:
+            # Never propose what GCE refuses (data/gce_rules.csv): e.g. an on-demand a3-highgpu-2g or H200.
+            if rules is not None and not all(
+                    rules.allows(machine or catalog.gpu(g).default_machine_type, SPOT if spot else STANDARD)
+                    for g in set(worker_set)):
+                continue
             yield tuple(WorkerSlot(g, spot, zone, machine, None) for g in worker_set[::k])
 

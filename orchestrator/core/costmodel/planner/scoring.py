@@ -134,7 +134,7 @@ def plan_context(
     local spec in wall seconds, with the hazards sped up by its time scale)."""
     cat = catalog or load_catalog()
     book = price_book_for(spec, cat)
-    delay = policy.BOOT_S
+    delay = policy.BOOT_S + policy.gce_boot_extra_s(spec)  # a gce VM's image route adds its first boot
     scale = 1.0
     if spec.provider.emulates_gpus:  # wall seconds: boot / time_scale, then the task's start-up
         acc = run_accounting(spec, cat, calibration)

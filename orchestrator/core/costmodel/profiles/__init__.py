@@ -55,7 +55,8 @@ from orchestrator.core.costmodel.profiles.architectures import (
     transformer,
     vgg16,
 )
-from orchestrator.core.costmodel.profiles.model import BYTES_PER_VALUE, Layer, ModelProfile, Variable
+from orchestrator.core.costmodel.profiles.model import BYTES_PER_VALUE, Layer, ModelProfile, OpWork, Variable
+from orchestrator.core.costmodel.profiles.user import find_user_profile, is_user_model, register_profile
 from orchestrator.core.paths import data_dir
 
 PROFILES_FILE = "model_profiles.json"
@@ -116,6 +117,14 @@ def load_profiles() -> dict[str, ModelProfile]:
 
 
 def get_profile(model: str) -> ModelProfile:
+    if is_user_model(model):
+        found = find_user_profile(model)
+        if found is None:
+            ref = model.removeprefix("torch:")
+            raise UnknownModelError(
+                f"model '{model}' has not been profiled yet: run `orchestrator model profile --torch {ref}`"
+            )
+        return found
     profiles = load_profiles()
     try:
         return profiles[model]
@@ -149,6 +158,7 @@ __all__ = [
     "RESNET_SETS",
     "Layer",
     "ModelProfile",
+    "OpWork",
     "UnknownModelError",
     "Variable",
     "build_profiles",
@@ -157,6 +167,7 @@ __all__ = [
     "main",
     "profiles_document",
     "profiles_path",
+    "register_profile",
     "resnet_cifar",
     "write_profiles",
 ]

@@ -11,6 +11,24 @@ BYTES_PER_VALUE = 4  # fp32
 
 Shape = tuple[int, ...]
 
+# Op classes of a training step, by what bounds them on a GPU: "tensor" (matmul / convolution, which
+# tensor cores run), "vector" (element-wise and normalization: CUDA cores, usually memory-bound),
+# "memory" (data movement: copies, concatenation, pooling, gathers; no arithmetic to speak of).
+OP_CLASSES = ("tensor", "vector", "memory")
+
+
+@dataclass(frozen=True)
+class OpWork:
+    """One op class's work in one layer, per example, forward + backward of a training step."""
+
+    op_class: str
+    flops: int
+    bytes: int
+    ops: int = 0  # ATen ops (~ kernels) a training step runs, whatever the batch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op_class": self.op_class, "flops": self.flops, "bytes": self.bytes, "ops": self.ops}
+
 
 @dataclass(frozen=True)
 class Variable:
@@ -39,6 +57,9 @@ class Layer:
     weight_bytes: int
     saved_bytes: int
     variables: tuple[Variable, ...] = ()
+    # Measured op-class split of a training step (profiles of PyTorch models); empty for the analytic
+    # profiles, whose split ``op_work`` derives from the layer kind.
+    train_ops: tuple[OpWork, ...] = ()
 
     @property
     def params(self) -> int:
@@ -49,6 +70,7 @@ class Layer:
         return sum(v.size for v in self.variables if not v.trainable)
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {"train_ops": [w.to_dict() for w in self.train_ops]} if self.train_ops else {}
         return {
             "name": self.name,
             "kind": self.kind,
@@ -62,6 +84,7 @@ class Layer:
             "variables": [
                 {"name": v.name, "shape": list(v.shape), "trainable": v.trainable} for v in self.variables
             ],
+            **extra,
         }
 
     @classmethod
@@ -79,6 +102,10 @@ class Layer:
             variables=tuple(
                 Variable(str(v["name"]), tuple(int(x) for x in v["shape"]), bool(v["trainable"]))
                 for v in d["variables"]
+            ),
+            train_ops=tuple(
+                OpWork(str(w["op_class"]), int(w["flops"]), int(w["bytes"]), int(w.get("ops", 0)))
+                for w in d.get("train_ops") or ()
             ),
         )
 

@@ -1,0 +1,142 @@
+"""`orchestrator model profile|predict --torch MODULE:FACTORY`: a user's own PyTorch model."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.render import console, table
+from orchestrator.core.costmodel.compute import RUNTIME_PRIORS, RUNTIMES, layer_arrays
+from orchestrator.core.costmodel.crossgpu import (
+    Point,
+    PrecisionError,
+    arch_gpu,
+    check_precision,
+    class_work,
+    layer_times,
+    predict,
+)
+from orchestrator.core.costmodel.profiles import ModelProfile
+from orchestrator.core.errors import UserError
+
+
+def load_torch_profile(ref: str, use_cache: bool = True) -> tuple[ModelProfile, bool]:
+    from orchestrator.profiler.cache import torch_profile  # lazy: imports the user's module (and torch)
+    from orchestrator.profiler.torch_profile import ProfileError
+
+    try:
+        return torch_profile(ref, use_cache=use_cache)
+    except ProfileError as exc:
+        raise UserError(f"--torch: {exc}") from None
+
+
+def _totals(p: ModelProfile) -> dict[str, Any]:
+    w = class_work(p)
+    return {
+        "params": p.params,
+        "forward_macs": p.macs,
+        "forward_gflops": p.flops / 1e9,
+        "forward_macs_g": p.macs / 1e9,
+        "train_gflops_by_class": {"tensor": float(w.tensor_flops.sum()) / 1e9,
+                                  "vector_and_memory": float(w.vector_flops.sum()) / 1e9},
+        "train_bytes_per_example": float(w.bytes.sum()),
+        "activation_bytes_per_example": p.activation_bytes,
+        "param_bytes": p.param_bytes,
+        "layers": len(p.layers),
+    }
+
+
+def profile_torch(ref: str, json_out: bool, gpu: str | None, batch: int, precision: str, no_cache: bool) -> None:
+    p, cached = load_torch_profile(ref, use_cache=not no_cache)
+    times = _layer_times(p, gpu, precision, batch) if gpu else None
+    if json_out:
+        doc = {**p.to_dict(), "totals": _totals(p), "cached": cached}
+        if times is not None:
+            doc["layer_times_s"] = {"gpu": gpu, "batch": batch, "precision": precision, "seconds": times}
+        print(json.dumps(doc, indent=1))
+        return
+    rows = []
+    for i, layer in enumerate(p.layers):
+        ops = {w.op_class: w for w in layer.train_ops}
+        row: list[Any] = [layer.name, layer.kind, f"{layer.params:,}", f"{layer.macs / 1e6:,.2f}"]
+        row += [f"{ops[c].flops / 1e6:,.1f}" if c in ops else "" for c in ("tensor", "vector")]
+        row += [f"{sum(w.bytes for w in layer.train_ops) / 2**20:,.2f}", f"{layer.saved_bytes / 2**20:,.2f}"]
+        if times is not None:
+            row.append(f"{times[i] * 1e3:.3f}")
+        rows.append(row)
+    cols = ["layer", "kind", "params", "fwd MMACs", "train MFLOPs tensor", "train MFLOPs vector", "train MiB moved",
+            "saved MiB"] + ([f"ms on {gpu} b={batch} {precision}"] if times is not None else [])
+    console.print(table(f"{p.name}: per example, forward + backward", cols, rows))
+    t = _totals(p)
+    console.print(
+        f"total: {t['params']:,} parameters, forward {t['forward_macs_g']:.3f} GMACs = {t['forward_gflops']:.3f} "
+        f"GFLOPs per example; a training step moves {t['train_bytes_per_example'] / 2**20:,.1f} MiB and keeps "
+        f"{t['activation_bytes_per_example'] / 2**20:,.1f} MiB of activations per example"
+        + (" (cached profile)" if cached else "")
+    )
+
+
+def _layer_times(p: ModelProfile, gpu: str | None, precision: str, batch: int) -> list[float]:
+    try:
+        return layer_times(p, gpu or "", check_precision(precision), batch)
+    except (KeyError, PrecisionError) as exc:
+        raise UserError(str(exc).strip("'\"")) from None
+
+
+def read_points(path: Path, ref: str) -> list[Point]:
+    """Rows of a data/measurements-style CSV whose ``model`` is ``ref`` (or ``torch:ref``)."""
+    try:
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise UserError(f"--measurements: cannot read {path}: {exc.strerror}") from None
+    out = []
+    for i, r in enumerate(rows, start=2):
+        if r.get("model") not in (ref, f"torch:{ref}"):
+            continue
+        try:
+            out.append(Point(r["gpu"], int(r["batch"]), check_precision(r.get("precision") or "fp32"),
+                             float(r["step_ms"])))
+            arch_gpu(r["gpu"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise UserError(f"--measurements {path}:{i}: needs gpu, batch, precision, step_ms ({exc})") from None
+    return out
+
+
+def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, measurements: Path | None,
+                  json_out: bool) -> None:
+    if runtime not in RUNTIMES:
+        raise UserError(f"--runtime '{runtime}' is not one of {', '.join(RUNTIMES)}")
+    try:
+        prec = check_precision(precision)
+        target = arch_gpu(gpu)
+    except (KeyError, PrecisionError) as exc:
+        raise UserError(str(exc).strip("'\"")) from None
+    p, _ = load_torch_profile(ref)
+    points = read_points(measurements, ref) if measurements else []
+    host = RUNTIME_PRIORS[runtime].host_s(layer_arrays(p.name).kernel_count(runtime, prec))
+    pred = predict(p, target.key, batch, prec, points, host)
+    result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,
+              "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3}
+    if json_out:
+        print(json.dumps(result, indent=2))
+        return
+    console.print(
+        f"{p.name} on {target.key} at batch {batch} {prec} ({runtime}): [bold]{pred.step_ms:.1f} ms[/bold] a step, "
+        f"interval {pred.low_ms:.1f} .. {pred.high_ms:.1f} ms (+-{pred.relative:.0%}, {pred.kind})"
+    )
+    console.print(f"basis: {pred.basis}" + ("" if points else f" ({len(points)} measured points of {ref})"))
+
+
+def prepare_spec(spec_path: Path) -> None:
+    """Profile (or take from the cache) the PyTorch model a spec names in ``training.model: {torch: ...}``,
+    before the spec is loaded (its batch check and the planner need the profile)."""
+    from orchestrator.profiler.cache import prepare_spec_model  # lazy: the user's module and torch
+    from orchestrator.profiler.torch_profile import ProfileError
+
+    try:
+        prepare_spec_model(spec_path)
+    except ProfileError as exc:
+        raise UserError(f"training.model.torch: {exc}") from None

@@ -1,0 +1,319 @@
+"""Step time on any GPU from its architecture: an op-class roofline per layer, with efficiencies fitted on
+public measurements (bench/cross_gpu.py -> data/crossgpu_fit.json) and an interval on every prediction.
+
+Per layer ``l`` of a profile (per example, forward + backward, ``OpWork``):
+
+    compute_l = tensor_flops_l / (eff_tensor[arch, precision] x tensor_peak_g,p) + vector_flops_l / fp32_peak_g
+    memory_l  = bytes_l x byte_scale_p / (eff_memory[arch, precision] x bandwidth_g)
+    weights_l = weight_bytes_l x WEIGHT_PASSES / (eff_memory x bandwidth_g) + ops_l x kernel_s   # per step
+    time_l(b) = b x max(compute_l, memory_l) + weights_l
+
+``tensor_peak`` is the datasheet peak of the precision (``data/gpu_arch.csv``): FP32 CUDA cores for
+``fp32``, TF32 tensor cores for ``tf32`` (FP32 where a GPU has none), FP16 / BF16 tensor cores with FP32
+accumulation for ``amp`` / ``bf16``; 16-bit moves half the bytes. ``eff_tensor`` is a fraction of that
+peak and may exceed 1.0: cuDNN's Winograd and FFT convolutions do fewer multiplications than the naive
+FLOP count this profile holds. Efficiencies belong to an architecture (``arch``: the same kernels run on
+every GPU of one), so a GPU never measured is predicted from its datasheet and its architecture's
+efficiencies (an architecture never measured: the mean over the measured ones).
+
+With a measured step of the same model (``Point``), the prediction is that step scaled by the model's
+ratio (target / measured): what the model gets wrong in absolute terms (framework, data loader, the
+software of that table) cancels. The interval's half-width is the held-out error of that kind of
+question (same GPU, other GPU, other precision, nothing measured) that ``bench/cross_gpu.py`` measured on
+GPUs and models left out of the fit, widened for a batch far from the measured one.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from orchestrator.core.costmodel.profiles.model import BYTES_PER_VALUE, ModelProfile
+from orchestrator.core.paths import data_dir
+
+FloatArray = npt.NDArray[np.float64]
+
+PRECISIONS = ("fp32", "tf32", "amp", "bf16")
+TENSOR_KINDS = frozenset({"conv", "dense", "matmul"})
+ANALYTIC_KERNELS = {"conv": 3, "dense": 3, "matmul": 3, "softmax": 4}  # else 2 (compute.KERNELS' counts)
+# Weights per step: read forward and backward, gradient written, SGD with momentum reads weight,
+# gradient and momentum and writes weight and momentum (5): 8 passes over the weights.
+WEIGHT_PASSES = 8.0
+BATCH_WIDEN_PER_DOUBLING = 0.05  # interval widening per doubling of batch away from the measured one
+FIT_FILE = "crossgpu_fit.json"
+
+
+class PrecisionError(ValueError):
+    """A precision name outside PRECISIONS."""
+
+
+def check_precision(precision: str) -> str:
+    p = precision.lower()
+    if p == "fp16":
+        return "amp"
+    if p not in PRECISIONS:
+        raise PrecisionError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
+    return p
+
+
+def precision_class(precision: str) -> str:
+    """What runs the tensor ops: ``fp32`` CUDA cores, ``tf32`` or 16-bit (``fp16``) tensor cores."""
+    p = check_precision(precision)
+    return "fp16" if p in ("amp", "bf16") else p
+
+
+@dataclass(frozen=True)
+class GpuArch:
+    """Datasheet facts of one GPU (``data/gpu_arch.csv``); TFLOP/s dense, 0 = not supported."""
+
+    key: str
+    public_name: str
+    name: str
+    arch: str
+    fp32_tflops: float
+    tf32_tflops: float
+    fp16_tflops: float
+    bf16_tflops: float
+    memory_bw_gbs: float
+    sms: int
+    l2_mb: float
+    source_url: str
+
+    def tensor_peak(self, precision: str) -> float:
+        """FLOP/s of matmuls and convolutions at this precision (FP32 where the GPU lacks the unit)."""
+        p = check_precision(precision)
+        peak = {"fp32": self.fp32_tflops, "tf32": self.tf32_tflops, "amp": self.fp16_tflops,
+                "bf16": self.bf16_tflops}[p]
+        return max(peak, self.fp32_tflops) * 1e12
+
+    def byte_scale(self, precision: str) -> float:
+        """16-bit activations are half the bytes, where the GPU computes in 16 bits at all."""
+        p = check_precision(precision)
+        native = (p == "amp" and self.fp16_tflops > 0) or (p == "bf16" and self.bf16_tflops > 0)
+        return 0.5 if native else 1.0
+
+
+@functools.cache
+def load_arch() -> dict[str, GpuArch]:
+    out = {}
+    with (data_dir() / "gpu_arch.csv").open(newline="") as fh:
+        for r in csv.DictReader(fh):
+            out[r["key"]] = GpuArch(
+                r["key"], r["public_name"], r["name"], r["arch"], float(r["fp32_tflops"]), float(r["tf32_tflops"]),
+                float(r["fp16_tflops"]), float(r["bf16_tflops"]), float(r["memory_bw_gbs"]), int(r["sms"]),
+                float(r["l2_mb"]), r["source_url"],
+            )
+    return out
+
+
+def arch_gpu(name: str) -> GpuArch:
+    """A GPU by catalog key (``a100``) or public-table name (``A100-40GB-SXM``), case-insensitive."""
+    n = name.lower()
+    for g in load_arch().values():
+        if n in (g.key, g.public_name.lower()):
+            return g
+    raise KeyError(f"no architecture facts for GPU '{name}' (data/gpu_arch.csv); known: {', '.join(load_arch())}")
+
+
+@dataclass(frozen=True)
+class ClassWork:
+    """Per-layer arrays of a profile: per example (forward + backward) and, for weights, per step."""
+
+    tensor_flops: FloatArray
+    vector_flops: FloatArray
+    bytes: FloatArray
+    weight_bytes: FloatArray
+    names: tuple[str, ...]
+    ops: FloatArray  # ATen ops (kernels) per step
+
+
+@functools.cache
+def _class_work_cached(profile: ModelProfile) -> ClassWork:
+    t, v, b, n = [], [], [], []
+    for layer in profile.layers:
+        n.append(float(sum(w.ops for w in layer.train_ops)) if layer.train_ops else float(
+            ANALYTIC_KERNELS.get(layer.kind, 2)))
+        if layer.train_ops:  # measured by the profiler
+            t.append(float(sum(w.flops for w in layer.train_ops if w.op_class == "tensor")))
+            v.append(float(sum(w.flops for w in layer.train_ops if w.op_class != "tensor")))
+            b.append(float(sum(w.bytes for w in layer.train_ops)))
+        else:  # analytic profile: backward ~ 2x forward
+            f = 3.0 * layer.flops
+            t.append(f if layer.kind in TENSOR_KINDS else 0.0)
+            v.append(0.0 if layer.kind in TENSOR_KINDS else f)
+            b.append(3.0 * (layer.read_bytes + layer.write_bytes))
+    arr = functools.partial(np.array, dtype=np.float64)
+    return ClassWork(arr(t), arr(v), arr(b), arr([float(x.weight_bytes) for x in profile.layers]),
+                     tuple(x.name for x in profile.layers), arr(n))
+
+
+def class_work(profile: ModelProfile) -> ClassWork:
+    return _class_work_cached(profile)
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Fitted fractions of the datasheet per architecture x precision class (tensor may exceed 1)."""
+
+    tensor: Mapping[str, float] = field(default_factory=dict)  # "arch/pclass" -> fraction of tensor_peak
+    memory: Mapping[str, float] = field(default_factory=dict)  # "arch/pclass" -> fraction of bandwidth
+    default_tensor: Mapping[str, float] = field(default_factory=lambda: {"fp32": 0.6, "tf32": 0.3, "fp16": 0.3})
+    default_memory: float = 0.6
+    interval: Mapping[str, float] = field(default_factory=lambda: {
+        "same-gpu": 0.05, "other-gpu": 0.15, "other-gpu-precision": 0.25, "none": 0.6})
+    held_out: Mapping[str, Any] = field(default_factory=dict)  # the bench's summary (what was held out)
+    kernel_s: float = 0.0  # GPU time per kernel whatever its work (launch, ramp-up, tail); off: bench/cross_gpu.py
+
+    def tensor_eff(self, arch: str, precision: str) -> float:
+        pc = precision_class(precision)
+        return self.tensor.get(f"{arch}/{pc}") or self.default_tensor.get(pc, 0.4)
+
+    def memory_eff(self, arch: str, precision: str) -> float:
+        return self.memory.get(f"{arch}/{precision_class(precision)}") or self.default_memory
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tensor": dict(sorted(self.tensor.items())), "memory": dict(sorted(self.memory.items())),
+                "default_tensor": dict(self.default_tensor), "default_memory": self.default_memory,
+                "interval": dict(self.interval), "held_out": dict(self.held_out), "kernel_s": self.kernel_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Efficiencies:
+        base = cls()
+        return cls({str(k): float(v) for k, v in (d.get("tensor") or {}).items()},
+                   {str(k): float(v) for k, v in (d.get("memory") or {}).items()},
+                   {str(k): float(v) for k, v in (d.get("default_tensor") or base.default_tensor).items()},
+                   float(d.get("default_memory") or base.default_memory),
+                   {str(k): float(v) for k, v in (d.get("interval") or base.interval).items()},
+                   dict(d.get("held_out") or {}), float(d.get("kernel_s") or 0.0))
+
+
+@functools.cache
+def load_efficiencies() -> Efficiencies:
+    """data/crossgpu_fit.json (``python bench/cross_gpu.py --write``); physical priors if it is missing."""
+    try:
+        return Efficiencies.from_dict(json.loads((data_dir() / FIT_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return Efficiencies()
+
+
+def layer_seconds(
+    work: ClassWork, gpu: GpuArch, precision: str, eff: Efficiencies | None = None
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per layer: (compute seconds per example, memory seconds per example, weight seconds per step)."""
+    e = eff or load_efficiencies()
+    bw = e.memory_eff(gpu.arch, precision) * gpu.memory_bw_gbs * 1e9
+    compute = (work.tensor_flops / (e.tensor_eff(gpu.arch, precision) * gpu.tensor_peak(precision))
+               + work.vector_flops / (gpu.fp32_tflops * 1e12))
+    memory = work.bytes * gpu.byte_scale(precision) / bw
+    weights = work.weight_bytes * WEIGHT_PASSES / bw + work.ops * e.kernel_s
+    return compute, memory, weights
+
+
+def layer_times(
+    profile: ModelProfile, gpu: str, precision: str, batch: int, eff: Efficiencies | None = None
+) -> list[float]:
+    """Seconds each layer of ``profile`` takes in one training step (forward + backward + its share of the
+    optimizer) on ``gpu`` at ``precision`` and ``batch`` (GPU time only: no host overhead, no
+    communication). The pipeline partitioner's per-stage cost is the sum over a stage's layers."""
+    c, m, w = layer_seconds(class_work(profile), arch_gpu(gpu), precision, eff)
+    return [float(x) for x in batch * np.maximum(c, m) + w]
+
+
+def layer_memory_bytes(profile: ModelProfile, batch: int, precision: str = "fp32") -> list[int]:
+    """Bytes each layer holds during a step: its saved activations at ``batch`` and its weights,
+    gradients and momentum (fp32 master copies; 16-bit halves the activations)."""
+    scale = 0.5 if check_precision(precision) in ("amp", "bf16") else 1.0
+    return [int(batch * layer.saved_bytes * scale) + 3 * layer.params * BYTES_PER_VALUE for layer in profile.layers]
+
+
+def gpu_seconds(
+    profile: ModelProfile, gpu: str, precision: str, batch: float, eff: Efficiencies | None = None
+) -> float:
+    c, m, w = layer_seconds(class_work(profile), arch_gpu(gpu), precision, eff)
+    return float((batch * np.maximum(c, m) + w).sum())
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured step of the model: GPU (key or public name), batch, precision, milliseconds."""
+
+    gpu: str
+    batch: int
+    precision: str
+    step_ms: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_ms: float
+    low_ms: float
+    high_ms: float
+    relative: float  # half-width of the interval as a fraction of step_ms
+    basis: str  # what the prediction stands on
+    kind: str  # same-gpu | other-gpu | other-gpu-precision | none
+    from_point: Point | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_ms": self.step_ms, "low_ms": self.low_ms, "high_ms": self.high_ms,
+                "interval_relative": self.relative, "basis": self.basis, "kind": self.kind,
+                "from_point": None if self.from_point is None else {
+                    "gpu": self.from_point.gpu, "batch": self.from_point.batch,
+                    "precision": self.from_point.precision, "step_ms": self.from_point.step_ms}}
+
+
+def _kind(point: Point, gpu: GpuArch, precision: str) -> str:
+    same_gpu = arch_gpu(point.gpu).key == gpu.key
+    same_precision = check_precision(point.precision) == check_precision(precision)
+    if same_gpu and same_precision:
+        return "same-gpu"
+    return "other-gpu" if same_precision else "other-gpu-precision"
+
+
+def _rank(point: Point, gpu: GpuArch, precision: str, batch: int) -> tuple[int, float]:
+    order = {"same-gpu": 0, "other-gpu": 1, "other-gpu-precision": 2}
+    return order[_kind(point, gpu, precision)], abs(math.log(point.batch / batch))
+
+
+def predict(
+    profile: ModelProfile,
+    gpu: str,
+    batch: int,
+    precision: str,
+    points: Sequence[Point] = (),
+    host_s: float = 0.0,
+    eff: Efficiencies | None = None,
+) -> Prediction:
+    """Step time of ``profile`` on ``gpu``: from the nearest measured point (same GPU and precision first,
+    then the nearest batch) scaled by the model's ratio, or from the model alone; with its interval."""
+    e = eff or load_efficiencies()
+    g = arch_gpu(gpu)
+    model_ms = 1e3 * smooth_max(host_s, gpu_seconds(profile, g.key, precision, batch, e))
+    if not points:
+        rel = none_interval(e)
+        return Prediction(model_ms, model_ms / (1 + rel), model_ms * (1 + rel), rel,
+                          "no measured point: datasheet x fitted efficiencies alone", "none")
+    p = min(points, key=lambda q: _rank(q, g, precision, batch))
+    src = arch_gpu(p.gpu)
+    src_ms = 1e3 * smooth_max(host_s, gpu_seconds(profile, src.key, p.precision, p.batch, e))
+    step = p.step_ms * model_ms / src_ms
+    kind = _kind(p, g, precision)
+    rel = e.interval[kind] + BATCH_WIDEN_PER_DOUBLING * abs(math.log2(p.batch / batch))
+    basis = f"measured {p.step_ms:g} ms on {src.key} at batch {p.batch} {p.precision}, scaled by the model"
+    return Prediction(step, step / (1 + rel), step * (1 + rel), rel, basis, kind, p)
+
+
+def none_interval(eff: Efficiencies) -> float:
+    """Nothing measured is never surer than a measurement on another GPU at another precision."""
+    return max(eff.interval["none"], eff.interval["other-gpu-precision"])
+
+
+def smooth_max(a: float, b: float, p: float = 8.0) -> float:
+    return float((a**p + b**p) ** (1 / p))
