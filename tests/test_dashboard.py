@@ -99,6 +99,61 @@ def test_unknown_job_is_404(dashboard: str) -> None:
     assert err.value.code == 404
 
 
+@pytest.fixture(scope="module")
+def quick_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The dashboard over a finished job's real rows (tests/obs_helpers.py): no launch needed."""
+    from orchestrator.store.db import open_session
+    from tests.obs_helpers import finished_job
+
+    root = tmp_path_factory.mktemp("dash-quick")
+    url = f"sqlite:///{root / 'r.db'}"
+    with open_session(url) as session:
+        job_id = finished_job(session, root / "runs")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "dashboard", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "ORCHESTRATOR_DB_URL": url})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "http://" in line, line + (proc.stderr.read() if proc.stderr else "")
+        yield line.split()[2], job_id
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_unknown_pages_are_the_dashboards_own_with_a_link_back(quick_dashboard: tuple[str, str],
+                                                              tmp_path: Path) -> None:
+    base, _ = quick_dashboard
+    for path, said in (("job/nope", "no job &#39;nope&#39; in this results DB"), ("nothing/here", "no such page")):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}{path}", timeout=30)
+        body = err.value.read().decode()
+        assert err.value.code == 404 and said in body and 'href="/">Back to all jobs</a>' in body, body
+    dom = browse(f"{base}job/nope", "--dump-dom")
+    assert dom.returncode == 0 and 'id="not-found">no job' in dom.stdout and "Back to all jobs" in dom.stdout
+    shot = tmp_path / "unknown.png"
+    out = browse(f"{base}job/nope", f"--screenshot={shot}", "--window-size=900,400")
+    assert out.returncode == 0 and shot.exists(), out.stderr[-2000:]
+    if os.environ.get(SAVE_ENV):
+        shutil.copyfile(shot, Path(os.environ[SAVE_ENV]).with_name("dashboard-unknown.png"))
+
+
+def test_the_cluster_column_breaks_between_parts_never_inside_one(quick_dashboard: tuple[str, str],
+                                                                  tmp_path: Path) -> None:
+    base, job_id = quick_dashboard
+    dom = browse(base, "--dump-dom").stdout
+    cell = dom.split('class="wrap">', 1)[1].split("</td>", 1)[0]
+    parts = cell.split("<wbr>")
+    assert len(parts) > 1 and all(p.endswith("+") for p in parts[:-1]), cell  # a break only after a "+"
+    css = urllib.request.urlopen(base, timeout=30).read().decode()
+    assert "anywhere" not in css and "break-all" not in css  # nothing lets the browser split a word
+    shot = tmp_path / "narrow.png"  # a narrow window: the cluster wraps at "+", never "(spo" / "t)"
+    assert browse(base, f"--screenshot={shot}", "--window-size=700,400").returncode == 0 and shot.exists()
+    if os.environ.get(SAVE_ENV):
+        shutil.copyfile(shot, Path(os.environ[SAVE_ENV]).with_name("dashboard-narrow.png"))
+
+
 def test_instance_log_is_kept_in_storage(finished_local_job: tuple[dict[str, str], str]) -> None:
     env, job_id = finished_local_job
     out = cli("logs", job_id, "--instance", "worker-1", "-n", "5", env=env)

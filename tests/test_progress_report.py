@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.listing import unwrap
 from orchestrator.cli.progress import LineFollower, progress, progress_line
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
@@ -69,16 +70,18 @@ def test_logs_cli_prints_steps_losses_and_instances(job_db: tuple[str, str]) -> 
     url, job_id = job_db
     out = run_cli(url, "logs", job_id, "-n", "500")
     assert out.returncode == 0, out.stderr
-    assert "train: step 200/200, loss 1.0000" in out.stdout
-    assert "worker-1 (obs-abc123-worker-1-0): training -> deleting" in out.stdout
-    short = run_cli(url, "logs", job_id, "-n", "3").stdout.splitlines()  # every event, the newest 3 metrics
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80  # piped at 80 columns: wrapped, ...
+    text = "\n".join(unwrap(out.stdout))  # ... and each record back on one line
+    assert "train: step 200/200, loss 1.0000" in text
+    assert "worker-1 (obs-abc123-worker-1-0): training -> deleting" in text
+    short = unwrap(run_cli(url, "logs", job_id, "-n", "3").stdout)  # every event, the newest 3 metrics
     metric_lines = [line[9:] for line in short if line[9:].startswith(("train: ", "eval: ", "checkpoint: "))]
     assert [m.split(",")[0] for m in metric_lines] == ["train: step 200/200", "checkpoint: step 200 (0.5s)",
                                                       "eval: step 200"]
     assert any("-> revoked" in line for line in short) and short[-1].endswith("succeeded: every instance deleted")
     # -f on a finished job prints what there is and the final progress line, then returns
     follow = run_cli(url, "logs", job_id, "-f", "-n", "2")
-    assert follow.returncode == 0 and "progress obs-abc123 succeeded" in follow.stdout.splitlines()[-1]
+    assert follow.returncode == 0 and "progress obs-abc123 succeeded" in unwrap(follow.stdout)[-1]
     watch = run_cli(url, "status", job_id, "--watch")  # not a terminal: lines, not the live view
     assert watch.returncode == 0 and "progress obs-abc123 succeeded" in watch.stdout
 

@@ -29,6 +29,14 @@ def create_app(db_url: str | None = None) -> Flask:
     app = Flask(__name__, template_folder=str(Path(__file__).parent / "templates"))
     app.jinja_env.filters.update(money=money, duration=duration, pct=pct, when=when)
 
+    @app.errorhandler(404)
+    def not_found(error: Any) -> tuple[str, int]:
+        # The dashboard's own page, with the way back, for an unknown job or address.
+        said = getattr(error, "description", "")
+        message = said if isinstance(said, str) and said.startswith("no job") else \
+            "There is no such page on this dashboard."
+        return render_template("not_found.html", message=message, refresh_s=None), 404
+
     @app.get("/")
     def jobs() -> str:
         return _jobs_page(db_url)
@@ -64,7 +72,7 @@ def _job_page(db_url: str | None, job_id: str) -> str:
     with open_session(db_url) as session:
         found = session.get(Job, job_id)
         if found is None:
-            abort(404)
+            abort(404, description=f"no job '{job_id}' in this results DB")
         instances = queries.job_instances(session, job_id)
         by_id = {i.id: i for i in instances}
         events = []

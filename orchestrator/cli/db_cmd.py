@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from orchestrator.cli.listing import check_format, format_option, print_csv, print_json
 from orchestrator.cli.render import console
 from orchestrator.core.errors import UserError
 from orchestrator.store import db
@@ -26,12 +27,20 @@ def upgrade(revision: str = typer.Argument("head", help="target revision")) -> N
 
 
 @app.command("current")
-def current() -> None:
+def current(fmt: str = format_option()) -> None:
     """Print the database's revision and the newest one this version knows."""
+    check_format(fmt)
     url = db.default_url()
-    console.print(f"url:      {db.get_engine(url).url.render_as_string(hide_password=True)}")
-    console.print(f"current:  {db.current_revision(url) or '(empty database)'}")
-    console.print(f"head:     {db.head_revision()}")
+    record = {"url": db.get_engine(url).url.render_as_string(hide_password=True),
+              "current": db.current_revision(url), "head": db.head_revision()}
+    if fmt == "json":
+        print_json(record)
+    elif fmt == "csv":
+        print_csv([record])
+    else:  # the URL can be long: wrapped, never cut (it is what a user copies)
+        console.print(f"url:      {record['url']}", highlight=False, markup=False)
+        console.print(f"current:  {record['current'] or '(empty database)'}", highlight=False, markup=False)
+        console.print(f"head:     {record['head']}", highlight=False, markup=False)
 
 
 @app.command("downgrade")

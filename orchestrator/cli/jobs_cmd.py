@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
+from orchestrator.cli.listing import check_format, format_option
 from orchestrator.cli.model_torch import prepare_spec
-from orchestrator.cli.render import console, duration, err_console, money, pct, print_report, table, when
+from orchestrator.cli.render import console, duration, err_console, money, print_report, table
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
@@ -129,6 +130,10 @@ def launch(
         print_dry_run(checked)
         return
     check_quotas(spec, plan)
+    from orchestrator.cli.host_load import launch_note  # lazy: the cost model, only for a launch
+
+    if (note := launch_note(spec)) is not None:  # local workers share the cores with what else runs here
+        err_console.print(note, highlight=False, markup=False)
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
     from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer
@@ -139,56 +144,22 @@ def launch(
 
 def status(
     job: str | None = typer.Argument(None, help="job id or name; all jobs if omitted"),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(False, "--json", help="same as --format json"),
+    fmt: str = format_option("csv: the jobs, or one job's instances"),
     watch: bool = typer.Option(False, "--watch", "-w", help="follow the job until it ends (live view in a terminal, "
                                "else event and progress lines)"),
 ) -> None:
     """One job (with its instances and recent events) or every job."""
+    fmt = "json" if json_out else check_format(fmt)
     if watch:
         _watch(job)
         return
-    from orchestrator.store import queries  # lazy: the ORM models (~30 ms) only for verbs that read the DB
+    from orchestrator.cli.status_view import print_job, print_jobs  # lazy: the ORM models (~30 ms)
 
-    with open_session() as session:
-        if job is None:
-            rows = queries.job_summaries(session)
-            if json_out:
-                console.print_json(json.dumps(rows, default=str))
-                return
-            console.print(table("jobs", ["job", "status", "provider", "cluster", "step", "accuracy", "wall time",
-                                         "cost", "revocations", "replacements"],
-                                [[r["job_id"], r["status"], r["provider"], r["cluster_shape"],
-                                  f"{r['final_step'] or 0}/{r['train_steps']}", pct(r["accuracy"]),
-                                  duration(r["wall_time_s"]), money(r["cost_usd"]), r["revocations"],
-                                  r["replacements"]] for r in rows]))
-            return
-        found = queries.get_job(session, job)
-        if found is None:
-            raise UserError(f"no job '{job}'; `orchestrator status` lists them")
-        summary = queries.job_summaries(session, [found.id])[0]
-        instances = queries.job_instances(session, found.id)
-        evs = queries.events(session, found.id)
-        if json_out:
-            console.print_json(json.dumps({
-                "summary": summary,
-                "instances": [{"name": i.name, "slot": i.slot, "gpu": i.gpu, "zone": i.zone, "spot": i.spot,
-                               "status": i.status, "end_reason": i.end_reason, "price_per_hour": i.price_per_hour}
-                              for i in instances],
-            }, default=str))
-            return
-        step, eps = queries.latest_step(session, found.id)
-        reason = f" ({escape(found.status_reason)})" if found.status_reason else ""
-        accuracy = f", accuracy {pct(found.accuracy)}" if found.accuracy is not None else ""
-        console.print(f"[bold]{found.id}[/bold] {found.status}{reason} — step {step}/{found.train_steps}, "
-                      f"{eps or 0:.1f} examples/s, cost so far {money(summary['cost_usd'])}{accuracy}")
-        console.print(table("instances", ["name", "slot", "gpu", "zone", "billing", "$/h", "status", "end reason",
-                                          "requested", "deleted"],
-                            [[i.name, i.slot, i.gpu or "—", i.zone, "spot" if i.spot else "on-demand",
-                              f"{i.price_per_hour:.4f}", i.status, i.end_reason or "", when(i.requested_at),
-                              when(i.deleted_at)] for i in instances]))
-        console.print(table("recent events", ["at", "entity", "from", "to", "reason"],
-                            [[when(e.at), e.entity, e.from_status or "", e.to_status, e.reason or ""]
-                             for e in evs[-15:]]))
+    if job is None:
+        print_jobs(fmt)
+    else:
+        print_job(job, fmt)
 
 
 def logs(
@@ -196,8 +167,17 @@ def logs(
     instance: str | None = typer.Option(None, "--instance", help="slot such as worker-1, or an instance name"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
     lines: int = typer.Option(50, "--lines", "-n", help="training-metric lines to show (every event is shown)"),
+    fmt: str = format_option("json / csv: the events and metrics recorded so far, one record each"),
 ) -> None:
     """Print the job's events (naming each instance) and training metrics, or one instance's process log."""
+    if check_format(fmt) != "table":
+        if follow or instance:
+            raise UserError(f"--format {fmt}: prints the job's recorded events and metrics; --follow and "
+                            "--instance print text only (drop them, or drop --format)")
+        from orchestrator.cli.log_records import print_log_records  # lazy: the ORM models
+
+        print_log_records(job, lines, fmt)
+        return
     _logs(job, instance, follow, lines)
 
 

@@ -52,14 +52,17 @@ app.command("launch")(jobs_cmd.launch)
 @app.command("plan")
 def plan(
     spec: Path = typer.Argument(..., help="job spec (YAML)"),
-    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    json_out: bool = typer.Option(False, "--json", help="same as --format json"),
     top: int = typer.Option(8, "--top", help="how many runner-ups to show"),
     calibration: str | None = typer.Option(None, "--calibration", help="calibration id (DB) or JSON file"),
+    fmt: str = typer.Option("table", "--format", help="table | json | csv (csv: one row a candidate)"),
+    load: str = typer.Option("measure", "--host-load", help="local provider: other runnable processes sharing "
+                             "this host's cores: measure (now) or a number (0 = an idle host)"),
 ) -> None:
     """Predict step times, PS load, time and cost of candidate clusters; print the Pareto front."""
     from orchestrator.cli.plan_cmd import plan_command  # lazy: the simulator loads only for this verb
 
-    plan_command(spec, json_out, top, calibration)
+    plan_command(spec, json_out, top, calibration, fmt, load)
 
 
 app.command("status")(jobs_cmd.status)

@@ -12,8 +12,9 @@ import typer
 from rich.markup import escape
 from sqlalchemy import select
 
+from orchestrator.cli.listing import Col, check_format, format_option, print_csv, print_json, print_table
 from orchestrator.cli.model_torch import predict_torch, profile_torch
-from orchestrator.cli.render import console, table
+from orchestrator.cli.render import console
 from orchestrator.core.catalog import CatalogError, load_catalog
 from orchestrator.core.costmodel import (
     DEFAULT_CALIBRATION,
@@ -247,13 +248,10 @@ def _fit(rows: list[Measurement], label: str, from_db: bool) -> tuple[FitReport,
 
 
 def _print_calibration(label: str, calib: Calibration, rows: list[Measurement], err: float | None) -> None:
-    console.print(
-        table(
-            f"calibration {escape(label)}: {escape(calib.source)}",
-            ["key (points)", "eff_compute", "eff_memory", "overhead ms", "per kernel us", "half batch"],
-            _calibration_rows(calib),
-        )
-    )
+    print_table(f"calibration {label}: {calib.source}",
+                [Col("key (points)", whole=True), Col("eff_compute", right=True), Col("eff_memory", right=True),
+                 Col("overhead ms", right=True), Col("kernel us", right=True), Col("half batch", right=True)],
+                _calibration_rows(calib))
     net = calib.net
     console.print(
         f"network: efficiency {net.net_efficiency:.2f}, PS CPU per variable "
@@ -284,11 +282,13 @@ def predict(
     measurements: Path | None = typer.Option(
         None, "--measurements", help="with --torch: CSV of measured steps (data/measurements columns; model = "
         "MODULE:FACTORY)"),
-    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    json_out: bool = typer.Option(False, "--json", help="same as --format json"),
+    fmt: str = format_option(),
 ) -> None:
     """Predict one worker's compute step time (and whether the batch fits the GPU's memory)."""
+    fmt = "json" if json_out else check_format(fmt)
     if torch_ref is not None:
-        predict_torch(torch_ref, gpu, batch, precision, runtime or "pytorch-eager", measurements, json_out)
+        predict_torch(torch_ref, gpu, batch, precision, runtime or "pytorch-eager", measurements, fmt == "json")
         return
     if model is None:
         raise UserError("give --model NAME or --torch MODULE:FACTORY")
@@ -314,8 +314,11 @@ def predict(
         "max_batch": max_batch(model, g.key),
         "fits": batch <= max_batch(model, g.key),
     }
-    if json_out:
+    if fmt == "json":
         print(json.dumps(result, indent=2))
+        return
+    if fmt == "csv":
+        print_csv([result])
         return
     console.print(
         f"{model} on {g.key} at batch {batch}: [bold]{_ms(t)} ms[/bold] a step "
@@ -332,24 +335,27 @@ def predict(
 @app.command("validate")
 def validate(
     measurements: Path | None = typer.Option(None, "--measurements", help="CSV (default: the results DB)"),
-    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    json_out: bool = typer.Option(False, "--json", help="same as --format json"),
+    fmt: str = format_option("csv: one row a held-out GPU"),
 ) -> None:
     """Leave-one-GPU-out validation: fit without each GPU type, predict it from its specs, report the MAPE."""
+    fmt = "json" if json_out else check_format(fmt)
     rows = _measurements(measurements, from_db=measurements is None)
     try:
         v = leave_one_gpu_out(rows)
     except (ValueError, CatalogError, UnknownModelError) as exc:
         raise UserError(str(exc)) from None
-    if json_out:
+    if fmt == "json":
         print(json.dumps(v.to_dict(), indent=2))
         return
-    console.print(
-        table(
-            "leave-one-GPU-out validation (fit on the other GPUs, predict this one)",
-            ["held-out GPU", "rows", "MAPE", "max error"],
-            [[p.gpu, p.rows, f"{p.mape:.1%}", f"{p.max_ape:.1%}"] for p in v.per_gpu],
-        )
-    )
+    if fmt == "csv":
+        print_csv([{"gpu": p.gpu, "rows": p.rows, "mape": p.mape, "max_ape": p.max_ape} for p in v.per_gpu],
+                  keys=("gpu", "rows", "mape", "max_ape"))
+        return
+    print_table("leave-one-GPU-out validation (fit on the other GPUs, predict this one)",
+                [Col("held-out GPU", whole=True), Col("rows", right=True), Col("MAPE", right=True),
+                 Col("max error", right=True)],
+                [[p.gpu, p.rows, f"{p.mape:.1%}", f"{p.max_ape:.1%}"] for p in v.per_gpu])
     console.print(f"overall held-out MAPE [bold]{v.mape:.1%}[/bold] (in-sample {v.in_sample_mape:.1%})")
 
 
@@ -365,24 +371,35 @@ def profile(
         "torchvision:resnet50); FACTORY(batch) -> (nn.Module, tuple of inputs); no weights are allocated"),
     precision: str = typer.Option("fp32", "--precision", help="with --torch --gpu: fp32, tf32, amp or bf16"),
     no_cache: bool = typer.Option(False, "--no-cache", help="with --torch: profile again even if cached"),
-    json_out: bool = typer.Option(False, "--json", help="with --torch: the profile as JSON"),
+    json_out: bool = typer.Option(False, "--json", help="with --torch: the profile as JSON (= --format json)"),
+    fmt: str = format_option("json / csv: one record a model, or a layer with --model"),
 ) -> None:
     """Per-layer FLOPs, bytes, parameters and activation memory of a model (analytic, or --torch: measured)."""
+    fmt = "json" if json_out else check_format(fmt)
     if torch_ref is not None:
-        profile_torch(torch_ref, json_out, gpu, batch, precision, no_cache)
+        profile_torch(torch_ref, fmt == "json", gpu, batch, precision, no_cache)
         return
     if model is None:
-        _print_profiles()
+        _print_profiles(fmt)
         return
     _check_model(model)
     p = get_profile(model)
-    cols = ["layer", "kind", "output", "params", "MFLOPs", "read KiB", "write KiB", "weights KiB", "saved KiB"]
     times: tuple[Any, Any] | None = None
     if gpu is not None:
         g = load_catalog().gpu(gpu)
         times = layer_times(model, g.key, batch)
-        cols += [f"compute ms (b={batch})", "memory ms", "bound"]
-    console.print(table(f"{p.name}: {p.description}; one example = {p.example}", cols, _layer_rows(p, times)))
+    records = _layer_records(p, times)
+    if fmt != "table":
+        print_json(records) if fmt == "json" else print_csv(records)
+        return
+    cols = [Col("layer", whole=True), Col("kind"), Col("output", whole=True)]
+    if times is None:
+        cols += [Col("params", right=True), Col("MFLOPs", right=True), Col("KiB", right=True)]
+    else:  # the times replace params and KiB (still in --format json / csv) so that the row fits
+        cols += [Col("MFLOPs", right=True), Col("comp ms", right=True), Col("mem ms", right=True), Col("bound")]
+    print_table(f"{p.name}: {p.description}; one example = {p.example}" + (
+        f"; times at batch {batch} on {gpu}" if times is not None else ""), cols, [_layer_row(r) for r in records],
+        note="KiB: activations kept for the backward pass; every byte count and time: --format json or csv")
     console.print(
         f"total: {p.params:,} trainable + {p.non_trainable_params:,} non-trainable parameters "
         f"({p.param_bytes / 2**20:.2f} MiB), {p.macs / 1e6:,.1f} MMACs = {p.flops / 1e6:,.1f} MFLOPs "
@@ -397,40 +414,45 @@ def profile(
         )
 
 
-def _print_profiles() -> None:
+def _print_profiles(fmt: str) -> None:
     """One line per model: parameters, MACs, FLOPs, bytes and layers."""
-    rows = []
+    records = []
     for name in MODEL_NAMES:
         p = get_profile(name)
-        rows.append([name, f"{p.params:,}", f"{p.total_params:,}", f"{p.macs / 1e6:,.1f}", f"{p.flops / 1e6:,.1f}",
-                     f"{p.param_bytes / 2**20:,.2f}", f"{p.activation_bytes / 2**20:,.2f}", len(p.layers), p.example])
-    console.print(
-        table(
-            "model profiles (forward pass, per example; FLOPs = 2 x MACs + element-wise)",
-            ["model", "trainable params", "all params", "MMACs", "MFLOPs", "param MiB", "activations MiB", "layers",
-             "one example"],
-            rows,
-        )
-    )
+        records.append({"model": name, "trainable_params": p.params, "all_params": p.total_params,
+                        "mmacs": p.macs / 1e6, "mflops": p.flops / 1e6, "param_mib": p.param_bytes / 2**20,
+                        "activation_mib": p.activation_bytes / 2**20, "layers": len(p.layers), "example": p.example})
+    if fmt != "table":
+        print_json(records) if fmt == "json" else print_csv(records)
+        return
+    print_table("model profiles (forward pass, per example; FLOPs = 2 x MACs + element-wise)",
+                [Col("model", whole=True), Col("params", right=True), Col("MFLOPs", right=True),
+                 Col("param MiB", right=True), Col("act. MiB", right=True), Col("layers", right=True),
+                 Col("one example", floor=0)],
+                [[r["model"], f"{r['trainable_params']:,}", f"{r['mflops']:,.1f}", f"{r['param_mib']:,.2f}",
+                  f"{r['activation_mib']:,.2f}", r["layers"], r["example"]] for r in records],
+                note="all params (non-trainable too) and MACs: --format json or csv")
 
 
-def _layer_rows(p: ModelProfile, times: tuple[Any, Any] | None) -> list[list[Any]]:
-    """A row per layer; with ``times`` (compute and memory seconds per layer), which one bounds it."""
+def _layer_records(p: ModelProfile, times: tuple[Any, Any] | None) -> list[dict[str, Any]]:
+    """A record per layer; with ``times`` (compute and memory seconds per layer), which one bounds it."""
     rows = []
     for i, layer in enumerate(p.layers):
-        row: list[Any] = [
-            layer.name,
-            layer.kind,
-            "x".join(map(str, layer.output_shape)),
-            f"{layer.params:,}",
-            f"{layer.flops / 1e6:,.3f}",
-            f"{layer.read_bytes / 1024:,.1f}",
-            f"{layer.write_bytes / 1024:,.1f}",
-            f"{layer.weight_bytes / 1024:,.1f}",
-            f"{layer.saved_bytes / 1024:,.1f}",
-        ]
+        row: dict[str, Any] = {
+            "layer": layer.name, "kind": layer.kind, "output": "x".join(map(str, layer.output_shape)),
+            "params": layer.params, "mflops": layer.flops / 1e6, "read_kib": layer.read_bytes / 1024,
+            "write_kib": layer.write_bytes / 1024, "weight_kib": layer.weight_bytes / 1024,
+            "saved_kib": layer.saved_bytes / 1024,
+        }
         if times is not None:
             c, m = float(times[0][i]), float(times[1][i])
-            row += [f"{c * 1e3:.3f}", f"{m * 1e3:.3f}", "compute" if c >= m else "memory"]
+            row |= {"compute_ms": c * 1e3, "memory_ms": m * 1e3, "bound": "compute" if c >= m else "memory"}
         rows.append(row)
     return rows
+
+
+def _layer_row(r: dict[str, Any]) -> list[Any]:
+    row = [r["layer"], r["kind"], r["output"]]
+    if "bound" in r:
+        return [*row, f"{r['mflops']:,.3f}", f"{r['compute_ms']:.3f}", f"{r['memory_ms']:.3f}", r["bound"]]
+    return [*row, f"{r['params']:,}", f"{r['mflops']:,.3f}", f"{r['saved_kib']:,.1f}"]

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
+from orchestrator.cli.host_load import HostLoad, host_load, with_load
+from orchestrator.cli.listing import Col, check_format, print_csv, print_table
 from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
-from orchestrator.cli.render import console, duration, err_console, money, pct, table
+from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
 from orchestrator.core.costmodel.interval import plan_interval
 from orchestrator.core.spec import load_spec
+from orchestrator.sim.from_spec import plan_job
 
 
 def _time(c: Candidate) -> str:
@@ -44,33 +48,33 @@ def _row(rank: str, c: Candidate, front: set[int]) -> list[Any]:
     return [
         rank + (" *" if id(c) in front else ""),
         _workers_cell(c),
-        _step_cell(c),
         c.ps_count or "—",
-        pct(c.ps_load) if c.ps_count else "—",
         f"{c.steps_per_s:.1f}",
         _time(c),
         _cost(c),
         pct(c.revocation_risk),
-        c.zone or "—",
         c.billing,
         "" if c.feasible else "; ".join(c.reasons),
     ]
 
 
-_COLUMNS = [
-    "#",
-    "workers (GPU, batch)",
-    "step (compute)",
-    "PS",
-    "PS load",
-    "steps/s",
-    "time",
-    "cost",
-    "revocation risk",
-    "zone",
-    "billing",
-    "why not",
-]
+def _billing(c: Candidate) -> str:
+    kinds = {w.spot for w in c.workers}
+    return "mixed" if len(kinds) > 1 else "spot" if c.spot else "od"
+
+
+# The table's columns; step times, PS load and zones are in --format json / csv.
+_COLUMNS = [Col("#", whole=True), Col("workers (GPU, batch)"), Col("PS", right=True), Col("steps/s", right=True),
+            Col("time", right=True), Col("cost", right=True), Col("risk", right=True), Col("bill"),
+            Col("why not", floor=0)]
+
+
+def _csv_row(rank: str, c: Candidate, front: set[int]) -> dict[str, Any]:
+    d = c.to_dict()
+    return {"rank": rank, "pareto": id(c) in front, "workers": _workers_cell(c), "step_compute": _step_cell(c),
+            **{k: d[k] for k in ("label", "ps_count", "ps_load", "steps_per_s", "time_s", "cost_usd",
+                                 "revocation_risk", "hourly_usd", "feasible")},
+            "zone": c.zone, "billing": _billing(c), "reasons": "; ".join(c.reasons)}
 
 
 def _print_chosen(c: Candidate, result: PlanResult) -> None:
@@ -94,21 +98,12 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
                 w.zone or "—",
                 money(w.price_per_hour),
             ]
-    rows = [[*g[:6], pct(g[6]), *g[7:]] for g in groups.values()]
-    columns = [
-        "worker GPU",
-        "count",
-        "batch",
-        "compute ms",
-        "comm ms",
-        "steps/s each",
-        "share of steps",
-        "max batch",
-        "billing",
-        "zone",
-        "$/h each",
-    ]
-    console.print(table(f"chosen: {c.label}", columns, rows))
+    rows = [[*g[:6], pct(g[6]), *g[8:]] for g in groups.values()]  # max batch (g[7]): --format json
+    columns = [Col("GPU", whole=True), Col("n", right=True), Col("batch", right=True), Col("ms", right=True),
+               Col("comm", right=True), Col("steps/s", right=True), Col("share", right=True), Col("billing"),
+               Col("zone", floor=0), Col("$/h each", right=True)]
+    print_table(f"chosen: {c.label}", columns, rows,
+                note="ms: compute time per step; comm: PS round trip (ms); steps/s and $/h: each worker")
     ps = (
         f"{c.ps_count} x {c.ps_machine_type} PS ({'spot' if c.ps_spot else 'on-demand'}), load "
         f"{pct(c.ps_load)} of {c.ps_capacity:.1f} steps/s; "
@@ -139,43 +134,67 @@ def _print_strategies(c: Candidate) -> None:
         console.print(f"  not {escape(why_not(chosen, other))}")
 
 
-def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None) -> None:
-    """Check the spec as `launch` does, plan, print the chosen cluster and the runner-ups (or JSON)."""
+def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | None, fmt: str = "table",
+                 load_option: str = "measure") -> None:
+    """Check the spec as `launch` does, plan, print the chosen cluster and the runner-ups (or JSON, or CSV: one
+    row a candidate)."""
     from orchestrator.control.validate import NotLaunchable, PlanRefused, validate_launch  # lazy: the control layer
 
+    fmt = "json" if json_out else check_format(fmt)
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
-    calib = resolve_calibration(calibration) if calibration is not None else latest_calibration()
-    if calib is not None and calib.emulated and not load_spec(spec_path).provider.emulates_gpus:
-        console.print(f"warning: calibration {calib.name} was fitted on emulated (local) GPUs; "
-                      "planning real GPUs with the shipped one (data/calibration.json) instead")
-        calib = None
+    base = resolve_calibration(calibration) if calibration is not None else latest_calibration()
+    spec = load_spec(spec_path)
+    if base is not None and base.emulated and not spec.provider.emulates_gpus:
+        err_console.print(f"warning: calibration {base.name} was fitted on emulated (local) GPUs; "
+                          "planning real GPUs with the shipped one (data/calibration.json) instead")
+        base = None
+    # Local workers share this host's cores with whatever else runs on it: the plan counts the load now.
+    load = host_load(load_option.strip()) if spec.provider.emulates_gpus else None
+    calib = with_load(base, load) if load is not None else base
     try:
         checked = validate_launch(spec_path, calibration=calib)  # the same check as `launch` and its dry run
     except NotLaunchable as refused:  # a plan-only spec (a pipeline model): the plan, and why launch refuses it
-        _print_result(load_spec(spec_path).name, refused.result, top, json_out)
+        _print_result(spec.name, refused.result, top, fmt == "json")
         err_console.print(f"note: `orchestrator launch` refuses this spec: {escape(refused.message)}", soft_wrap=True)
         return
     except PlanRefused as refused:  # show what the planner saw, then refuse as launch would
-        if json_out:  # the plan as JSON, and exit 1: a script reads "chosen" and its "reasons"
+        if fmt == "json":  # the plan as JSON, and exit 1: a script reads "chosen" and its "reasons"
             print(json.dumps(refused.result.to_dict(top=top), indent=2))
             raise typer.Exit(1) from None
-        _print_plan(load_spec(spec_path).name, refused.result, top)
+        _print_plan(spec.name, refused.result, top)
         raise
-    interval = plan_interval(checked.result, calib or DEFAULT_CALIBRATION)
+    result = checked.result
+    idle = None
+    if load is not None:
+        idle = plan_job(checked.spec, calibration=with_load(base, replace(load, background=0.0))).chosen
+    load_note = _load_note(load, idle, result.chosen) if load is not None else None
+    interval = plan_interval(result, calib or DEFAULT_CALIBRATION)
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
     found = deadline_outlook(checked.spec)  # on_revocation: deadline: each policy on real traces
-    if json_out:
-        doc = {**checked.result.to_dict(top=top), "prediction_interval": interval}
+    if fmt == "csv":
+        front = {id(c) for c in result.front}
+        ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [
+            (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
+        print_csv([_csv_row(rank, c, front) for rank, c in ranked])
+        return
+    if fmt == "json":
+        doc = {**result.to_dict(top=top), "prediction_interval": interval}
         if found is not None:
             doc["deadline_policies"] = outlook_dict(found)
+        if load is not None:
+            doc["host_load"] = {"background": load.background, "loadavg_1m": load.loadavg_1m, "cores": load.cores,
+                                "measured": load.measured, "idle_time_s": _finite(idle.time_s) if idle else None,
+                                "idle_cost_usd": _finite(idle.cost_usd) if idle else None, "note": load_note}
         print(json.dumps(doc, indent=2))
         return
-    _print_plan(checked.spec.name, checked.result, top)
+    _print_plan(checked.spec.name, result, top)
     if interval is not None:
-        _print_interval(checked.result, interval)
+        _print_interval(result, interval)
     if found is not None:
         print_outlook(found)
+    if load_note:
+        console.print(f"[yellow]host load:[/yellow] {load_note}", highlight=False)
 
 
 def _print_result(name: str, result: PlanResult, top: int, json_out: bool) -> None:
@@ -183,6 +202,22 @@ def _print_result(name: str, result: PlanResult, top: int, json_out: bool) -> No
         print(json.dumps(result.to_dict(top=top), indent=2))
     else:
         _print_plan(name, result, top)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _load_note(load: HostLoad, idle: Candidate | None, loaded: Candidate | None) -> str:
+    """How far the local prediction depends on what else runs on this host."""
+    said = load.describe()
+    if idle is None or loaded is None or not (math.isfinite(idle.time_s) and math.isfinite(loaded.time_s)):
+        return said
+    if load.background < 0.05:
+        return f"{said}: the prediction assumes the host stays this idle"
+    more = loaded.time_s / idle.time_s - 1
+    return (f"{said}: the prediction counts them as sharing the cores ({'+' if more >= 0 else ''}{more:.0%} over "
+            f"an idle host's {_time(idle)} / {_cost(idle)}); if they stop, expect the idle figures")
 
 
 def _print_interval(result: PlanResult, interval: dict[str, Any]) -> None:
@@ -221,18 +256,11 @@ def _print_plan(name: str, result: PlanResult, top: int) -> None:
         _print_chosen(result.chosen, result)
     runner_ups = result.runner_ups(top)
     if runner_ups:
-        console.print(
-            table(
-                f"runner-ups by {result.objective} (* = on the time/cost Pareto front)",
-                _COLUMNS,
-                [_row(str(i), c, front) for i, c in enumerate(runner_ups, start=1)],
-            )
-        )
+        print_table(f"runner-ups by {result.objective} (* = on the time/cost Pareto front)", _COLUMNS,
+                    [_row(str(i), c, front) for i, c in enumerate(runner_ups, start=1)])
     if len(result.front) > 1:
-        console.print(
-            table(
-                "Pareto front (fastest first): no other feasible candidate is both faster and cheaper",
-                _COLUMNS,
-                [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)],
-            )
-        )
+        print_table("Pareto front (fastest first): no other feasible candidate is both faster and cheaper",
+                    _COLUMNS, [_row(str(i), c, front) for i, c in enumerate(result.front, start=1)])
+    if runner_ups or len(result.front) > 1:
+        console.print("PS: parameter servers; risk: of any revocation; bill: spot, od (on-demand) or mixed; "
+                      "step times, PS load, zones: --format json or csv", style="dim", highlight=False)

@@ -148,9 +148,10 @@ def render(data: PlotData, fmt: str = "png", extra: Panel | None = None, until: 
     axes = fig.subplots(4 if extra else 3, 1, sharex=True, height_ratios=[2.2, 1, 1, 1.4][:4 if extra else 3])
     ax_tl, ax_cost, ax_tp = axes[:3]
     scale, unit = _time_unit(max([data.end, until] + [b.end for b in data.bars]))
-    _draw_timeline(ax_tl, data, scale)
+    colour = slot_colours(data)
+    _draw_timeline(ax_tl, data, scale, colour)
     _draw_cost(ax_cost, data, scale)
-    _draw_throughput(ax_tp, data, scale, unit)
+    _draw_throughput(ax_tp, data, scale, unit, colour)
     _mark_resplits(ax_tp, data, scale)
     if extra is not None:
         extra(axes[3], scale)
@@ -162,17 +163,31 @@ def render(data: PlotData, fmt: str = "png", extra: Panel | None = None, until: 
     return buf.getvalue()
 
 
-def _draw_timeline(ax: Axes, data: PlotData, scale: float) -> None:
+def slot_colours(data: PlotData) -> dict[str, str]:
+    """One colour per slot, its instances' bars and its throughput line alike: the GPU type's colour (a P100 is
+    the same green in each job's picture), a spare one for a second slot of the same type, grey for CPU."""
+    colours: dict[str, str] = {}
+    taken: set[str] = set()
+    spare = iter(SPARE_COLOURS * 4)
+    for slot in data.slots:
+        gpu = next((b.gpu for b in data.bars if b.slot == slot and b.gpu), None)
+        if gpu is None:
+            colours[slot] = CPU_COLOUR
+            continue
+        own = GPU_COLOURS.get(gpu.lower())
+        colours[slot] = own if own is not None and own not in taken else next(spare)
+        taken.add(colours[slot])
+    return colours
+
+
+def _draw_timeline(ax: Axes, data: PlotData, scale: float, colour: dict[str, str]) -> None:
     """A bar per instance on its slot's row (hatched: spot), revocations, replacements and checkpoints."""
     slots = data.slots
-    gpus = sorted({b.gpu for b in data.bars if b.gpu})
-    spare = iter(SPARE_COLOURS * 4)
-    colour = {g: GPU_COLOURS.get(g.lower()) or next(spare) for g in gpus}
     for b in data.bars:
         y = slots.index(b.slot)
         alive_end = b.end if b.revoked is None else b.revoked
         ax.barh(y, (alive_end - b.start) / scale, left=b.start / scale, height=0.6,
-                color=colour.get(b.gpu or "", CPU_COLOUR), alpha=0.55 if b.spot else 0.95,
+                color=colour.get(b.slot, CPU_COLOUR), alpha=0.55 if b.spot else 0.95,
                 hatch="///" if b.spot else None, edgecolor="black", linewidth=0.6)
         if b.revoked is not None and b.end > b.revoked:  # billed until the delete is confirmed
             ax.barh(y, (b.end - b.revoked) / scale, left=b.revoked / scale, height=0.25, color="#bdbdbd",
@@ -188,7 +203,8 @@ def _draw_timeline(ax: Axes, data: PlotData, scale: float) -> None:
         ax.axvline(t / scale, color="#607d8b", linewidth=0.7, linestyle=":", zorder=1)
     for t in data.notice_checkpoints:
         ax.axvline(t / scale, color="#ef6c00", linewidth=1.4, linestyle="--", zorder=2)
-    ax.set_yticks(range(len(slots)), slots)
+    gpu_of = {b.slot: b.gpu for b in data.bars if b.gpu}
+    ax.set_yticks(range(len(slots)), [f"{s} ({gpu_of[s].upper()})" if s in gpu_of else s for s in slots])
     ax.set_ylim(len(slots) - 0.35, -0.65)
     ax.set_title(f"{data.job_id} ({data.status}): instances by slot")
     _timeline_legend(ax, data, colour)
@@ -199,7 +215,9 @@ def _timeline_legend(ax: Axes, data: PlotData, colour: dict[str, str]) -> None:
     from matplotlib.lines import Line2D  # lazy: matplotlib, as in render
     from matplotlib.patches import Patch  # lazy: matplotlib, as in render
 
-    handles: list[Patch | Line2D] = [Patch(facecolor=c, edgecolor="black", label=g.upper()) for g, c in colour.items()]
+    gpu_of = {b.slot: b.gpu for b in data.bars if b.gpu}
+    handles: list[Patch | Line2D] = [Patch(facecolor=colour[s], edgecolor="black", label=f"{s} ({g.upper()})")
+                                     for s, g in gpu_of.items() if s in colour]
     if any(b.gpu is None for b in data.bars):
         handles.append(Patch(facecolor=CPU_COLOUR, edgecolor="black", label="CPU (ps, chief)"))
     handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="spot"),
@@ -231,13 +249,37 @@ def _draw_cost(ax: Axes, data: PlotData, scale: float) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
-def _draw_throughput(ax: Axes, data: PlotData, scale: float, unit: str) -> None:
-    """The cluster's examples/s and each worker's."""
+def with_gaps(data: PlotData, slot: str, points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A worker's rate where one of the slot's instances was running; NaN (a break in the line) where none
+    was, across each revocation, and where it made no step (a rate of 0: a replacement not yet training)."""
+    nan = float("nan")
+    bars = [b for b in data.bars if b.slot == slot]
+    alive = [(b.start, b.revoked if b.revoked is not None else b.end) for b in bars]
+    revoked = [b.revoked for b in bars if b.revoked is not None]
+    out: list[tuple[float, float]] = []
+    last: float | None = None
+    for t, v in points:
+        running = v > 0 and (not alive or any(a <= t <= z for a, z in alive))
+        broken = last is not None and any(last < r <= t for r in revoked)
+        if not running or broken:
+            if out and out[-1][1] == out[-1][1]:  # not already NaN
+                out.append((t, nan))
+            if not running:
+                continue
+        out.append((t, v))
+        last = t
+    return out
+
+
+def _draw_throughput(ax: Axes, data: PlotData, scale: float, unit: str, colour: dict[str, str]) -> None:
+    """The cluster's examples/s and each worker's, in its slot's colour, broken where it was not running."""
     if data.throughput:
         ax.plot([t / scale for t, _ in data.throughput], [v for _, v in data.throughput], color="black",
                 linewidth=1.4, label="cluster")
     for name, pts in sorted(data.worker_rates.items()):
-        ax.plot([t / scale for t, _ in pts], [v for _, v in pts], linewidth=0.8, alpha=0.8, label=name)
+        shown = with_gaps(data, name, pts)
+        ax.plot([t / scale for t, _ in shown], [v for _, v in shown], linewidth=1.0, alpha=0.9, label=name,
+                color=colour.get(name))
     ax.set_ylabel("examples / s")
     ax.set_ylim(bottom=0)
     ax.set_xlabel(f"{unit} since the job started")

@@ -20,6 +20,7 @@ from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.cli.listing import print_lines
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.errors import UserError
 from orchestrator.core.status import FINAL_JOB
@@ -187,8 +188,7 @@ class LineFollower:
 
 
 def emit(lines: list[str]) -> None:
-    for line in lines:
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    print_lines(lines)  # wrapped at the console's width (80 piped), never inside an instance name
 
 
 def live_view(session: Session, job: Job, evs: list[Event]) -> Group:

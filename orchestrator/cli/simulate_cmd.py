@@ -256,6 +256,19 @@ def _print_replay(result: dict[str, Any]) -> None:
                   f"live workers; measured delays: {delays or 'none'}[/dim]")
 
 
+def cdf_notes(mc: MonteCarloResult) -> tuple[str | None, str | None]:
+    """What to say instead of drawing a CDF of identical values (one vertical line that tells nothing): for
+    the time panel and the cost panel, None where the runs differ and the CDF is drawn."""
+    name, deadline = mc.cluster.name, mc.cluster.deadline_s
+    all_hit = deadline is not None and bool(np.all(mc.deadline_missed))
+    time_note = (f"{name}: all runs hit the deadline ({duration(deadline)}); none finished" if all_hit
+                 else f"{name}: every run took {duration(float(mc.time_s[0]))}" if float(np.ptp(mc.time_s)) == 0
+                 else None)
+    cost_note = (f"{name}: every run cost {money(float(mc.cost_usd[0]))}"
+                 + (" (stopped at the deadline)" if all_hit else "") if float(np.ptp(mc.cost_usd)) == 0 else None)
+    return time_note, cost_note
+
+
 def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> None:
     """PNG with the empirical CDFs of wall time (hours) and cost (USD), one line per spec."""
     import matplotlib  # lazy: matplotlib (~0.3 s) loads only when a plot is asked for
@@ -266,17 +279,32 @@ def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> 
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
     t_max = max(float(np.max(mc.time_s)) for _, mc in results)
     unit, scale = ("h", 3600.0) if t_max > 7200 else ("min", 60.0)
-    for _, mc in results:
+    said: dict[Any, int] = {ax_t: 0, ax_c: 0}
+
+    def say(ax: Any, text: str, colour: str) -> None:
+        # A CDF of identical values is one vertical line that tells nothing: say it in the panel instead.
+        ax.text(0.03, 0.92 - 0.1 * said[ax], text, transform=ax.transAxes, fontsize=9, color=colour, va="top")
+        said[ax] += 1
+
+    for i, (_, mc) in enumerate(results):
         n = len(mc.time_s)
         y = np.arange(1, n + 1) / n
-        (line,) = ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=mc.cluster.name)
-        ax_c.step(np.sort(mc.cost_usd), y, where="post", label=mc.cluster.name)
-        # Every limit stays on its axis (x from 0 covers it), even far beyond the runs: how far is the point.
+        colour = f"C{i}"
         deadline, budget = mc.cluster.deadline_s, mc.cluster.budget_usd
+        time_note, cost_note = cdf_notes(mc)
+        if time_note:
+            say(ax_t, time_note, colour)
+        else:
+            ax_t.step(np.sort(mc.time_s) / scale, y, where="post", label=mc.cluster.name, color=colour)
+        if cost_note:
+            say(ax_c, cost_note, colour)
+        else:
+            ax_c.step(np.sort(mc.cost_usd), y, where="post", label=mc.cluster.name, color=colour)
+        # Every limit stays on its axis (x from 0 covers it), even far beyond the runs: how far is the point.
         if deadline:
-            ax_t.axvline(deadline / scale, linestyle=":", linewidth=1, color=line.get_color())
+            ax_t.axvline(deadline / scale, linestyle=":", linewidth=1, color=colour)
         if budget:
-            ax_c.axvline(budget, linestyle=":", linewidth=1, color=line.get_color())
+            ax_c.axvline(budget, linestyle=":", linewidth=1, color=colour)
     ax_t.set_xlabel(f"wall time ({unit}); dotted: deadline")
     ax_c.set_xlabel("cost (USD); dotted: budget")
     for ax in (ax_t, ax_c):
@@ -284,7 +312,9 @@ def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> 
         ax.ticklabel_format(axis="x", useOffset=False)
         ax.set_ylabel("fraction of runs")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.set_ylim(0, 1.05)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="lower right")
     runs = results[0][1].runs
     fig.suptitle(f"Simulated time and cost under revocations ({runs} runs per spec)")
     fig.tight_layout()

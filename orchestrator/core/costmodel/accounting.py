@@ -119,21 +119,25 @@ def local_cpu_step_s(model: str, batch: int, host: Mapping[str, float] | None = 
     return fixed + (step - fixed) * get_profile(model).flops * batch / ref
 
 
-def _host_steps(cpu: Sequence[float], naps: Sequence[float], cores: float, sync: bool) -> list[float]:
-    return lockstep_steps(cpu, naps, cores) if sync else shared_steps(cpu, naps, cores)
+def _host_steps(cpu: Sequence[float], naps: Sequence[float], cores: float, sync: bool,
+                background: float = 0.0) -> list[float]:
+    return lockstep_steps(cpu, naps, cores, background) if sync else shared_steps(cpu, naps, cores, background)
 
 
 def local_worker_steps(
     spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], calibration: Calibration | None = None
 ) -> list[float]:
     """Seconds a step of each local worker takes: CPU work (shared by every worker on this host's
-    cores: ``host_share``, in lockstep for synchronous training) plus the emulated GPU's sleep."""
+    cores, and with the host's other work: ``host_share``, in lockstep for synchronous training) plus the
+    emulated GPU's sleep."""
     host = local_host(calibration)
     sleep = emulation_sleep(spec)
     model, framework = spec.training.profile_name, cpu_framework(spec)
     cpu = [local_cpu_step_s(model, b, host, framework) for b in batches]
     naps = [sleep(g, b) for g, b in zip(gpus, batches, strict=True)]
-    return _host_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)), spec.mode == TrainingMode.SYNC)
+    # "background": other runnable processes on the host, measured at plan / launch time (cli/host_load.py)
+    return _host_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)), spec.mode == TrainingMode.SYNC,
+                       host.get("background", 0.0))
 
 
 def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:

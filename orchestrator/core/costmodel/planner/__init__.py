@@ -69,7 +69,7 @@ def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) 
     """Which calibration (and how many measured points) stands behind each GPU's step time."""
     if spec.provider.emulates_gpus:
         src = (f"calibration {calib.name} (fitted on {calib.local_host.get('jobs', 0):.0f} local jobs)"
-               if calib.local_host else "data/local_host.csv")
+               if calib.local_host.get("jobs") else "data/local_host.csv")
         return (f"step times: this host's measured CPU step and start-up ({src}) + the emulated GPUs' measured "
                 "curves (orchestrator.core.emulation); no GPU calibration")
     gpus = dict.fromkeys(best.gpus if best else [])
