@@ -30,6 +30,7 @@ WORLD_FILE = "torch_world.json"  # the last world rank 0 recorded, to tell a shr
 EVENTS_FILE = "torch_events.jsonl"  # world changes and checkpoints on notice: the controller makes them events
 SPEEDS_FILE = "torch_speeds.json"  # the latest probe's examples/s per slot: a restarted world splits by them
 RUNTIME = "pytorch-eager+torchjob"  # the calibration's runtime key of this payload (data/measurements)
+STALE_PROBE_STEPS = 50  # an emulated slowdown re-times this rank's own compute this often
 
 
 class WorldChange(RuntimeError):
@@ -77,6 +78,7 @@ class Trainer:
         self._set_split(proportional_split(task.global_batch, weights))
         self.rebalancer = Rebalancer(task.resplit_every)
         self.cpu_s = 0.0  # this rank's own compute seconds per step at its batch, from the latest probe
+        self.cpu_s_step = -1  # the step of that probe
         self.compute_s: list[float] = []  # every rank's, from the latest probe
         model = resnet(task.hparam_set).to(self.device, memory_format=self.memory_format)
         # Batch-norm buffers are equal on every rank already (global statistics): no per-forward broadcast.
@@ -122,7 +124,7 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
-            self._emulate_device(step)
+            self._emulate_device(step, x, y)
             step += 1
             window_steps += 1
             loss_sum += loss.detach().double() / self.world  # stays on the device: no sync per step
@@ -142,10 +144,12 @@ class Trainer:
         self.offset = offsets(batches)[self.rank]
         self.sleep_s = interpolate(self.task.sleep_table, self.batch)
 
-    def _emulate_device(self, step: int) -> None:
+    def _emulate_device(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         """Local provider: the emulated GPU's extra time for this rank's batch; a slowdown (provider.slowdowns)
         makes the whole device F times slower from its step on (the CPU work included, as of the last probe)."""
         factor = slowdown_factor(self.task.slowdowns, step)
+        if factor != 1.0 and (self.cpu_s_step < 0 or step - self.cpu_s_step >= STALE_PROBE_STEPS):
+            self._probe(x, y, step)  # its CPU share needs this rank's own compute, re-split or not (no collective)
         extra = self.sleep_s * factor + (factor - 1.0) * self.cpu_s
         if extra > 0:
             time.sleep(extra)
@@ -154,7 +158,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _probe(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def _probe(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
         """This rank's compute seconds per step at its batch: forward + backward of its slice with no collective
         (DDP's no_sync, batch norm's local statistics), device synced; batch-norm buffers and gradients are put
         back as they were. On the local provider the emulated GPU's time is added."""
@@ -166,6 +170,7 @@ class Trainer:
             weighted_loss(self.model(x), y, self.task.global_batch, self.world).backward()
         self._sync_device()
         self.cpu_s = time.perf_counter() - t0
+        self.cpu_s_step = step
         self.opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             for b, v in zip(module.buffers(), saved, strict=True):
@@ -175,7 +180,7 @@ class Trainer:
     def _probe_and_resplit(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         """Every rank probes its compute, the ranks share the times, and all compute the same new split."""
         factor = slowdown_factor(self.task.slowdowns, step)
-        mine = factor * (self._probe(x, y) + self.sleep_s)
+        mine = factor * (self._probe(x, y, step) + self.sleep_s)
         times = torch.zeros(self.world, dtype=torch.float64, device=self.device)
         times[self.rank] = mine
         dist.all_reduce(times)
