@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from orchestrator_testing.processes import stop
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout (tests/jobs has a conftest of its own)
 
 _VENV_PYTHON = """#!/bin/sh
 case "$*" in *"-m pytest"*) sleep "${STUB_SLEEP:-0}"; exit "${STUB_RC:-0}";; esac

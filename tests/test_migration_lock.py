@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from orchestrator.core.paths import user_dir
 from orchestrator.store.db import current_revision, head_revision
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout (tests/jobs has a conftest of its own)
 
 # Each process imports everything first, then waits for the same instant: the upgrades overlap.
 _UPGRADER = """
