@@ -34,7 +34,7 @@ def test_async_trains_to_high_accuracy(make_cluster: MakeCluster) -> None:
     last = steps[-1]
     assert last["loss"] < steps[0]["loss"] and last["examples_per_s"] > 0 and last["steps_per_s"] > 0
     for w in last["workers"].values():
-        assert set(w) == {"steps", "examples_per_s", "step_time_s"}
+        assert set(w) == {"steps", "batch", "examples_per_s", "step_time_s"}  # the batch it ran
     assert c.procs["ps:0"].poll() is None and c.procs["worker:0"].poll() is None  # servers run until killed
 
 
