@@ -271,7 +271,7 @@ def _check_plot_args(plot: Path | None, jobs: list[str] | None) -> None:
 
 
 def _write_plot(session: Session, job_id: str, path: Path) -> None:
-    from orchestrator.cli.plots import write_plot  # lazy: the ORM models
+    from orchestrator.cli.report_plot import write_plot  # lazy: the ORM models, matplotlib
 
     write_plot(session, job_id, path)
     err_console.print(f"plot written to {path}", highlight=False)

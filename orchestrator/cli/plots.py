@@ -305,20 +305,3 @@ def format_for(path: Path) -> str:
     if fmt is None:
         raise UserError(f"--plot: '{path}' must end in .png or .svg")
     return fmt
-
-
-def write_plot(session: Session, job_id: str, path: Path) -> None:
-    fmt = format_for(path)
-    from orchestrator.cli.deadline_report import deadline_job  # lazy: only report --plot draws
-
-    job = deadline_job(session, job_id)
-    data = gather(session, job_id)
-    if job is not None:  # on_revocation: deadline: the three plots, then the policy's timeline
-        from orchestrator.cli.deadline_report import draw_deadline_panel  # lazy: only deadline jobs
-
-        def panel(ax: Axes, scale: float) -> None:
-            draw_deadline_panel(ax, session, job, data.bars, data.end, scale)
-
-        path.write_bytes(render(data, fmt, panel, until=float(job.deadline_s or 0.0)))
-        return
-    path.write_bytes(render(data, fmt))
