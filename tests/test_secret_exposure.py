@@ -168,8 +168,16 @@ pricing: {{book: 2019-02}}
     elapsed = time.monotonic() - t0
     console = done.stdout + done.stderr
     assert "Traceback" not in console and "paramiko" not in console, console
-    lines = [line for line in console.splitlines() if "does not match" in line]
-    assert len(lines) == 1, console  # once, as the reason the job fails (the teardown names it briefly)
+    # once as the event that fails the job, and once in the final summary line, which says why it failed;
+    # console lines wrap with an indented continuation, joined back here
+    logical: list[str] = []
+    for line in console.splitlines():
+        if line.startswith("  ") and logical:
+            logical[-1] += " " + line.strip()
+        else:
+            logical.append(line)
+    lines = [line for line in logical if "does not match" in line]
+    assert len(lines) == 2 and " failed (host key of " in lines[-1], console
     with open_session() as session:
         job = session.query(Job).one()
         instances = session.query(Instance).filter_by(job_id=job.id).all()
