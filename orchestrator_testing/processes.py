@@ -99,8 +99,8 @@ def left_behind(session_id: str, tmp_root: Path | None) -> dict[int, str]:
         if pid in mine or state == "Z" or not _started_here(str(pid), marker, root, descendants):
             continue
         cmd = _read(str(pid), "cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
-        if cmd:  # kernel threads have none
-            found[pid] = cmd[:160]
+        if cmd and "multiprocessing.resource_tracker" not in cmd:  # kernel threads have none; pytest's own
+            found[pid] = cmd[:160]  # resource tracker (torch.multiprocessing.spawn starts it) ends with pytest
     return found
 
 

@@ -10,6 +10,7 @@ import pytest
 from orchestrator.core.errors import UserError
 from orchestrator.core.instances import ObservedInstance, ObservedState, Role
 from orchestrator.core.spec import GceProvider, JobSpec, ProviderSpec, validate_spec
+from orchestrator.core.spec.base import SpecError
 from orchestrator.providers import registry
 from orchestrator.providers.base import TF_PORT
 from orchestrator.providers.gce.backend import TF_PORTS, firewall_ports
@@ -116,5 +117,5 @@ def test_capabilities_are_asked_of_the_registry_never_of_a_kind() -> None:
     registry.check_setup(gce, probe=False)
     assert registry.dry_run_for(gce) is not None and registry.image_builder_for(gce).kind == "gce"
     assert registry.backend_for(gce).cloud_deadline is not None and registry.backend_for(local).cloud_deadline is None
-    with pytest.raises(UserError, match="provider.project: 'Bad_Project' is not a Google Cloud project id"):
-        registry.check_setup(gce_spec(project="Bad_Project"), probe=False)
+    with pytest.raises(SpecError, match="provider.project: 'Bad_Project' is not a GCE project id"):
+        gce_spec(project="Bad_Project")  # refused by the spec's typed field, before any set-up check

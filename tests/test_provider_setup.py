@@ -89,7 +89,7 @@ def test_an_image_bake_without_credentials_is_refused_before_anything(tmp_path: 
 def test_a_malformed_project_id_is_refused_before_anything(tmp_path: Path) -> None:
     url = _db(tmp_path)
     out = _launch(tmp_path, SPEC.format(project="My_Project-", extra=""))
-    assert out.returncode == 2 and "provider.project: 'My_Project-' is not a Google Cloud project id" in out.stderr
+    assert out.returncode == 2 and "provider.project: 'My_Project-' is not a GCE project id" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and _jobs(url) == 0
 
 
