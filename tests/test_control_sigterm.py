@@ -110,3 +110,18 @@ def test_sigterm_of_a_bench_that_launches_leaves_nothing_running(tmp_path: Path)
     assert status == "cancelled" and set(instances) == {"deleted"}, (status, instances)
     assert not list((work / "home" / "local" / "instances").glob("*/instance.json"))
     wait_until(lambda: processes_under(work) == [], timeout=20)
+
+
+def test_sigterm_stops_the_daemon_with_its_last_line_logged(tmp_path: Path) -> None:
+    """A daemon stopped by `kill` (systemd, `timeout`) says so and exits cleanly; its jobs wait for the next one."""
+    env = _env(tmp_path)
+    daemon = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "daemon", "--interval", "0.3"],
+                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: (tmp_path / "results.db.daemon-lock").exists(), timeout=60)
+        daemon.send_signal(signal.SIGTERM)
+        out, _ = daemon.communicate(timeout=60)
+        assert daemon.returncode == 0, out
+        assert "daemon stopped; jobs continue when it starts again" in out and "Traceback" not in out
+    finally:
+        stop(daemon)

@@ -22,6 +22,7 @@ from orchestrator.control.driver import run_pass
 from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
 from orchestrator.control.metrics import pass_metrics
 from orchestrator.control.metrics import serve as serve_metrics
+from orchestrator.control.signals import sigterm_raises
 from orchestrator.core.errors import UserError
 from orchestrator.core.paths import user_dir
 from orchestrator.store.db import default_url, open_session
@@ -141,8 +142,11 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
     scheduler.add_job(sweep, "interval", seconds=gc_every_s, max_instances=1, coalesce=True, id="gc")
     log.info("daemon %s: reconcile every %.1fs, orphan sweep every %.0fs", owner, interval_s, gc_every_s)
     try:
-        scheduler.start()
+        with sigterm_raises():  # `kill`, systemd and `timeout` stop it like Ctrl-C, with its last line logged
+            scheduler.start()
     except (KeyboardInterrupt, SystemExit):
+        if scheduler.running:  # a pass in flight may end anywhere: every write is idempotent
+            scheduler.shutdown(wait=False)
         log.info("daemon stopped; jobs continue when it starts again")
 
 
