@@ -28,6 +28,7 @@ from orchestrator.core.costmodel.cluster import estimate_from_compute
 from orchestrator.core.costmodel.compute import step_fn
 from orchestrator.core.costmodel.partition import Partitioner
 from orchestrator.core.costmodel.pipeline_plan import partitioner_for, stage_devices
+from orchestrator.core.costmodel.planner import chosen_strategy
 from orchestrator.core.costmodel.planner.candidates import Candidate
 from orchestrator.core.costmodel.planner.scoring import PlanContext, Score
 from orchestrator.core.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
@@ -138,14 +139,6 @@ def cluster_from_spec(
         stage_loss=stage_loss,
         objective=spec.search.objective if spec.search is not None else "cost",
     )
-
-
-def chosen_strategy(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None) -> str:
-    """How ``plan`` would run the spec's pinned cluster: data, pipeline or hybrid (an async job: data)."""
-    if spec.mode != TrainingMode.SYNC or getattr(spec.training, "parallelism", DATA) == DATA or spec.cluster is None:
-        return DATA
-    chosen = plan(spec, catalog, calibration).chosen
-    return chosen.strategy if chosen is not None else DATA
 
 
 def _pipeline_rate_fn(strategy: str, part: Partitioner, catalog: Catalog, slots: Sequence[SimSlot],

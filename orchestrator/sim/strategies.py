@@ -17,10 +17,11 @@ from typing import Any
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel import Calibration, plan
+from orchestrator.core.costmodel.planner import chosen_strategy
 from orchestrator.core.costmodel.planner.strategies import DATA, Strategy
 from orchestrator.core.revocation.model import DEFAULT_KIND, LifetimeModel
 from orchestrator.core.spec import JobSpec
-from orchestrator.sim.from_spec import chosen_strategy, cluster_from_spec
+from orchestrator.sim.from_spec import cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo
 
 
