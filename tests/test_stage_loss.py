@@ -39,6 +39,14 @@ def test_the_objective_decides_between_cheaper_and_faster() -> None:
     assert decide_stage_loss(*args, objective="time").action == WAIT
 
 
+def test_a_deadline_rules_out_the_option_that_misses_it() -> None:
+    # Re-partitioning is cheaper (2,000 s) but waiting (1,300 s) alone meets a 1,500 s deadline.
+    args = (1000, 1.0, 2.0, 300.0, 0.0, 4.0, 1.0)
+    assert decide_stage_loss(*args, deadline_left_s=1500.0).action == WAIT
+    assert "within the deadline" in decide_stage_loss(*args, deadline_left_s=1500.0).reason
+    assert decide_stage_loss(*args, deadline_left_s=5000.0).action == REPARTITION
+
+
 def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         decide_stage_loss(-1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)

@@ -481,7 +481,8 @@ class _Run:
             return rest > 0
         replacement = cc.price_s[i] if spot else cc.od_price_s[i]
         d = decide_stage_loss(c.train_steps - self.steps, 1.0 / full, 1.0 / rest if rest > 0 else None,
-                              cc.boot(spot) + c.rejoin_s, c.regroup_s, self.burn + replacement, self.burn, c.objective)
+                              cc.boot(spot) + c.rejoin_s, c.regroup_s, self.burn + replacement, self.burn, c.objective,
+                              None if c.deadline_s is None else c.deadline_s - self.t)
         if d.action == REPARTITION:
             self.note("repartition", i, d.reason)
             if self.state[i] == _BOOTING:  # a replacement lost while booting: the survivors still restore

@@ -18,6 +18,7 @@ from orchestrator.core.costmodel import (
     DEFAULT_CALIBRATION,
     Calibration,
     PlanResult,
+    SplitError,
     get_profile,
     plan,
     predict_step_time,
@@ -330,7 +331,11 @@ def _cost_model_rate_fn(
         members = [slots[i] for i in key]
         gpus = [s.gpu or "" for s in members]
         if global_batch is not None and resplit:
-            batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration)]
+            try:
+                batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration)]
+            except SplitError:  # the survivors cannot hold the global batch: no step until the world grows back
+                cache[key] = 0.0
+                return 0.0
         else:
             batches = [s.batch for s in members]
         # A machine type with k GPUs (a3-highgpu-2g) trains as k GPU-workers, as the planner counts it.

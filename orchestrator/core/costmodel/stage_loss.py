@@ -12,7 +12,8 @@ training). Two ways on, for the ``remaining`` steps:
   replacement to pay for. Impossible when no partition of the model fits the survivors' memory.
 
 Each option's time and cost is ``(its delay + remaining x its step) x its hourly price``; the cheaper wins
-(``objective: time``: the faster), a tie waits. Later revocations are left out: they hit either option alike.
+(``objective: time``: the faster), a tie waits. With a deadline, an option that meets it beats one that misses it.
+Later revocations are left out: they hit either option alike.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ def decide_stage_loss(
     usd_per_s_with_replacement: float,
     usd_per_s_survivors: float,
     objective: str = "cost",
+    deadline_left_s: float | None = None,
 ) -> StageLossDecision:
     """``survivor_step_s``: the step of the best partition over the survivors (None: none fits their memory).
-    Prices are per second: every instance the pipeline holds with the replacement, and without it."""
+    Prices are per second: every instance the pipeline holds with the replacement, and without it.
+    ``deadline_left_s``: seconds until the job's deadline (None: no deadline)."""
     if remaining_steps < 0 or replacement_s < 0 or restore_s < 0:
         raise ValueError("remaining steps and delays must be >= 0")
     wait_s = replacement_s + restore_s + remaining_steps * full_step_s
@@ -63,12 +66,17 @@ def decide_stage_loss(
     rep = StageLossOption(REPARTITION, rep_s, rep_s * usd_per_s_survivors if fits else math.inf, fits)
     if not fits:
         return StageLossDecision(WAIT, wait, rep, "no partition of the model fits the surviving GPUs")
-    def key(o: StageLossOption) -> tuple[float, float]:
-        return (o.time_s, o.usd) if objective == "time" else (o.usd, o.time_s)
+    late = math.inf if deadline_left_s is None else deadline_left_s
+
+    def key(o: StageLossOption) -> tuple[bool, float, float]:
+        misses = o.time_s > late
+        return (misses, o.time_s, o.usd) if objective == "time" else (misses, o.usd, o.time_s)
 
     pick = rep if key(rep) < key(wait) else wait
     other = wait if pick is rep else rep
     what = "faster" if objective == "time" else "cheaper"
+    if (pick.time_s <= late) != (other.time_s <= late):
+        what = "within the deadline"
     return StageLossDecision(
         pick.action, wait, rep,
         f"{pick.action} is {what}: {pick.time_s / 3600:.3g} h, ${pick.usd:.4g} against {other.action}'s "
