@@ -2,6 +2,8 @@
 
 ``AnalyticScorer`` is the default; the simulator gives the planner its own scorer for a local run
 (``sim.from_spec.LocalRunScorer``). Budget and deadline turn a scored candidate infeasible, not invisible.
+A synchronous cluster whose strategies the planner weighed (``strategies.Revocations``: a lost stage stops a
+pipeline, data parallel survivors train on, as the simulator plays them) takes its strategy's expectation.
 """
 
 from __future__ import annotations
