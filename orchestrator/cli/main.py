@@ -84,6 +84,8 @@ def simulate(
     replay: str | None = typer.Option(None, "--replay", help="replay a finished job's revocations; sim vs measured"),
     calibration: str | None = typer.Option(None, "--calibration", help="cost-model calibration ID (DB) or JSON"),
     cloud: bool = typer.Option(False, "--cloud", help="a local spec: simulate the cloud cluster it emulates"),
+    strategies: bool = typer.Option(False, "--strategies",
+                                    help="a sync spec: its cluster as data parallel, pipeline and hybrid side by side"),
     availability_trace: Path | None = typer.Option(
         None, "--availability-trace", help="spot availability trace (JSON): replay the deadline policies on it"),
     start_tick: int = typer.Option(0, "--start-tick", help="with --availability-trace: the job starts at this tick"),
@@ -102,7 +104,7 @@ def simulate(
     from orchestrator.cli.simulate_cmd import simulate_command  # lazy: the simulator loads only for this verb
 
     simulate_command(list(specs or []), runs, seed, price_book, trace, json_out, plot, fit, replay,
-                     calibration=calibration, cloud=cloud)
+                     calibration=calibration, cloud=cloud, strategies=strategies)
 
 
 @app.command("daemon")

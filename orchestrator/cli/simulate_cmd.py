@@ -36,8 +36,10 @@ def simulate_command(
     model_kind: str = "bathtub",
     calibration: str | None = None,
     cloud: bool = False,
+    strategies: bool = False,
 ) -> None:
-    """Simulate each spec ``runs`` times; print (or --json) the distributions of time and cost."""
+    """Simulate each spec ``runs`` times; print (or --json) the distributions of time and cost (``strategies``:
+    each spec's cluster as data parallel, pipeline and hybrid)."""
     _check_args(specs, runs, fit, replay, model_kind)
     try:
         model = load_revocation_model(trace)
@@ -45,6 +47,11 @@ def simulate_command(
         raise UserError(str(exc)) from None
     out = _fits_and_replay(model, fit, replay, json_out)
     calib = resolve_calibration(calibration)
+    if strategies:
+        from orchestrator.cli.simulate_strategies import strategies_command  # lazy: the planner's partitioner
+
+        strategies_command(specs, runs, seed, price_book, calib, cloud, model, model_kind, json_out)
+        return
     results = [(path, _monte_carlo(path, runs, seed, price_book, calib, cloud, model, model_kind)) for path in specs]
     summaries = [_summary(path, mc) for path, mc in results]
     for s, (_, mc) in zip(summaries, results, strict=True):

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
+from orchestrator.core.costmodel.planner import launch_strategy, plan
 from orchestrator.core.instances import Role
 from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec
@@ -89,8 +90,12 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
 
 
 def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> PipelineSection | None:
-    """The stages of a built-in job with ``training.parallelism: pipeline`` (None: data parallel)."""
-    if getattr(spec.training, "parallelism", "data") != "pipeline" or is_run_job(spec):
+    """The stages of a built-in job with ``training.parallelism: pipeline``, or ``auto`` where the planner chooses a
+    pipeline or a hybrid for the cluster (None: data parallel)."""
+    parallelism = getattr(spec.training, "parallelism", "data")
+    if parallelism == "data" or is_run_job(spec):
+        return None
+    if parallelism == "auto" and _planned_strategy(spec) == "data":
         return None
     workers = [(s.index, s.gpu or "k80", s.machine_type) for s in slots if s.role == Role.WORKER]
     found = plan_pipeline(spec, workers, global_batch)
@@ -98,6 +103,20 @@ def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> Pip
         raise ValueError("no pipeline of these GPUs holds the model in memory")
     return PipelineSection(stage_slots=found.stage_slots, modules=found.modules, micro_batches=found.micro_batches,
                            stage_sleep=found.stage_sleep)
+
+
+_PLANNED: dict[str, str] = {}
+
+
+def _planned_strategy(spec: JobSpec) -> str:
+    """What the planner runs the pinned cluster as: data or pipeline (each node's task asks; planned once a spec).
+    Emulated GPUs weigh no strategy under ``auto`` (core.costmodel.planner.chosen_strategy)."""
+    if spec.provider.emulates_gpus or spec.cluster is None:
+        return "data"
+    key = spec.model_dump_json()
+    if key not in _PLANNED:
+        _PLANNED[key] = launch_strategy(spec, plan(spec).chosen) or "data"
+    return _PLANNED[key]
 
 
 def push_paths(spec: JobSpec) -> list[Any]:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from orchestrator.control.launcher import KnownBlock, known_blocks
 from orchestrator.core.costmodel import SplitError, UnknownModelError
+from orchestrator.core.costmodel.planner import launch_strategy
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import FieldError, JobSpec, SpecError, load_spec
@@ -97,6 +98,7 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     else:
         judged = result.chosen
     _within_policy(spec, judged, result)
+    _runnable(spec, judged, result)
     try:
         plan = plan_spec(spec, blocks=blocks)
     except UserError as exc:
@@ -104,6 +106,19 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     if inventory_hosts is not None:
         _hosts_for(plan, inventory_hosts)
     return ValidatedLaunch(spec, result, plan, blocks, searched)
+
+
+def _runnable(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> None:
+    """Only the built-in PyTorch job runs a pipeline: other jobs run data parallel, which must hold the model."""
+    if judged is None or launch_strategy(spec, judged) is not None:
+        return
+    data = next((s for s in judged.strategies if s.name == "data"), None)
+    raise NotLaunchable(
+        f"data parallel cannot place {spec.training.profile_name} on this cluster "
+        f"({data.detail if data is not None else 'it does not fit a worker'}), and only the built-in PyTorch job "
+        f"runs the {judged.strategy} the plan chose",
+        hint="train with the built-in PyTorch job (training.framework: pytorch, no run:), or pick GPUs that hold the "
+             "whole model", result=result)
 
 
 def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> None:

@@ -79,9 +79,9 @@ def plan_spec(spec: JobSpec, catalog: Catalog | None = None, book: str | None = 
         expanded = expand(spec, cat, book)
     except SplitError as exc:
         raise UserError(f"data parallel cannot place {spec.training.profile_name} on this cluster: {exc}",
-                        hint="`orchestrator plan` weighs a pipeline of the model's layers across the GPUs, but "
-                        "jobs run data parallel until the pipeline payload lands: pick GPUs that hold the "
-                        "whole model") from None
+                        hint="`orchestrator plan` weighs a pipeline of the model's layers across the GPUs: with "
+                        "the built-in PyTorch job, set training.parallelism: auto (or pipeline); else pick GPUs "
+                        "that hold the whole model") from None
     slots = tuple(_place(s, blocks) for s in expanded)
     return LaunchPlan(slots=slots, price_book=price_book_for(spec, cat, book).name, shape=cluster_shape(spec))
 

@@ -7,6 +7,8 @@
 * ``observed``: the daemon's view at each simulated revocation, handed to the real ``core.reconcile``
   (``compare_with_daemon``);
 * ``montecarlo``: many runs (``run_monte_carlo``);
+* ``strategies``: one cluster as data parallel, pipeline and hybrid under revocations (``compare_strategies``,
+  ``simulate --strategies``);
 * ``from_spec``: JobSpec -> ``SimCluster`` (the only user of the cost model);
 * ``replay_db``: replay a finished job recorded in the results DB.
 

@@ -38,6 +38,11 @@ FAIL_NO_REPLACEMENT: Final = "replacements_exhausted"  # a PS or the chief was l
 FAIL_STALLED: Final = "stalled"
 FAILURES: Final = (FAIL_BUDGET, FAIL_DEADLINE, FAIL_WORKERS_LOST, FAIL_NO_REPLACEMENT, FAIL_STALLED)
 
+# How a synchronous job uses its workers (core.costmodel.planner.strategies): data parallel survivors train on;
+# a pipeline (or hybrid) steps only while every stage of its partition is up.
+STRATEGIES: Final = ("data", "pipeline", "hybrid")
+STAGE_LOSS: Final = ("auto", "wait")  # auto: core.costmodel.stage_loss decides; wait: always the replacement
+
 _INF: Final = math.inf
 
 RateFn = Callable[[tuple[int, ...]], float]
@@ -118,6 +123,13 @@ class SimCluster:
     # Deterministic lifetimes (slot index, generation) -> seconds from request, e.g. the local provider's
     # seeded draws; every Monte Carlo run then replays them.
     lifetime_fn: Callable[[int, int], float] | None = field(default=None, compare=False)
+    # pipeline / hybrid: ``rate_fn(live)`` is the step rate of the best partition of the model over ``live`` (0:
+    # none fits their memory); a stage's revocation stops every step until the replacement is back and restored
+    # (``regroup_s``) or, when ``stage_loss`` is auto and core.costmodel.stage_loss finds it cheaper (``objective``),
+    # the survivors restore a new partition and go on without it.
+    strategy: str = "data"
+    stage_loss: str = "auto"
+    objective: str = "cost"
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.slots]
@@ -129,6 +141,11 @@ class SimCluster:
             raise ValueError(f"policy '{self.policy}' is not one of {', '.join(POLICIES)}")
         if self.mode not in ("async", "sync"):
             raise ValueError(f"mode '{self.mode}' is not async or sync")
+        if self.strategy not in STRATEGIES or self.stage_loss not in STAGE_LOSS:
+            raise ValueError(f"strategy '{self.strategy}' / stage_loss '{self.stage_loss}' is not one of "
+                             f"{', '.join(STRATEGIES)} / {', '.join(STAGE_LOSS)}")
+        if self.strategy != "data" and self.mode != "sync":
+            raise ValueError(f"a {self.strategy} job is synchronous: mode must be sync")
         if self.train_steps <= 0 or self.checkpoint_every <= 0:
             raise ValueError("train_steps and checkpoint_every must be positive")
         if not self.time_scale > 0:
@@ -152,6 +169,10 @@ class SimCluster:
     @property
     def workers(self) -> list[SimSlot]:
         return [s for s in self.slots if s.role == ROLE_WORKER]
+
+    @property
+    def pipelined(self) -> bool:
+        return self.strategy != "data"
 
     def hourly_price(self) -> float:
         return sum(s.price_per_hour for s in self.slots)

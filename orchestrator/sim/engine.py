@@ -14,6 +14,10 @@ Model, in the job's wall-clock seconds from the moment every instance is request
   ``rotate_zones``; ``fallback-on-demand``: an on-demand instance, never revoked again; ``shrink``: no
   replacement), at most ``max_replacements`` times in all; ``sim.observed`` checks it against the
   daemon's ``core.reconcile``;
+* a pipeline or hybrid (``SimCluster.strategy``) steps only while every stage of its partition is up: a stage's
+  revocation stops it until the replacement is up and restored, or (``stage_loss: auto``, where
+  ``core.costmodel.stage_loss`` predicts it cheaper) the survivors re-partition the model and go on without it;
+  idle survivors are billed all the while. Data parallel survivors train on;
 * losing a PS or the chief rolls training back to the last completed checkpoint and pauses it until
   the replacement is up (PS and chief are replaced under every policy, shrink included);
 * with ``enforce_limits`` the run stops (failed) when the budget is spent or the deadline passes;
@@ -39,6 +43,7 @@ from dataclasses import replace
 from typing import Final, Protocol
 
 from orchestrator.core import policy
+from orchestrator.core.costmodel.stage_loss import REPARTITION, decide_stage_loss
 from orchestrator.core.instances import Role
 from orchestrator.core.spec import OnRevocation
 from orchestrator.sim import observed
@@ -341,6 +346,8 @@ class _Run:
         self.deadline = c.deadline_s if (c.enforce_limits and c.deadline_s is not None) else _INF
         self.budget = c.budget_usd if c.enforce_limits else None
         self.go_at = _INF  # training may step from then on (set when the cluster's critical part comes up)
+        # A pipeline's stages: the workers its partition spans (every one is needed for a step).
+        self.members = sum(1 << i for i in range(n) if cc.is_worker[i]) if c.pipelined else 0
         self.tails: list[tuple[int, float, float]] = []  # (role index, price per s, revoked at): notice billing
 
     def note(self, kind: str, i: int | None, detail: str = "") -> None:
@@ -402,10 +409,18 @@ class _Run:
                 changed = self.up(i) or changed
             if self.death[i] <= t:
                 changed = self.revoked(i) or changed
-        if changed:
-            self.rate = self.cc.rate(self.live_mask)
-        if self.failure is None and self.workers_alive == 0:
-            self.failure = FAIL_WORKERS_LOST
+        pipelined = self.c.pipelined
+        if changed or pipelined:  # a pipeline's stages change without a live worker leaving (a re-partition)
+            self.rate = self.current_rate()
+        lost = self.workers_alive == 0 or (pipelined and not self.cc.rate(self.members) > 0)
+        if self.failure is None and lost:
+            self.failure = FAIL_WORKERS_LOST  # no worker left, or no partition of the model fits the survivors
+
+    def current_rate(self) -> float:
+        """Data parallel: the live workers' rate; a pipeline: its partition's, only while every stage is live."""
+        if not self.c.pipelined:
+            return self.cc.rate(self.live_mask)
+        return self.cc.rate(self.members) if self.live_mask & self.members == self.members else 0.0
 
     def up(self, i: int) -> bool:
         cc = self.cc
@@ -444,13 +459,35 @@ class _Run:
                 if self.crit_missing == 1:
                     self.rollback(i)
         decision, zone = self.decide(i)
-        if decision.verdict == policy.Verdict.REPLACE:
+        if decision.verdict == policy.Verdict.REPLACE and self.repartitions(i, decision.spot):
+            self.drop(i, "re-partitioned over the survivors")
+        elif decision.verdict == policy.Verdict.REPLACE:
             self.replace(i, decision.spot, zone)
         else:
             self.drop(i)
             if decision.verdict == policy.Verdict.EXHAUSTED and self.hist is not None:
                 self.failure = FAIL_NO_REPLACEMENT  # the daemon ends the job, whichever slot it was
         return changed
+
+    def repartitions(self, i: int, spot: bool) -> bool:
+        """A pipeline lost stage ``i``: re-partition over the survivors (True) or wait for its replacement, whichever
+        ``core.costmodel.stage_loss`` predicts cheaper. The daemon's own path always waits (not wired yet)."""
+        cc, c = self.cc, self.c
+        if not (c.pipelined and self.members >> i & 1) or c.stage_loss == "wait" or self.hist is not None:
+            return False
+        survivors = self.members & ~(1 << i)
+        full, rest = cc.rate(self.members), cc.rate(survivors) if survivors else 0.0
+        if not full > 0:
+            return rest > 0
+        replacement = cc.price_s[i] if spot else cc.od_price_s[i]
+        d = decide_stage_loss(c.train_steps - self.steps, 1.0 / full, 1.0 / rest if rest > 0 else None,
+                              cc.boot(spot) + c.rejoin_s, c.regroup_s, self.burn + replacement, self.burn, c.objective,
+                              None if c.deadline_s is None else c.deadline_s - self.t)
+        if d.action == REPARTITION:
+            self.note("repartition", i, d.reason)
+            if self.state[i] == _BOOTING:  # a replacement lost while booting: the survivors still restore
+                self.regroup(0.0)
+        return d.action == REPARTITION
 
     def regroup(self, wait_s: float) -> None:
         """Sync training already under way pauses while its world re-forms (``SimCluster.regroup_s``)."""
@@ -474,10 +511,12 @@ class _Run:
         self.steps = self.last_ckpt
         self.stall = 0.0
 
-    def drop(self, i: int) -> None:
-        """Not replaced (shrink, or no replacement left): a lost critical instance ends the run."""
+    def drop(self, i: int, why: str = "not replaced") -> None:
+        """Not replaced (shrink, no replacement left, a pipeline re-partitioned without it): a lost critical
+        instance ends the run; a pipeline goes on over its other stages (re-partitioned)."""
         self.state[i] = _GONE
-        self.note("lost", i, "not replaced")
+        self.members &= ~(1 << i)
+        self.note("lost", i, why)
         if self.hist is not None:
             self.hist[self.c.slots[i].name].gone = True
         if self.cc.is_worker[i]:

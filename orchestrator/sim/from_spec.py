@@ -18,6 +18,7 @@ from orchestrator.core.costmodel import (
     DEFAULT_CALIBRATION,
     Calibration,
     PlanResult,
+    SplitError,
     get_profile,
     plan,
     predict_step_time,
@@ -26,8 +27,12 @@ from orchestrator.core.costmodel import (
 from orchestrator.core.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
 from orchestrator.core.costmodel.cluster import estimate_from_compute
 from orchestrator.core.costmodel.compute import step_fn
+from orchestrator.core.costmodel.partition import Partitioner
+from orchestrator.core.costmodel.pipeline_plan import partitioner_for, stage_devices
+from orchestrator.core.costmodel.planner import chosen_strategy
 from orchestrator.core.costmodel.planner.candidates import Candidate
 from orchestrator.core.costmodel.planner.scoring import PlanContext, Score
+from orchestrator.core.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
 from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.slots import Slot, expand, price_book_for
 from orchestrator.core.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
@@ -76,6 +81,8 @@ def cluster_from_spec(
     model_mb: float | None = None,
     calibration: object | None = None,
     as_cloud: bool = False,
+    strategy: str | None = None,
+    stage_loss: str = "wait",
 ) -> SimCluster:
     """Build the simulation of ``spec``'s pinned cluster (or ``cluster``).
 
@@ -88,12 +95,21 @@ def cluster_from_spec(
     measured curves, boot / time_scale, lifetimes / time_scale, no 24 h cap, as the local provider draws
     them); ``as_cloud`` simulates instead the cloud cluster it emulates (cost-model step rates, cloud boot,
     checkpoint and lifetimes; the ICAC'19 reproduction).
+
+    ``strategy`` (data | pipeline | hybrid; default: the one ``plan`` chooses for the cluster) sets how a sync job
+    uses its workers: a pipeline steps only while every stage is up (``SimCluster.strategy``). ``stage_loss``: wait
+    (what the pipeline job does today: every stage waits for the replacement) or auto (re-partition over the
+    survivors where ``core.costmodel.stage_loss`` predicts it cheaper).
     """
     spec = _pinned(spec, cluster)
     cat = catalog or load_catalog()
     calib = calibration if isinstance(calibration, Calibration) else None
     local = spec.provider.emulates_gpus and not as_cloud
     slots, sim_slots, rate_fn = _slots(spec, cat, price_book, step_rates, calib, local)
+    strategy = strategy or chosen_strategy(spec, cat, calib)
+    if strategy != DATA and step_rates is None:
+        machines = {s.name: s.machine_type for s in slots}
+        rate_fn = _pipeline_rate_fn(strategy, partitioner_for(spec, calib, cat), cat, sim_slots, machines)
     mb = model_mb if model_mb is not None else model_size_mb(spec.training.profile_name)
     acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
     lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None
@@ -120,7 +136,33 @@ def cluster_from_spec(
         model_mb=mb,
         schedule=_revocation_schedule(spec.provider.as_local(), sim_slots),
         lifetime_fn=lifetime_fn,
+        strategy=strategy,
+        stage_loss=stage_loss,
+        objective=spec.search.objective if spec.search is not None else "cost",
     )
+
+
+def _pipeline_rate_fn(strategy: str, part: Partitioner, catalog: Catalog, slots: Sequence[SimSlot],
+                      machines: Mapping[str, str]) -> RateFn:
+    """Steps/s of the best partition (pipeline, or hybrid: a stage per GPU type) of the model over a set of live
+    workers, at the cluster's global batch; 0 where none fits their memory (memoised by the set)."""
+    global_batch = sum(s.batch for s in slots if s.role == "worker")
+    cache: dict[tuple[int, ...], float] = {}
+
+    def rate(live: tuple[int, ...]) -> float:
+        key = tuple(sorted(live))
+        if key not in cache:
+            gpus = [slots[i].gpu or "" for i in key]
+            ms = [machines[slots[i].name] for i in key]
+            if strategy == HYBRID:
+                found = dict(pipeline_strategies(part, catalog, gpus, ms, global_batch))
+                p = found.get(HYBRID) or found.get(PIPELINE)  # survivors of one type each: a plain pipeline
+            else:
+                p = part.best(stage_devices(catalog, gpus, ms), global_batch)
+            cache[key] = 1.0 / p.step_s if p is not None and p.fits and p.step_s > 0 else 0.0
+        return cache[key]
+
+    return rate
 
 
 class _Delays(TypedDict):
@@ -289,7 +331,11 @@ def _cost_model_rate_fn(
         members = [slots[i] for i in key]
         gpus = [s.gpu or "" for s in members]
         if global_batch is not None and resplit:
-            batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration)]
+            try:
+                batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration)]
+            except SplitError:  # the survivors cannot hold the global batch: no step until the world grows back
+                cache[key] = 0.0
+                return 0.0
         else:
             batches = [s.batch for s in members]
         # A machine type with k GPUs (a3-highgpu-2g) trains as k GPU-workers, as the planner counts it.

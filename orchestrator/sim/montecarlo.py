@@ -123,6 +123,8 @@ class MonteCarloResult:
                 "local provider's seeded draws" if c.lifetime_fn is not None else self.kind),
             "preemptible_24h_cap": c.preemptible,
             "policy": c.policy,
+            "strategy": c.strategy,  # data | pipeline | hybrid (a pipeline stops while a stage is lost)
+            "stage_loss": c.stage_loss,
             "time_s": stats(self.time_s),
             "cost_usd": stats(self.cost_usd),
             "cost_by_role_usd": {k: float(np.mean(v)) for k, v in self.cost_by_role.items()},

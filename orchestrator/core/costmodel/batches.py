@@ -6,7 +6,7 @@ Here, below both, so that ``core.slots`` and ``core.costmodel.planner`` do not i
 from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
-from orchestrator.core.costmodel.split import split_batch
+from orchestrator.core.costmodel.split import SplitError, split_batch
 from orchestrator.core.emulation import REFERENCE_BATCH, emulated_step_s
 from orchestrator.core.spec import JobSpec, TrainingMode
 
@@ -36,7 +36,13 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
             # the global batch in proportion to those speeds.
             speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
             return proportional_split(training.global_batch, speeds)
-        return list(split_batch(training.profile_name, gpus, training.global_batch))  # fast GPUs get more
+        try:
+            return list(split_batch(training.profile_name, gpus, training.global_batch))  # fast GPUs get more
+        except SplitError:
+            # No worker holds the whole model: a job that may run as a pipeline (whose stages take the whole
+            # global batch, in micro-batches) gets an even split for its records; data parallel refuses.
+            if getattr(training, "parallelism", "data") == "data":
+                raise
     share, rest = divmod(training.global_batch, len(gpus))
     return [share + (1 if i < rest else 0) for i in range(len(gpus))]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.accounting import local_host
 from orchestrator.core.costmodel.compute import Calibration
+from orchestrator.core.costmodel.memory import MemoryParams
 from orchestrator.core.costmodel.partition import Partition, Partitioner, StageDevice, flop_shares, local_layer_s, units
 from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.emulation import emulated_step_s, reference_batch
@@ -48,11 +49,16 @@ def units_of(model: str) -> list[int]:
     return units(get_profile(model))
 
 
-def plan_pipeline(spec: JobSpec, workers: Sequence[tuple[int, str, str]], global_batch: int,
-                  calibration: Calibration | None = None, catalog: Catalog | None = None) -> PipelinePlan | None:
-    """``workers``: (slot index, GPU, machine type) of each worker slot. None when no order fits in memory."""
+def memory_params(spec: JobSpec) -> MemoryParams:
+    """The memory model of the spec's optimizer: Adam keeps two slots a parameter, SGD with momentum one."""
+    return MemoryParams(optimizer_slots=2 if getattr(spec.training, "optimizer", "sgd") == "adam" else 1)
+
+
+def partitioner_for(spec: JobSpec, calibration: Calibration | None = None, catalog: Catalog | None = None
+                    ) -> Partitioner:
+    """The partitioner of the spec's model: the cost model's layer times, or on the local provider the emulated
+    GPUs' curves and this host's CPU step; memory with the spec's optimizer."""
     model = spec.training.profile_name
-    cat = catalog or load_catalog()
     local = spec.provider.as_local()
     layer_s = None
     if local is not None:
@@ -60,8 +66,21 @@ def plan_pipeline(spec: JobSpec, workers: Sequence[tuple[int, str, str]], global
         host = local_host(calibration)
         cpu_per_example = host["torch_cpu_step_s"] / host["torch_cpu_step_batch"]
         layer_s = local_layer_s(model, lambda g, b: emulated_step_s(g, b, k80, ref), lambda b: cpu_per_example * b)
-    part = Partitioner(model, calibration, cat, layer_s=layer_s)
-    devices = [StageDevice(gpu, machine, 1, _egress(cat, machine)) for _, gpu, machine in workers]
+    return Partitioner(model, calibration, catalog or load_catalog(), memory_params(spec), layer_s=layer_s)
+
+
+def stage_devices(cat: Catalog, gpus: Sequence[str], machines: Sequence[str]) -> list[StageDevice]:
+    return [StageDevice(gpu, machine, 1, _egress(cat, machine)) for gpu, machine in zip(gpus, machines, strict=True)]
+
+
+def plan_pipeline(spec: JobSpec, workers: Sequence[tuple[int, str, str]], global_batch: int,
+                  calibration: Calibration | None = None, catalog: Catalog | None = None) -> PipelinePlan | None:
+    """``workers``: (slot index, GPU, machine type) of each worker slot. None when no order fits in memory."""
+    model = spec.training.profile_name
+    cat = catalog or load_catalog()
+    local = spec.provider.as_local()
+    part = partitioner_for(spec, calibration, cat)
+    devices = stage_devices(cat, [g for _, g, _ in workers], [m for _, _, m in workers])
     if getattr(spec.training, "partition", "mini-max") == "equal-layers":
         found: Partition | None = part.equal_layers(devices, global_batch)
     else:

@@ -41,8 +41,10 @@ from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
 from orchestrator.core.costmodel.planner.layouts import layouts
 from orchestrator.core.costmodel.planner.scoring import AnalyticScorer, Scorer, plan_context, score_candidates
+from orchestrator.core.costmodel.planner.strategies import DATA, HYBRID, PIPELINE
 from orchestrator.core.offerings import lifecycle_warnings, unverified_price_notes
-from orchestrator.core.spec import JobSpec
+from orchestrator.core.spec import JobSpec, TrainingMode
+from orchestrator.core.torch_spec import is_pytorch, is_run_job
 
 
 def pareto_front(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -166,4 +168,28 @@ def plan(
 
 
 
-__all__ = ["calibration_note", "pareto_front", "plan", "plan_warnings", "price_rows"]
+def chosen_strategy(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None) -> str:
+    """How ``plan`` runs the spec's pinned cluster: data, pipeline or hybrid. Only synchronous jobs weigh strategies,
+    and on emulated GPUs only an explicit ``parallelism: pipeline`` makes a pipeline (the planner weighs none there)."""
+    parallelism = str(getattr(spec.training, "parallelism", DATA))
+    if spec.mode != TrainingMode.SYNC or parallelism == DATA or spec.cluster is None:
+        return DATA
+    if spec.provider.emulates_gpus and parallelism != PIPELINE:
+        return DATA
+    chosen = plan(spec, catalog, calibration).chosen
+    return chosen.strategy if chosen is not None else DATA
+
+
+def launch_strategy(spec: JobSpec, chosen: Candidate | None) -> str | None:
+    """What a launch runs for the planner's ``chosen`` candidate: the built-in PyTorch job runs the plan's strategy
+    (a hybrid as its plain pipeline: the job runs one stage a node); TensorFlow jobs and ``run:`` scripts run data
+    parallel, or nothing (None) where the model does not fit a worker."""
+    planned = chosen.strategy if chosen is not None else DATA
+    if is_pytorch(spec) and not is_run_job(spec) and planned in (PIPELINE, HYBRID):
+        return PIPELINE
+    data = next((s for s in (chosen.strategies if chosen is not None else ()) if s.name == DATA), None)
+    return None if data is not None and not data.fits else DATA
+
+
+__all__ = ["calibration_note", "chosen_strategy", "launch_strategy", "pareto_front", "plan", "plan_warnings",
+           "price_rows"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
 from orchestrator.core.costmodel.batches import worker_batches
@@ -22,8 +24,9 @@ from orchestrator.core.costmodel.partition import Partitioner
 from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
 from orchestrator.core.costmodel.planner.candidates import Candidate, WorkerPlan
 from orchestrator.core.costmodel.planner.layouts import Layout
-from orchestrator.core.costmodel.planner.strategies import DATA, Strategy, choose, pipeline_strategies
+from orchestrator.core.costmodel.planner.strategies import DATA, Revocations, Strategy, choose, pipeline_strategies
 from orchestrator.core.costmodel.profiles import get_profile
+from orchestrator.core.costmodel.risk import load_revocation_rates
 from orchestrator.core.costmodel.split import SplitError, min_max_split
 from orchestrator.core.spec import JobSpec, TrainingMode
 
@@ -197,7 +200,9 @@ class Evaluator:
                 rate, bottleneck, strategy, strategies = 1.0 / local.step_s, "pipeline stage", local.name, (local,)
         elif self._weighs(layout, err):
             gpus, gpu_machines = [slots[i].gpu for i in owner], [machines[i] for i in owner]
-            picked, weighed = self._strategies(gpus, gpu_machines, batches, rate, err, hourly, slots)
+            rates = load_revocation_rates()
+            hazards = tuple(rates.hazard_per_s(slots[i].gpu, slots[i].zone) if slots[i].spot else 0.0 for i in owner)
+            picked, weighed = self._strategies(gpus, gpu_machines, batches, rate, err, hourly, slots, hazards)
             strategy, strategies = picked.name, tuple(weighed)
             if picked.name != DATA and picked.fits:
                 rate, bottleneck = 1.0 / picked.step_s, f"{picked.name} stage"
@@ -245,14 +250,25 @@ class Evaluator:
         return layout.pinned or err is not None or self.parallelism == "pipeline"
 
     def _strategies(self, gpus: list[str], machines: list[str], batches: Sequence[int], rate: float,
-                    err: str | None, hourly: float, slots: Sequence[Any]) -> tuple[Strategy, list[Strategy]]:
+                    err: str | None, hourly: float, slots: Sequence[Any], hazards: tuple[float, ...]
+                    ) -> tuple[Strategy, list[Strategy]]:
         spot = all(s.spot for s in slots)
         total = sum(batches)
+        acc = self.accounting
+        risk = Revocations(hazards, acc.boot_s + acc.spot_extra_boot_s + acc.startup_s, acc.startup_s,
+                           policy.notice_window_s(self.spec.provider))
+        shares = [b / total for b in batches] if total > 0 else [0.0] * len(batches)
+
+        def run_s(step_s: float) -> float:
+            return acc.failure_free_s(self.train_steps, self.spec.training.checkpoint_every,
+                                      1.0 / step_s if step_s > 0 else 0.0, spot)
 
         def usd(step_s: float) -> float:
-            run = self.accounting.failure_free_s(self.train_steps, self.spec.training.checkpoint_every,
-                                                 1.0 / step_s if step_s > 0 else 0.0, spot)
-            return run * hourly / 3600.0
+            return run_s(step_s) * hourly / 3600.0
+
+        def expected(s: Strategy) -> Strategy:
+            t = risk.expected_s(s.name, run_s(s.step_s), shares) if s.fits else math.inf
+            return replace(s, expected_s=t, expected_usd=t * hourly / 3600.0)
 
         need = max(memory_bytes(self.model, b, self.memory) for b in batches) / 1e9
         data_step = 1.0 / rate if rate > 0 else float("inf")
@@ -273,6 +289,7 @@ class Evaluator:
             weighed.append(Strategy(name, p.step_s, max(p.memory_gb), usd(p.step_s), p.fits,
                                     f"{p.stages} stages ({stages}); {p.micro_batches} micro-batches of "
                                     f"{p.micro_batch}", p))
+        weighed = [expected(s) for s in weighed]
         picked = choose(self.parallelism, weighed)
         return picked, [picked, *sorted((s for s in weighed if s is not picked), key=lambda s: s.step_s)]
 

@@ -2,6 +2,8 @@
 
 ``AnalyticScorer`` is the default; the simulator gives the planner its own scorer for a local run
 (``sim.from_spec.LocalRunScorer``). Budget and deadline turn a scored candidate infeasible, not invisible.
+A synchronous cluster whose strategies the planner weighed (``strategies.Revocations``: a lost stage stops a
+pipeline, data parallel survivors train on, as the simulator plays them) takes its strategy's expectation.
 """
 
 from __future__ import annotations
@@ -86,11 +88,25 @@ class AnalyticScorer:
                 lam = context.rates.hazard_per_s(None, zone) * context.time_scale
                 hazard += lam
                 loss += lam * stall
+        weighed = _weighed_expectation(candidate, cpu_roles)
+        if weighed is not None:  # the strategy's own model: a lost stage stops a pipeline, DP survivors train on
+            t = weighed
+            return Score(t, candidate.hourly_usd * t / 3600.0, hazard * t, t - t0, assumed)
         if loss >= 1.0:
             return Score(math.inf, math.inf, math.inf, math.inf, assumed)
         t = t0 / (1.0 - loss)
         return Score(t, candidate.hourly_usd * t / 3600.0, hazard * t, t - t0, assumed)
 
+
+
+def _weighed_expectation(candidate: Candidate, cpu_roles: list[tuple[bool, str | None]]) -> float | None:
+    """The expected run of the strategy the candidate runs, where the planner weighed strategies for it
+    (``strategies.Revocations``, the simulator's model) and no spot CPU instance adds risk of its own."""
+    picked = candidate.strategies[0] if candidate.strategies else None
+    if picked is None or picked.name != candidate.strategy or any(spot for spot, _ in cpu_roles):
+        return None
+    expected = float(picked.expected_s)
+    return expected if not math.isnan(expected) else None
 
 
 def score_candidates(
