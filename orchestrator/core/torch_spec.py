@@ -23,6 +23,15 @@ def is_pytorch(spec: JobSpec) -> bool:
     return getattr(spec.training, "framework", "tensorflow") == "pytorch"
 
 
+def payload_framework(spec: JobSpec) -> str:
+    """The framework the VMs must carry: the built-in job's ``framework``, pytorch for a ``run:`` script
+    (torchrun), and for ``job: command`` pytorch when its cost model is a torch model, else tensorflow (the
+    command gets TF_CONFIG). The gce default image is chosen from it (data/gce_images.csv)."""
+    if is_pytorch(spec) or getattr(getattr(spec.training, "model", None), "torch", None):
+        return "pytorch"
+    return "tensorflow"
+
+
 def is_run_job(spec: JobSpec) -> bool:
     return getattr(spec.training, "job", "") == "run"
 

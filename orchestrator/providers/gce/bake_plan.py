@@ -25,8 +25,8 @@ from orchestrator.providers.gce.requests import DEFAULT_IMAGE
 ROLES = ("worker", "ps")
 PS_MACHINE_TYPE = "n1-standard-4"
 DEFAULT_PS_ZONE = "us-central1-c"
-# Workers boot the Deep Learning VM image Google's route gives the GPU and framework (data/gce_images.csv: the
-# NVIDIA driver, CUDA 12.8); the recipe adds the framework. The parameter servers are CPU-only TensorFlow on a
+# Workers build on Google's Deep Learning VM base family for the GPU (data/gce_images.csv: the NVIDIA driver
+# and CUDA, no framework); the recipe adds the framework. The parameter servers are CPU-only TensorFlow on a
 # stock Debian 12 image. On-demand or Spot comes from Google's provisioning rules (data/gce_rules.csv):
 # a3-highgpu-1g/2g/4g, A3 Ultra (H200) and A4 (B200) have no plain on-demand, so their builders run on Spot.
 PS_BASE_IMAGE = DEFAULT_IMAGE
@@ -97,7 +97,7 @@ def plan_bake(
     return BakePlan(role, gpu, image, family, builder, machine_type, tuple(zones), job_id=_bake_id(builder),
                     price_per_hour=price, price_book=price_book, framework=framework, spot=spot,
                     gpu_count=gpu_count,
-                    base_image=rules.default_image(gpu, framework) if role == "worker" else PS_BASE_IMAGE,
+                    base_image=rules.base_image(gpu) if role == "worker" else PS_BASE_IMAGE,
                     recipe=recipe, recipe_env={"ROLE": role, "GPU": gpu or "", "FRAMEWORK": framework})
 
 

@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from orchestrator.core.policy import gce_boot_note
 from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, Price, PriceBook
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
@@ -145,6 +146,8 @@ def plan(
     if best is not None and best.risk_assumed:
         notes.append("no revocation data for some GPU types: their risk is the mean of the measured types")
     notes.append(calibration_note(spec, calib, best))
+    if boot := gce_boot_note(spec):
+        notes.append(boot)
     return PlanResult(
         model=ev.model,
         mode=ev.mode,
