@@ -2,7 +2,7 @@
 # The tasks' interpreter on a gce VM that installs its framework at first boot: the VM's startup script runs
 # images/gpu-worker.sh and then touches /var/lib/orchestrator/boot-ready (or boot-failed). A task started
 # before that waits here, then runs the framework's python3, so no task starts without its framework.
-dir=/var/lib/orchestrator
+dir="${ORCHESTRATOR_BOOT_DIR:-/var/lib/orchestrator}"  # overridable for the tests
 limit="${ORCHESTRATOR_BOOT_WAIT_S:-3600}"
 waited=0
 while [ ! -f "$dir/boot-ready" ]; do
@@ -18,4 +18,4 @@ while [ ! -f "$dir/boot-ready" ]; do
   sleep 5
   waited=$((waited + 5))
 done
-exec /usr/local/bin/python3 "$@"
+exec "${ORCHESTRATOR_BOOT_PYTHON:-/usr/local/bin/python3}" "$@"  # the venv images/gpu-worker.sh made

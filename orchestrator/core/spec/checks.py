@@ -196,11 +196,9 @@ class _CatalogCheck:
         gpus = [g.gpu for g in cluster.workers] if cluster else list(search.gpus if search else [])
         known = list(dict.fromkeys(g for g in gpus if g in self.catalog.gpus))
         rules = load_gce_rules()
-        if known and (wrong := rules.image_message(gce.image, gce.project, ", ".join(known),
-                                                   gce.gpu_driver == "installer")):
-            self._error("provider.image", wrong)
-        elif wrong := rules.framework_message(gce.image, gce.project, payload_framework(self.spec),
-                                              known[0] if known else None):
+        no_driver = rules.image_message(gce.image, gce.project, ", ".join(known), gce.gpu_driver == "installer")
+        other = rules.framework_message(gce.image, gce.project, payload_framework(self.spec), next(iter(known), None))
+        if wrong := (no_driver if known else None) or other:
             self._error("provider.image", wrong)
 
     def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:

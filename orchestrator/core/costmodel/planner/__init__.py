@@ -34,7 +34,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from orchestrator.core.policy import gce_boot_note
 from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, Price, PriceBook
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
@@ -43,6 +42,7 @@ from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluato
 from orchestrator.core.costmodel.planner.layouts import layouts
 from orchestrator.core.costmodel.planner.scoring import AnalyticScorer, Scorer, plan_context, score_candidates
 from orchestrator.core.offerings import lifecycle_warnings, unverified_price_notes
+from orchestrator.core.policy import gce_boot_note
 from orchestrator.core.spec import JobSpec
 
 
