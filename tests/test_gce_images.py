@@ -158,3 +158,17 @@ def test_plan_says_the_first_boot_figures_are_estimates() -> None:
     notes = plan(validate_spec(framework_doc("tensorflow", group, zone))).notes
     (boot,) = [n for n in notes if n.startswith("first boot")]
     assert "dlvm-base +300 s" in boot and "ESTIMATES, not measured" in boot
+
+
+def test_a_flex_start_request_says_how_long_it_waits_for_capacity() -> None:
+    from orchestrator.core.policy import FLEX_START_REQUEST_VALID_S
+
+    group, zone, _ = GROUPS["h100-flex"]
+    (insert,) = gce_dry_run(validate_spec(doc(group, zone)))["instances.insert"]
+    body = insert["body"]
+    # v1 carries requestValidForDuration in the instance's params (google-cloud-compute 1.57: InstanceParams),
+    # next to Google's other flex-start fields; a Spot VM has none.
+    assert body["params"] == {"requestValidForDuration": {"seconds": str(int(FLEX_START_REQUEST_VALID_S))}}
+    assert compute_v1.Instance.from_json(json.dumps(body)).params.request_valid_for_duration.seconds == 1800
+    spot_group, spot_zone, _ = GROUPS["h100"]
+    assert "params" not in gce_dry_run(validate_spec(doc(spot_group, spot_zone)))["instances.insert"][0]["body"]

@@ -181,8 +181,6 @@ def _scheduling(request: InstanceRequest, settings: GceRequestSettings) -> compu
         scheduling.automatic_restart = False
         # Flex-start VMs run 10 min .. 7 days (data/cloud_facts.csv); GCE refuses a limit outside that.
         max_run_s = load_gce_rules().flex_run_s(max_run_s if max_run_s is not None else FLEX_START_MAX_RUN_S)
-        if "request_valid_for_duration" in compute_v1.Scheduling.meta.fields:  # newer clients only
-            scheduling.request_valid_for_duration = compute_v1.Duration(seconds=settings.flex_request_valid_s)
     else:
         scheduling.automatic_restart = True
     if max_run_s is not None:
@@ -227,6 +225,10 @@ def instance_resource(request: InstanceRequest, settings: GceRequestSettings) ->
     )
     if request.flex_start:
         instance.reservation_affinity = compute_v1.ReservationAffinity(consume_reservation_type=NO_RESERVATION)
+        # How long the request waits for capacity: v1 carries it in the instance's params (InstanceParams, "relevant
+        # only for Instances.Insert"), not in scheduling (https://cloud.google.com/compute/docs/reference/rest/v1/instances).
+        instance.params = compute_v1.InstanceParams(
+            request_valid_for_duration=compute_v1.Duration(seconds=settings.flex_request_valid_s))
     if request.gpu and request.machine_type not in settings.bundled:
         # N1: attach the GPUs. A2/A3/A4/G2/G4 types come with theirs (GCE refuses guestAccelerators there).
         instance.guest_accelerators = [
