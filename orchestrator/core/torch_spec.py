@@ -11,6 +11,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.core.spec.training import payload_framework as _of_training
+
 if TYPE_CHECKING:
     from orchestrator.core.spec import JobSpec, SecretRef
 
@@ -24,12 +26,8 @@ def is_pytorch(spec: JobSpec) -> bool:
 
 
 def payload_framework(spec: JobSpec) -> str:
-    """The framework the VMs must carry: the built-in job's ``framework``, pytorch for a ``run:`` script
-    (torchrun), and for ``job: command`` pytorch when its cost model is a torch model, else tensorflow (the
-    command gets TF_CONFIG). The gce default image is chosen from it (data/gce_images.csv)."""
-    if is_pytorch(spec) or getattr(getattr(spec.training, "model", None), "torch", None):
-        return "pytorch"
-    return "tensorflow"
+    """The framework ``spec``'s VMs must carry (core.spec.training.payload_framework)."""
+    return _of_training(spec.training)
 
 
 def is_run_job(spec: JobSpec) -> bool:

@@ -12,9 +12,8 @@ from orchestrator.core.names import did_you_mean, unknown_name
 from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
 from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
 from orchestrator.core.spec.job import Cluster, JobSpec, OnRevocation, WorkerGroup
-from orchestrator.core.spec.training import TrainingMode
+from orchestrator.core.spec.training import TrainingMode, payload_framework
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
-from orchestrator.core.torch_spec import payload_framework
 
 
 def check_against_catalog(spec: JobSpec, catalog: Catalog) -> list[FieldError]:
@@ -197,7 +196,8 @@ class _CatalogCheck:
         known = list(dict.fromkeys(g for g in gpus if g in self.catalog.gpus))
         rules = load_gce_rules()
         no_driver = rules.image_message(gce.image, gce.project, ", ".join(known), gce.gpu_driver == "installer")
-        other = rules.framework_message(gce.image, gce.project, payload_framework(self.spec), next(iter(known), None))
+        framework = payload_framework(self.spec.training)
+        other = rules.framework_message(gce.image, gce.project, framework, next(iter(known), None))
         if wrong := (no_driver if known else None) or other:
             self._error("provider.image", wrong)
 

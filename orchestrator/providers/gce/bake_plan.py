@@ -12,14 +12,13 @@ import hashlib
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 from orchestrator.core.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
 from orchestrator.core.errors import UserError
 from orchestrator.core.gce_rules import STANDARD, load_gce_rules
 from orchestrator.core.offerings import retired_message
-from orchestrator.core.paths import _bundled
 from orchestrator.providers.bake import FRAMEWORKS, BakePlan
+from orchestrator.providers.gce.recipes import PS_RECIPE, WORKER_RECIPE, recipe_path
 from orchestrator.providers.gce.requests import DEFAULT_IMAGE
 
 ROLES = ("worker", "ps")
@@ -30,7 +29,6 @@ DEFAULT_PS_ZONE = "us-central1-c"
 # stock Debian 12 image. On-demand or Spot comes from Google's provisioning rules (data/gce_rules.csv):
 # a3-highgpu-1g/2g/4g, A3 Ultra (H200) and A4 (B200) have no plain on-demand, so their builders run on Spot.
 PS_BASE_IMAGE = DEFAULT_IMAGE
-WORKER_RECIPE, PS_RECIPE = "gpu-worker.sh", "ps.sh"  # in images/
 _JOB_ID_MAX = 40  # jobs.id
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The frameworks' CUDA 12 builds dropped Kepler; see images/worker.sh for the versions that still ran on it.
@@ -46,17 +44,6 @@ def image_family(role: str, gpu: str | None, framework: str = "tensorflow") -> s
     """``orchestrator-worker-<gpu>`` (TensorFlow), ``orchestrator-worker-torch-<gpu>``, ``orchestrator-ps``."""
     torch = "-torch" if framework == "pytorch" else ""
     return f"orchestrator-{role}{torch}-{gpu}" if gpu else f"orchestrator-{role}{torch}"
-
-
-def recipe_path(name: str) -> Path:
-    """``images/<name>`` from the checkout (or the wheel's bundled copy)."""
-    try:
-        path = _bundled("images") / name
-    except FileNotFoundError as exc:
-        raise UserError(str(exc)) from None
-    if not path.is_file():
-        raise UserError(f"no image recipe {path}")
-    return path
 
 
 def plan_bake(

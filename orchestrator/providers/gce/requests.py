@@ -18,6 +18,7 @@ from orchestrator.core.catalog import load_catalog
 from orchestrator.core.cloud_errors import InvalidRequestError
 from orchestrator.core.gce_rules import ROUTE_INSTALLER, ImageRoute, load_gce_rules
 from orchestrator.core.instances import InstanceRequest
+from orchestrator.providers.gce.recipes import WORKER_RECIPE, recipe_path
 
 # The controller's own credentials (credentials.py); a VM never gets this scope (see STORAGE_SCOPE).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -259,8 +260,6 @@ def startup_script(settings: GceRequestSettings, gpu: str | None) -> str | None:
     framework and packages (an image with a driver but not the payload); None when it needs neither."""
     parts = [INSTALLER_SCRIPT] if settings.installs_driver(gpu) else []
     if settings.boot_setup(gpu) and settings.framework is not None:
-        from orchestrator.providers.gce.bake_plan import WORKER_RECIPE, recipe_path  # bake_plan imports this module
-
         recipe = recipe_path(WORKER_RECIPE).read_text()
         parts.append(PAYLOAD_SETUP.format(dir=BOOT_DIR, recipe=recipe, framework=settings.framework,
                                           gpu=_catalog_key(gpu) or '""', skip=0 if gpu else 1))
