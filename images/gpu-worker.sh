@@ -55,7 +55,7 @@ if [ "$SKIP_GPU_CHECK" != "1" ]; then
   log "waiting for the base image's NVIDIA driver (nvidia-smi), up to ${DRIVER_WAIT_S}s"
   waited=0
   until nvidia-smi >/dev/null 2>&1; do
-    [ "$waited" -lt "$DRIVER_WAIT_S" ] || die "no working NVIDIA driver after ${DRIVER_WAIT_S}s: is the base image a Deep Learning VM family with a driver (…-nvidia-570)?"
+    [ "$waited" -lt "$DRIVER_WAIT_S" ] || die "no working NVIDIA driver after ${DRIVER_WAIT_S}s: is the base image a Deep Learning VM family with a driver (…-nvidia-580)?"
     sleep 10; waited=$((waited + 10))
   done
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
