@@ -3,9 +3,10 @@
 # on top of the NVIDIA driver the base image brings.
 #
 # Run by `orchestrator image bake --role worker --gpu <gpu> --framework tensorflow|pytorch` on a builder VM
-# booted from projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570
-# (Ubuntu 22.04, NVIDIA driver R570, CUDA 12.8: Volta, Turing, Ampere, Ada, Hopper and Blackwell GPUs), or by
-# hand:  FRAMEWORK=pytorch GPU=h100 bash gpu-worker.sh
+# booted from projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2204-nvidia-580
+# (Ubuntu 22.04, NVIDIA driver R580, CUDA 12.9: Volta, Turing, Ampere, Ada, Hopper and Blackwell GPUs); by a
+# gce job's VMs at first boot (their startup script, with KEEP_IMAGE_FRAMEWORK=1: a Deep Learning VM PyTorch
+# family keeps its own torch); or by hand:  FRAMEWORK=pytorch GPU=h100 bash gpu-worker.sh
 # Idempotent: a second run re-checks every step and changes nothing that is already in place.
 #
 # What goes where:
@@ -29,6 +30,7 @@ FRAMEWORK="${FRAMEWORK:-tensorflow}"  # tensorflow | pytorch
 GPU="${GPU:-}"                      # catalog key: t4 | v100 | l4 | rtx-pro-6000 | a100 | a100-80gb | h100 | h200 | b200
 DRIVER_WAIT_S="${DRIVER_WAIT_S:-900}"  # a Deep Learning VM may finish its driver set-up after first boot
 SKIP_GPU_CHECK="${SKIP_GPU_CHECK:-0}"  # 1: do not require the framework to see a GPU at the end
+KEEP_IMAGE_FRAMEWORK="${KEEP_IMAGE_FRAMEWORK:-0}"  # 1: a framework the image's python3 imports is kept as is
 
 log() { printf '[gpu-worker.sh] %s\n' "$*"; }
 die() { printf '[gpu-worker.sh] error: %s\n' "$*" >&2; exit "${2:-1}"; }
@@ -53,7 +55,7 @@ if [ "$SKIP_GPU_CHECK" != "1" ]; then
   log "waiting for the base image's NVIDIA driver (nvidia-smi), up to ${DRIVER_WAIT_S}s"
   waited=0
   until nvidia-smi >/dev/null 2>&1; do
-    [ "$waited" -lt "$DRIVER_WAIT_S" ] || die "no working NVIDIA driver after ${DRIVER_WAIT_S}s: is the base image a Deep Learning VM family with a driver (…-nvidia-570)?"
+    [ "$waited" -lt "$DRIVER_WAIT_S" ] || die "no working NVIDIA driver after ${DRIVER_WAIT_S}s: is the base image a Deep Learning VM family with a driver (…-nvidia-580)?"
     sleep 10; waited=$((waited + 10))
   done
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -65,10 +67,19 @@ if ! python3 -m venv --help >/dev/null 2>&1; then
   apt-get update -q
   apt-get install -y -q python3-venv python3-pip
 fi
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+module=torch
+[ "$FRAMEWORK" = "tensorflow" ] && module=tensorflow
+image_has=0  # the image brings the framework (a Deep Learning VM PyTorch family): the venv sees it
+if [ "$KEEP_IMAGE_FRAMEWORK" = "1" ] && python3 -c "import $module" >/dev/null 2>&1; then image_has=1; fi
+venv_flags=()
+[ "$image_has" = "1" ] && venv_flags=(--system-site-packages)
+[ -x "$VENV/bin/python" ] || python3 -m venv "${venv_flags[@]}" "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 common=("google-cloud-storage==$GCS_VERSION" "scikit-learn==$SKLEARN_VERSION")
-if [ "$FRAMEWORK" = "tensorflow" ]; then
+if [ "$image_has" = "1" ]; then
+  log "keeping the image's $module; installing numpy, google-cloud-storage, scikit-learn"
+  "$VENV/bin/python" -m pip install -q --no-cache-dir numpy "${common[@]}"
+elif [ "$FRAMEWORK" = "tensorflow" ]; then
   log "installing tensorflow[and-cuda]==$TF_VERSION, google-cloud-storage, scikit-learn"
   "$VENV/bin/python" -m pip install -q --no-cache-dir "tensorflow[and-cuda]==$TF_VERSION" "${common[@]}"
 else
@@ -85,11 +96,14 @@ WRAP
 chmod 0755 /usr/local/bin/python3
 
 # ---------------------------------------------------------------- checks: the payload's imports, the GPU
+if [ "$image_has" = "1" ]; then
+  "$VENV/bin/python" -c "import google.cloud.storage, numpy, sklearn, $module; print('$module', $module.__version__, '(the image)')"
+fi
 if [ "$FRAMEWORK" = "tensorflow" ]; then
-  "$VENV/bin/python" -c "import google.cloud.storage, sklearn, tensorflow as tf; assert tf.__version__ == '$TF_VERSION'; print('tensorflow', tf.__version__)"
+  [ "$image_has" = "1" ] || "$VENV/bin/python" -c "import google.cloud.storage, sklearn, tensorflow as tf; assert tf.__version__ == '$TF_VERSION'; print('tensorflow', tf.__version__)"
   check='import tensorflow as tf, sys; g = tf.config.list_physical_devices("GPU"); print("TensorFlow sees", g); sys.exit(0 if g else 1)'
 else
-  "$VENV/bin/python" -c "import google.cloud.storage, numpy, sklearn, torch, torch.distributed.checkpoint; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  [ "$image_has" = "1" ] || "$VENV/bin/python" -c "import google.cloud.storage, numpy, sklearn, torch, torch.distributed.checkpoint; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   check='import torch, sys; print("torch sees", torch.cuda.device_count(), "GPU(s)", torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""); sys.exit(0 if torch.cuda.is_available() else 1)'
 fi
 if [ "$SKIP_GPU_CHECK" != "1" ]; then

@@ -23,9 +23,11 @@ from google.cloud import compute_v1
 
 from orchestrator.core.spec import GceProvider as GceSpec
 from orchestrator.core.spec import load_spec
+from orchestrator.core.torch_spec import payload_framework
 from orchestrator.providers.gce.backend import build as gce_backend
 from orchestrator.providers.gce.dry_run import gce_dry_run, request_settings
 from orchestrator.providers.gce.provider import GceProvider
+from orchestrator.providers.gce.requests import startup_script
 from orchestrator_testing.gce_emulator import GceEmulator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,10 +120,11 @@ def test_dry_run_uses_the_settings_the_real_backend_uses(emu: GceEmulator) -> No
     spec = load_spec(REPO / "examples" / "gce-l4x4-spot.yaml")
     assert isinstance(spec.provider, GceSpec)
     spec = spec.model_copy(update={"provider": spec.provider.model_copy(update={"api_endpoint": emu.url})})
-    backend = gce_backend("test", spec.provider)
+    framework = payload_framework(spec)  # the registry builds the job's backend for its framework
+    backend = gce_backend("test", spec.provider, framework)
     provider = backend.provider
     assert isinstance(provider, GceProvider)
-    assert provider.settings == request_settings(spec.provider)
+    assert provider.settings == request_settings(spec.provider, framework)
     provider.close()
     # The cloud-side time limit follows the policy: 12 h deadline + 10 min grace vs $20 of budget.
     out = gce_dry_run(spec)
@@ -133,6 +136,8 @@ def test_dry_run_uses_the_settings_the_real_backend_uses(emu: GceEmulator) -> No
     for insert in out["instances.insert"]:
         body = insert["body"]
         real = backend.instance_metadata("l4x4-spot-dryrun", body["name"], SimpleNamespace(uri=spec.storage))
+        # The request builder adds the first-boot set-up (the job's framework) to both, from the same settings.
+        real["startup-script"] = startup_script(provider.settings, "l4" if "-worker-" in body["name"] else None) or ""
         dry = {item["key"]: item["value"] for item in body["metadata"]["items"]}
         assert dry.keys() == real.keys()
         assert {k: v for k, v in dry.items() if k != "ssh-keys"} == {k: v for k, v in real.items() if k != "ssh-keys"}

@@ -38,8 +38,8 @@ from orchestrator_testing.cloud import provider_settings
 from orchestrator_testing.gce_emulator import GceEmulator
 from orchestrator_testing.sshd import Sshd
 
-# Google's Deep Learning VM route for every current GPU and both frameworks (data/gce_images.csv).
-WORKER_BASE_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
+# Google's Deep Learning VM base family (driver + CUDA, no framework) for every current GPU: what bakes build on.
+WORKER_BASE_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2204-nvidia-580"
 
 P, ZONE = "proj-bake", "us-central1-c"
 REPO = Path(__file__).resolve().parent.parent

@@ -183,8 +183,9 @@ def test_timings_have_one_source_in_data() -> None:
     assert facts["preemptible_extra_staging"] == policy.SPOT_EXTRA_BOOT_S
     assert SimCluster((SimSlot("worker-0", "worker"),), train_steps=1).boot_delay_s == policy.BOOT_S
     gce = validate_spec(yaml.safe_load((EXAMPLES / "gce-l4x4-spot.yaml").read_text()))
-    # A gce VM's first boot adds its image route's time (the default: a Deep Learning VM), from the same file.
-    assert facts["image_boot_extra_dlvm"] == policy.image_boot_extra_s("dlvm") == policy.gce_boot_extra_s(gce)
+    # A gce VM's first boot adds its image route's time (the default for this TensorFlow job: the Deep Learning
+    # VM base family, TensorFlow installed at first boot), from the same file.
+    assert facts["image_boot_extra_dlvm_base"] == policy.image_boot_extra_s("dlvm-base") == policy.gce_boot_extra_s(gce)
     assert run_accounting(gce).boot_s == policy.BOOT_S + policy.gce_boot_extra_s(gce)
     assert run_accounting(gce).spot_extra_boot_s == policy.SPOT_EXTRA_BOOT_S
 

@@ -62,7 +62,9 @@ def test_local_backend_gives_each_task_its_own_port_and_keeps_addresses() -> Non
 def test_gce_defaults_are_real_gce() -> None:
     spec = gce_spec(api_endpoint="http://127.0.0.1:9")  # no request is sent: clients are built lazily
     backend = registry.backend_for(spec)
-    assert backend.python == "python3" and backend.fixed_task_port == TF_PORT and not backend.stable_addresses
+    # The default image gets the job's framework at first boot: tasks wait for it (jobs/boot_python.sh).
+    assert backend.python == "jobs/boot_python.sh" and backend.fixed_task_port == TF_PORT
+    assert not backend.stable_addresses
     observed = ObservedInstance(
         name="registry-1a2b3c-worker-0-0",
         job_id="registry-1a2b3c",

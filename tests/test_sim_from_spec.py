@@ -60,8 +60,9 @@ def test_slots_prices_and_policy_come_from_the_spec() -> None:
     )
     assert c.preemptible  # the 2019-02 book: preemptible VMs with the 24 h cap
     assert c.checkpoint_cost_s == pytest.approx(3.75 + 0.02 * c.model_mb)
-    # 70 s measured (ICAC'19) + the default image route's first boot (a Deep Learning VM; an estimate).
-    assert c.boot_delay_s == 70.0 + policy.image_boot_extra_s("dlvm") and c.spot_extra_boot_s == 15.0
+    # 70 s measured (ICAC'19) + the default image route's first boot (a TensorFlow job: the Deep Learning VM
+    # base family, TensorFlow installed at first boot; an estimate).
+    assert c.boot_delay_s == 70.0 + policy.image_boot_extra_s("dlvm-base") and c.spot_extra_boot_s == 15.0
     base = simulate(c, NoRevocations())
     assert base.wall_time_s == pytest.approx(c.boot_delay_s + 15.0 + 64000 / 16.0 + 63 * c.checkpoint_cost_s)
     # The planner's accounting of the same cluster (boot, checkpoint pauses, teardown) is the simulator's.

@@ -21,6 +21,11 @@ from orchestrator.core.paths import data_dir
 STANDARD, SPOT, FLEX_START, RESERVATION = "STANDARD", "SPOT", "FLEX_START", "RESERVATION"
 ROUTE_BAKED = "baked"  # an image of the user's own (e.g. from `orchestrator image bake`): assumed to carry a driver
 ROUTE_INSTALLER = "installer"  # a stock image plus Google's driver installer at boot
+ROUTE_DLVM, ROUTE_DLVM_BASE = "dlvm", "dlvm-base"  # a Deep Learning VM family with / without the framework
+# Routes whose VMs get the payload's framework and packages at first boot (images/gpu-worker.sh from the
+# startup script): every image with Google's driver but no orchestrator payload, and the installer route.
+BOOT_SETUP_ROUTES = frozenset({ROUTE_DLVM, ROUTE_DLVM_BASE, "accelerator-os", ROUTE_INSTALLER})
+FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "pytorch": "PyTorch"}
 _URL_PREFIX = re.compile(r"^https?://[^/]+/compute/(?:v1|beta|alpha)/")
 
 
@@ -42,11 +47,16 @@ class FamilyRule:
 @dataclass(frozen=True)
 class ImageRoute:
     image: str  # a full image path, or a prefix such as "projects/debian-cloud/"
-    route: str  # dlvm | accelerator-os | stock | baked | installer
+    route: str  # dlvm | dlvm-base | accelerator-os | stock | baked | installer
     driver: bool
     gpus: tuple[str, ...]  # GPU keys this image is the default for
-    frameworks: tuple[str, ...]
+    frameworks: tuple[str, ...]  # what a VM on it trains with (inside, or installed at first boot); (): unknown
     source: str
+
+    @property
+    def boot_setup(self) -> bool:
+        """The VM installs the payload's framework / packages at first boot (the startup script)."""
+        return self.route in BOOT_SETUP_ROUTES
 
 
 _MODEL_NAMES = {STANDARD: "on-demand", SPOT: "Spot", FLEX_START: "Flex-start",
@@ -133,17 +143,38 @@ class GceRules:
         return route
 
     def default_image(self, gpu: str | None, framework: str | None = None) -> str:
-        """The image a VM boots when the spec names none: the first route row with a driver for this GPU
-        (and ``framework``, when asked); a CPU-only VM takes the first such row, so every task of a job
-        has the same libraries."""
+        """The image a VM boots when the spec names none: the first default row (one with GPUs listed) with a
+        driver for this GPU and ``framework`` (pytorch: Google's PyTorch family; tensorflow, for which Google
+        has no current family: the base family, TensorFlow installed at first boot); a CPU-only VM takes the
+        framework's first row, so every task of a job has the same libraries."""
         rows = [r for r in self.images
-                if r.driver and r.frameworks and (framework is None or framework in r.frameworks)]
+                if r.driver and r.gpus and r.frameworks and (framework is None or framework in r.frameworks)]
         for row in rows:
             if gpu is None or gpu in row.gpus:
                 return row.image
         if not rows:
             raise LookupError(f"data/gce_images.csv has no default image for framework {framework}")
         return rows[0].image
+
+    def base_image(self, gpu: str | None) -> str:
+        """The Deep Learning VM base family (driver + CUDA, no framework) for ``gpu``: what `image bake`
+        builds on, so a baked image carries exactly the framework its recipe installs."""
+        for row in self.images:
+            if row.route == ROUTE_DLVM_BASE and row.gpus and (gpu is None or gpu in row.gpus):
+                return row.image
+        raise LookupError(f"data/gce_images.csv has no {ROUTE_DLVM_BASE} image for {gpu}")
+
+    def framework_message(self, image: str, project: str, framework: str, gpu: str | None) -> str | None:
+        """An image known to lack the job's framework (a Deep Learning VM family of the other framework)
+        cannot train it: say so, with the family that does and the bake command."""
+        route = self.image_route(image, project)
+        if not route.frameworks or framework in route.frameworks:
+            return None
+        name = FRAMEWORK_NAMES.get(framework, framework)
+        right = self.default_image(gpu, framework)
+        return (f"{normalize_image(image, project)} has no {name} ({url(route.source)}); leave provider.image out "
+                f"({right.rsplit('/', 1)[-1]} is chosen for {framework} jobs), or bake one: orchestrator image bake "
+                f"--role worker --gpu {gpu or 'GPU'} --framework {framework} --spec SPEC")
 
     def image_message(self, image: str, project: str, gpu: str | None, installer: bool = False) -> str | None:
         """A GPU VM on an image known to have no NVIDIA driver cannot train: say so, with the fix."""
@@ -153,8 +184,9 @@ class GceRules:
         if route.driver:
             return None
         return (f"{normalize_image(image, project)} has no NVIDIA driver for {gpu} ({url(route.source)}); "
-                "leave provider.image out (a Deep Learning VM image is chosen), name an image with a driver, "
-                "or set provider.gpu_driver: installer (Google's installer at boot, several minutes more)")
+                "leave provider.image out (a Deep Learning VM image with the job's framework is chosen), name an image "
+                "with a driver, or set provider.gpu_driver: installer (Google's installer at boot, several minutes "
+                "more)")
 
 
 INSTALLER_SOURCE = "https://github.com/GoogleCloudPlatform/compute-gpu-installation (cuda_installer.pyz)"

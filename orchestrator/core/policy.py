@@ -22,6 +22,7 @@ from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.instances import Role
 from orchestrator.core.paths import data_dir
 from orchestrator.core.spec import JobSpec, LocalProvider, OnRevocation, ProviderSpec, RevocationMode
+from orchestrator.core.torch_spec import payload_framework
 
 
 def _read(name: str) -> dict[str, float]:
@@ -30,6 +31,14 @@ def _read(name: str) -> dict[str, float]:
 
 
 _CLOUD: Final = _read("cloud_facts.csv")
+
+
+def _verified() -> dict[str, bool]:
+    with (data_dir() / "cloud_facts.csv").open(newline="") as fh:
+        return {r["key"]: r["verified"] == "1" for r in csv.DictReader(fh)}
+
+
+_CLOUD_VERIFIED: Final = _verified()
 _CHOICES: Final = _read("policy.csv")
 
 BOOT_S: Final = _CLOUD["replacement_boot_delay"]  # request -> a (replacement) instance is up
@@ -119,16 +128,42 @@ def image_boot_extra_s(route: str) -> float:
     return _CLOUD.get(f"image_boot_extra_{route.replace('-', '_')}", 0.0)
 
 
-def gce_boot_extra_s(spec: JobSpec) -> float:
-    """The slowest first boot among a gce job's GPU VMs, from the image route each one takes; 0 elsewhere."""
+def image_boot_source(route: str) -> str:
+    """Where a route's first-boot figure comes from: "measured" or "ESTIMATE, not measured" (cloud_facts.csv)."""
+    key = f"image_boot_extra_{route.replace('-', '_')}"
+    if key not in _CLOUD:
+        return "no first-boot extra"
+    return f"data/cloud_facts.csv {key}: " + ("sourced" if _CLOUD_VERIFIED.get(key) else "ESTIMATE, not measured")
+
+
+def gce_boot_routes(spec: JobSpec) -> set[str]:
+    """The image routes a gce job's GPU VMs take (the default image is the job's framework's); empty elsewhere."""
     gce = spec.provider.as_gce()
     if gce is None:
-        return 0.0
-    rules = load_gce_rules()
+        return set()
+    rules, framework = load_gce_rules(), payload_framework(spec)
     gpus = [g.gpu for g in spec.cluster.workers] if spec.cluster else list(spec.search.gpus if spec.search else [])
-    routes = {rules.image_route(gce.image or rules.default_image(g), gce.project, gce.gpu_driver == "installer").route
-              for g in gpus}
-    return max((image_boot_extra_s(r) for r in routes), default=0.0)
+    return {rules.image_route(gce.image or rules.default_image(g, framework), gce.project,
+                              gce.gpu_driver == "installer").route for g in gpus}
+
+
+def gce_boot_extra_s(spec: JobSpec) -> float:
+    """The slowest first boot among a gce job's GPU VMs, from the image route each one takes; 0 elsewhere."""
+    return max((image_boot_extra_s(r) for r in gce_boot_routes(spec)), default=0.0)
+
+
+def gce_boot_note(spec: JobSpec) -> str | None:
+    """What `plan` says about the first boot its figures assume: the route, the seconds and whether that
+    figure is measured (today every route's figure is an estimate)."""
+    routes = sorted(gce_boot_routes(spec))
+    if not routes:
+        return None
+    parts = [f"{r} +{image_boot_extra_s(r):.0f} s" for r in routes]
+    estimated = [r for r in routes if not _CLOUD_VERIFIED.get(f"image_boot_extra_{r.replace('-', '_')}", True)]
+    what = ("ESTIMATES, not measured (no published figure found; data/cloud_facts.csv image_boot_extra_*)"
+            if estimated else "from data/cloud_facts.csv")
+    return (f"first boot of each gce VM: {BOOT_S:.0f} s + image route ({', '.join(parts)}); the route figures "
+            f"are {what}; every replacement boots again")
 
 
 def _rng(seed: int, slot: str, generation: int) -> np.random.Generator:

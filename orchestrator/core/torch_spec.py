@@ -11,6 +11,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.core.spec.training import payload_framework as _of_training
+
 if TYPE_CHECKING:
     from orchestrator.core.spec import JobSpec, SecretRef
 
@@ -21,6 +23,11 @@ class SecretError(ValueError):
 
 def is_pytorch(spec: JobSpec) -> bool:
     return getattr(spec.training, "framework", "tensorflow") == "pytorch"
+
+
+def payload_framework(spec: JobSpec) -> str:
+    """The framework ``spec``'s VMs must carry (core.spec.training.payload_framework)."""
+    return _of_training(spec.training)
 
 
 def is_run_job(spec: JobSpec) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from orchestrator.core.errors import UserError
 from orchestrator.core.quotas import QuotaSource
 from orchestrator.core.spec import JobSpec
+from orchestrator.core.torch_spec import payload_framework
 from orchestrator.providers.bake import ImageBuilder
 from orchestrator.providers.base import TF_PORT, Backend, ChecksSetup, DryRuns, Provider
 from orchestrator.providers.gce import backend as gce
@@ -38,8 +39,9 @@ def _nothing_to_check(spec: object, provider: Callable[[], Provider] | None) -> 
 class BackendKind(Generic[S]):
     """How one provider kind builds its Backend from the spec's provider section (of type ``S``)."""
 
-    cache_key: Callable[[S], str]  # jobs whose provider sections give one key share a Backend
-    build: Callable[[str, S], Backend]
+    # Jobs whose provider sections and framework (core.torch_spec.payload_framework) give one key share a Backend.
+    cache_key: Callable[[S, str], str]
+    build: Callable[[str, S, str], Backend]
     check_setup: ChecksSetup[S] = _nothing_to_check
     dry_run: DryRuns | None = None  # None: launch --dry-run prints the generic table
     quotas: bool = False  # the built provider is a core.quotas.QuotaSource worth asking before a launch
@@ -58,9 +60,10 @@ _cache: dict[str, Backend] = {}
 
 def backend_for(spec: JobSpec) -> Backend:
     kind = KINDS[spec.provider.kind]
-    key = kind.cache_key(spec.provider)
+    framework = payload_framework(spec)  # a cloud's default image carries the job's framework
+    key = kind.cache_key(spec.provider, framework)
     if key not in _cache:
-        _cache[key] = kind.build(key, spec.provider)
+        _cache[key] = kind.build(key, spec.provider, framework)
     return _cache[key]
 
 

@@ -12,7 +12,7 @@ from orchestrator.core.names import did_you_mean, unknown_name
 from orchestrator.core.offerings import flex_start_message, machine_type_message, retired_message
 from orchestrator.core.spec.base import LOCAL_ZONE, FieldError
 from orchestrator.core.spec.job import Cluster, JobSpec, OnRevocation, WorkerGroup
-from orchestrator.core.spec.training import TrainingMode
+from orchestrator.core.spec.training import TrainingMode, payload_framework
 from orchestrator.core.specfile import MAX_CANDIDATES, search_size
 
 
@@ -183,7 +183,8 @@ class _CatalogCheck:
 
     def _gce_image(self) -> None:
         """A gce spec's GPU VMs boot an image with an NVIDIA driver (data/gce_images.csv), or the user asked
-        for Google's installer: a VM that cannot train is refused before it is billed."""
+        for Google's installer, and an image known to carry only the other framework is not named: a VM that
+        cannot train is refused before it is billed."""
         gce = self.spec.provider.as_gce()
         if gce is not None and gce.service_account == "none" and self.spec.storage.startswith("gs://"):
             self._error("provider.service_account", "with no service account the VMs cannot write to "
@@ -193,8 +194,11 @@ class _CatalogCheck:
         cluster, search = self.spec.cluster, self.spec.search
         gpus = [g.gpu for g in cluster.workers] if cluster else list(search.gpus if search else [])
         known = list(dict.fromkeys(g for g in gpus if g in self.catalog.gpus))
-        if known and (wrong := load_gce_rules().image_message(gce.image, gce.project, ", ".join(known),
-                                                              gce.gpu_driver == "installer")):
+        rules = load_gce_rules()
+        no_driver = rules.image_message(gce.image, gce.project, ", ".join(known), gce.gpu_driver == "installer")
+        framework = payload_framework(self.spec.training)
+        other = rules.framework_message(gce.image, gce.project, framework, next(iter(known), None))
+        if wrong := (no_driver if known else None) or other:
             self._error("provider.image", wrong)
 
     def _worker_zone_offers(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:

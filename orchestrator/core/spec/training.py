@@ -166,6 +166,17 @@ class RunTraining(StrictModel):
         return f"torch:{self.model.torch}" if self.model is not None else self.hparam_set
 
 
+def payload_framework(training: BuiltinTraining | CommandTraining | RunTraining) -> str:
+    """The framework the VMs must carry: the built-in job's ``framework``, pytorch for a ``run:`` script
+    (torchrun), and for ``job: command`` pytorch when its cost model is a torch model, else tensorflow (the
+    command gets TF_CONFIG). The gce default image is chosen from it (data/gce_images.csv)."""
+    if isinstance(training, RunTraining) or getattr(training, "framework", "") == "pytorch":
+        return "pytorch"
+    if isinstance(training, CommandTraining) and training.model is not None:
+        return "pytorch"
+    return "tensorflow"
+
+
 def _training_kind(value: Any) -> str:
     # `job:` may be omitted: the built-in ResNet/CIFAR job is the default; a `run:` command means job: run.
     if isinstance(value, dict):

@@ -19,7 +19,10 @@ from orchestrator.transport.ssh import SshTransport
 if TYPE_CHECKING:
     from orchestrator.providers.gce.requests import GceRequestSettings
 
-NETWORK_TAG = "orch-{job}"  # = providers.gce.network.JOB_TAG: each job's VMs carry their own tag
+NETWORK_TAG = "orch-{job}"
+# The tasks' interpreter on a VM that installs its framework at first boot: waits for that set-up (pushed
+# with the job's files), then runs the framework's python3.
+BOOT_PYTHON = "jobs/boot_python.sh"  # = providers.gce.network.JOB_TAG: each job's VMs carry their own tag
 TF_PORTS = "2222-2299"
 
 # Runs in GCE's 30 s window between the preemption's soft-off and the hard off: report a notice into the
@@ -36,11 +39,12 @@ PY
 """
 
 
-def cache_key(spec: GceSpec) -> str:
+def cache_key(spec: GceSpec, framework: str | None = None) -> str:
     """Jobs share a Backend only when it would be built the same (zones are chosen per instance): a job
-    whose VMs differ in image, network, user, interpreter or task port gets its own."""
+    whose VMs differ in image, framework (which picks the default image), network, user, interpreter or
+    task port gets its own."""
     shape = hashlib.sha256(spec.model_dump_json(exclude={"zones"}).encode()).hexdigest()[:12]
-    return f"gce:{spec.project}:{spec.api_endpoint or ''}:{shape}"
+    return f"gce:{spec.project}:{spec.api_endpoint or ''}:{shape}:{framework or ''}"
 
 
 def shutdown_script(storage_uri: str, name: str) -> str | None:
@@ -51,8 +55,9 @@ def shutdown_script(storage_uri: str, name: str) -> str | None:
     return SHUTDOWN_SCRIPT.format(bucket=bucket, blob=f"{prefix}/{NOTICES}/{name}")
 
 
-def request_settings(spec: GceSpec) -> GceRequestSettings:
-    """The request settings of every VM of this provider spec: the real create and the dry run use these."""
+def request_settings(spec: GceSpec, framework: str | None = None) -> GceRequestSettings:
+    """The request settings of every VM of this provider spec and a job of ``framework``
+    (core.torch_spec.payload_framework): the real create and the dry run use these."""
     from orchestrator.providers.gce.requests import (  # lazy: the request builder loads google-cloud-compute
         GceRequestSettings,
         bundled_machine_types,
@@ -60,7 +65,8 @@ def request_settings(spec: GceSpec) -> GceRequestSettings:
 
     account = spec.service_account or "default"  # the project's default account, with the storage scope only
     return GceRequestSettings(
-        project=spec.project, image=spec.image, gpu_driver_installer=spec.gpu_driver == "installer",
+        project=spec.project, image=spec.image, framework=framework,
+        gpu_driver_installer=spec.gpu_driver == "installer",
         network=spec.network, network_tag=NETWORK_TAG, disk_type=spec.boot_disk_type,
         service_account_email=None if account == "none" else account,
         preemption_notice_s=spec.preemption_notice_s, flex_request_valid_s=int(FLEX_START_REQUEST_VALID_S),
@@ -87,7 +93,13 @@ def firewall_ports(spec: GceSpec) -> str:
     return f"{TF_PORTS},{spec.task_port}-{spec.task_port + 1}"
 
 
-def build(key: str, spec: GceSpec) -> Backend:
+def task_python(spec: GceSpec, settings: GceRequestSettings) -> str:
+    """``provider.python``, or BOOT_PYTHON where the VMs install their framework at first boot (the default
+    python3 would start a task before its framework is there)."""
+    return BOOT_PYTHON if spec.python == "python3" and settings.boot_setup(None) else spec.python
+
+
+def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
     """Everything that differs from one Compute endpoint to another comes from the spec's settings
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
     ssh port and work directory metadata): a Compute API emulator is reached like GCE itself."""
@@ -97,11 +109,12 @@ def build(key: str, spec: GceSpec) -> Backend:
     from orchestrator.providers.gce.requests import cloud_max_run_s  # google-cloud-compute, as above
 
     # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
+    settings = request_settings(spec, framework)
     provider = IsolatedGceProvider(
         spec.project, ports=firewall_ports(spec), ssh_ranges=spec.ssh_source_ranges,
         allow_open_network=spec.allow_open_network,
         credentials=spec.credentials, api_endpoint=spec.api_endpoint, network=spec.network,
-        termination_action=spec.termination_action, settings=request_settings(spec))
+        termination_action=spec.termination_action, settings=settings)
 
     def endpoint(observed: ObservedInstance) -> Endpoint:
         key_path, _ = job_key(observed.job_id)
@@ -117,7 +130,7 @@ def build(key: str, spec: GceSpec) -> Backend:
     shared_address = spec.task_port == 0  # all VMs answer at one address, each task on its own port
     return Backend(
         key, provider, SshTransport(), fixed_task_port=None if shared_address else spec.task_port,
-        endpoint=endpoint, instance_metadata=metadata, python=spec.python, task_env=passed_env(),
+        endpoint=endpoint, instance_metadata=metadata, python=task_python(spec, settings), task_env=passed_env(),
         # One address with a port kept per slot: a replacement is where its predecessor was. A VM of its
         # own gets a new IP, so an async chief must restart to reach it.
         stable_addresses=shared_address, cloud_deadline=cloud_max_run_s,

@@ -12,25 +12,23 @@ import hashlib
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 from orchestrator.core.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
 from orchestrator.core.errors import UserError
 from orchestrator.core.gce_rules import STANDARD, load_gce_rules
 from orchestrator.core.offerings import retired_message
-from orchestrator.core.paths import _bundled
 from orchestrator.providers.bake import FRAMEWORKS, BakePlan
+from orchestrator.providers.gce.recipes import PS_RECIPE, WORKER_RECIPE, recipe_path
 from orchestrator.providers.gce.requests import DEFAULT_IMAGE
 
 ROLES = ("worker", "ps")
 PS_MACHINE_TYPE = "n1-standard-4"
 DEFAULT_PS_ZONE = "us-central1-c"
-# Workers boot the Deep Learning VM image Google's route gives the GPU and framework (data/gce_images.csv: the
-# NVIDIA driver, CUDA 12.8); the recipe adds the framework. The parameter servers are CPU-only TensorFlow on a
+# Workers build on Google's Deep Learning VM base family for the GPU (data/gce_images.csv: the NVIDIA driver
+# and CUDA, no framework); the recipe adds the framework. The parameter servers are CPU-only TensorFlow on a
 # stock Debian 12 image. On-demand or Spot comes from Google's provisioning rules (data/gce_rules.csv):
 # a3-highgpu-1g/2g/4g, A3 Ultra (H200) and A4 (B200) have no plain on-demand, so their builders run on Spot.
 PS_BASE_IMAGE = DEFAULT_IMAGE
-WORKER_RECIPE, PS_RECIPE = "gpu-worker.sh", "ps.sh"  # in images/
 _JOB_ID_MAX = 40  # jobs.id
 _GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The frameworks' CUDA 12 builds dropped Kepler; see images/worker.sh for the versions that still ran on it.
@@ -46,17 +44,6 @@ def image_family(role: str, gpu: str | None, framework: str = "tensorflow") -> s
     """``orchestrator-worker-<gpu>`` (TensorFlow), ``orchestrator-worker-torch-<gpu>``, ``orchestrator-ps``."""
     torch = "-torch" if framework == "pytorch" else ""
     return f"orchestrator-{role}{torch}-{gpu}" if gpu else f"orchestrator-{role}{torch}"
-
-
-def recipe_path(name: str) -> Path:
-    """``images/<name>`` from the checkout (or the wheel's bundled copy)."""
-    try:
-        path = _bundled("images") / name
-    except FileNotFoundError as exc:
-        raise UserError(str(exc)) from None
-    if not path.is_file():
-        raise UserError(f"no image recipe {path}")
-    return path
 
 
 def plan_bake(
@@ -97,7 +84,7 @@ def plan_bake(
     return BakePlan(role, gpu, image, family, builder, machine_type, tuple(zones), job_id=_bake_id(builder),
                     price_per_hour=price, price_book=price_book, framework=framework, spot=spot,
                     gpu_count=gpu_count,
-                    base_image=rules.default_image(gpu, framework) if role == "worker" else PS_BASE_IMAGE,
+                    base_image=rules.base_image(gpu) if role == "worker" else PS_BASE_IMAGE,
                     recipe=recipe, recipe_env={"ROLE": role, "GPU": gpu or "", "FRAMEWORK": framework})
 
 

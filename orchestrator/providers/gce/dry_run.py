@@ -17,6 +17,7 @@ from orchestrator.core.instances import InstanceRequest, instance_name
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import GceProvider, JobSpec
+from orchestrator.core.torch_spec import payload_framework
 from orchestrator.providers.gce.backend import firewall_ports, instance_metadata, request_settings
 from orchestrator.providers.gce.network import address_learner, job_rules
 from orchestrator.providers.gce.requests import cloud_max_run_s, instance_resource
@@ -57,7 +58,8 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
     provider = spec.provider.as_gce()
     if provider is None:
         raise ValueError("gce_dry_run needs a gce spec")
-    settings = request_settings(provider)
+    framework = payload_framework(spec)
+    settings = request_settings(provider, framework)  # = the launch's backend (providers/registry.py)
     job_id = job_id or f"{spec.name}-dryrun"
     plan = plan or plan_spec(spec)  # the launch's plan: the same slots and prices
     slots = plan.slots
@@ -72,9 +74,11 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
         route = load_gce_rules().image_route(settings.image_for(slot.gpu), provider.project,
                                              installer=settings.installs_driver(slot.gpu)).route
         inserts.append({"method": "POST", "path": f"projects/{provider.project}/zones/{slot.zone}/instances",
-                        "zone": slot.zone, "image_route": route,
+                        "zone": slot.zone, "framework": framework, "image": settings.image_for(slot.gpu),
+                        "image_route": route, "first_boot_setup": settings.boot_setup(slot.gpu),
                         "boot_s": timings.BOOT_S + timings.image_boot_extra_s(route)
                         + (timings.SPOT_EXTRA_BOOT_S if slot.spot else 0.0),
+                        "boot_s_source": timings.image_boot_source(route),
                         "body": _json(body)})
         kept = settings.termination_action == "STOP" and (slot.spot or body.scheduling.max_run_duration)
         disks.append({

@@ -16,8 +16,9 @@ from google.cloud import compute_v1
 
 from orchestrator.core.catalog import load_catalog
 from orchestrator.core.cloud_errors import InvalidRequestError
-from orchestrator.core.gce_rules import ROUTE_INSTALLER, load_gce_rules
+from orchestrator.core.gce_rules import ROUTE_INSTALLER, ImageRoute, load_gce_rules
 from orchestrator.core.instances import InstanceRequest
+from orchestrator.providers.gce.recipes import WORKER_RECIPE, recipe_path
 
 # The controller's own credentials (credentials.py); a VM never gets this scope (see STORAGE_SCOPE).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -27,14 +28,33 @@ STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 # Google's flex-start request shape: never consume a reservation (https://cloud.google.com/compute/docs/instances/flex-start-vms).
 NO_RESERVATION = "NO_RESERVATION"
-# Google's driver installer, run at every boot until the driver answers: it reboots the VM once mid-install,
-# and GCE runs the startup script again after that reboot, which completes the install.
+# Google's driver installer, run at every boot until the driver answers: it reboots the VM mid-install,
+# and GCE runs the startup script again after each reboot, which completes the install.
 INSTALLER_SCRIPT = """#!/bin/bash
-nvidia-smi >/dev/null 2>&1 && exit 0
-mkdir -p /opt/google/cuda-installer && cd /opt/google/cuda-installer || exit 1
-[ -f cuda_installer.pyz ] || curl -fsSL -o cuda_installer.pyz \\
-  https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz
-python3 cuda_installer.pyz install_driver --installation-mode=repo --installation-branch=prod
+if ! nvidia-smi >/dev/null 2>&1; then
+  mkdir -p /opt/google/cuda-installer && cd /opt/google/cuda-installer || exit 1
+  [ -f cuda_installer.pyz ] || curl -fsSL -o cuda_installer.pyz \\
+    https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz
+  python3 cuda_installer.pyz install_driver --installation-mode=repo --installation-branch=prod || exit 1
+  nvidia-smi >/dev/null 2>&1 || exit 0  # the installer reboots; this script runs again after it
+fi
+"""
+# The payload's framework and packages at first boot (images/gpu-worker.sh, idempotent), on an image with
+# Google's driver but not the payload; then the marker that jobs/boot_python.sh (the tasks' interpreter on
+# such VMs) waits for, so no task starts before its framework is there.
+BOOT_DIR = "/var/lib/orchestrator"
+PAYLOAD_SETUP = """#!/bin/bash
+cd / && mkdir -p {dir} || exit 1
+[ -f {dir}/boot-ready ] && exit 0
+rm -f {dir}/boot-failed
+cat > {dir}/gpu-worker.sh <<'ORCHESTRATOR_RECIPE'
+{recipe}ORCHESTRATOR_RECIPE
+if FRAMEWORK={framework} GPU={gpu} SKIP_GPU_CHECK={skip} KEEP_IMAGE_FRAMEWORK=1 \\
+    bash {dir}/gpu-worker.sh >{dir}/boot.log 2>&1; then
+  touch {dir}/boot-ready
+else
+  touch {dir}/boot-failed
+fi
 """
 PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
 # Cloud-side deadline bounds (seconds): GCE accepts maxRunDuration from 30 s; flex-start VMs run at
@@ -89,6 +109,9 @@ class GceRequestSettings:
 
     project: str
     image: str | None = None  # None: Google's image with a driver for the VM's GPU (data/gce_images.csv)
+    # The job's framework (core.torch_spec.payload_framework): picks the default image and what the VMs install
+    # at first boot; None (image baking, bare providers): no first-boot set-up.
+    framework: str | None = None
     gpu_driver_installer: bool = False  # a stock image gets INSTALLER_SCRIPT at boot
     network: str = "global/networks/default"
     subnetwork: str | None = None
@@ -112,7 +135,15 @@ class GceRequestSettings:
     def image_for(self, gpu: str | None) -> str:
         if self.image is not None:
             return image_url(self.project, self.image)
-        return load_gce_rules().default_image(_catalog_key(gpu))
+        return load_gce_rules().default_image(_catalog_key(gpu), self.framework)
+
+    def route_for(self, gpu: str | None) -> ImageRoute:
+        """How a VM with ``gpu`` gets its driver (and framework): its image's row of data/gce_images.csv."""
+        return load_gce_rules().image_route(self.image_for(gpu), self.project, installer=self.gpu_driver_installer)
+
+    def boot_setup(self, gpu: str | None) -> bool:
+        """The VM installs the job's framework and packages at first boot (PAYLOAD_SETUP)."""
+        return self.framework is not None and self.route_for(gpu).boot_setup
 
     def disk_for(self, machine_type: str) -> str:
         return load_gce_rules().boot_disk(machine_type, self.disk_type)
@@ -151,8 +182,6 @@ def _scheduling(request: InstanceRequest, settings: GceRequestSettings) -> compu
         scheduling.automatic_restart = False
         # Flex-start VMs run 10 min .. 7 days (data/cloud_facts.csv); GCE refuses a limit outside that.
         max_run_s = load_gce_rules().flex_run_s(max_run_s if max_run_s is not None else FLEX_START_MAX_RUN_S)
-        if "request_valid_for_duration" in compute_v1.Scheduling.meta.fields:  # newer clients only
-            scheduling.request_valid_for_duration = compute_v1.Duration(seconds=settings.flex_request_valid_s)
     else:
         scheduling.automatic_restart = True
     if max_run_s is not None:
@@ -197,6 +226,10 @@ def instance_resource(request: InstanceRequest, settings: GceRequestSettings) ->
     )
     if request.flex_start:
         instance.reservation_affinity = compute_v1.ReservationAffinity(consume_reservation_type=NO_RESERVATION)
+        # How long the request waits for capacity: v1 carries it in the instance's params (InstanceParams, "relevant
+        # only for Instances.Insert"), not in scheduling (https://cloud.google.com/compute/docs/reference/rest/v1/instances).
+        instance.params = compute_v1.InstanceParams(
+            request_valid_for_duration=compute_v1.Duration(seconds=settings.flex_request_valid_s))
     if request.gpu and request.machine_type not in settings.bundled:
         # N1: attach the GPUs. A2/A3/A4/G2/G4 types come with theirs (GCE refuses guestAccelerators there).
         instance.guest_accelerators = [
@@ -217,9 +250,22 @@ def instance_resource(request: InstanceRequest, settings: GceRequestSettings) ->
 
 def _metadata(request: InstanceRequest, settings: GceRequestSettings) -> dict[str, str]:
     items = dict(request.metadata)
-    if settings.installs_driver(request.gpu):
-        items["startup-script"] = INSTALLER_SCRIPT
+    if script := startup_script(settings, request.gpu):
+        items["startup-script"] = script
     return items
+
+
+def startup_script(settings: GceRequestSettings, gpu: str | None) -> str | None:
+    """The VM's startup script: Google's driver installer (provider.gpu_driver: installer), then the payload's
+    framework and packages (an image with a driver but not the payload); None when it needs neither."""
+    parts = [INSTALLER_SCRIPT] if settings.installs_driver(gpu) else []
+    if settings.boot_setup(gpu) and settings.framework is not None:
+        recipe = recipe_path(WORKER_RECIPE).read_text()
+        parts.append(PAYLOAD_SETUP.format(dir=BOOT_DIR, recipe=recipe, framework=settings.framework,
+                                          gpu=_catalog_key(gpu) or '""', skip=0 if gpu else 1))
+    if not parts:
+        return None
+    return "#!/bin/bash\n" + "".join(p.removeprefix("#!/bin/bash\n") for p in parts)
 
 
 def firewall_rules(settings: GceRequestSettings, network_tag: str, ports: str) -> list[compute_v1.Firewall]:

@@ -10,11 +10,12 @@ from orchestrator.providers.local.provider import LocalProvider, progress_clock_
 from orchestrator.transport.local import LocalTransport
 
 
-def cache_key(spec: LocalSpec) -> str:
+def cache_key(spec: LocalSpec, framework: str = "") -> str:
+    # ``framework`` does not matter here: the payload runs with this machine's own libraries.
     return f"local:{user_dir()}:{spec.time_scale}:{spec.availability_trace}:{spec.availability_start_tick}"
 
 
-def build(key: str, spec: LocalSpec) -> Backend:
+def build(key: str, spec: LocalSpec, framework: str = "") -> Backend:
     # Every instance is this machine: one free port per slot, and a replacement keeps its slot's address.
     trace = None if spec.availability_trace is None else load_trace(spec.availability_trace)
     provider = LocalProvider(user_dir() / "local", time_scale=spec.time_scale, availability=trace,

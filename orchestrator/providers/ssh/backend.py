@@ -8,11 +8,12 @@ from orchestrator.providers.passed_env import passed_env
 from orchestrator.providers.ssh.provider import SshInventoryProvider
 
 
-def cache_key(spec: SshSpec) -> str:
+def cache_key(spec: SshSpec, framework: str = "") -> str:
+    # ``framework`` does not matter here: the inventory's machines bring their own libraries.
     return f"ssh:{spec.inventory.expanduser().resolve()}"
 
 
-def build(key: str, spec: SshSpec) -> Backend:
+def build(key: str, spec: SshSpec, framework: str = "") -> Backend:
     provider = SshInventoryProvider(spec.inventory)
     return Backend(key, provider, provider.transport, fixed_task_port=TF_PORT, endpoint=provider.endpoint,
                    python="python3", task_env=passed_env(), stable_addresses=False)

@@ -43,6 +43,7 @@ from orchestrator.core.costmodel.planner.layouts import layouts
 from orchestrator.core.costmodel.planner.scoring import AnalyticScorer, Scorer, plan_context, score_candidates
 from orchestrator.core.costmodel.planner.strategies import DATA, HYBRID, PIPELINE
 from orchestrator.core.offerings import lifecycle_warnings, unverified_price_notes
+from orchestrator.core.policy import gce_boot_note
 from orchestrator.core.spec import JobSpec, TrainingMode
 from orchestrator.core.torch_spec import is_pytorch, is_run_job
 
@@ -147,6 +148,8 @@ def plan(
     if best is not None and best.risk_assumed:
         notes.append("no revocation data for some GPU types: their risk is the mean of the measured types")
     notes.append(calibration_note(spec, calib, best))
+    if boot := gce_boot_note(spec):
+        notes.append(boot)
     return PlanResult(
         model=ev.model,
         mode=ev.mode,
