@@ -267,7 +267,7 @@ class AvailabilityLog:
 # NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
 # Tuned (bench/deadline_policy.py --tune) on the EVEN start points of every trace; the odd ones are held out.
-LINE_WAIT: Final = 0.5  # spot out: on-demand once less than this many overheads ahead of uniform progress
+LINE_WAIT: Final = 1.0  # spot out: on-demand once less than this many overheads ahead of uniform progress
 LINE_HOP: Final = 0.5  # on-demand -> spot only when at least this many overheads ahead of uniform progress
 HOP_GAIN: Final = 1.0  # ... and the spot stretch's expected saving is this many times the hop's cost
 
