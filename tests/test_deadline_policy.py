@@ -55,14 +55,32 @@ def test_uniform_progress_follows_the_line_with_hysteresis() -> None:
     assert policy.uniform_progress_policy(far_ahead) == Mode.SPOT
 
 
-def test_deadline_policy_waits_a_share_of_the_slack_per_outage_then_takes_on_demand() -> None:
-    seen = Availability(up_h=2.0, down_h=1.0)  # 14 cycles left: keep 14 x 2 overheads, wait 3 x 0.11 h per outage
-    assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.0), seen) == Mode.IDLE
-    assert policy.deadline_policy(progress(overhead_h=0.05, outage_h=0.5), seen) == Mode.ON_DEMAND
-    assert policy.deadline_policy(progress(outage_h=0.0), seen) == Mode.ON_DEMAND  # the hops need the slack
-    on_od = progress(mode=Mode.ON_DEMAND, spot_available=True)
-    assert policy.deadline_policy(on_od, seen) == Mode.SPOT  # a 2 h spot stretch pays for the hop
-    assert policy.deadline_policy(on_od, Availability(up_h=0.1, down_h=1.0)) == Mode.ON_DEMAND
+def test_deadline_policy_keeps_ahead_of_the_uniform_progress_line_by_a_margin() -> None:
+    seen = Availability(up_h=2.0, down_h=1.0)
+    d = 0.2  # the line is at 10 h x 48 / 52 = 9.23 h of work
+    assert policy.deadline_policy(progress(work_done_h=9.23 + 2 * d), seen) == Mode.IDLE  # ahead: wait
+    margin = 9.23 + 0.9 * policy.LINE_WAIT * d  # ahead of the line, but by less than the margin
+    assert policy.uniform_progress_policy(progress(work_done_h=margin)) == Mode.IDLE
+    assert policy.deadline_policy(progress(work_done_h=margin), seen) == Mode.ON_DEMAND
+
+
+def test_deadline_policy_hops_back_to_spot_only_when_the_stretch_pays_for_it() -> None:
+    on_od = progress(mode=Mode.ON_DEMAND, spot_available=True, work_done_h=9.23 + 1.0)  # 1 h ahead of the line
+    assert policy.deadline_policy(on_od, Availability(up_h=2.0, down_h=1.0)) == Mode.SPOT
+    assert policy.uniform_progress_policy(on_od) == Mode.SPOT
+    blips = Availability(up_h=0.1, down_h=1.0, ups=(0.1, 0.1, 0.2))  # spot comes back in blips: stay
+    assert policy.deadline_policy(on_od, blips) == Mode.ON_DEMAND
+    behind = progress(mode=Mode.ON_DEMAND, spot_available=True, work_done_h=9.23)  # on the line: stay
+    assert policy.deadline_policy(behind, Availability(up_h=2.0, down_h=1.0)) == Mode.ON_DEMAND
+
+
+def test_choose_zone_stays_while_its_spot_lasts_then_moves_to_the_longest_expected_stretch() -> None:
+    seen = {"a": Availability(1.0, 1.0, ups=(1.0,)), "b": Availability(5.0, 1.0, ups=(5.0,)),
+            "c": Availability(3.0, 1.0, ups=(3.0,))}
+    assert policy.choose_zone("a", {"a": 0.5, "b": 0.0}, seen) == "a"  # a move costs a restart
+    assert policy.choose_zone("a", {"b": 0.0, "c": 0.0}, seen) == "b"
+    assert policy.choose_zone(None, {"b": 4.5, "c": 0.5}, seen) == "c"  # b's stretch is nearly over
+    assert policy.choose_zone("a", {}, seen) is None
 
 
 def test_availability_log_matches_the_stretches() -> None:
@@ -233,3 +251,35 @@ def test_report_segments_show_spot_on_demand_and_waiting() -> None:
 
     bars = [bar(0.5, 62.0, True, revoked=50.0), bar(80.0, 200.0, False)]
     assert segments(bars, 201.0) == [(0.5, 50.0, "spot"), (50.0, 80.0, "waiting"), (80.0, 200.0, "on-demand")]
+
+
+# ---------------------------------------------------------------- several zones at once (move instead of waiting)
+
+def test_one_zone_multizone_run_and_optimum_are_the_single_trace_ones() -> None:
+    from orchestrator.sim.multizone import optimal_multi, run_multi
+
+    trace = load_trace(TRACE)
+    job = Job(12 * 60, 14 * 60, 12, 0.861, 2.144)
+    for start in (300, 1990):
+        avail, hist = trace.available()[start:], trace.available()[start - 144:start]
+        one = run_policy("deadline", job, avail, trace.tick_min, history=hist)
+        assert run_multi(job, (avail,), trace.tick_min, history=(hist,)).cost_usd == pytest.approx(one.cost_usd)
+        opt, multi = optimal_choices(job, avail, trace.tick_min), optimal_multi(job, (avail,), trace.tick_min)
+        assert opt is not None and multi is not None and multi[0] == pytest.approx(opt[0])
+
+
+def test_two_zones_move_instead_of_waiting_and_the_optimum_is_exact() -> None:
+    from orchestrator.sim.multizone import optimal_multi, run_multi
+
+    a = (True,) * 6 + (False,) * 12 + (True,) * 30
+    b = (False,) * 4 + (True,) * 44
+    job = Job(6 * 60, 8 * 60, 12, 1.0, 3.0)
+    moved = run_multi(job, (a, b), 10)
+    assert [m for _, m in moved.timeline][:3] == ["spot@0", "spot@1", "done"]  # a drops at 1 h: move to b
+    assert moved.deadline_met
+    best = optimal_multi(job, (a, b), 10)
+    assert best is not None
+    assert run_multi(job, (a, b), 10, choices=best[1]).cost_usd == pytest.approx(best[0])
+    for one in (a, b):  # holding both zones is never dearer than either alone
+        single = optimal_choices(job, one, 10)
+        assert single is not None and best[0] <= single[0] + 1e-9

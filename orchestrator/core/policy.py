@@ -301,10 +301,10 @@ class AvailabilityLog:
 # Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
 # NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
-# Tuned (bench/deadline_policy.py --tune) on the even start points of every trace; the odd ones are held out.
-RESERVE_CYCLES: Final = 1.0  # slack kept for this many expected spot/outage cycles' hops (2 overheads each)
-HOP_GAIN: Final = 2.0  # hop from on-demand to spot when the expected saving is this many times its cost
-OUTAGE_SHARE: Final = 3.0  # an outage may take this many times its even share of the spare slack
+# Tuned (bench/deadline_policy.py --tune) on the EVEN start points of every trace; the odd ones are held out.
+LINE_WAIT: Final = 1.0  # spot out: on-demand once less than this many overheads ahead of uniform progress
+LINE_HOP: Final = 0.5  # on-demand -> spot only when at least this many overheads ahead of uniform progress
+HOP_GAIN: Final = 1.0  # ... and the spot stretch's expected saving is this many times the hop's cost
 
 
 def _safe(p: Progress, choice: Mode) -> Mode:
@@ -336,26 +336,33 @@ def uniform_progress_policy(p: Progress) -> Mode:
     return _safe(p, Mode.ON_DEMAND if ahead < 0 else Mode.IDLE)
 
 
+def ahead_h(p: Progress) -> float:
+    """Hours of work done beyond the line of uniform progress (work_h / deadline_h per hour). It equals the
+    slack left less the slack's even share of the time left: how much slack has been spent faster than evenly."""
+    return p.work_done_h - p.elapsed_h * p.work_h / p.deadline_h
+
+
 def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
-    """The product's own policy. The slack (hours the job can still lose) is spent on waiting out spot
-    outages, a share for each outage still to come (their number from the spot/outage cycles ``seen``),
-    less a reserve for the hops between spot and on-demand those cycles ask for. An outage that outlasts
-    its share is run on on-demand; spot is taken back as soon as the expected spot stretch saves more than
-    the hop costs (the overhead on spot now, and on on-demand after the next preemption)."""
-    d = p.overhead_h
-    cycles = (p.deadline_h - p.elapsed_h) / max(seen.up_h + seen.down_h, p.tick_h)
+    """The product's own policy. The line of uniform progress rations the slack (as in Uniform Progress),
+    with a margin: a spot outage is waited out only while the job is at least LINE_WAIT overheads ahead of
+    the line, so a later hop back to spot still finds slack. Spot is taken whenever it can be had from
+    nothing; from on-demand only when the job is LINE_HOP overheads ahead and the spot stretch, at its age,
+    is expected (from the stretches ``seen``) to save more than the hop costs: the overhead at the spot
+    price now and at the on-demand price after the next preemption. Uniform Progress hops on every blip of
+    spot, and each failed hop spends both money and slack; this gate is what it does not know."""
+    d, ahead = p.overhead_h, ahead_h(p)
     if p.spot_available:
         if p.mode != Mode.ON_DEMAND:
             return _safe(p, Mode.SPOT)
+        if ahead < LINE_HOP * d or p.slack_h < 2 * d:
+            return Mode.ON_DEMAND
         stretch = min(seen.up_left(p.spot_up_h), p.work_h - p.work_done_h)
         gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * stretch
         cost = d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
-        return Mode.SPOT if p.slack_h >= 2 * d and gain >= HOP_GAIN * cost else Mode.ON_DEMAND
+        return Mode.SPOT if gain >= HOP_GAIN * cost else Mode.ON_DEMAND
     if p.mode == Mode.ON_DEMAND:
-        return Mode.ON_DEMAND  # this outage outlasted its share: stay until spot is back
-    spare = p.slack_h - RESERVE_CYCLES * cycles * 2 * d - d
-    share = OUTAGE_SHARE * spare / max(1.0, cycles)
-    return _safe(p, Mode.IDLE if p.outage_h < share else Mode.ON_DEMAND)
+        return Mode.ON_DEMAND  # stay until spot is back (and worth the hop)
+    return _safe(p, Mode.ON_DEMAND if ahead < LINE_WAIT * d else Mode.IDLE)
 
 
 def on_demand_policy(p: Progress) -> Mode:
@@ -372,3 +379,15 @@ def decide_deadline(name: str, p: Progress, seen: Availability = DEFAULT_AVAILAB
 
 ONLINE_POLICIES: Final = ("on-demand", "greedy", "uniform-progress", "deadline")
 DEADLINE_POLICIES: Final = (*ONLINE_POLICIES, "optimal")  # optimal: offline, knows the trace (sim only)
+
+
+def choose_zone(current: str | None, up_ages_h: dict[str, float], seen: dict[str, Availability]) -> str | None:
+    """Where a spot VM runs when the job holds several zones (or GPU types) at once: stay where it runs while
+    that zone still has spot (a move costs a restart); else move to the zone whose spot stretch, at its age,
+    is expected to last longest (``up_ages_h``: the zones that have spot now, each with its stretch's age).
+    None: no zone has spot."""
+    if current is not None and current in up_ages_h:
+        return current
+    if not up_ages_h:
+        return None
+    return max(sorted(up_ages_h), key=lambda z: seen.get(z, DEFAULT_AVAILABILITY).up_left(up_ages_h[z]))

@@ -1,0 +1,194 @@
+"""Finishing by a deadline while holding several zones (or GPU types) at once (issue 23, item 2).
+
+The job may run its spot VM in any of K zones, each with its own measured availability trace (aligned
+tick for tick). A spot VM in zone z is lost at the first tick z has none; starting a VM anywhere (from
+nothing, after a preemption, on another zone or switching pricing) costs the restart overhead, as in
+``sim.availability``. The online policy is ``core.policy``'s deadline decision, fed with "can spot be had
+in any zone", and ``core.policy.choose_zone`` for where: after a preemption it moves to a zone that has
+spot instead of waiting. The offline optimum is the same dynamic program as ``sim.availability``'s, over
+the modes idle, on-demand and spot in each zone; with one zone both give the same cost (tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from orchestrator.core import policy
+from orchestrator.core.policy import Availability, AvailabilityLog, Mode, Progress
+from orchestrator.sim.availability import Job, Outcome, _price
+
+
+def _aligned(avails: tuple[tuple[bool, ...], ...], i: int) -> tuple[bool, ...]:
+    """Each zone's availability at tick ``i`` (past a trace's end: none)."""
+    return tuple(a[i] if i < len(a) else False for a in avails)
+
+
+def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
+              history: tuple[tuple[bool, ...], ...] = (), choices: list[tuple[Mode, int]] | None = None,
+              name: str = "deadline-zones") -> Outcome:
+    """Replay the zones' availability (one tuple per zone, from the job's start) under the deadline policy
+    with zone moves (or the given ``choices``: (mode, zone) per tick). ``history``: each zone's ticks
+    before the start, which the policy has seen."""
+    k = len(avails)
+    logs = [AvailabilityLog() for _ in range(k)]
+    any_log = AvailabilityLog()
+    for z, h in enumerate(history):
+        for x in h:
+            logs[z].add(x)
+    for xs in zip(*history, strict=True) if history else ():
+        any_log.add(any(xs))
+    t, w, r, i, cost, down = 0, 0, 0, 0, 0.0, 0
+    ups = [0] * k
+    mode, zone = Mode.IDLE, -1
+    out = Outcome(name, 0.0, 0.0, False)
+    while True:
+        a = _aligned(avails, i)
+        if mode == Mode.SPOT and not a[zone]:
+            mode, r = Mode.IDLE, 0  # preempted
+        ups = [u + 1 if x else 0 for u, x in zip(ups, a, strict=True)]
+        down = 0 if any(a) else down + 1
+        if choices is not None:
+            c, cz = choices[i] if i < len(choices) else (Mode.ON_DEMAND, -1)
+        elif t >= job.deadline_min:
+            c, cz = Mode.ON_DEMAND, -1
+        else:
+            c, cz = _decide(job, tick, t, w, r, mode, zone, a, ups, down, logs, any_log)
+        if c == Mode.SPOT and not a[cz]:
+            raise AssertionError(f"{name} chose spot in zone {cz} at tick {i}, when none could be had")
+        for z in range(k):
+            logs[z].add(a[z])
+        any_log.add(any(a))
+        label = c.value if c != Mode.SPOT else f"spot@{cz}"
+        if not out.timeline or out.timeline[-1][1] != label:
+            out.timeline.append((t, label))
+        same = c == mode and (c != Mode.SPOT or cz == zone)
+        r = r if same else (job.overhead_min if c != Mode.IDLE else 0)
+        mode, zone = c, cz if c == Mode.SPOT else -1
+        need = r + job.work_min - w
+        if c != Mode.IDLE and need <= tick:
+            cost += _price(job, c) * need
+            t += need
+            break
+        if c != Mode.IDLE:
+            w += max(0, tick - r)
+            r = max(0, r - tick)
+            cost += _price(job, c) * tick
+        t += tick
+        i += 1
+    out.timeline.append((t, "done"))
+    out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
+    return out
+
+
+def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, a: tuple[bool, ...],
+            ups: list[int], down: int, logs: list[AvailabilityLog], any_log: AvailabilityLog) -> tuple[Mode, int]:
+    """The deadline policy's choice, then ``choose_zone``'s zone for spot."""
+    names = [str(z) for z in range(len(a))]
+    seen = {names[z]: logs[z].seen(tick / 60) for z in range(len(a))}
+    up_ages = {names[z]: (ups[z] - 1) * tick / 60 for z in range(len(a)) if a[z]}
+    where = policy.choose_zone(names[zone] if mode == Mode.SPOT else None, up_ages, seen)
+    both = any_log.seen(tick / 60)
+    here = seen[where] if where is not None else both
+    view = Availability(here.up_h, both.down_h, here.ups, both.downs)
+    p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
+                 overhead_h=job.overhead_min / 60, mode=mode, spot_available=where is not None, tick_h=tick / 60,
+                 overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
+                 spot_up_h=up_ages.get(where, 0.0) if where is not None else 0.0,
+                 spot_usd_per_h=job.spot_usd_per_h, on_demand_usd_per_h=job.on_demand_usd_per_h)
+    c = policy.decide_deadline("deadline", p, view)
+    return (c, names.index(where)) if c == Mode.SPOT and where is not None else (c, -1)
+
+
+Choices = list[tuple[Mode, int]]  # (mode, zone index; -1 unless spot) per tick
+
+
+def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int) -> tuple[float, Choices] | None:
+    """The offline optimum over the zones: least cost to finish by the deadline knowing every trace, and its
+    (mode, zone) at each tick; None when no schedule finishes in time. Modes: 0 idle, 1..K spot in zone
+    k-1, K+1 on-demand."""
+    k = len(avails)
+    od = k + 1
+    W, D, d = job.work_min, job.deadline_min, job.overhead_min
+    n = math.ceil(D / tick)
+    rs = sorted({0, *(d - j * tick for j in range(1, d // tick + 1) if d - j * tick > 0)})
+    r_idx = {r: j for j, r in enumerate(rs)}
+    w = np.arange(W + 1)
+    nxt = np.full((k + 2, len(rs), W + 1), math.inf)
+    nxt[:, :, W] = 0.0
+    best: list[np.ndarray] = []
+    for i in range(n - 1, -1, -1):
+        a = _aligned(avails, i)
+        room = min(tick, D - i * tick)
+        opts = [z + 1 for z in range(k) if a[z]] + [od]
+        run: dict[tuple[int, int], np.ndarray] = {}
+        for ci in opts:
+            price = _price(job, Mode.ON_DEMAND if ci == od else Mode.SPOT)
+            for rc in {d, *rs}:
+                need = rc + W - w
+                v = np.full(W + 1, math.inf)
+                fin = need <= room
+                v[fin] = price * need[fin]
+                nw = w + max(0, tick - rc)
+                go = (~fin) & (nw < W)
+                v[go] = price * tick + nxt[ci, r_idx[max(0, rc - tick)], nw[go]]
+                run[ci, rc] = v
+        cur = np.full((k + 2, len(rs), W + 1), math.inf)
+        arg = np.zeros((k + 2, len(rs), W + 1), dtype=np.int8)
+        for mi in range(k + 2):
+            for ri, r in enumerate(rs):
+                if mi == 0 and r:
+                    continue
+                v, g = nxt[0, 0].copy(), np.zeros(W + 1, dtype=np.int8)  # wait
+                for ci in opts:
+                    cand = run[ci, r if ci == mi else d]
+                    better = cand < v
+                    v[better], g[better] = cand[better], ci
+                cur[mi, ri], arg[mi, ri] = v, g
+        for z in range(k):
+            if not a[z]:  # a spot VM in this zone is lost at this tick
+                cur[z + 1], arg[z + 1] = cur[0, 0], arg[0, 0]
+        cur[:, :, W] = 0.0
+        best.append(arg)
+        nxt = cur
+    if not math.isfinite(nxt[0, 0, 0]):
+        return None
+    best.reverse()
+    return float(nxt[0, 0, 0]), _forward_multi(job, avails, tick, best, r_idx)
+
+
+def _forward_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, best: list[np.ndarray],
+                   r_idx: dict[int, int]) -> Choices:
+    k = len(avails)
+    w, r, m, out = 0, 0, 0, []
+    for i, arg in enumerate(best):
+        a = _aligned(avails, i)
+        if 1 <= m <= k and not a[m - 1]:
+            m, r = 0, 0
+        c = int(arg[m, r_idx[r], w])
+        out.append((Mode.IDLE, -1) if c == 0 else (Mode.ON_DEMAND, -1) if c == k + 1 else (Mode.SPOT, c - 1))
+        r = r if c == m else (job.overhead_min if c != 0 else 0)
+        if c != 0:
+            if r + job.work_min - w <= tick:
+                break
+            w += max(0, tick - r)
+            r = max(0, r - tick)
+        m = c
+    return out
+
+
+def study_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, start: int,
+                history_ticks: int) -> tuple[Outcome, Outcome]:
+    """The deadline policy with zone moves and the optimum over the same zones, from tick ``start`` (the
+    policy has seen ``history_ticks`` before it)."""
+    now = tuple(a[start:] for a in avails)
+    hist = tuple(a[max(0, start - history_ticks):start] for a in avails)
+    online = run_multi(job, now, tick, history=hist)
+    opt = optimal_multi(job, now, tick)
+    if opt is None:
+        best = run_multi(job, now, tick, choices=[(Mode.ON_DEMAND, -1)], name="optimal-zones")
+        best.deadline_met = False
+    else:
+        best = run_multi(job, now, tick, choices=opt[1], name="optimal-zones")
+    return online, best
