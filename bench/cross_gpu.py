@@ -73,13 +73,18 @@ def answer(model: Model, pairs: list[tuple[Row, Row]], eff: Efficiencies, protoc
 
 
 def protocol_a(model: Model, rows: list[Row], every: list[Row]) -> tuple[list[Q], dict[str, np.ndarray]]:
-    """Each family's questions from a fit on the other families (every GPU): cross-GPU and same-GPU."""
+    """Each family's questions from a fit on the other families (every GPU): cross-GPU, same-GPU at
+    another batch, and with nothing measured (absolute)."""
     out: list[Q] = []
     starts = {}
     for f in sorted({r.family for r in rows}):
         eff, starts[f] = model.fit([r for r in rows if r.family != f])
-        out += answer(model, pairs_of([r for r in rows if r.family == f]), eff, "A")
+        test = [r for r in rows if r.family == f]
+        out += answer(model, pairs_of(test), eff, "A")
         out += answer(model, pairs_of([r for r in every if r.family == f], same_gpu=True), eff, "A")
+        if f in PER_EXAMPLE:  # nothing measured; tok/s tables count tokens, the profiles sequences
+            out += [{"protocol": "A", "kind": "none", "family": f, "err": float(e), "doublings": 0.0}
+                    for e in model.times(test, eff) / np.array([r.y for r in test]) - 1.0]
     return out, starts
 
 
@@ -103,17 +108,6 @@ def leave_table_out(model: Model, rows: list[Row]) -> list[Q]:
     for s in sorted({src(r) for r in rows}):
         eff, _ = model.fit([r for r in rows if src(r) != s])
         out += answer(model, pairs_of([r for r in rows if src(r) == s]), eff, "table")
-    return out
-
-
-def absolute(model: Model, rows: list[Row]) -> list[Q]:
-    """Nothing measured: each family's rows from a fit without it, absolute level from the others."""
-    out: list[Q] = []
-    for f in sorted({r.family for r in rows} & set(PER_EXAMPLE)):  # tok/s tables count tokens, profiles sequences
-        eff, _ = model.fit([r for r in rows if r.family != f])
-        test = [r for r in rows if r.family == f]
-        out += [{"protocol": "A", "kind": "none", "family": f, "err": float(e), "doublings": 0.0}
-                for e in model.times(test, eff) / np.array([r.y for r in test]) - 1.0]
     return out
 
 
@@ -193,7 +187,7 @@ def write(model: Model, rows: list[Row], qs: list[Q], summary: dict[str, Any]) -
     doc = Efficiencies(eff.tensor, eff.memory, eff.default_tensor, eff.default_memory,
                        {k: at0.get(k, v) for k, v in Efficiencies().interval.items()},
                        {"by": COMMAND, "table": "../shared/public-throughput/throughput.csv", **summary},
-                       eff.kernel_s, eff.conv).to_dict()
+                       eff.kernel_s, eff.conv, eff.gpu).to_dict()
     (ROOT / "data" / "crossgpu_fit.json").write_text(json.dumps(doc, indent=1) + "\n")
     method = (f"{WIDTH_QUANTILE}th percentile of |log(predicted/true)| over protocol A's held-out questions "
               "(the model family left out of the fit) of this kind, within this many batch doublings of the "
@@ -223,7 +217,6 @@ def main() -> int:
           f"families {sorted({r.family for r in rows})}")
     model = Model(rows)
     qa, starts = protocol_a(model, rows, every)
-    qa += absolute(model, rows)
     qb = protocol_b(model, rows, starts)
     qt = leave_table_out(model, rows)
     summary = {"A": report("A (new model: family held out, target GPU fitted on other families' rows)", qa,

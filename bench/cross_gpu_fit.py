@@ -38,6 +38,7 @@ TABLE = next((p / "shared" / "public-throughput" / "throughput.csv" for p in ROO
               if (p / "shared" / "public-throughput" / "throughput.csv").exists()), Path("throughput.csv"))
 PRIOR_WEIGHT = 0.05  # pulls unidentified efficiencies toward the priors (log space)
 CONV_PRIOR_WEIGHT = 0.05  # the conv / matmul ratio's pull toward 1
+GPU_RIDGE: float | None = 1.0  # per-GPU deviations' pull toward 0 (None: architecture level only)
 PER_EXAMPLE = ("cnn", "bert")  # families whose tables count examples (img/s, seq/s), not tokens
 
 
@@ -107,7 +108,11 @@ class Model:
 
     def times(self, rows: list[Row], eff: Efficiencies) -> np.ndarray:
         """Per-example seconds of each row (crossgpu.layer_seconds, vectorised over the rows of a model)."""
-        out = np.empty(len(rows))
+        return self.parts(rows, eff)[0]
+
+    def parts(self, rows: list[Row], eff: Efficiencies) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(per-example seconds, the part in tensor-bound layers' tensor ops, the part bound by memory)."""
+        out, tens, mem = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
         by: dict[str, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             by[r.factory].append(i)
@@ -115,18 +120,22 @@ class Model:
             w = self.work[f]
             gs = [arch_gpu(rows[i].gpu) for i in idx]
             ps = [rows[i].precision for i in idx]
-            tensor = np.array([eff.tensor_eff(g.arch, p) * g.tensor_peak(p) for g, p in zip(gs, ps, strict=True)])
-            conv = tensor * np.array([eff.conv_ratio(g.arch, p) for g, p in zip(gs, ps, strict=True)])
-            bw = np.array([eff.memory_eff(g.arch, p) * g.memory_bw_gbs * 1e9 for g, p in zip(gs, ps, strict=True)])
+            gp = list(zip(gs, ps, strict=True))
+            tensor = np.array([eff.tensor_eff(g.arch, p) * eff.gpu_tensor(g.key, p) * g.tensor_peak(p) for g, p in gp])
+            conv = tensor * np.array([eff.conv_ratio(g.arch, p) for g, p in gp])
+            bw = np.array([eff.memory_eff(g.arch, p) * eff.gpu_memory(g.key, p) * g.memory_bw_gbs * 1e9 for g, p in gp])
             scale = np.array([g.byte_scale(p) for g, p in zip(gs, ps, strict=True)])
             fp32 = np.array([g.fp32_tflops * 1e12 for g in gs])
             batch = np.array([rows[i].batch for i in idx], dtype=float)
             c = (np.outer(1 / tensor, w.tensor_flops - w.conv_flops) + np.outer(1 / conv, w.conv_flops)
                  + np.outer(1 / fp32, w.vector_flops))
+            t = np.outer(1 / tensor, w.tensor_flops - w.conv_flops) + np.outer(1 / conv, w.conv_flops)
             m = np.outer(scale / bw, w.bytes)
-            out[idx] = (np.maximum(c, m).sum(axis=1) + WEIGHT_PASSES * w.weight_bytes.sum() / (bw * batch)
-                        + eff.kernel_s * w.ops.sum() / batch)
-        return out
+            weights = WEIGHT_PASSES * w.weight_bytes.sum() / (bw * batch)
+            out[idx] = np.maximum(c, m).sum(axis=1) + weights + eff.kernel_s * w.ops.sum() / batch
+            tens[idx] = np.where(c >= m, t, 0.0).sum(axis=1)
+            mem[idx] = np.where(c >= m, 0.0, m).sum(axis=1) + weights
+        return out, tens, mem
 
     def fit(self, rows: list[Row], start: np.ndarray | None = None) -> tuple[Efficiencies, np.ndarray]:
         """(efficiencies scaled to the rows' absolute level, the log vector to warm-start a nearby fit)."""
@@ -148,10 +157,50 @@ class Model:
 
         x = least_squares(resid, self.prior if start is None else start, diff_step=1e-3, max_nfev=60).x
         eff = self.effs(x)
+        if GPU_RIDGE is not None:
+            eff = replace(eff, gpu=self.gpu_deviations(rows, eff, idx, logy))
         # the absolute level from the tables that count examples (img/s, seq/s); tok/s counts tokens
         level = [r for r in rows if r.family in PER_EXAMPLE] or rows
         scale = float(np.median(self.times(level, eff) / np.array([r.y for r in level])))
         return _scaled(eff, scale, used), x
+
+
+    def gpu_deviations(self, rows: list[Row], eff: Efficiencies, idx: list[np.ndarray],
+                       logy: np.ndarray) -> dict[str, float]:
+        """Per GPU x precision class, how far its tensor and memory speeds sit from its architecture's:
+        the log-time residual linearised in the two (d log t = -tensor share x dT - memory share x dM),
+        ridge toward 0, alternating with each table cell's level. Closed form, so the per-fit cost stays
+        that of the architecture fit; twice, re-linearised at the first answer."""
+        keys = sorted({f"{r.gpu}/{precision_class(r.precision)}" for r in rows})
+        at = {k: i for i, k in enumerate(keys)}
+        gi = np.array([at[f"{r.gpu}/{precision_class(r.precision)}"] for r in rows])
+        dev = np.zeros((len(keys), 2))
+        for _ in range(2):
+            e = replace(eff, gpu=_gpu_map(keys, dev))
+            t, tens, mem = self.parts(rows, e)
+            d = logy - np.log(t)
+            s = np.stack([tens / t, mem / t], axis=1)  # d log t / d log(speed) = -share
+            step = np.zeros_like(dev)
+            level = np.zeros(len(rows))
+            inside = np.zeros(len(rows), dtype=bool)  # rows of a cell with a second GPU: ratios exist
+            for i in idx:
+                inside[i] = True
+            for _ in range(20):  # d = level(cell) - share . step(gpu), alternating the two
+                for i in idx:
+                    level[i] = (d[i] + (s[i] * step[gi[i]]).sum(axis=1)).mean()
+                for k in range(len(keys)):
+                    mine = (gi == k) & inside
+                    a = s[mine]
+                    step[k] = np.linalg.solve(a.T @ a + GPU_RIDGE * np.eye(2), -a.T @ (d[mine] - level[mine]))
+            dev += step
+        return _gpu_map(keys, dev)
+
+
+def _gpu_map(keys: list[str], dev: np.ndarray) -> dict[str, float]:
+    out = {}
+    for k, (dt, dm) in zip(keys, dev, strict=True):
+        out[f"{k}/tensor"], out[f"{k}/memory"] = float(np.exp(dt)), float(np.exp(dm))
+    return out
 
 
 def _scaled(eff: Efficiencies, scale: float, used: set[str]) -> Efficiencies:
@@ -165,4 +214,4 @@ def _scaled(eff: Efficiencies, scale: float, used: set[str]) -> Efficiencies:
         dt[pc] = float(np.exp(np.mean(np.log(vals)))) if vals else Efficiencies().default_tensor[pc]
     dm = float(np.exp(np.mean(np.log(list(m.values()))))) if m else 0.6
     conv = {k: v for k, v in eff.conv.items() if k in used and abs(v - 1.0) > 1e-6}
-    return replace(Efficiencies(t, m, dt, dm, kernel_s=eff.kernel_s / scale), conv=conv)
+    return replace(Efficiencies(t, m, dt, dm, kernel_s=eff.kernel_s / scale), conv=conv, gpu=dict(eff.gpu))

@@ -179,8 +179,17 @@ class Efficiencies:
     held_out: Mapping[str, Any] = field(default_factory=dict)  # the bench's summary (what was held out)
     kernel_s: float = 0.0  # GPU time per kernel whatever its work (launch, ramp-up, tail); off: bench/cross_gpu.py
     conv: Mapping[str, float] = field(default_factory=dict)  # "arch/pclass" -> conv speed / matmul speed
+    # "gpu/pclass/tensor|memory" -> this GPU's deviation from its architecture's efficiency, fitted on its
+    # public rows (a GPU whose clocks or power limit keep it off its datasheet, e.g. the RTX 3090's TF32)
+    gpu: Mapping[str, float] = field(default_factory=dict)
     # "kind/doublings" -> interval half-width (data/crossgpu_intervals.csv); empty: ``interval`` alone
     widths: Mapping[str, float] = field(default_factory=dict)
+
+    def gpu_tensor(self, gpu: str, precision: str) -> float:
+        return self.gpu.get(f"{gpu}/{precision_class(precision)}/tensor") or 1.0
+
+    def gpu_memory(self, gpu: str, precision: str) -> float:
+        return self.gpu.get(f"{gpu}/{precision_class(precision)}/memory") or 1.0
 
     def conv_ratio(self, arch: str, precision: str) -> float:
         return self.conv.get(f"{arch}/{precision_class(precision)}") or 1.0
@@ -207,7 +216,7 @@ class Efficiencies:
         return {"tensor": dict(sorted(self.tensor.items())), "memory": dict(sorted(self.memory.items())),
                 "default_tensor": dict(self.default_tensor), "default_memory": self.default_memory,
                 "interval": dict(self.interval), "held_out": dict(self.held_out), "kernel_s": self.kernel_s,
-                "conv": dict(sorted(self.conv.items()))}
+                "conv": dict(sorted(self.conv.items())), "gpu": dict(sorted(self.gpu.items()))}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Efficiencies:
@@ -218,7 +227,8 @@ class Efficiencies:
                    float(d.get("default_memory") or base.default_memory),
                    {str(k): float(v) for k, v in (d.get("interval") or base.interval).items()},
                    dict(d.get("held_out") or {}), float(d.get("kernel_s") or 0.0),
-                   {str(k): float(v) for k, v in (d.get("conv") or {}).items()})
+                   {str(k): float(v) for k, v in (d.get("conv") or {}).items()},
+                   {str(k): float(v) for k, v in (d.get("gpu") or {}).items()})
 
 
 @functools.cache
@@ -232,9 +242,10 @@ def load_efficiencies() -> Efficiencies:
     widths = load_widths()
     if not widths:
         return eff
-    # the plan's widths by kind: the held-out width at the measured batch (doublings 0)
-    interval = {**eff.interval, **{k: widths[f"{k}/0"] for k in INTERVAL_KINDS if f"{k}/0" in widths}}
-    return replace(eff, widths=widths, interval=interval)
+    eff = replace(eff, widths=widths)
+    # the plan's width of each kind: the held-out width at the measured batch (the nearest band measured)
+    kinds = {k.split("/")[0] for k in widths}
+    return replace(eff, interval={**eff.interval, **{k: eff.width(k, 0.0) for k in INTERVAL_KINDS if k in kinds}})
 
 
 def load_widths() -> dict[str, float]:
@@ -251,8 +262,8 @@ def layer_seconds(
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Per layer: (compute seconds per example, memory seconds per example, weight seconds per step)."""
     e = eff or load_efficiencies()
-    bw = e.memory_eff(gpu.arch, precision) * gpu.memory_bw_gbs * 1e9
-    tensor = e.tensor_eff(gpu.arch, precision) * gpu.tensor_peak(precision)
+    bw = e.memory_eff(gpu.arch, precision) * e.gpu_memory(gpu.key, precision) * gpu.memory_bw_gbs * 1e9
+    tensor = e.tensor_eff(gpu.arch, precision) * e.gpu_tensor(gpu.key, precision) * gpu.tensor_peak(precision)
     compute = ((work.tensor_flops - work.conv_flops) / tensor
                + work.conv_flops / (tensor * e.conv_ratio(gpu.arch, precision))
                + work.vector_flops / (gpu.fp32_tflops * 1e12))
