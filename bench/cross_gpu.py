@@ -223,7 +223,7 @@ def main() -> int:
                            args.all),
                "B": report("B (new model and new GPU: family and target GPU held out)", qb, args.all)}
     table = [q for q in qt if q["kind"] == "other-gpu"]
-    print(f"\nleave-one-table-out (each source from a fit on the others; families not held out): "
+    print("\nleave-one-table-out (each source from a fit on the others; families not held out): "
           + ", ".join(f"{s} {_mean([q for q in table if q['source'] == s]):.1%}"
                       for s in sorted({q["source"] for q in table})) + f"; all {_mean(table):.1%}")
     same_gpu = [q for q in qa if q["kind"] == "same-gpu"]

@@ -14,9 +14,11 @@ Per layer ``l`` of a profile (per example, forward + backward, ``OpWork``):
 accumulation for ``amp`` / ``bf16``; 16-bit moves half the bytes. ``eff_tensor`` is a fraction of that
 peak and may exceed 1.0: cuDNN's Winograd and FFT convolutions do fewer multiplications than the naive
 FLOP count this profile holds; ``conv`` is how much faster (or slower) convolutions run than matmuls of
-the same FLOPs on that architecture (1 where no convolutional model was measured). Efficiencies belong to an architecture (``arch``: the same kernels run on
-every GPU of one), so a GPU never measured is predicted from its datasheet and its architecture's
-efficiencies (an architecture never measured: the mean over the measured ones).
+the same FLOPs on that architecture (1 where no convolutional model was measured). Efficiencies belong
+to an architecture (``arch``: the same kernels run on every GPU of one), so a GPU never measured is
+predicted from its datasheet and its architecture's efficiencies (an architecture never measured: the
+mean over the measured ones); a GPU with public rows also has its own tensor and memory deviation
+(``Efficiencies.gpu``), as clocks, power limits and half-rate accumulation keep some off their datasheet.
 
 With a measured step of the same model (``Point``), the prediction is that step scaled by the model's
 ratio (target / measured): what the model gets wrong in absolute terms (framework, data loader, the
