@@ -125,6 +125,28 @@ def leave_table_out(model: Model, rows: list[Row]) -> list[Q]:
     return out
 
 
+def index_floor(rows: list[Row], per_family: bool) -> float:
+    """In sample (NOT held out): the mean error left by a free speed index per GPU x precision (x family),
+    fitted on every row with each table cell's level; how far any per-GPU scaling could go on these tables."""
+    gk = [(r.gpu, r.precision) + ((r.family,) if per_family else ()) for r in rows]
+    cell = [(r.group, r.precision) for r in rows]
+    d = np.log([r.y for r in rows])
+    index: dict[tuple[str, ...], float] = defaultdict(float)
+    for _ in range(60):  # alternating least squares of log y = level(cell) + index(gpu, precision[, family])
+        by_cell = defaultdict(list)
+        for i, c in enumerate(cell):
+            by_cell[c].append(d[i] - index[gk[i]])
+        level = {c: float(np.mean(v)) for c, v in by_cell.items()}
+        by_gpu = defaultdict(list)
+        for i, g in enumerate(gk):
+            by_gpu[g].append(d[i] - level[cell[i]])
+        index = defaultdict(float, {g: float(np.mean(v)) for g, v in by_gpu.items()})
+    at = {id(r): i for i, r in enumerate(rows)}
+    errs = [math.expm1(d[at[id(a)]] - index[gk[at[id(a)]]] + index[gk[at[id(b)]]] - d[at[id(b)]])
+            for a, b in pairs_of(rows) if a.precision == b.precision]
+    return float(np.mean(np.abs(errs)))
+
+
 def _table(title: str, head: list[str], rows: list[list[object]]) -> None:
     print(f"\n{title}")
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
@@ -248,6 +270,8 @@ def main() -> int:
     none = [q for q in qa if q["kind"] == "none"]
     print(f"same GPU, other batch (A): mean |err| {_mean(same_gpu):.1%} over {len(same_gpu)} questions; "
           f"nothing measured (A, absolute, {'/'.join(PER_EXAMPLE)} tables): mean |err| {_mean(none):.1%}")
+    print(f"in-sample floor (not held out): a free speed index per GPU x precision fitted on every row leaves "
+          f"{index_floor(rows, False):.1%} mean; one per GPU x precision x family {index_floor(rows, True):.1%}")
     print("\nSUMMARY (same precision, one measured GPU -> another; Habitat ATC'21 anchor 11.8% mean)")
     for name, s in summary.items():
         ok = s["mean"] < GOAL_MEAN and s["worst_pair"] < GOAL_PAIR
