@@ -3,7 +3,8 @@ public measurements (bench/cross_gpu.py -> data/crossgpu_fit.json) and an interv
 
 Per layer ``l`` of a profile (per example, forward + backward, ``OpWork``):
 
-    compute_l = tensor_flops_l / (eff_tensor[arch, precision] x tensor_peak_g,p) + vector_flops_l / fp32_peak_g
+    compute_l = gemm_flops_l / (eff_tensor[arch, precision] x tensor_peak_g,p)
+              + conv_flops_l / (eff_tensor x conv[arch, precision] x tensor_peak_g,p) + vector_flops_l / fp32_peak_g
     memory_l  = bytes_l x byte_scale_p / (eff_memory[arch, precision] x bandwidth_g)
     weights_l = weight_bytes_l x WEIGHT_PASSES / (eff_memory x bandwidth_g) + ops_l x kernel_s   # per step
     time_l(b) = b x max(compute_l, memory_l) + weights_l
@@ -12,15 +13,19 @@ Per layer ``l`` of a profile (per example, forward + backward, ``OpWork``):
 ``fp32``, TF32 tensor cores for ``tf32`` (FP32 where a GPU has none), FP16 / BF16 tensor cores with FP32
 accumulation for ``amp`` / ``bf16``; 16-bit moves half the bytes. ``eff_tensor`` is a fraction of that
 peak and may exceed 1.0: cuDNN's Winograd and FFT convolutions do fewer multiplications than the naive
-FLOP count this profile holds. Efficiencies belong to an architecture (``arch``: the same kernels run on
-every GPU of one), so a GPU never measured is predicted from its datasheet and its architecture's
-efficiencies (an architecture never measured: the mean over the measured ones).
+FLOP count this profile holds; ``conv`` is how much faster (or slower) convolutions run than matmuls of
+the same FLOPs on that architecture (1 where no convolutional model was measured). Efficiencies belong
+to an architecture (``arch``: the same kernels run on every GPU of one), so a GPU never measured is
+predicted from its datasheet and its architecture's efficiencies (an architecture never measured: the
+mean over the measured ones); a GPU with public rows also has its own tensor and memory deviation
+(``Efficiencies.gpu``), as clocks, power limits and half-rate accumulation keep some off their datasheet.
 
 With a measured step of the same model (``Point``), the prediction is that step scaled by the model's
 ratio (target / measured): what the model gets wrong in absolute terms (framework, data loader, the
-software of that table) cancels. The interval's half-width is the held-out error of that kind of
-question (same GPU, other GPU, other precision, nothing measured) that ``bench/cross_gpu.py`` measured on
-GPUs and models left out of the fit, widened for a batch far from the measured one.
+software of that table) cancels. The interval's half-width is the 80th percentile of the held-out error
+of that kind of question (same GPU at another batch, other GPU, other GPU and precision, nothing
+measured) and of its distance in batch (doublings), measured by ``bench/cross_gpu.py --write`` on model
+families left out of the fit and stored in ``data/crossgpu_intervals.csv``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +54,8 @@ ANALYTIC_KERNELS = {"conv": 3, "dense": 3, "matmul": 3, "softmax": 4}  # else 2 
 WEIGHT_PASSES = 8.0
 BATCH_WIDEN_PER_DOUBLING = 0.05  # interval widening per doubling of batch away from the measured one
 FIT_FILE = "crossgpu_fit.json"
+INTERVALS_FILE = "crossgpu_intervals.csv"
+INTERVAL_KINDS = ("same-gpu", "other-gpu", "other-gpu-precision", "none")
 
 
 class PrecisionError(ValueError):
@@ -128,6 +135,7 @@ class ClassWork:
     """Per-layer arrays of a profile: per example (forward + backward) and, for weights, per step."""
 
     tensor_flops: FloatArray
+    conv_flops: FloatArray  # the part of tensor_flops in convolutions
     vector_flops: FloatArray
     bytes: FloatArray
     weight_bytes: FloatArray
@@ -137,7 +145,7 @@ class ClassWork:
 
 @functools.cache
 def _class_work_cached(profile: ModelProfile) -> ClassWork:
-    t, v, b, n = [], [], [], []
+    t, v, b, n, cv = [], [], [], [], []
     for layer in profile.layers:
         n.append(float(sum(w.ops for w in layer.train_ops)) if layer.train_ops else float(
             ANALYTIC_KERNELS.get(layer.kind, 2)))
@@ -150,8 +158,9 @@ def _class_work_cached(profile: ModelProfile) -> ClassWork:
             t.append(f if layer.kind in TENSOR_KINDS else 0.0)
             v.append(0.0 if layer.kind in TENSOR_KINDS else f)
             b.append(3.0 * (layer.read_bytes + layer.write_bytes))
+        cv.append(t[-1] if layer.kind == "conv" else 0.0)
     arr = functools.partial(np.array, dtype=np.float64)
-    return ClassWork(arr(t), arr(v), arr(b), arr([float(x.weight_bytes) for x in profile.layers]),
+    return ClassWork(arr(t), arr(cv), arr(v), arr(b), arr([float(x.weight_bytes) for x in profile.layers]),
                      tuple(x.name for x in profile.layers), arr(n))
 
 
@@ -171,6 +180,32 @@ class Efficiencies:
         "same-gpu": 0.05, "other-gpu": 0.15, "other-gpu-precision": 0.25, "none": 0.6})
     held_out: Mapping[str, Any] = field(default_factory=dict)  # the bench's summary (what was held out)
     kernel_s: float = 0.0  # GPU time per kernel whatever its work (launch, ramp-up, tail); off: bench/cross_gpu.py
+    conv: Mapping[str, float] = field(default_factory=dict)  # "arch/pclass" -> conv speed / matmul speed
+    # "gpu/pclass/tensor|memory" -> this GPU's deviation from its architecture's efficiency, fitted on its
+    # public rows (a GPU whose clocks or power limit keep it off its datasheet, e.g. the RTX 3090's TF32)
+    gpu: Mapping[str, float] = field(default_factory=dict)
+    # "kind/doublings" -> interval half-width (data/crossgpu_intervals.csv); empty: ``interval`` alone
+    widths: Mapping[str, float] = field(default_factory=dict)
+
+    def gpu_tensor(self, gpu: str, precision: str) -> float:
+        return self.gpu.get(f"{gpu}/{precision_class(precision)}/tensor") or 1.0
+
+    def gpu_memory(self, gpu: str, precision: str) -> float:
+        return self.gpu.get(f"{gpu}/{precision_class(precision)}/memory") or 1.0
+
+    def conv_ratio(self, arch: str, precision: str) -> float:
+        return self.conv.get(f"{arch}/{precision_class(precision)}") or 1.0
+
+    def width(self, kind: str, doublings: float) -> float:
+        """Half-width for a question of ``kind`` whose batch is ``doublings`` away from the measured one:
+        the held-out width of the nearest batch distance the bench measured, else ``interval``."""
+        measured = sorted((int(k.split("/")[1]), v) for k, v in self.widths.items() if k.split("/")[0] == kind)
+        if not measured:
+            return float(self.interval[kind]) + BATCH_WIDEN_PER_DOUBLING * doublings
+        # the widest band at or below this distance (never narrower for a farther batch); a distance
+        # nearer than any the bench measured takes the nearest band
+        near = max(round(doublings), measured[0][0])
+        return max(v for d, v in measured if d <= near)
 
     def tensor_eff(self, arch: str, precision: str) -> float:
         pc = precision_class(precision)
@@ -182,7 +217,8 @@ class Efficiencies:
     def to_dict(self) -> dict[str, Any]:
         return {"tensor": dict(sorted(self.tensor.items())), "memory": dict(sorted(self.memory.items())),
                 "default_tensor": dict(self.default_tensor), "default_memory": self.default_memory,
-                "interval": dict(self.interval), "held_out": dict(self.held_out), "kernel_s": self.kernel_s}
+                "interval": dict(self.interval), "held_out": dict(self.held_out), "kernel_s": self.kernel_s,
+                "conv": dict(sorted(self.conv.items())), "gpu": dict(sorted(self.gpu.items()))}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Efficiencies:
@@ -192,16 +228,35 @@ class Efficiencies:
                    {str(k): float(v) for k, v in (d.get("default_tensor") or base.default_tensor).items()},
                    float(d.get("default_memory") or base.default_memory),
                    {str(k): float(v) for k, v in (d.get("interval") or base.interval).items()},
-                   dict(d.get("held_out") or {}), float(d.get("kernel_s") or 0.0))
+                   dict(d.get("held_out") or {}), float(d.get("kernel_s") or 0.0),
+                   {str(k): float(v) for k, v in (d.get("conv") or {}).items()},
+                   {str(k): float(v) for k, v in (d.get("gpu") or {}).items()})
 
 
 @functools.cache
 def load_efficiencies() -> Efficiencies:
-    """data/crossgpu_fit.json (``python bench/cross_gpu.py --write``); physical priors if it is missing."""
+    """data/crossgpu_fit.json and data/crossgpu_intervals.csv (``python bench/cross_gpu.py --write``);
+    physical priors where they are missing."""
     try:
-        return Efficiencies.from_dict(json.loads((data_dir() / FIT_FILE).read_text()))
+        eff = Efficiencies.from_dict(json.loads((data_dir() / FIT_FILE).read_text()))
     except (OSError, ValueError, KeyError, TypeError):
-        return Efficiencies()
+        eff = Efficiencies()
+    widths = load_widths()
+    if not widths:
+        return eff
+    eff = replace(eff, widths=widths)
+    # the plan's width of each kind: the held-out width at the measured batch (the nearest band measured)
+    kinds = {k.split("/")[0] for k in widths}
+    return replace(eff, interval={**eff.interval, **{k: eff.width(k, 0.0) for k in INTERVAL_KINDS if k in kinds}})
+
+
+def load_widths() -> dict[str, float]:
+    """``kind/doublings -> half-width`` rows of data/crossgpu_intervals.csv; empty where it is missing."""
+    try:
+        with (data_dir() / INTERVALS_FILE).open(newline="") as fh:
+            return {f"{r['kind']}/{int(r['batch_doublings'])}": float(r["half_width"]) for r in csv.DictReader(fh)}
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 def layer_seconds(
@@ -209,8 +264,10 @@ def layer_seconds(
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Per layer: (compute seconds per example, memory seconds per example, weight seconds per step)."""
     e = eff or load_efficiencies()
-    bw = e.memory_eff(gpu.arch, precision) * gpu.memory_bw_gbs * 1e9
-    compute = (work.tensor_flops / (e.tensor_eff(gpu.arch, precision) * gpu.tensor_peak(precision))
+    bw = e.memory_eff(gpu.arch, precision) * e.gpu_memory(gpu.key, precision) * gpu.memory_bw_gbs * 1e9
+    tensor = e.tensor_eff(gpu.arch, precision) * e.gpu_tensor(gpu.key, precision) * gpu.tensor_peak(precision)
+    compute = ((work.tensor_flops - work.conv_flops) / tensor
+               + work.conv_flops / (tensor * e.conv_ratio(gpu.arch, precision))
                + work.vector_flops / (gpu.fp32_tflops * 1e12))
     memory = work.bytes * gpu.byte_scale(precision) / bw
     weights = work.weight_bytes * WEIGHT_PASSES / bw + work.ops * e.kernel_s
@@ -305,7 +362,7 @@ def predict(
     src_ms = 1e3 * smooth_max(host_s, gpu_seconds(profile, src.key, p.precision, p.batch, e))
     step = p.step_ms * model_ms / src_ms
     kind = _kind(p, g, precision)
-    rel = e.interval[kind] + BATCH_WIDEN_PER_DOUBLING * abs(math.log2(p.batch / batch))
+    rel = e.width(kind, abs(math.log2(p.batch / batch)))
     basis = f"measured {p.step_ms:g} ms on {src.key} at batch {p.batch} {p.precision}, scaled by the model"
     return Prediction(step, step / (1 + rel), step * (1 + rel), rel, basis, kind, p)
 

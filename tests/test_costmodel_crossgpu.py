@@ -1,0 +1,75 @@
+"""The cross-GPU predictor's pieces that the public-table bench fits: per-GPU deviations, the conv /
+matmul ratio, and interval widths read from data/crossgpu_intervals.csv (held-out error, not a prior)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.core.costmodel.crossgpu import (
+    INTERVAL_KINDS,
+    ClassWork,
+    Efficiencies,
+    Point,
+    arch_gpu,
+    class_work,
+    layer_seconds,
+    load_efficiencies,
+    load_widths,
+    predict,
+)
+from orchestrator.core.costmodel.profiles import get_profile
+from orchestrator.core.paths import data_dir
+
+
+def _work() -> ClassWork:
+    return class_work(get_profile("resnet_cifar_32"))
+
+
+def test_interval_widths_come_from_the_bench_file_for_every_kind() -> None:
+    with (data_dir() / "crossgpu_intervals.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["kind"] for r in rows} == set(INTERVAL_KINDS)
+    assert all("bench/cross_gpu.py" in r["source"] and int(r["n"]) > 0 for r in rows)
+    eff = load_efficiencies()
+    widths = load_widths()
+    for kind in INTERVAL_KINDS:
+        nearest = min((k for k in widths if k.startswith(kind + "/")), key=lambda k: int(k.split("/")[1]))
+        assert eff.interval[kind] == pytest.approx(widths[nearest])  # the plan's width is the bench's
+    assert eff.interval["same-gpu"] != 0.05  # no longer the old prior
+
+
+def test_a_farther_batch_is_never_a_narrower_interval() -> None:
+    eff = Efficiencies(widths={"other-gpu/0": 0.2, "other-gpu/1": 0.15, "other-gpu/2": 0.3})
+    assert eff.width("other-gpu", 0.0) == 0.2
+    assert eff.width("other-gpu", 1.2) == 0.2  # the wider nearer band holds
+    assert eff.width("other-gpu", 5.0) == 0.3
+    assert Efficiencies(widths={"none/0": 0.4}).width("other-gpu", 2.0) == pytest.approx(0.15 + 2 * 0.05)
+
+
+def test_a_prediction_from_a_far_batch_is_at_least_as_wide() -> None:
+    profile = get_profile("resnet_cifar_32")
+    point = Point("v100", 128, "fp32", 50.0)
+    near = predict(profile, "a100", 128, "fp32", [point])
+    far = predict(profile, "a100", 2048, "fp32", [point])
+    assert near.kind == far.kind == "other-gpu-precision" or near.kind == far.kind == "other-gpu"
+    assert far.relative >= near.relative > 0
+
+
+def test_a_gpu_deviation_and_the_conv_ratio_scale_its_time() -> None:
+    work = _work()
+    a100 = arch_gpu("a100")
+    base = Efficiencies()
+    c0, m0, w0 = layer_seconds(work, a100, "amp", base)
+    fast = replace(base, gpu={"a100/fp16/tensor": 2.0, "a100/fp16/memory": 2.0})
+    c1, m1, w1 = layer_seconds(work, a100, "amp", fast)
+    assert m1 == pytest.approx(m0 / 2) and w1 == pytest.approx(w0 / 2)
+    assert (c1 <= c0).all() and (c1 < c0).any()  # the tensor part halves, vector ops run on the FP32 units
+    assert work.conv_flops.sum() > 0 and (work.conv_flops <= work.tensor_flops).all()
+    conv_fast = replace(base, conv={f"{a100.arch}/fp16": 4.0})
+    c2, _, _ = layer_seconds(work, a100, "amp", conv_fast)
+    assert c2.sum() < c0.sum()
+    other = replace(base, gpu={"a100-80gb/fp16/tensor": 2.0})  # another GPU's deviation leaves this one
+    assert layer_seconds(work, a100, "amp", other)[0] == pytest.approx(c0)
