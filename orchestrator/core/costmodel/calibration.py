@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.compute import (
@@ -263,6 +262,8 @@ def _fit_joint(
                     s0[pos + len(own[k]) - 1] = np.log(p)
                 pos += len(own[k])
             starts.append(s0)
+    from scipy.optimize import least_squares  # lazy: SciPy (~0.7 s) only to fit, never for the CLI to start
+
     sols = [least_squares(fun, s0, bounds=(lo, hi), diff_step=1e-3) for s0 in starts]
     best = min(sols, key=lambda sol: float(sol.cost))
     return effs(np.asarray(best.x, dtype=np.float64))
@@ -417,6 +418,8 @@ def _fit_net(rows: Sequence[Measurement], calib: Calibration, catalog: Catalog, 
             res.append(math.log(pred / r.steps_per_s))
         prior = PRIOR_WEIGHT * (x - np.log([base.net_efficiency, base.ps_cpu_per_variable_s]))
         return np.concatenate([np.array(res), prior])
+
+    from scipy.optimize import least_squares  # lazy: SciPy only to fit, never for the CLI to start
 
     x0 = np.log([base.net_efficiency, base.ps_cpu_per_variable_s])
     sol = least_squares(fun, x0, bounds=(np.log([1e-3, 1e-7]), np.log([1.0, 1e-2])), diff_step=1e-4)
