@@ -9,7 +9,7 @@ from dataclasses import replace
 from test_reconcile import inst, observed
 
 from orchestrator.core.actions import CreateInstance, RecordStageLoss, RestartTraining, SetJobStatus, StartTask
-from orchestrator.core.instances import ObservedState, ProcState, ProcStatus, Role
+from orchestrator.core.instances import ProcState, ProcStatus, Role
 from orchestrator.core.reconcile import reconcile
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import OnRevocation, TrainingMode

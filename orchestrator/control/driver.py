@@ -334,8 +334,9 @@ def _stage_loss_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot
         return {}
     gone = stage_loss.repartitioned(session, job)
     dropped = frozenset(name for name, _ in gone)
-    return {"repartitioned": gone,
-            "stage_loss": stage_loss.stage_loss_inputs(session, job, spec, slots, True, dropped)}
+    step, _ = queries.latest_step(session, job.id)
+    inputs = stage_loss.stage_loss_inputs(spec, job.spec_yaml, slots, dropped, step)
+    return {"repartitioned": gone, "stage_loss": inputs}
 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:

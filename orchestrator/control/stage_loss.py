@@ -18,6 +18,7 @@ from orchestrator.store import queries
 from orchestrator.store.models import Event, Job
 
 WAIT_EVENT = "stage_wait"  # the note a lost stage's "wait for the replacement" leaves
+STAGE_LOSS_EVENTS = (REPARTITION, WAIT_EVENT)
 _STEPS: dict[tuple[str, tuple[int, ...]], float | None] = {}  # (spec YAML, member slots) -> planned step (s)
 _MAX_CACHED = 1024
 
@@ -42,21 +43,21 @@ def record(session: Session, job: Job, instance: str, action: str, reason: str) 
     session.commit()
 
 
-def stage_loss_inputs(session: Session, job: Job, spec: JobSpec, slots: list[Slot], pipeline: bool,
-                      dropped: frozenset[str]) -> StageLossInputs | None:
-    """None where a lost stage always waits: not a pipeline, or ``policy.stage_loss: wait``."""
+def stage_loss_inputs(spec: JobSpec, spec_yaml: str, slots: list[Slot], dropped: frozenset[str],
+                      step: int) -> StageLossInputs | None:
+    """A pipeline job's, at training step ``step``; None where a lost stage always waits (``policy.stage_loss:
+    wait``, or no partition fits the members)."""
     mode = spec.policy.stage_loss
-    if not pipeline or mode == "wait":
+    if mode == "wait":
         return None
     workers = [s for s in slots if s.role == Role.WORKER]
     members = [s for s in workers if s.name not in dropped]
     global_batch = sum(s.batch or DEFAULT_BATCH for s in workers)  # a re-partition keeps the global batch
-    full = _step_s(spec, job.spec_yaml, members, global_batch)
+    full = _step_s(spec, spec_yaml, members, global_batch)
     if full is None:
         return None
-    survivors = tuple((s.name, _step_s(spec, job.spec_yaml, [m for m in members if m is not s], global_batch)
+    survivors = tuple((s.name, _step_s(spec, spec_yaml, [m for m in members if m is not s], global_batch)
                       if len(members) > 1 else None) for s in members)
-    step, _ = queries.latest_step(session, job.id)
     acc = run_accounting(spec)
     restore = acc.startup_s + acc.checkpoint_s  # every stage starts again and loads its part of the checkpoint
     return StageLossInputs(

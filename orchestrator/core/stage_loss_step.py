@@ -51,7 +51,8 @@ def describe(slot: Slot, d: StageLossDecision, survivors: list[str]) -> str:
     rep = (f"re-partition over {', '.join(survivors)}: {r.time_s:.0f} s, ${r.usd:.4f}" if r.possible
            else f"re-partition over {', '.join(survivors)}: no partition fits their memory")
     what = "re-partition over the survivors" if d.action == REPARTITION else "wait for the replacement"
-    return f"{slot.name} lost: {what}. Predicted: wait {w.time_s:.0f} s, ${w.usd:.4f}; {rep} ({d.reason})"[:500]
+    why = d.reason.split(":", 1)[0].removeprefix(f"{d.action} is ")  # cheaper, faster, within the deadline, ...
+    return f"{slot.name} lost: {what} ({why}). Predicted: wait {w.time_s:.0f} s, ${w.usd:.4f}; {rep}"[:500]
 
 
 def survivors(job: JobView, lost: str) -> list[str]:
