@@ -56,8 +56,9 @@ def stage_loss_inputs(spec: JobSpec, spec_yaml: str, slots: list[Slot], dropped:
     full = _step_s(spec, spec_yaml, members, global_batch)
     if full is None:
         return None
+    # At least two stages stay: a one-stage "pipeline" is not what jobs/torchjob/pipe.py has been run as.
     survivors = tuple((s.name, _step_s(spec, spec_yaml, [m for m in members if m is not s], global_batch)
-                      if len(members) > 1 else None) for s in members)
+                      if len(members) > 2 else None) for s in members)
     acc = run_accounting(spec)
     restore = acc.startup_s + acc.checkpoint_s  # every stage starts again and loads its part of the checkpoint
     return StageLossInputs(
