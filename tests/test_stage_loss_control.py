@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli.torch_report import stage_losses
+from orchestrator.cli.torch_report import stage_losses, training_section
 from orchestrator.control import stage_loss
 from orchestrator.control.driver import job_view
 from orchestrator.control.torch_task import torch_section
@@ -78,7 +78,9 @@ def test_a_recorded_repartition_reaches_the_job_view_and_the_report(tmp_path: Pa
         session.commit()
         view = job_view(session, job, spec, expand(spec), now)
         assert view.stage_loss is not None and view.repartitioned == ()
-        stage_loss.record(session, job, "pipe-1-worker-1-0", "repartition", "worker-1 lost: re-partition ...")
+        long = ("worker-1 lost: re-partition over the survivors (cheaper). Predicted: wait 130 s, $0.1231; "
+                "re-partition over worker-0, worker-2: 81 s, $0.0646")
+        stage_loss.record(session, job, "pipe-1-worker-1-0", "repartition", long)
         stage_loss.record(session, job, "pipe-1-worker-2-0", "wait", "worker-2 lost: wait ...")
         view = job_view(session, job, spec, expand(spec), now)
         assert [name for name, _ in view.repartitioned] == ["worker-1"]
@@ -87,3 +89,5 @@ def test_a_recorded_repartition_reaches_the_job_view_and_the_report(tmp_path: Pa
         assert stage_loss.dropped_slots(session, job) == frozenset({"worker-1"})
         assert [(d["instance"], d["action"]) for d in stage_losses(session, job.id)] == [
             ("pipe-1-worker-1-0", "repartition"), ("pipe-1-worker-2-0", "wait")]
+        lines = training_section(session, [{"job_id": job.id, "accuracy": None, "cost_usd": None}])
+        assert max(len(ln) for ln in lines) <= 80 and "re-partition over worker-0, worker-2: 81 s" in " ".join(lines)

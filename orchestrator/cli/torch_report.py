@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from typing import Any
 
 import yaml
@@ -99,5 +100,7 @@ def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         # Two short lines, so the report still fits 80 columns.
         lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}")
         lines.append(f"  {rate} examples/s; accuracy {acc}; cost {cost}")
-        lines += [f"  {d['reason']}" for d in stage_losses(session, job.id)]  # a pipeline's lost stages
+        for d in stage_losses(session, job.id):  # a pipeline's lost stages, wrapped to fit 80 columns
+            lines += textwrap.wrap(d["reason"] or "", 76, initial_indent="  ", subsequent_indent="    ",
+                                   break_on_hyphens=False)
     return lines
