@@ -145,6 +145,12 @@ def test_restarted_survivors_start_as_a_two_stage_world_and_recover() -> None:
     assert acts == [SetJobStatus(JobStatus.RUNNING, "recovered")]
 
 
+def test_the_lost_vm_s_notice_window_delays_only_the_repartition() -> None:
+    acts = noticed(stage_loss=inputs(leave_s=15.0))
+    rec = [a for a in acts if isinstance(a, RecordStageLoss)]
+    assert "wait 223 s" in rec[0].reason and "worker-2: 184 s" in rec[0].reason  # 15 + 9.2 + 200 x 0.8
+
+
 def test_the_decision_uses_the_replacement_s_spot_price_and_boot() -> None:
     view = pipe_job([inst(n, S.TRAINING, spot=n == "worker-1") for n in NAMES])
     extra = replace(view, stage_loss=inputs(spot_extra_s=15.0))

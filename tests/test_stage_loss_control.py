@@ -41,6 +41,7 @@ def test_the_inputs_are_the_partitioner_s_pipelines_and_the_local_delays() -> No
     assert steps["worker-1"] == pytest.approx(0.799, abs=0.01)
     # 70 s boot / time_scale 2, then the PyTorch start-up this host measured (data/local_host.csv: 9.19 s)
     assert got.replacement_s == pytest.approx(35.0 + 9.19, abs=0.01) and got.spot_extra_s == 0.0
+    assert got.leave_s == 15.0  # the 30 s notice window / time_scale 2: the survivors restart once it is over
     # Once worker-1 is gone, the members are the other two; a loss of either would leave one stage: it waits.
     after = stage_loss.stage_loss_inputs(spec, text, expand(spec), frozenset({"worker-1"}), step=40)
     assert after is not None and after.survivor_step_s == (("worker-0", None), ("worker-2", None))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.core import policy
 from orchestrator.core.costmodel.accounting import run_accounting
 from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
 from orchestrator.core.costmodel.stage_loss import REPARTITION
@@ -64,7 +65,8 @@ def stage_loss_inputs(spec: JobSpec, spec_yaml: str, slots: list[Slot], dropped:
     return StageLossInputs(
         mode=mode, remaining_steps=float(max(0, spec.training.train_steps - step)), full_step_s=full,
         survivor_step_s=survivors, replacement_s=acc.boot_s + acc.startup_s, spot_extra_s=acc.spot_extra_boot_s,
-        restore_s=restore, objective=spec.search.objective if spec.search is not None else "cost")
+        restore_s=restore, leave_s=policy.notice_window_s(spec.provider) / spec.provider.time_scale,
+        objective=spec.search.objective if spec.search is not None else "cost")
 
 
 def _step_s(spec: JobSpec, spec_yaml: str, members: list[Slot], global_batch: int) -> float | None:

@@ -39,7 +39,7 @@ def decide(job: JobView, slot: Slot, replacement_spot: bool, status: Mapping[str
                      if job.deadline_s is not None and job.started_at is not None else None)
     delay = sl.replacement_s + (sl.spot_extra_s if replacement_spot else 0.0)
     d = decide_stage_loss(sl.remaining_steps, sl.full_step_s, survivor_step[slot.name], delay, sl.restore_s,
-                          others + replacement, others, sl.objective, deadline_left)
+                          others + replacement, others, sl.objective, deadline_left, sl.leave_s)
     if sl.mode == REPARTITION and d.repartition.possible and d.action != REPARTITION:
         return StageLossDecision(REPARTITION, d.wait, d.repartition, "policy.stage_loss is repartition")
     return d

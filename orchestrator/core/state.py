@@ -36,6 +36,7 @@ class StageLossInputs:
     replacement_s: float  # an on-demand replacement's boot and start-up
     spot_extra_s: float  # a spot replacement's extra boot
     restore_s: float  # every stage restores its checkpoint (the world re-forms)
+    leave_s: float = 0.0  # a re-partition restarts once the lost VM is gone: its notice window
     objective: str = "cost"  # cost | time
 
 
