@@ -5,7 +5,7 @@ times under the revocation model fitted to the 2019 GCE preemption trace (``orch
 bathtub fit; GPU types the trace lacks use the pooled fit). A data parallel world pauses to re-form and its
 survivors train on; a pipeline needs every stage, so a lost stage stops it: ``wait`` until the replacement is back
 and restored (what the pipeline job does), or ``auto``: re-partition over the survivors where
-``core.costmodel.stage_loss`` predicts it cheaper (the simulator only; the daemon does not re-partition yet).
+``core.costmodel.stage_loss`` predicts it cheaper (the daemon decides the same way under ``policy.stage_loss: auto``).
 
 These are PREDICTIONS of the cost model and the revocation model, not measured runs; the analytic column is what
 ``plan --json`` gives as each strategy's ``expected_hours`` / ``expected_usd``. Budget and deadline do not cut runs.

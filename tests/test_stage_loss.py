@@ -50,3 +50,9 @@ def test_a_deadline_rules_out_the_option_that_misses_it() -> None:
 def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         decide_stage_loss(-1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+
+
+def test_a_repartition_delay_counts_for_the_repartition_only() -> None:
+    base = decide_stage_loss(100, 1.0, 1.2, 60.0, 10.0, 3.0, 2.0)
+    later = decide_stage_loss(100, 1.0, 1.2, 60.0, 10.0, 3.0, 2.0, repartition_delay_s=30.0)
+    assert later.wait == base.wait and later.repartition.time_s == base.repartition.time_s + 30.0

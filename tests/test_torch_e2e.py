@@ -124,3 +124,31 @@ def test_a_pipeline_survives_the_revocation_of_a_stage(tmp_path: Path) -> None:
     assert summary["accuracy"] > 0.5, summary
     assert "ckpt_on_notice" in kinds
     assert processes_under(tmp_path) == []
+
+
+def test_a_pipeline_re_partitions_over_the_survivors_where_waiting_is_dearer(tmp_path: Path) -> None:
+    """examples/local-pipeline-repartition.yaml, shorter: the P100 stage is revoked; waiting for its replacement is
+    predicted dearer than going on over the V100 and the K80, so the controller records both options, replaces
+    nothing, and restarts the survivors as a 2-stage pipeline that resumes from the notice's checkpoint."""
+    env = _env(tmp_path)
+    # The stages boot in 35 s and start training about 15 s later: the P100 goes mid-training.
+    spec = _spec(tmp_path, "local-pipeline-repartition.yaml", {"schedule": [{"instance": "worker-1", "at_s": 75}]},
+                 train_steps=120, checkpoint_every=60)
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+        notes = conn.execute(text("SELECT to_status, reason FROM events WHERE entity = 'note' ORDER BY at, id")).all()
+    assert summary["status"] == "succeeded" and summary["revocations"] == 1 and summary["replacements"] == 0
+    assert summary["accuracy"] > 0.5, summary
+    kinds = [k for k, _ in notes]
+    decided = [r for k, r in notes if k == "repartition"]
+    assert len(decided) == 1 and "Predicted: wait" in decided[0], notes
+    assert "re-partition over worker-0, worker-2" in decided[0], decided
+    assert "ckpt_on_notice" in kinds and kinds.index("ckpt_on_notice") < kinds.index("restart"), notes
+    shrink = [r for k, r in notes if k == "shrink"]  # the 2-stage world, stages worker-0 and worker-2
+    assert shrink and shrink[-1].startswith("world 3 -> 2") and '"1"' not in shrink[-1] and "grow" not in kinds, notes
+    noticed = [r for k, r in notes if k == "ckpt_on_notice"][0]
+    resumed = int(shrink[-1].split(" at step ")[1].split(";")[0])
+    assert resumed > 0 and f"at step {resumed}:" in noticed, (noticed, shrink)  # from the notice's checkpoint
+    assert processes_under(tmp_path) == []

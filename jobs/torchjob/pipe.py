@@ -7,7 +7,9 @@ stages in micro-batches under torch.distributed.pipelining's 1F1B schedule (gloo
 - Checkpoints: torch.distributed.checkpoint, as the data-parallel job, of each stage's layers under their place
   in the whole model (``layers.<i>.…``): a checkpoint written by one partition loads into any other.
 - Preemption notice: as the data-parallel job (train.py's ``_control``), every rank saves, the noticed node
-  leaves, and the world (min = max = the number of stages) waits for the replacement, then resumes.
+  leaves, and the world (min = max = the number of stages) waits for the replacement, then resumes; or, where the
+  controller re-partitions over the survivors (``policy.stage_loss``), it restarts them on a pipeline of fewer
+  stages, which resumes from that checkpoint.
 - Emulated GPUs (local provider): a stage sleeps its share of its GPU's emulated step in each micro-batch's
   forward (a third) and backward (two thirds).
 - Evaluation: the last stage's rank loads the final checkpoint into a whole model (no_dist) and evaluates it.

@@ -211,7 +211,12 @@ def report(
         rows: list[dict[str, Any]] = queries.job_summaries(session, ids or None)
         if plot is not None:
             _write_plot(session, ids[0], plot)
-        from orchestrator.cli.torch_report import resplits, training_section, worker_batches  # lazy: the ORM
+        from orchestrator.cli.torch_report import (  # lazy: the ORM
+            resplits,
+            stage_losses,
+            training_section,
+            worker_batches,
+        )
 
         training = training_section(session, rows) if fmt == "table" else []
         from orchestrator.cli.deadline_report import deadline_section  # lazy: the ORM models
@@ -221,11 +226,12 @@ def report(
             for r in rows:
                 r["worker_batches"] = worker_batches(session, r["job_id"])
                 r["resplits"] = resplits(session, r["job_id"])
+                r["stage_losses"] = stage_losses(session, r["job_id"])
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
             "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
             "revocations", "replacements", "restarts"]
     if fmt == "json":
-        keys += ["worker_batches", "resplits"]
+        keys += ["worker_batches", "resplits", "stage_losses"]
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], default=str, indent=2) + "\n")
     elif fmt == "csv":
         buf = io.StringIO()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from typing import Any
 
 import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.control.stage_loss import STAGE_LOSS_EVENTS
 from orchestrator.store.models import Event, Instance, Job, Metric
 
 _WORLD = re.compile(r"world (\d+) -> (\d+) at step (\d+)")
@@ -59,6 +61,17 @@ def resplits(session: Session, job_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def stage_losses(session: Session, job_id: str) -> list[dict[str, Any]]:
+    """Each lost pipeline stage: waited for or re-partitioned without, with both options' predicted time and cost
+    (core.stage_loss_step)."""
+    rows = session.execute(select(Event.at, Event.to_status, Event.reason, Instance.name)
+                           .outerjoin(Instance, Instance.id == Event.instance_id)
+                           .where(Event.job_id == job_id, Event.entity == "note",
+                                  Event.to_status.in_(STAGE_LOSS_EVENTS)).order_by(Event.at, Event.id)).all()
+    return [{"at": at, "instance": name, "action": "repartition" if what == "repartition" else "wait",
+             "reason": reason} for at, what, reason, name in rows]
+
+
 def worker_batches(session: Session, job_id: str) -> dict[str, dict[str, int | None]]:
     """Per worker slot: the batch the planner gave it, and the batch it last reported running (elastic shrink /
     grow and re-splits move it)."""
@@ -87,4 +100,7 @@ def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         # Two short lines, so the report still fits 80 columns.
         lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}")
         lines.append(f"  {rate} examples/s; accuracy {acc}; cost {cost}")
+        for d in stage_losses(session, job.id):  # a pipeline's lost stages, wrapped to fit 80 columns
+            lines += textwrap.wrap(d["reason"] or "", 76, initial_indent="  ", subsequent_indent="    ",
+                                   break_on_hyphens=False)
     return lines

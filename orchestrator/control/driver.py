@@ -29,7 +29,7 @@ import yaml
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from orchestrator.control import deadline, operations, torch_task
+from orchestrator.control import deadline, operations, stage_loss, torch_task
 from orchestrator.control.context import Budget
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
@@ -325,7 +325,18 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
                    fatal_exits=job.fatal_exits, deadline_inputs=deadline.deadline_inputs(session, job, spec, now),
                    notice_s=policy.notice_window_s(spec.provider),
-                   **torch_view(spec, slots))
+                   **torch_view(spec, slots), **_stage_loss_view(session, job, spec, slots))
+
+
+def _stage_loss_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot]) -> dict[str, Any]:
+    """A pipeline's lost stage: the inputs of wait-or-re-partition, and the stages it already went on without."""
+    if not torch_task.is_pipeline(spec):
+        return {}
+    gone = stage_loss.repartitioned(session, job)
+    dropped = frozenset(name for name, _ in gone)
+    step, _ = queries.latest_step(session, job.id)
+    inputs = stage_loss.stage_loss_inputs(spec, job.spec_yaml, slots, dropped, step)
+    return {"repartitioned": gone, "stage_loss": inputs}
 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:

@@ -11,7 +11,7 @@ import logging
 import time
 from pathlib import Path
 
-from orchestrator.control import operations, torch_task
+from orchestrator.control import operations, stage_loss, torch_task
 from orchestrator.control.calibration_fold import fold_finished_job
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.core import task as task_schema
@@ -21,6 +21,7 @@ from orchestrator.core.actions import (
     DeleteInstance,
     PrepareInstance,
     RecordLogTail,
+    RecordStageLoss,
     RestartTraining,
     SetInstanceStatus,
     SetJobStatus,
@@ -99,6 +100,8 @@ def _one(ctx: JobContext, action: Action) -> None:
             _start_task(ctx, name, reason)
         case RecordLogTail(name=name, reason=reason):
             _record_log_tail(ctx, name, reason)
+        case RecordStageLoss(name=name, action=what, reason=reason):
+            stage_loss.record(s, ctx.job, name, what, reason)
         case RestartTraining(reason=reason, fatal=fatal):
             _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
@@ -180,6 +183,8 @@ def log_action(job_id: str, action: Action) -> None:
             log.info("job %s: %s%s (%s)", job_id, status.value, tail, reason)
         case RecordLogTail(name=name):
             log.info("job %s instance %s: log tail kept", job_id, name)
+        case RecordStageLoss(name=name, reason=reason):
+            log.info("job %s instance %s: %s", job_id, name, reason)
         case PrepareInstance(name=name):
             log.info("job %s instance %s: ready (files pushed)", job_id, name)
 
@@ -269,7 +274,8 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     storage = ctx.storage.local_path()
     local = spec.provider.as_local()
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
-                                      ctx.emulation_sleep) if is_pytorch(spec) else None)
+                                      ctx.emulation_sleep, stage_loss.dropped_slots(ctx.session, ctx.job))
+             if is_pytorch(spec) else None)
     return TaskConfig(
         job_id=ctx.job.id, instance=inst.name, mode=spec.mode.value, role=inst.role, index=inst.slot_index,
         cluster={k: tuple(v) for k, v in cluster_addresses(ctx).items()},

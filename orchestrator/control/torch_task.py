@@ -55,18 +55,20 @@ def _current(instances: list[Instance], slot: Slot) -> Instance | None:
 
 
 def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], inst: Instance, global_batch: int,
-                  emulation_sleep: Callable[[str | None, int], float]) -> TorchSection:
-    """task.json's ``torch`` section for one node (see jobs/torchjob/task.py)."""
+                  emulation_sleep: Callable[[str | None, int], float],
+                  dropped: frozenset[str] = frozenset()) -> TorchSection:
+    """task.json's ``torch`` section for one node (see jobs/torchjob/task.py). ``dropped``: the stages a pipeline was
+    re-partitioned without (control/stage_loss.py): its stages and its world are the other workers."""
     host_slot = rendezvous_slot(slots)
     host = _current(instances, host_slot) if host_slot is not None else None
     address = host.host if host is not None and host.host else "127.0.0.1"
     port = host.port if host is not None and host.port else 29500
-    workers = [s for s in slots if s.role == Role.WORKER]
+    workers = [s for s in slots if s.role == Role.WORKER and s.name not in dropped]
     planned = inst.batch or DEFAULT_BATCH
     points = sorted({1, max(1, planned // 2), planned, planned * 2, global_batch})
     training = spec.training
     run, setup = argv(getattr(training, "run", None)), argv(getattr(training, "setup", None))
-    pipeline = pipeline_section(spec, slots, global_batch)
+    pipeline = pipeline_section(spec, [s for s in slots if s.name not in dropped], global_batch)
     local = spec.provider.as_local()
     slot = next((s for s in slots if s.name == inst.slot), None)
     slowdowns = tuple((d.at_step, d.factor) for d in (local.slowdowns if local else [])
@@ -92,10 +94,7 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
 def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> PipelineSection | None:
     """The stages of a built-in job with ``training.parallelism: pipeline``, or ``auto`` where the planner chooses a
     pipeline or a hybrid for the cluster (None: data parallel)."""
-    parallelism = getattr(spec.training, "parallelism", "data")
-    if parallelism == "data" or is_run_job(spec):
-        return None
-    if parallelism == "auto" and _planned_strategy(spec) == "data":
+    if not is_pipeline(spec):
         return None
     workers = [(s.index, s.gpu or "k80", s.machine_type) for s in slots if s.role == Role.WORKER]
     found = plan_pipeline(spec, workers, global_batch)
@@ -103,6 +102,14 @@ def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> Pip
         raise ValueError("no pipeline of these GPUs holds the model in memory")
     return PipelineSection(stage_slots=found.stage_slots, modules=found.modules, micro_batches=found.micro_batches,
                            stage_sleep=found.stage_sleep)
+
+
+def is_pipeline(spec: JobSpec) -> bool:
+    """A built-in job run as a pipeline: ``parallelism: pipeline``, or ``auto`` where the planner chooses one."""
+    parallelism = getattr(spec.training, "parallelism", "data")
+    if parallelism == "data" or is_run_job(spec) or not is_pytorch(spec):
+        return False
+    return parallelism != "auto" or _planned_strategy(spec) != "data"
 
 
 _PLANNED: dict[str, str] = {}

@@ -64,6 +64,16 @@ class RecordLogTail:
 
 
 @dataclass(frozen=True)
+class RecordStageLoss:
+    """A pipeline lost a stage: what was decided (wait | repartition), with both options' predicted time and cost.
+    A ``repartition`` record is also the decision itself: later passes leave that slot empty."""
+
+    name: str  # the lost instance
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetJobStatus:
     status: JobStatus
     reason: str
@@ -71,4 +81,4 @@ class SetJobStatus:
 
 
 Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
-          | SetJobStatus | RecordLogTail)
+          | SetJobStatus | RecordLogTail | RecordStageLoss)

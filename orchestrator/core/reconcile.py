@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from orchestrator.core import policy
+from orchestrator.core import policy, stage_loss_step
 from orchestrator.core.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
     PrepareInstance,
     RecordLogTail,
+    RecordStageLoss,
     RestartTraining,
     SetInstanceStatus,
     SetJobStatus,
@@ -177,8 +178,10 @@ def _fill_slots(p: _Pass) -> list[Action] | None:
     governed = _deadline_slots(job)
     if governed:
         _deadline_fill(p, governed, by_slot)
+    dropped = {name for name, _ in job.repartitioned}  # a pipeline re-formed without them: never replaced
+    p.shrunk |= dropped
     for slot in job.slots:
-        if slot in governed:
+        if slot in governed or slot.name in dropped:
             continue
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
         if any(p.status[i.name] in LIVE_INSTANCE for i in insts):
@@ -223,6 +226,8 @@ def _replace(p: _Pass, slot: Slot, last: InstanceView) -> list[Action] | None:
     if decision.verdict == policy.Verdict.EXHAUSTED:
         return p.acts + [SetJobStatus(JobStatus.TEARING_DOWN, f"policy.max_replacements ({job.max_replacements}) "
                                       f"reached when {last.name} was lost", JobStatus.FAILED)]
+    if decision.verdict == policy.Verdict.REPLACE and _repartitions(p, slot, last, decision.spot):
+        return None
     why = f"replaces {last.name} ({end_reason or p.status[last.name].value})"
     if decision.spot != last.spot:
         why += ", on-demand fallback"
@@ -230,6 +235,20 @@ def _replace(p: _Pass, slot: Slot, last: InstanceView) -> list[Action] | None:
     p.create(slot, last.generation + 1, decision.spot, zones, last.port, why)
     p.replacements += 1
     return None
+
+
+def _repartitions(p: _Pass, slot: Slot, last: InstanceView, spot: bool) -> bool:
+    """A pipeline's lost stage: record whether waiting for its replacement or re-partitioning over the survivors is
+    predicted cheaper (``core.stage_loss_step``); True: re-partition, the slot stays empty."""
+    d = stage_loss_step.decide(p.job, slot, spot, p.status, p.now)
+    if d is None:
+        return False
+    why = stage_loss_step.describe(slot, d, stage_loss_step.survivors(p.job, slot.name))
+    p.acts.append(RecordStageLoss(last.name, d.action, why))
+    if d.action != stage_loss_step.REPARTITION:
+        return False
+    p.shrunk.add(slot.name)
+    return True
 
 
 def _deadline_slots(job: JobView) -> tuple[Slot, ...]:
@@ -385,6 +404,9 @@ def _async_restart_reason(p: _Pass, by_name: dict[str, InstanceView], exited: di
 def _sync_restart_reason(p: _Pass, by_name: dict[str, InstanceView], exited: dict[str, ProcStatus]) -> str | None:
     if p.lost and (not p.job.elastic or p.job.rdzv_slot in p.lost):  # elastic: torchrun shrinks the world
         return "lost " + ", ".join(sorted(p.lost.values()))
+    repartitioned = stage_loss_step.restart_reason(p.job, p.status)
+    if repartitioned is not None:
+        return repartitioned
     name = next(iter(exited), None)
     return None if name is None else f"{by_name[name].slot} task exited with code {exited[name].exit_code}"
 

@@ -25,6 +25,22 @@ class DeadlineInputs:
 
 
 @dataclass(frozen=True)
+class StageLossInputs:
+    """What a pipeline job's lost stage is decided from (``core.stage_loss_step``), besides the slots' prices and the
+    deadline: the planned pipelines over the stages still in it and over each set of survivors (job clock)."""
+
+    mode: str  # policy.stage_loss: auto | repartition (wait: no inputs, the replacement is always awaited)
+    remaining_steps: float
+    full_step_s: float  # the pipeline over every member stage
+    survivor_step_s: tuple[tuple[str, float | None], ...]  # member slot -> step without it (None: nothing fits)
+    replacement_s: float  # an on-demand replacement's boot and start-up
+    spot_extra_s: float  # a spot replacement's extra boot
+    restore_s: float  # every stage restores its checkpoint (the world re-forms)
+    leave_s: float = 0.0  # a re-partition restarts once the lost VM is gone: its notice window
+    objective: str = "cost"  # cost | time
+
+
+@dataclass(frozen=True)
 class InstanceView:
     id: int
     name: str
@@ -70,6 +86,9 @@ class JobView:
     rdzv_slot: str | None = None
     notice_s: float | None = None  # the VMs' preemption notice window (policy.notice_window_s); None: 30 s
     deadline_inputs: DeadlineInputs | None = None  # on_revocation: deadline
+    stage_loss: StageLossInputs | None = None  # a pipeline job whose policy.stage_loss is not wait
+    # Slots a pipeline was re-partitioned without (never replaced), and when that was decided.
+    repartitioned: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -471,7 +471,8 @@ class _Run:
 
     def repartitions(self, i: int, spot: bool) -> bool:
         """A pipeline lost stage ``i``: re-partition over the survivors (True) or wait for its replacement, whichever
-        ``core.costmodel.stage_loss`` predicts cheaper. The daemon's own path always waits (not wired yet)."""
+        ``core.costmodel.stage_loss`` predicts cheaper. The replay of a daemon's history (``hist``)
+        never re-partitions: it follows the replacements that history recorded."""
         cc, c = self.cc, self.c
         if not (c.pipelined and self.members >> i & 1) or c.stage_loss == "wait" or self.hist is not None:
             return False

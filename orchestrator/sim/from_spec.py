@@ -98,7 +98,7 @@ def cluster_from_spec(
 
     ``strategy`` (data | pipeline | hybrid; default: the one ``plan`` chooses for the cluster) sets how a sync job
     uses its workers: a pipeline steps only while every stage is up (``SimCluster.strategy``). ``stage_loss``: wait
-    (what the pipeline job does today: every stage waits for the replacement) or auto (re-partition over the
+    (every stage waits for the replacement: ``policy.stage_loss: wait``) or auto (re-partition over the
     survivors where ``core.costmodel.stage_loss`` predicts it cheaper).
     """
     spec = _pinned(spec, cluster)

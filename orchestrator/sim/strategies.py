@@ -3,7 +3,7 @@ a hybrid (``core.costmodel.planner.strategies``).
 
 This is where a partition that is faster without revocations can lose to data parallel on spot VMs: a data parallel
 world pauses to re-form and its survivors train on, but a lost stage stops the whole pipeline, its survivors idle
-and billed. A pipeline is played twice: ``wait`` (every stage waits for the replacement, what the pipeline job does)
+and billed. A pipeline is played twice: ``wait`` (every stage waits for the replacement: ``policy.stage_loss: wait``)
 and ``auto`` (the survivors re-partition the model where ``core.costmodel.stage_loss`` predicts it cheaper).
 Beside each, the planner's analytic expectation (``plan --json``: ``expected_hours``, ``expected_usd``).
 """

@@ -53,16 +53,20 @@ def decide_stage_loss(
     usd_per_s_survivors: float,
     objective: str = "cost",
     deadline_left_s: float | None = None,
+    repartition_delay_s: float = 0.0,
 ) -> StageLossDecision:
     """``survivor_step_s``: the step of the best partition over the survivors (None: none fits their memory).
     Prices are per second: every instance the pipeline holds with the replacement, and without it.
-    ``deadline_left_s``: seconds until the job's deadline (None: no deadline)."""
+    ``deadline_left_s``: seconds until the job's deadline (None: no deadline). ``repartition_delay_s``: before the
+    survivors can start again without the lost stage (the daemon waits out its notice window, in which every stage
+    checkpoints; a replacement's boot overlaps that window)."""
     if remaining_steps < 0 or replacement_s < 0 or restore_s < 0:
         raise ValueError("remaining steps and delays must be >= 0")
     wait_s = replacement_s + restore_s + remaining_steps * full_step_s
     wait = StageLossOption(WAIT, wait_s, wait_s * usd_per_s_with_replacement, True)
     fits = survivor_step_s is not None and survivor_step_s > 0 and math.isfinite(survivor_step_s)
-    rep_s = restore_s + remaining_steps * survivor_step_s if fits and survivor_step_s is not None else math.inf
+    rep_s = (repartition_delay_s + restore_s + remaining_steps * survivor_step_s
+             if fits and survivor_step_s is not None else math.inf)
     rep = StageLossOption(REPARTITION, rep_s, rep_s * usd_per_s_survivors if fits else math.inf, fits)
     if not fits:
         return StageLossDecision(WAIT, wait, rep, "no partition of the model fits the surviving GPUs")

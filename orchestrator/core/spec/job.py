@@ -112,6 +112,9 @@ class Policy(StrictModel):
     max_replacements: int = Field(default=20, ge=0, le=10_000)
     budget_usd: float | None = Field(default=None, gt=0, le=10_000_000)
     deadline: float | None = Field(default=None, description="e.g. '6h', '90m', or seconds")
+    # A pipeline job's lost stage: re-partition over the survivors or wait for the replacement, whichever
+    # core.costmodel.stage_loss predicts cheaper (auto), or always one of them.
+    stage_loss: Literal["auto", "wait", "repartition"] = "auto"
 
     @field_validator("deadline", mode="before")
     @classmethod
