@@ -150,6 +150,11 @@ def reference_batch(spec: JobSpec) -> float:
         return float(training.batch_per_worker)
     if training.global_batch and spec.worker_count:
         return training.global_batch / spec.worker_count
+    # Every group pins its batch: their mean, as the same split written as a global batch would give (else a
+    # pinned split of batch 96 would emulate other GPUs than the planner's split of the same 96).
+    pinned = [g.batch for g in (spec.cluster.workers if spec.cluster else []) for _ in range(g.count)]
+    if pinned and all(pinned):
+        return sum(b or 0 for b in pinned) / len(pinned)
     return float(REFERENCE_BATCH)
 
 
