@@ -4,14 +4,22 @@ accounting; the study's chief-on-worker-0 setup in slots, planner, simulator and
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orchestrator.core.costmodel.calibration import load_measurements
-from orchestrator.core.emulation import curve_s, emulated_step_s, emulation_sleep, reference_step_s
+from orchestrator.core.emulation import (
+    curve_s,
+    emulated_step_s,
+    emulation_sleep,
+    reference_batch,
+    reference_step_s,
+)
 from orchestrator.core.paths import data_dir
 from orchestrator.core.slots import expand
 from orchestrator.core.spec import validate_spec
@@ -59,8 +67,33 @@ def test_emulation_does_not_use_the_cost_model() -> None:
     tree = ast.parse((REPO / "orchestrator" / "core" / "emulation.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.core.catalog",
-                        "orchestrator.core.paths", "orchestrator.core.spec",
-                        "orchestrator.core.costmodel.calibration"}  # the CSV reader only
+                        "orchestrator.core.paths", "orchestrator.core.spec"}  # no cost model, not even its reader
+
+
+def test_a_compute_bound_gpu_steps_longer_with_its_batch() -> None:
+    """A K80 / P100 / V100 at batch 128 is far above the H100's ~13 ms overhead floor: the emulation reads the
+    H100 curve at the batch of equal work, so its step grows with its batch, and at a small batch it falls to
+    that floor. At the reference batch each GPU sleeps its measured ratio to the K80."""
+    from orchestrator.core.emulation import equivalent_batch
+
+    for gpu in ("k80", "p100", "v100"):
+        t = reference_step_s(gpu).step_s
+        assert curve_s(equivalent_batch(gpu)) == pytest.approx(t, rel=1e-9)  # the inverse of the measured curve
+        assert emulated_step_s(gpu, 128, 0.216) == pytest.approx(t, rel=1e-9)
+        assert emulated_step_s(gpu, 64, 0.216) < 0.6 * t and emulated_step_s(gpu, 256, 0.216) > 1.6 * t
+        assert emulated_step_s(gpu, 1, 0.216) == pytest.approx(curve_s(32), rel=0.1)  # the overhead floor
+    assert equivalent_batch("h100") == 128  # the curve's own GPU keeps its own (overhead-bound) shape
+
+
+def test_a_pinned_split_emulates_the_same_gpus_as_the_global_batch_it_sums_to() -> None:
+    doc = yaml.safe_load((REPO / "examples" / "local-torch-resplit.yaml").read_text())
+    split = copy.deepcopy(doc)
+    del split["training"]["global_batch"]
+    split["cluster"]["workers"] = [{**g, "batch": b} for g, b in zip(doc["cluster"]["workers"], [28, 50, 18],
+                                                                     strict=True)]
+    as_global, as_split = emulation_sleep(validate_spec(doc)), emulation_sleep(validate_spec(split))
+    assert reference_batch(validate_spec(split)) == reference_batch(validate_spec(doc)) == 32
+    assert as_split("v100", 28) == as_global("v100", 28) and as_split("k80", 18) == as_global("k80", 18)
 
 
 def test_planner_and_simulator_agree_without_revocations() -> None:

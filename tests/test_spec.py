@@ -91,6 +91,26 @@ def test_sync_with_parameter_servers_is_rejected() -> None:
     assert any("all-reduce" in m for m in errors_of(doc))
 
 
+def test_a_batch_over_the_gpus_memory_is_the_cost_models_check_run_before_planning(tmp_path: Path) -> None:
+    """The spec does not import the cost model: it accepts the batch; the cost model's check of the spec
+    (core.costmodel.spec_checks) names the field, and plan / launch / the dry run (validate_launch) refuse."""
+    import yaml
+
+    from orchestrator.control.validate import validate_launch
+    from orchestrator.core.costmodel.spec_checks import batch_fit_errors
+
+    doc = copy.deepcopy(GOOD)
+    doc["cluster"]["workers"][1]["batch"] = 60_000
+    (err,) = batch_fit_errors(validate_spec(doc))
+    assert str(err).startswith("cluster.workers[1].batch: batch 60000 does not fit a v100's 16 GB for "), err
+    assert batch_fit_errors(validate_spec(GOOD)) == []
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError) as info:
+        validate_launch(path)
+    assert [str(e) for e in info.value.errors] == [str(err)]
+
+
 def test_schedule_names_existing_slots() -> None:
     doc = {
         "name": "x",

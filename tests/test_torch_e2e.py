@@ -91,11 +91,14 @@ def test_missing_secret_fails_before_anything_is_created(tmp_path: Path) -> None
 
 def test_a_running_job_resplits_when_a_worker_slows(tmp_path: Path) -> None:
     """examples/local-torch-resplit.yaml, shorter: worker 0 (the V100) slows 4x at step 30; the ranks time their
-    own compute every 10 steps and move examples off it. `report --format json` lists each re-split."""
+    own compute every 10 steps and move examples off it. `report --format json` lists each re-split. Worker 1
+    is 1.25x slower from step 0: its rank probes its own compute alone right after the first step (which once
+    hung the world in DDP's bucket rebuild)."""
     import json
 
     env = _env(tmp_path)
-    spec = _spec(tmp_path, "local-torch-resplit.yaml", {"slowdowns": [{"worker": 0, "at_step": 30, "factor": 4}]},
+    slowdowns = [{"worker": 0, "at_step": 30, "factor": 4}, {"worker": 1, "at_step": 0, "factor": 1.25}]
+    spec = _spec(tmp_path, "local-torch-resplit.yaml", {"slowdowns": slowdowns},
                  train_steps=150, resplit_every=10, checkpoint_every=150)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

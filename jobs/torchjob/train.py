@@ -166,8 +166,10 @@ class Trainer:
         saved = [b.detach().clone() for b in module.buffers()]
         self._sync_device()
         t0 = time.perf_counter()
+        # The wrapped module, not DDP's forward: DDP's first forward after the first backward rebuilds its
+        # gradient buckets with a collective, which a rank probing alone (a slowdown from step 0) would hang in.
         with self.model.no_sync(), local_statistics():
-            weighted_loss(self.model(x), y, self.task.global_batch, self.world).backward()
+            weighted_loss(module(x), y, self.task.global_batch, self.world).backward()
         self._sync_device()
         self.cpu_s = time.perf_counter() - t0
         self.cpu_s_step = step

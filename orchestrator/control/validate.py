@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from orchestrator.control.launcher import KnownBlock, known_blocks
 from orchestrator.core.costmodel import SplitError, UnknownModelError
 from orchestrator.core.costmodel.planner import launch_strategy
+from orchestrator.core.costmodel.spec_checks import batch_fit_errors
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import FieldError, JobSpec, SpecError, load_spec
@@ -80,6 +81,8 @@ def validate_launch(spec_path: Path, calibration: Calibration | None = None) -> 
 
 def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaunch:
     spec = load_spec(spec_path)
+    if errors := batch_fit_errors(spec):  # the cost model's check of the spec (the spec cannot import it)
+        raise SpecError(errors, short(str(spec_path), 200))
     _storage_reachable(spec, short(str(spec_path), 200))
     inventory_hosts = _inventory_gpus(spec)  # the inventory's content, before any planning
     # PROVIDER SET-UP (issue 20 item 5): providers.registry.check_setup (credentials, project, permissions) runs

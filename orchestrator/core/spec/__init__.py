@@ -5,7 +5,8 @@ created before the whole spec validates.
 
 * ``base``: ``FieldError`` / ``SpecError``, the strict base model, durations;
 * ``provider``, ``training``, ``job``: the models of ``provider:``, ``training:`` and the rest of the spec;
-* ``checks``: the semantic checks against the catalog (zones, machine types, prices, memory);
+* ``checks``: the semantic checks against the catalog (zones, machine types, prices); the memory check needs
+  the cost model, so it lives above the spec (``core.costmodel.spec_checks``, run by ``control/validate.py``);
 * ``load``: ``validate_spec`` (a parsed document) and ``load_spec`` (a file, with the local paths it names).
 
 The names below are the spec's public interface: most of the package imports them from here.

@@ -1,4 +1,4 @@
-"""Semantic checks of a parsed spec against the catalog: zones, machine types, prices, GPUs, memory.
+"""Semantic checks of a parsed spec against the catalog: zones, machine types, prices, GPUs.
 
 Each check appends ``FieldError``s in the order the spec is read (provider, pricing, search, cluster), so a
 user sees every problem at once, each at its field path.
@@ -156,7 +156,6 @@ class _CatalogCheck:
         self._worker_zone_offers(path, group, gpu)
         if machine_known:  # an unknown machine type is already reported: no second error for its price
             self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
-        self._batch_fits(path, group, gpu)
 
     def _gce_rules(self, path: str, machine: str, gpu: str | None, model: str) -> None:
         """Google's provisioning rules (data/gce_rules.csv) and image routes (data/gce_images.csv): what
@@ -211,23 +210,6 @@ class _CatalogCheck:
             where = f"provider.zones ({', '.join(self.allowed_zones)})" if self.allowed_zones else "no zone given"
             self._error(f"{path}.zone",
                         f"no zone for {gpu.gce_accelerator}: {where}; it is offered in: {', '.join(offered)}")
-
-    def _batch_fits(self, path: str, group: WorkerGroup, gpu: Gpu) -> None:
-        training = self.spec.training
-        batch = group.batch or training.batch_per_worker
-        if batch is None:
-            return
-        from orchestrator.core.costmodel.memory import max_batch  # cycle: costmodel's __init__ imports the spec
-        from orchestrator.core.costmodel.profiles import UnknownModelError  # cycle: the cost model imports the spec
-
-        try:
-            cap = max_batch(training.profile_name, gpu.key)
-        except UnknownModelError:  # training.model.torch not profiled yet: plan / launch profile it first
-            return
-        if batch > cap:
-            self._error(f"{path}.batch" if group.batch else "training.batch_per_worker",
-                        f"batch {batch} does not fit a {gpu.key}'s {gpu.memory_gb:g} GB "
-                        f"for {training.profile_name}; at most {cap}")
 
     def _ps_count(self, cluster: Cluster) -> None:
         count = cluster.parameter_servers.count
