@@ -23,8 +23,6 @@ import argparse
 import csv
 import datetime as dt
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,20 +39,12 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from orchestrator.core.costmodel.accounting import RunAccounting, fit_local_host  # noqa: E402
 from orchestrator.store.queries import local_run_timings  # noqa: E402
+from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 
 DEMOS = [REPO / "examples" / "local-hetero.yaml", REPO / "examples" / "local-torch-hetero.yaml"]
 HOST_CSV = REPO / "data" / "local_host.csv"
 MEASURED = ("cpu_step_s", "torch_cpu_step_s", "startup_s", "torch_startup_s", "checkpoint_s", "torch_checkpoint_s",
             "teardown_s")
-
-
-def orchestrator(args: list[str], home: Path) -> str:
-    env = {**os.environ, "ORCHESTRATOR_HOME": str(home), "ORCHESTRATOR_DB_URL": f"sqlite:///{home / 'results.db'}"}
-    out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=home, env=env, text=True,
-                         capture_output=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"orchestrator {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    return out.stdout
 
 
 def launch(doc: dict[str, Any], home: Path) -> dict[str, Any]:

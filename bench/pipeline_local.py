@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,17 +32,9 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.core.costmodel.pipeline_plan import plan_pipeline  # noqa: E402
 from orchestrator.core.spec import validate_spec  # noqa: E402
+from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "local-pipeline.yaml"
-
-
-def orchestrator(args: list[str], home: Path) -> str:
-    env = {**os.environ, "ORCHESTRATOR_HOME": str(home), "ORCHESTRATOR_DB_URL": f"sqlite:///{home / 'results.db'}"}
-    out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=home, env=env, text=True,
-                         capture_output=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"orchestrator {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    return out.stdout
 
 
 def run(doc: dict[str, Any], home: Path) -> dict[str, Any]:

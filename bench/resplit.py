@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -44,14 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "local-torch-resplit.yaml"
 sys.path.insert(0, str(REPO))
 
-
-def orchestrator(args: list[str], home: Path) -> str:
-    env = {**os.environ, "ORCHESTRATOR_HOME": str(home), "ORCHESTRATOR_DB_URL": f"sqlite:///{home / 'results.db'}"}
-    out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=home, env=env, text=True,
-                         capture_output=True, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"orchestrator {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    return out.stdout
+from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 
 
 def spec_doc(base: dict[str, Any], steps: int, slow_at: int, factor: float, resplit_every: int,
