@@ -75,8 +75,11 @@ class Partition:
 
     @property
     def step_s(self) -> float:
-        """Predicted seconds per training step (1F1B: the bubble plus the micro-batches at the slowest pace)."""
-        return (self.micro_batches + self.stages - 1) * self.bottleneck_s + max(self.allreduce_s, default=0.0)
+        """Predicted seconds per training step (1F1B): one pass through every stage (the fill and drain, each stage
+        at its own pace) plus the other micro-batches at the slowest pace. Equal stages give the textbook
+        ``(micro-batches + stages - 1) x stage``; unequal ones fill faster than the bottleneck."""
+        through = sum(s + c for s, c in zip(self.stage_s, self.comm_s, strict=True))
+        return (self.micro_batches - 1) * self.bottleneck_s + through + max(self.allreduce_s, default=0.0)
 
     def layer_ranges(self) -> list[tuple[int, int]]:
         ends = [*self.starts[1:], self.layers]
