@@ -60,8 +60,22 @@ class Outcome:
                 "timeline": [{"t_h": round(t / 60, 4), "mode": m} for t, m in self.timeline]}
 
 
-def _price(job: Job, mode: Mode) -> float:
+def price_per_min(job: Job, mode: Mode) -> float:
     return {Mode.IDLE: 0.0, Mode.SPOT: job.spot_usd_per_h, Mode.ON_DEMAND: job.on_demand_usd_per_h}[mode] / 60.0
+
+
+def step_tick(job: Job, c: Mode, tick: int, t: int, w: int, r: int, cost: float
+              ) -> tuple[int, int, int, float, bool]:
+    """One tick running ``c`` from time ``t``, work done ``w`` and restart overhead still to run ``r`` (minutes):
+    the new (t, w, r, cost) and whether the job finished within the tick (then ``t`` is when)."""
+    need = r + job.work_min - w
+    if c != Mode.IDLE and need <= tick:
+        return t + need, w, r, cost + price_per_min(job, c) * need, True
+    if c != Mode.IDLE:
+        w += max(0, tick - r)
+        r = max(0, r - tick)
+        cost += price_per_min(job, c) * tick
+    return t + tick, w, r, cost, False
 
 
 def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, history: tuple[bool, ...] = (),
@@ -102,16 +116,9 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
         mode = c
         out.work_at.append((t, w))
-        need = r + job.work_min - w
-        if c != Mode.IDLE and need <= tick:
-            cost += _price(job, c) * need
-            t += need
+        t, w, r, cost, done = step_tick(job, c, tick, t, w, r, cost)
+        if done:
             break
-        if c != Mode.IDLE:
-            w += max(0, tick - r)
-            r = max(0, r - tick)
-            cost += _price(job, c) * tick
-        t += tick
         i += 1
     out.work_at.append((t, job.work_min))
     out.timeline.append((t, "done"))
@@ -137,7 +144,7 @@ def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float
         # Running c with rc minutes of overhead still to run this tick: finish now, or go on to tick i + 1.
         run: dict[tuple[int, int], np.ndarray] = {}
         for ci in ((1, 2) if a else (2,)):
-            price = _price(job, _MODES[ci])
+            price = price_per_min(job, _MODES[ci])
             for rc in {d, *rs}:
                 need = rc + W - w
                 prog = max(0, tick - rc)

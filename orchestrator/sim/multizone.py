@@ -17,7 +17,7 @@ import numpy as np
 
 from orchestrator.core import policy
 from orchestrator.core.policy import Availability, AvailabilityLog, Mode, Progress
-from orchestrator.sim.availability import Job, Outcome, _price
+from orchestrator.sim.availability import Job, Outcome, price_per_min, step_tick
 
 
 def _aligned(avails: tuple[tuple[bool, ...], ...], i: int) -> tuple[bool, ...]:
@@ -66,16 +66,9 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
         same = c == mode and (c != Mode.SPOT or cz == zone)
         r = r if same else (job.overhead_min if c != Mode.IDLE else 0)
         mode, zone = c, cz if c == Mode.SPOT else -1
-        need = r + job.work_min - w
-        if c != Mode.IDLE and need <= tick:
-            cost += _price(job, c) * need
-            t += need
+        t, w, r, cost, done = step_tick(job, c, tick, t, w, r, cost)
+        if done:
             break
-        if c != Mode.IDLE:
-            w += max(0, tick - r)
-            r = max(0, r - tick)
-            cost += _price(job, c) * tick
-        t += tick
         i += 1
     out.timeline.append((t, "done"))
     out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
@@ -124,7 +117,7 @@ def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int) -> 
         opts = [z + 1 for z in range(k) if a[z]] + [od]
         run: dict[tuple[int, int], np.ndarray] = {}
         for ci in opts:
-            price = _price(job, Mode.ON_DEMAND if ci == od else Mode.SPOT)
+            price = price_per_min(job, Mode.ON_DEMAND if ci == od else Mode.SPOT)
             for rc in {d, *rs}:
                 need = rc + W - w
                 v = np.full(W + 1, math.inf)
