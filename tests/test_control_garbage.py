@@ -58,6 +58,20 @@ def test_garbage_metrics_and_results_never_raise(lines: list[bytes], result: byt
         assert (parsed is None) or (error is None)
 
 
+def test_a_job_id_already_in_the_db_is_drawn_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job ids carry 24 random bits (instance names derive from them and must stay short), so two launches of
+    the same name can draw the same suffix: the second draws again instead of failing on the primary key."""
+    import orchestrator.control.launcher as launcher
+
+    user_dir()
+    draws = iter(["abc123", "abc123", "abc123", "def456"])
+    monkeypatch.setattr(launcher.secrets, "token_hex", lambda _n: next(draws))
+    with open_session() as session:
+        spec = validate_spec(yaml.safe_load(local_spec("same", tmp_path / "runs", "true")))
+        first, second = create_job(session, spec), create_job(session, spec)
+        assert (first.id, second.id) == ("same-abc123", "same-def456")
+
+
 KINDS = ["metrics", "metrics-types", "metrics-dir", "long-line", "result", "result-shape", "notices-file",
          "notices-junk", "nothing"]
 

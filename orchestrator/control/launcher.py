@@ -80,9 +80,13 @@ class LogReporter:
         log.info("job %s: %s", job_id, getattr(session.get(Job, job_id), "status", "?"))
 
 
-def new_job_id(name: str) -> str:
-    # Unique per launch; every instance name derives from it deterministically.
-    return f"{name}-{secrets.token_hex(3)}"
+def new_job_id(name: str, session: Session | None = None) -> str:
+    # Unique per launch; every instance name derives from it deterministically, so it stays short (GCE names are
+    # at most 63 characters) and a suffix already in this results DB is drawn again.
+    while True:
+        job_id = f"{name}-{secrets.token_hex(3)}"
+        if session is None or session.get(Job, job_id) is None:
+            return job_id
 
 
 def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) -> Job:
@@ -90,7 +94,7 @@ def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) 
     plan = plan or plan_spec(spec)
     now = time.time()
     storage = spec.storage if spec.storage.startswith("gs://") else str(Path(spec.storage).expanduser().resolve())
-    job = Job(id=new_job_id(spec.name), name=spec.name, provider=spec.provider.kind, mode=spec.mode.value,
+    job = Job(id=new_job_id(spec.name, session), name=spec.name, provider=spec.provider.kind, mode=spec.mode.value,
               cluster_shape=plan.shape, spec_yaml=spec_to_yaml(spec), storage_uri=storage,
               price_book=spec.pricing.book, status=JobStatus.PENDING.value, train_steps=spec.training.train_steps,
               budget_usd=spec.policy.budget_usd, deadline_s=spec.policy.deadline, restarts=0, metrics_offset=0,
