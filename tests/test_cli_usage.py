@@ -1,5 +1,9 @@
-"""The CLI as a shell sees it (each case in a subprocess): every verb's --help, and bad input for each
-verb: usage errors are one line with exit 2, bad files one clear line, never a traceback, nothing created.
+"""The CLI as a shell sees it: every verb's --help, and bad input for each verb: usage errors are one line
+with exit 2, bad files one clear line, never a traceback, nothing created.
+
+Each case runs in this interpreter as a fresh process would start (tests/cli_inproc.py: its own environment,
+working directory, pipes for stdout and stderr); test_in_process_answers_as_the_console_script runs one case of
+each kind through the real console script too and requires the same exit code, stdout and stderr.
 """
 
 from __future__ import annotations
@@ -7,7 +11,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +21,7 @@ import typer
 
 import orchestrator
 from orchestrator.cli import main as cli_main
+from tests.cli_inproc import run_cli, run_cli_subprocess
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,14 +51,12 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def run(args: Sequence[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
+    return run_cli(args, env, cwd)
 
 
 def run_all(cases: Sequence[Sequence[str]], env: dict[str, str], cwd: Path = REPO
             ) -> list[subprocess.CompletedProcess[str]]:
-    with ThreadPoolExecutor(4) as pool:  # each is a fresh interpreter; 2 cores stay busy
-        return list(pool.map(lambda a: run(a, env, cwd), cases))
+    return [run(a, env, cwd) for a in cases]
 
 
 def lines(text: str) -> list[str]:
@@ -205,3 +207,29 @@ def test_launch_with_a_bad_ssh_inventory_records_nothing(inventory: str, tmp_pat
         no_traceback(out)
     assert not (tmp_path / "cli.db").exists() or _jobs(tmp_path / "cli.db") == 0
     assert not (tmp_path / "runs").exists()
+
+
+# One case of each kind above, through the real console script (a fresh interpreter, its stdout a pipe).
+CONSOLE_SCRIPT_CASES: list[list[str]] = [
+    ["--help"],
+    ["--version"],
+    ["db", "bogus"],
+    ["model", "predict", "--help"],
+    ["plan", "--no-such-option"],
+    ["logs"],
+    ["launch", "{latin}"],
+    ["status", "no-such-job"],
+    ["daemon", "--interval", "often"],
+    ["--db", "not a url", "status"],
+]
+
+
+def test_in_process_answers_as_the_console_script(tmp_path: Path, env: dict[str, str]) -> None:
+    files = {k: str(v) for k, v in _files(tmp_path).items()}
+    cases = [[a.format(**files) for a in args] for args in CONSOLE_SCRIPT_CASES]
+    with ThreadPoolExecutor(4) as pool:  # each is a fresh interpreter; 2 cores stay busy
+        real = list(pool.map(lambda a: run_cli_subprocess(a, env, tmp_path, timeout=120), cases))
+    for args, shell in zip(cases, real, strict=True):
+        here = run(args, env, tmp_path)
+        assert (here.returncode, here.stdout, here.stderr) == (shell.returncode, shell.stdout, shell.stderr), args
+        no_traceback(shell)

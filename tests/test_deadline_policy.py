@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from orchestrator.core import policy
-from orchestrator.core.actions import CreateInstance, DeleteInstance, SetInstanceStatus
+from orchestrator.core.actions import CreateInstance, DeleteInstance, RecordSpotAvailability, SetInstanceStatus
 from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
 from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import Availability, Mode, Progress
@@ -74,6 +75,25 @@ def test_deadline_policy_hops_back_to_spot_only_when_the_stretch_pays_for_it() -
     assert policy.deadline_policy(behind, Availability(up_h=2.0, down_h=1.0)) == Mode.ON_DEMAND
 
 
+def test_deadline_policy_waits_a_tick_before_hopping_onto_what_is_mostly_blips() -> None:
+    tick = 1 / 6  # slack 22 h: the slack pays for every stretch, only the blips are in question
+    seen = Availability(up_h=1.3, down_h=1.0, ups=(tick,) * 6 + (3.0,) * 4)  # 6 one-tick blips, 4 of 3 h
+    on_od = progress(deadline_h=70.0, mode=Mode.ON_DEMAND, spot_available=True, work_done_h=9.23 + 1.0)
+    assert policy.hop_age_h(on_od, seen) == 0.0
+    assert policy.deadline_policy(on_od, seen) == Mode.ON_DEMAND  # most likely a blip: a tick will tell
+    assert policy.deadline_policy(replace(on_od, spot_up_h=tick), seen) == Mode.SPOT  # it outlived the blips
+
+
+def test_deadline_policy_spends_a_tight_slack_only_on_the_longest_stretches() -> None:
+    seen = Availability(up_h=1.0, down_h=1.0, ups=(0.5,) * 8 + (3.0,) * 2)  # ~21 stretches to come, slack 4.2 h
+    on_od = progress(mode=Mode.ON_DEMAND, spot_available=True, work_done_h=9.23 + 1.0)
+    assert 0.0 < policy.hop_age_h(on_od, seen) < 0.5  # the slack pays ~8 failed hops: only those past 0.5 h
+    assert policy.deadline_policy(on_od, seen) == Mode.ON_DEMAND
+    assert policy.deadline_policy(replace(on_od, spot_up_h=0.5), seen) == Mode.SPOT
+    roomy = replace(on_od, deadline_h=70.0)  # slack 22 h: every stretch may be tried
+    assert policy.hop_age_h(roomy, seen) == 0.0 and policy.deadline_policy(roomy, seen) == Mode.SPOT
+
+
 def test_choose_zone_stays_while_its_spot_lasts_then_moves_to_the_longest_expected_stretch() -> None:
     seen = {"a": Availability(1.0, 1.0, ups=(1.0,)), "b": Availability(5.0, 1.0, ups=(5.0,)),
             "c": Availability(3.0, 1.0, ups=(3.0,))}
@@ -121,6 +141,7 @@ def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple
     insts: dict[str, InstanceView] = {}
     t, w, r, i, shown = 0, 0, 0, 0, Mode.IDLE
     timeline: list[tuple[float, str]] = []
+    spot_seen: list[tuple[float, bool]] = []  # the daemon's recorded capacity changes (note events in the DB)
     while True:
         now, a = T0 + K * t, avail[i] if i < len(avail) else False
         live = [v for v in insts.values() if v.status == InstanceStatus.TRAINING]
@@ -133,10 +154,13 @@ def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple
                        cost_usd=0.0, deadline_inputs=DeadlineInputs(
                            work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
                            tick_s=K * tick, spot_usd_per_h=job.spot_usd_per_h,
-                           on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=SCALE))
+                           on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=SCALE,
+                           spot_seen=tuple(spot_seen)))
         obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen}, spot_available=a)
         for act in reconcile(view, obs, now):
-            if isinstance(act, SetInstanceStatus):
+            if isinstance(act, RecordSpotAvailability):
+                spot_seen.append((now, act.available))
+            elif isinstance(act, SetInstanceStatus):
                 v = insts[act.name]
                 insts[act.name] = InstanceView(**{**v.__dict__, "status": act.status, "updated_at": now,
                                                   "end_reason": act.end_reason or v.end_reason,
@@ -171,7 +195,8 @@ def test_daemon_makes_the_simulators_decisions_on_the_trace(start: int, work_h: 
     trace = load_trace(TRACE)
     job = Job(work_h * 60, deadline_h * 60, overhead_min, 0.861, 2.144)
     avail = trace.available()[start:]
-    sim = run_policy("deadline", job, avail, trace.tick_min, learn=False)
+    # The daemon learns the stretches it sees during the job (no history before it): the simulator's learn=True.
+    sim = run_policy("deadline", job, avail, trace.tick_min, learn=True, history=())
     assert sim.deadline_met
     assert _daemon_timeline(job, avail, trace.tick_min) == sim.timeline
 
@@ -283,3 +308,19 @@ def test_two_zones_move_instead_of_waiting_and_the_optimum_is_exact() -> None:
     for one in (a, b):  # holding both zones is never dearer than either alone
         single = optimal_choices(job, one, 10)
         assert single is not None and best[0] <= single[0] + 1e-9
+
+
+def test_the_daemon_rebuilds_the_stretches_it_saw_tick_by_tick() -> None:
+    """``seen_during_job``: the recorded capacity changes read as the simulator's log of one sample per tick."""
+    from orchestrator.core.policy import AvailabilityLog, seen_during_job
+
+    samples = (True, True, False, True, True, True, False, False, True, True)
+    changes = tuple((100.0 + 60.0 * k, x) for k, x in enumerate(samples) if k == 0 or x != samples[k - 1])
+    log = AvailabilityLog()
+    for x in samples:
+        log.add(x)
+    now = 100.0 + 60.0 * len(samples)  # the next tick: every sample above is in the past
+    seen, up_h = seen_during_job(changes, 100.0, now, 60.0, 3600.0)
+    assert seen == log.seen(60.0 / 3600.0)
+    assert up_h == pytest.approx(2 * 60.0 / 3600.0)  # up since the change two ticks ago, as the simulator counts
+    assert seen_during_job((), 100.0, now, 60.0, 3600.0) == (AvailabilityLog().seen(60.0 / 3600.0), 0.0)

@@ -326,8 +326,11 @@ def test_a_vm_created_by_a_controller_killed_before_recording_it_is_adopted(
             op = session.get(Operation, recorded[0].id)
             return op is not None and op.name is not None
 
+        # ... and the other worker's insert, sent in the background (after its own zone fallback), has landed:
+        # under load it can trail its REQUESTED row by a pass.
         job = passes_until(session, job_id, lambda j: statuses(j).get(first) == InstanceStatus.PROVISIONING.value
-                           and len(j.instances) == 2 and asked_again())
+                           and len(j.instances) == 2 and asked_again()
+                           and set(vms(cloud)) == set(statuses(j)))
         adopted = next(e for e in queries.events(session, job_id) if e.to_status == "provisioning"
                        and e.instance_id == job.instances[0].id)
         assert adopted.from_status == InstanceStatus.REQUESTED.value and adopted.reason == "create accepted"

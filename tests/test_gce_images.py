@@ -17,6 +17,7 @@ import pytest
 import yaml
 from google.cloud import compute_v1
 
+from orchestrator.control import execute
 from orchestrator.core import policy
 from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.spec import validate_spec
@@ -24,6 +25,8 @@ from orchestrator.core.torch_spec import payload_framework
 from orchestrator.providers import registry
 from orchestrator.providers.gce import backend as gce_backend
 from orchestrator.providers.gce.dry_run import gce_dry_run
+from orchestrator.transport.base import wrapped_command
+from tests.cli_inproc import run_cli
 from tests.test_gce_rules import DEBIAN, GROUPS, doc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,26 +111,68 @@ def test_a_baked_image_has_no_first_boot_setup() -> None:
     assert script.index("cuda_installer.pyz") < script.index("FRAMEWORK=pytorch ")
 
 
+def test_a_command_task_waits_for_the_first_boot_setup_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_cache", {})
+    monkeypatch.setenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR", "1")
+    group, zone, _ = GROUPS["l4"]
+    line = "python train.py --lr 0.1 'a b'"
+    command = {"job": "command", "command": line, "train_steps": 10}
+    spec = validate_spec({**doc(group, zone, api_endpoint="http://127.0.0.1:9"), "training": command})
+    backend = registry.backend_for(spec)
+    backend.provider.close()
+    assert backend.python == gce_backend.BOOT_PYTHON  # the base family: TensorFlow installed at first boot
+    argv = execute._task_argv(spec, backend.python, backend.command_prefix)
+    # The one wait (jobs/boot_wait.sh, fixed text), then the command's argv as on any provider: one argument.
+    assert argv == ["/bin/sh", "-c", (REPO / "jobs" / "boot_wait.sh").read_text(), "boot_wait", "/bin/sh", "-c", line]
+    assert execute._task_argv(spec, "python3") == ["/bin/sh", "-c", line]  # local and ssh: no prefix
+    # An image with its framework baked in (or a spec's own interpreter): nothing to wait for.
+    torch_command = {**command, "model": {"torch": "torchvision:resnet18"}}  # a PyTorch job: the torch image's
+    baked = validate_spec({**doc(group, zone, image="images/family/orchestrator-worker-torch-l4",
+                                 api_endpoint="http://127.0.0.1:9"), "training": torch_command})
+    other = registry.backend_for(baked)
+    other.provider.close()
+    assert other.python == "python3" and other.command_prefix == ()
+
+
 def test_a_task_waits_for_the_first_boot_setup(tmp_path: Path) -> None:
     wrapper = REPO / gce_backend.BOOT_PYTHON
     assert os.access(wrapper, os.X_OK)  # pushed with jobs/ (tar keeps the mode) and run as the interpreter
-    env = {**os.environ, "ORCHESTRATOR_BOOT_DIR": str(tmp_path), "ORCHESTRATOR_BOOT_PYTHON": sys.executable,
+    boot, work = tmp_path / "boot", tmp_path / "work"
+    boot.mkdir()
+    work.mkdir()
+    env = {**os.environ, "ORCHESTRATOR_BOOT_DIR": str(boot), "ORCHESTRATOR_BOOT_PYTHON": sys.executable,
            "ORCHESTRATOR_BOOT_WAIT_S": "0"}
+    # A `job: command` task's argv as the transports start it (wrapped_command: quoted, logged, exit kept);
+    # its arguments must reach the command unchanged, never read by a shell.
+    command = [*gce_backend.command_prefix(gce_backend.BOOT_PYTHON),
+               sys.executable, "-c", "import sys; print(sys.argv[1:])", "a b", "$HOME'; exit 9"]
 
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(wrapper), "-c", "print('trained')"], capture_output=True, text=True, env=env,
                               timeout=30)
 
+    def run_command() -> tuple[int, str]:
+        (work / "logs" / "task.log").unlink(missing_ok=True)
+        subprocess.run(["/bin/sh", "-c", wrapped_command("task", command)], cwd=work, env=env, timeout=30,
+                       check=True)
+        return int((work / "procs" / "task.exit").read_text()), (work / "logs" / "task.log").read_text()
+
     out = run()
     assert out.returncode == 3 and "not done after 0s" in out.stderr  # no set-up yet: never the bare python3
-    (tmp_path / "boot.log").write_text("pip: no matching distribution\n")
-    (tmp_path / "boot-failed").touch()
+    code, log = run_command()
+    assert code == 3 and "not done after 0s" in log
+    (boot / "boot.log").write_text("pip: no matching distribution\n")
+    (boot / "boot-failed").touch()
     out = run()
     assert out.returncode == 3 and "no matching distribution" in out.stderr
-    (tmp_path / "boot-failed").unlink()
-    (tmp_path / "boot-ready").touch()
+    code, log = run_command()
+    assert code == 3 and "no matching distribution" in log
+    (boot / "boot-failed").unlink()
+    (boot / "boot-ready").touch()
     out = run()
     assert out.returncode == 0 and out.stdout.strip() == "trained"
+    code, log = run_command()
+    assert code == 0 and log.strip() == str(["a b", "$HOME'; exit 9"])
 
 
 def test_an_image_with_only_the_other_framework_is_refused_exit_2(tmp_path: Path) -> None:
@@ -137,9 +182,11 @@ def test_an_image_with_only_the_other_framework_is_refused_exit_2(tmp_path: Path
     group, zone, _ = GROUPS["l4"]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(framework_doc("tensorflow", group, zone, image=TORCH_FAMILY)))
-    for dry in ([], ["--dry-run"]):
-        out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "launch", *dry, str(path)],
-                             capture_output=True, text=True, env=env, timeout=120)
+    for dry in ([], ["--dry-run"]):  # the console script, then in this interpreter (tests/cli_inproc.py)
+        args = ["launch", *dry, str(path)]
+        out = run_cli(args, env, Path.cwd()) if dry else subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True, env=env,
+            timeout=120)
         assert out.returncode == 2, out.stderr
         (line,) = out.stderr.strip().splitlines()
         assert "has no TensorFlow" in line and "leave provider.image out (common-cu129-ubuntu-2204-nvidia-580" in line

@@ -1,7 +1,8 @@
 """Every listing verb piped at COLUMNS=80: no line over 80, no id split across lines; --format json and csv parse.
 
-Each verb runs in its own interpreter with stdout a pipe, as `orchestrator status | less` would, on a finished
-job's real rows (tests/obs_helpers.py) in a real SQLite results DB.
+Each verb runs with stdout a pipe, as `orchestrator status | less` would, on a finished job's real rows
+(tests/obs_helpers.py) in a real SQLite results DB: in this interpreter as a fresh process would start
+(tests/cli_inproc.py), and a few through the real console script, which must print the same.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ import pytest
 from orchestrator.cli import main as cli_main
 from orchestrator.cli.listing import Col, cut, fit_widths, unwrap, wrap
 from orchestrator.store.db import open_session
+from tests.cli_inproc import run_cli, run_cli_subprocess
 from tests.obs_helpers import finished_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,16 +54,17 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
+def _env(url: str) -> dict[str, str]:
+    return {**os.environ, "ORCHESTRATOR_DB_URL": url, "COLUMNS": "80"}
+
+
 def _run(url: str, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ORCHESTRATOR_DB_URL": url, "COLUMNS": "80"}
-    # capture_output: stdout is a pipe, as in `orchestrator status | less` (no terminal, so no terminal width)
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=180)
+    # stdout is a pipe, as in `orchestrator status | less` (no terminal, so no terminal width)
+    return run_cli_subprocess(args, _env(url), REPO)
 
 
 def _run_all(url: str, cases: Sequence[Sequence[str]]) -> list[subprocess.CompletedProcess[str]]:
-    with ThreadPoolExecutor(2) as pool:  # each is a fresh interpreter; 2 cores
-        return list(pool.map(lambda a: _run(url, a), cases))
+    return [run_cli(a, _env(url), REPO) for a in cases]
 
 
 def test_every_listing_verb_fits_80_columns_piped(db_url: str) -> None:
@@ -77,6 +79,13 @@ def test_every_listing_verb_fits_80_columns_piped(db_url: str) -> None:
                 continue  # the job list names jobs only
             assert any(ident in ln for ln in lines), (args, ident)  # whole on one line, never split
         assert not [ln for ln in lines if re.search(r"obs-abc[\w-]*…", ln)], args  # no id cut short
+
+
+@pytest.mark.parametrize("args", [["status", JOB], ["model", "profile"]], ids=" ".join)
+def test_the_console_script_prints_what_the_in_process_run_does(db_url: str, args: list[str]) -> None:
+    shell, here = _run(db_url, args), run_cli(args, _env(db_url), REPO)
+    assert shell.returncode == 0, shell.stderr[-800:]
+    assert (here.returncode, here.stdout, here.stderr) == (shell.returncode, shell.stdout, shell.stderr)
 
 
 def _in_process(url: str, args: Sequence[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from orchestrator.control.driver import emulation
-from orchestrator.core.instances import InstanceRequest, ObservedState, Role
-from orchestrator.core.policy import revoke_after_s
+from orchestrator.core.instances import REVOKE_AT_STEP, InstanceRequest, ObservedState, Role
+from orchestrator.core.policy import revoke_after_s, revoke_at_step
 from orchestrator.core.slots import expand
 from orchestrator.core.spec import LocalProvider as LocalSpec
 from orchestrator.core.spec import load_spec
@@ -110,3 +111,45 @@ def test_step_readers_skip_partial_lines_and_keep_file_order() -> None:
     assert max_step(data) == 50
     assert max_step(b"") == 0
     assert first_step_at_least(data, 35) == 50 and first_step_at_least(data, 51) is None
+
+
+def test_a_scheduled_at_step_revokes_at_that_step_of_training(tmp_path: Path) -> None:
+    """``schedule: [{instance, at_step}]``: the notice comes when training reaches the step, not after so many
+    wall seconds (a loaded host that boots and trains slowly is revoked mid-training all the same)."""
+    storage = tmp_path / "storage"
+    (storage / "notices").mkdir(parents=True)
+    provider = LocalProvider(tmp_path / "home", time_scale=60.0, boot_delay_cloud_s=6.0, notice_window_cloud_s=60.0)
+    name = "j-worker-0-0"
+    request = _request("j", storage, 0, revoke_after_s=0.0, step_s=0.0)
+    request = replace(
+        request, revoke_after_s=None, metadata={"notice-file": request.metadata["notice-file"], REVOKE_AT_STEP: "30"}
+    )
+    provider.create(request)
+    try:
+        time.sleep(0.5)  # booted (0.1 s), and no notice before training gets there
+        assert provider.history(name) is not None and "notice_step" not in (provider.history(name) or {})
+        with (storage / "metrics.jsonl").open("a") as fh:
+            for step in (10, 20, 35):
+                fh.write(json.dumps({"kind": "step", "step": step}) + "\n")
+                fh.flush()
+        deadline = time.time() + 20
+        while (record := provider.history(name)) is None or "notice_step" not in record:
+            assert time.time() < deadline, "never revoked"
+            time.sleep(0.1)
+        assert record["revoke_at_step"] == 30 and record["notice_step"] == 35 and record["preempted"] is True
+    finally:
+        provider.delete(name, "local")
+
+
+def test_schedule_entries_on_the_step_clock() -> None:
+    local = LocalSpec(
+        revocations="schedule",
+        schedule=[{"instance": "worker-1", "at_step": 50}, {"instance": "worker-1", "at_step": 20}],
+    )
+    assert [revoke_at_step(local, Role.WORKER, 1, g, True) for g in range(3)] == [20, 50, None]
+    assert revoke_at_step(local, Role.WORKER, 1, 0, False) is None  # on-demand: never revoked
+    assert revoke_after_s(local, Role.WORKER, 1, 0, "k80", "local", True, 0.0, 0.0) is None  # not on the wall clock
+    with pytest.raises(ValueError, match="exactly one of at_s"):
+        LocalSpec(revocations="schedule", schedule=[{"instance": "worker-1", "at_s": 5, "at_step": 20}])
+    with pytest.raises(ValueError, match="exactly one of at_s"):
+        LocalSpec(revocations="schedule", schedule=[{"instance": "worker-1"}])

@@ -47,7 +47,7 @@ def test_plan_warns_when_a_t4_job_could_run_past_its_end_of_support() -> None:
     eve = plan(_spec("t4", "n1-standard-4", "2d"), today=dt.date(2027, 7, 31))
     assert eve.warnings and eve.to_dict()["warnings"] == list(eve.warnings)  # `plan --json` carries them
     assert not plan(_spec("l4", "g2-standard-4", "300d", zone="us-central1-a"), today=today).warnings
-    # The dry run shows the same warnings (cli/jobs_cmd.py print_dry_run prints PlanResult.warnings).
+    # The dry run shows the same warnings (cli/launch_checks.py print_dry_run prints PlanResult.warnings).
 
 
 def test_a_gce_t4_spec_is_refused_after_its_end_of_support() -> None:

@@ -15,6 +15,7 @@ from orchestrator.cli.listing import unwrap
 from orchestrator.cli.progress import LineFollower, progress, progress_line
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
+from tests.cli_inproc import run_cli as run_cli_here
 from tests.obs_helpers import finished_job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,10 +29,18 @@ def job_db(tmp_path: Path) -> tuple[str, str]:
     return url, job_id
 
 
-def run_cli(url: str, *args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+def run_cli(url: str, *args: str, columns: int = 80, console_script: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+    """In this interpreter as a fresh process would start (tests/cli_inproc.py), or through the console script."""
     env = {**os.environ, "ORCHESTRATOR_DB_URL": url, "COLUMNS": str(columns)}
+    if not console_script:
+        return run_cli_here(args, env, REPO)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=120)
+
+
+def _seen(out: subprocess.CompletedProcess[str]) -> tuple[int, str, str]:
+    return out.returncode, out.stdout, out.stderr
 
 
 def test_follower_names_instances_and_shows_metrics(job_db: tuple[str, str]) -> None:
@@ -68,8 +77,9 @@ def test_progress_line_has_eta_and_budget() -> None:
 
 def test_logs_cli_prints_steps_losses_and_instances(job_db: tuple[str, str]) -> None:
     url, job_id = job_db
-    out = run_cli(url, "logs", job_id, "-n", "500")
+    out = run_cli(url, "logs", job_id, "-n", "500", console_script=True)
     assert out.returncode == 0, out.stderr
+    assert _seen(run_cli(url, "logs", job_id, "-n", "500")) == _seen(out)  # in this interpreter: the same
     assert max(len(line) for line in out.stdout.splitlines()) <= 80  # piped at 80 columns: wrapped, ...
     text = "\n".join(unwrap(out.stdout))  # ... and each record back on one line
     assert "train: step 200/200, loss 1.0000" in text
@@ -88,8 +98,9 @@ def test_logs_cli_prints_steps_losses_and_instances(job_db: tuple[str, str]) -> 
 
 def test_report_fits_80_columns_and_keeps_json_csv(job_db: tuple[str, str]) -> None:
     url, job_id = job_db
-    out = run_cli(url, "report")
+    out = run_cli(url, "report", console_script=True)
     assert out.returncode == 0, out.stderr
+    assert _seen(run_cli(url, "report")) == _seen(out)
     assert max(len(line) for line in out.stdout.splitlines()) <= 80
     assert job_id in out.stdout  # the job id is not folded across lines
     assert "$" in out.stdout and "1/1/0" in out.stdout
@@ -104,7 +115,7 @@ def test_report_fits_80_columns_and_keeps_json_csv(job_db: tuple[str, str]) -> N
 def test_report_plot_png_and_svg(job_db: tuple[str, str], tmp_path: Path) -> None:
     url, job_id = job_db
     png, svg = tmp_path / "r.png", tmp_path / "r.svg"
-    assert run_cli(url, "report", job_id, "--plot", str(png)).returncode == 0
+    assert run_cli(url, "report", job_id, "--plot", str(png), console_script=True).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert run_cli(url, "report", job_id, "--plot", str(svg)).returncode == 0
     body = svg.read_text()
@@ -115,7 +126,7 @@ def test_report_plot_png_and_svg(job_db: tuple[str, str], tmp_path: Path) -> Non
 
 def test_report_plot_usage_errors(job_db: tuple[str, str], tmp_path: Path) -> None:
     url, job_id = job_db
-    bad = run_cli(url, "report", job_id, "--plot", str(tmp_path / "r.gif"))
+    bad = run_cli(url, "report", job_id, "--plot", str(tmp_path / "r.gif"), console_script=True)
     assert bad.returncode == 2 and "--plot" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "r.gif").exists()
     many = run_cli(url, "report", "--plot", str(tmp_path / "r.png"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.jobs_cmd import check_quotas, read_spec_quotas
+from orchestrator.cli.launch_checks import check_quotas, read_spec_quotas
 from orchestrator.core.cloud_errors import InvalidRequestError
 from orchestrator.core.instances import InstanceRequest, Role, instance_name
 from orchestrator.core.quotas import gpu_quota_metric, headroom, quota_needs, quota_problems

@@ -98,9 +98,18 @@ def test_ssh_start_puts_no_secret_in_any_command_line(sshd: Sshd, tmp_path: Path
           f"seen, {len(watcher.leaks)} command lines with the secret")
 
 
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+def _environ(pid: int, wait_s: float = 20.0) -> dict[str, str]:
+    """The process's environment. CI once read /proc/PID/environ empty right after the start on a loaded host
+    (cause not found: the read fell in some window of the new process), so read until it is there; an empty
+    read to the end fails with the process's state."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        if raw or time.monotonic() > deadline:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert raw, f"/proc/{pid}/environ stayed empty (process state {state})"
+            return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        time.sleep(0.05)
 
 
 def test_local_instance_process_gets_a_built_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

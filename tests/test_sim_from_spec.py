@@ -110,6 +110,11 @@ def test_local_provider_revocation_modes() -> None:
     revs = [{"instance": "worker-1", "at_s": 90}, {"instance": "ps-0", "at_s": 50}]  # the PS is on-demand
     sched = cluster_from_spec(local("schedule", revs), step_rates=RATES)
     assert sched.schedule == (("worker-1", 90.0),)
+    by_step = cluster_from_spec(local("schedule", [{"instance": "worker-1", "at_step": 100}]), step_rates=RATES)
+    assert by_step.schedule is not None and len(by_step.schedule) == 1
+    ((slot, at),) = by_step.schedule  # the time training reaches step 100 at the slowest worker's rate (sync)
+    rate = min(s.step_rate for s in by_step.workers)
+    assert slot == "worker-1" and at > 100 / rate
     assert sched.slots[-1].zone == "local"  # -> the revocation model's pooled fit for the GPU
 
 

@@ -37,8 +37,9 @@ def _spec(tmp_path: Path, example: str, provider: dict[str, object] | None = Non
 
 def test_torch_hetero_shrinks_and_grows(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    # The replacement boots in 35 s: revoke early enough that it joins well before the 400th step.
-    spec = _spec(tmp_path, "local-torch-hetero.yaml", {"schedule": [{"instance": "worker-1", "at_s": 60}]},
+    # The replacement boots in 35 s: revoke early enough that it joins well before the 400th step. On the
+    # progress clock (at_step), so a loaded host that trains slowly is revoked mid-training all the same.
+    spec = _spec(tmp_path, "local-torch-hetero.yaml", {"schedule": [{"instance": "worker-1", "at_step": 30}]},
                  train_steps=400)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -116,7 +117,8 @@ def test_a_pipeline_survives_the_revocation_of_a_stage(tmp_path: Path) -> None:
     """examples/local-pipeline.yaml, shorter: three stages sized to three emulated GPUs; the P100 stage is revoked,
     every stage checkpoints on the notice, the pipeline waits for the replacement and trains on to the end."""
     env = _env(tmp_path)
-    spec = _spec(tmp_path, "local-pipeline.yaml", {"schedule": [{"instance": "worker-1", "at_s": 40}]},
+    # at_step: mid-training however slowly a loaded host boots and trains (at_s 40 once came before training).
+    spec = _spec(tmp_path, "local-pipeline.yaml", {"schedule": [{"instance": "worker-1", "at_step": 30}]},
                  train_steps=120, checkpoint_every=60)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -134,8 +136,8 @@ def test_a_pipeline_re_partitions_over_the_survivors_where_waiting_is_dearer(tmp
     predicted dearer than going on over the V100 and the K80, so the controller records both options, replaces
     nothing, and restarts the survivors as a 2-stage pipeline that resumes from the notice's checkpoint."""
     env = _env(tmp_path)
-    # The stages boot in 35 s and start training about 15 s later: the P100 goes mid-training.
-    spec = _spec(tmp_path, "local-pipeline-repartition.yaml", {"schedule": [{"instance": "worker-1", "at_s": 75}]},
+    # The P100 goes mid-training (the progress clock: at step 30, however loaded the host).
+    spec = _spec(tmp_path, "local-pipeline-repartition.yaml", {"schedule": [{"instance": "worker-1", "at_step": 30}]},
                  train_steps=120, checkpoint_every=60)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -7,7 +7,6 @@ import typer
 from orchestrator.cli.listing import check_format, format_option, print_csv, print_json
 from orchestrator.cli.render import console
 from orchestrator.core.errors import UserError
-from orchestrator.store import db
 
 app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy URL via --db / ORCHESTRATOR_DB_URL).")
 
@@ -16,6 +15,8 @@ app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy 
 def upgrade(revision: str = typer.Argument("head", help="target revision")) -> None:
     """Apply migrations (the CLI also does this on first use)."""
     from alembic.util.exc import CommandError  # alembic takes ~0.5 s to import; only these verbs need it
+
+    from orchestrator.store import db
 
     url = db.default_url()
     try:
@@ -30,6 +31,8 @@ def upgrade(revision: str = typer.Argument("head", help="target revision")) -> N
 def current(fmt: str = format_option()) -> None:
     """Print the database's revision and the newest one this version knows."""
     check_format(fmt)
+    from orchestrator.store import db  # lazy: SQLAlchemy and alembic load only when a verb opens the DB
+
     url = db.default_url()
     record = {"url": db.get_engine(url).url.render_as_string(hide_password=True),
               "current": db.current_revision(url), "head": db.head_revision()}
@@ -47,6 +50,8 @@ def current(fmt: str = format_option()) -> None:
 def downgrade(revision: str = typer.Argument(..., help="target revision, e.g. base")) -> None:
     """Roll migrations back (drops data)."""
     from alembic.util.exc import CommandError  # alembic takes ~0.5 s to import; only these verbs need it
+
+    from orchestrator.store import db
 
     try:
         db.downgrade(db.default_url(), revision)

@@ -4,6 +4,7 @@ policy replayed on a measured spot availability trace (``sim.availability``)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ from orchestrator.sim.availability import (
     saving_share,
     study,
 )
-from orchestrator.sim.from_spec import SimSpecError
+from orchestrator.sim.elastic import run_elastic
+from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 
 
 def availability_command(specs: list[Path], trace_path: Path, start_tick: int, policy_name: str, json_out: bool,
@@ -32,9 +34,9 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         raise UserError("--availability-trace takes exactly one job spec",
                         hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
     names = policy.DEADLINE_POLICIES if policy_name == "all" else (policy_name,)
-    if policy_name != "all" and policy_name not in policy.DEADLINE_POLICIES:
-        raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, "
-                        f"{', '.join(policy.DEADLINE_POLICIES)}")
+    known = (*policy.DEADLINE_POLICIES, *policy.TRIAL_POLICIES, "elastic")
+    if policy_name != "all" and policy_name not in known:
+        raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, {', '.join(known)}")
     for flag, v in (("--work-h", work_h), ("--deadline-h", deadline_h), ("--restart-overhead-min", overhead_min)):
         if v is not None and not 0 <= v < 1e6:
             raise UserError(f"{flag} must be a number of hours/minutes between 0 and 1e6, not {v}")
@@ -56,8 +58,15 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     if work < 1 or dl < 1:
         raise UserError(f"work ({work} min) and deadline ({dl} min) must be at least a minute of cloud time")
     job = Job(work, dl, ovh, fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+    workers = 1
     try:
-        outcomes = study(job, trace, start_tick, names)
+        if policy_name == "elastic":  # the cluster's workers shrink onto the spot VMs there are (sim.elastic)
+            workers = len(cluster_from_spec(spec, price_book=price_book).slots)
+            per_vm = replace(job, spot_usd_per_h=job.spot_usd_per_h / workers,
+                             on_demand_usd_per_h=job.on_demand_usd_per_h / workers)
+            outcomes = [run_elastic(per_vm, workers, trace, start_tick, ("elastic",))["elastic"]]
+        else:
+            outcomes = study(job, trace, start_tick, names)
     except AvailabilityTraceError as exc:
         raise UserError(str(exc)) from None
     costs = {o.policy: o.cost_usd for o in outcomes}
@@ -67,6 +76,8 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         "spot_usd_per_h": fig.spot_usd_per_h, "on_demand_usd_per_h": fig.on_demand_usd_per_h,
         "policies": [o.as_dict() for o in outcomes],
     }
+    if policy_name == "elastic":
+        doc["workers"] = workers  # the prices above stay the whole cluster's; the timeline's modes: "<spot>s+<od>od"
     if "on-demand" in costs and "optimal" in costs:
         for d in doc["policies"]:
             d["saving_share"] = saving_share(d["cost_usd"], costs["on-demand"], costs["optimal"])
@@ -87,9 +98,9 @@ def _share(x: float | None) -> str:
 
 
 def _mix(d: dict[str, Any]) -> str:
-    """The timeline in short: s(pot) o(n-demand) .(waiting), one letter per change."""
+    """The timeline in short: s(pot) o(n-demand) .(waiting) e(lastic membership), one letter per change."""
     letters = {"spot": "s", "on-demand": "o", "idle": ".", "done": "|"}
-    return "".join(letters[c["mode"]] for c in d["timeline"])[:40]
+    return "".join(letters.get(c["mode"], "e") for c in d["timeline"])[:40]  # e: an elastic membership
 
 
 def deadline_outlook(spec: JobSpec) -> tuple[Job, list[Outlook], list[str]] | None:

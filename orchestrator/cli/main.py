@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import sqlalchemy.exc
 import typer
 import typer.core
 from rich.markup import escape
@@ -16,9 +16,10 @@ from orchestrator.cli import catalog_cmd, dashboard, db_cmd, image_cmd, jobs_cmd
 from orchestrator.cli.render import err_console
 from orchestrator.core.catalog import CatalogError
 from orchestrator.core.errors import UserError
-from orchestrator.core.spec import SpecError
-from orchestrator.providers.ssh.provider import InventoryError
-from orchestrator.store.db import ENV_URL
+from orchestrator.store.env import ENV_URL
+
+if TYPE_CHECKING:
+    from orchestrator.core.spec import SpecError
 
 app = typer.Typer(
     help="Train deep-learning models on transient (spot / preemptible) GPUs: plan, launch, survive "
@@ -177,7 +178,7 @@ def _usage_error(exc: Exception) -> int:
 
 
 def _print_spec_error(exc: SpecError) -> None:
-    what = "SSH inventory" if isinstance(exc, InventoryError) else "job spec"
+    what = exc.what
     if len(exc.errors) == 1:  # one problem, one line: the field, what is wrong and the fix
         msg = str(exc.errors[0]) if exc.errors[0].path else exc.errors[0].message
         text = msg if exc.source and exc.source in msg else f"{what} {exc.source}: {msg}"
@@ -203,27 +204,48 @@ def main() -> None:
     except typer.Abort:
         err_console.print("aborted")
         sys.exit(130)
-    except SpecError as exc:
-        _print_spec_error(exc)
-        sys.exit(2)
     except (UserError, CatalogError) as exc:
         _print_user_error(exc)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
-    except sqlalchemy.exc.ArgumentError:  # the URL itself is never echoed: it may hold a password
+    except click_exception as exc:
+        sys.exit(_usage_error(exc))
+    except Exception as exc:
+        code = _spec_error(exc) or _db_error(exc)
+        if code is None:
+            raise
+        sys.exit(code)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _spec_error(exc: Exception) -> int | None:
+    """An invalid spec or inventory (exit 2); None for any other error. Like ``_db_error``, the class is looked
+    up: the spec's models (pydantic, ~0.3 s) load only for a verb that reads a spec."""
+    base = sys.modules.get("orchestrator.core.spec.base")
+    if base is None or not isinstance(exc, base.SpecError):
+        return None
+    _print_spec_error(exc)
+    return 2
+
+
+def _db_error(exc: Exception) -> int | None:
+    """A results-DB error as one line and its exit code; None for any other error. SQLAlchemy is looked up,
+    not imported: a command that never opened the DB cannot raise its errors, and the CLI starts faster."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is None:
+        return None
+    if isinstance(exc, sa_exc.ArgumentError):  # the URL itself is never echoed: it may hold a password
         err_console.print(f"error: cannot parse the results-DB URL given by --db or ${ENV_URL}; use e.g. "
                           "sqlite:////abs/path/orchestrator.db or postgresql://user@host:5432/db", highlight=False,
                           markup=False, soft_wrap=True)
-        sys.exit(2)
-    except sqlalchemy.exc.OperationalError as exc:
+        return 2
+    if isinstance(exc, sa_exc.OperationalError):
         reason = _one_line(str(exc.orig) if exc.orig is not None else str(exc), 200)
         err_console.print(f"error: the results DB is unreachable ({reason}); check --db / ${ENV_URL} and that the "
                           "server is running", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
-    except click_exception as exc:
-        sys.exit(_usage_error(exc))
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return 1
+    return None
 
 
 def _print_user_error(exc: Exception) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.render import console, table
-from orchestrator.core.costmodel.compute import RUNTIME_PRIORS, RUNTIMES, layer_arrays
+from orchestrator.core.costmodel import host_fit
+from orchestrator.core.costmodel.compute import RUNTIME_PRIORS, RUNTIMES, layer_arrays, model_profile
 from orchestrator.core.costmodel.crossgpu import (
     Point,
     PrecisionError,
@@ -18,7 +19,7 @@ from orchestrator.core.costmodel.crossgpu import (
     layer_times,
     predict,
 )
-from orchestrator.core.costmodel.profiles import ModelProfile
+from orchestrator.core.costmodel.profiles import ModelProfile, UnknownModelError
 from orchestrator.core.errors import UserError
 
 
@@ -85,8 +86,8 @@ def _layer_times(p: ModelProfile, gpu: str | None, precision: str, batch: int) -
         raise UserError(str(exc).strip("'\"")) from None
 
 
-def read_points(path: Path, ref: str) -> list[Point]:
-    """Rows of a data/measurements-style CSV whose ``model`` is ``ref`` (or ``torch:ref``)."""
+def read_rows(path: Path) -> list[tuple[str, str, Point]]:
+    """(model, runtime, point) of every row of a data/measurements-style CSV."""
     try:
         with path.open(newline="") as fh:
             rows = list(csv.DictReader(fh))
@@ -94,15 +95,40 @@ def read_points(path: Path, ref: str) -> list[Point]:
         raise UserError(f"--measurements: cannot read {path}: {exc.strerror}") from None
     out = []
     for i, r in enumerate(rows, start=2):
-        if r.get("model") not in (ref, f"torch:{ref}"):
-            continue
         try:
-            out.append(Point(r["gpu"], int(r["batch"]), check_precision(r.get("precision") or "fp32"),
-                             float(r["step_ms"])))
+            out.append((r.get("model") or "", (r.get("runtime") or "").strip(), Point(
+                r["gpu"], int(r["batch"]), check_precision(r.get("precision") or "fp32"), float(r["step_ms"]))))
             arch_gpu(r["gpu"])
         except (KeyError, ValueError, TypeError) as exc:
             raise UserError(f"--measurements {path}:{i}: needs gpu, batch, precision, step_ms ({exc})") from None
     return out
+
+
+def read_points(path: Path, ref: str) -> list[Point]:
+    """Rows of a data/measurements-style CSV whose ``model`` is ``ref`` (or ``torch:ref``)."""
+    return [pt for model, _, pt in read_rows(path) if model in (ref, f"torch:{ref}")]
+
+
+def _machine_fits(ref: str, p: ModelProfile, own: list[Point], rows: list[tuple[str, str, Point]], runtime: str,
+                  skipped: list[str]) -> host_fit.Fits:
+    """host_fit's per-machine fit on the file's rows of other models at this runtime (a row without a
+    runtime column counts as this one) and the model's own points; a model that cannot be profiled is
+    skipped (named in ``skipped``)."""
+    others = [(m, pt) for m, rt, pt in rows if m not in (ref, f"torch:{ref}") and rt in ("", runtime)]
+    if not others:
+        return {}
+    prior = RUNTIME_PRIORS[runtime]
+    profiles: dict[str, ModelProfile | None] = {}
+    for m in sorted({m for m, _ in others}):
+        try:
+            profiles[m] = load_torch_profile(m.removeprefix("torch:"))[0] if ":" in m else model_profile(m)
+        except (UserError, UnknownModelError):
+            profiles[m] = None
+            skipped.append(m)
+    samples = [host_fit.sample(class_work(q), layer_arrays(q.name).kernel_count(runtime, pt.precision),
+                               arch_gpu(pt.gpu).key, pt.precision, pt.batch, pt.step_ms / 1e3)
+               for q, pt in [*((profiles[m], pt) for m, pt in others), *((p, pt) for pt in own)] if q is not None]
+    return host_fit.fit_machines(samples, prior)
 
 
 def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, measurements: Path | None,
@@ -115,11 +141,27 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     except (KeyError, PrecisionError) as exc:
         raise UserError(str(exc).strip("'\"")) from None
     p, _ = load_torch_profile(ref)
-    points = read_points(measurements, ref) if measurements else []
-    host = RUNTIME_PRIORS[runtime].host_s(layer_arrays(p.name).kernel_count(runtime, prec))
-    pred = predict(p, target.key, batch, prec, points, host)
+    rows = read_rows(measurements) if measurements else []
+    points = [pt for m, _, pt in rows if m in (ref, f"torch:{ref}")]
+    skipped: list[str] = []
+    fits = _machine_fits(ref, p, points, rows, runtime, skipped)
+    prior, work = RUNTIME_PRIORS[runtime], class_work(p)
+
+    def kernels(precision: str) -> float:
+        return layer_arrays(p.name).kernel_count(runtime, precision)
+
+    def model_s(gpu_key: str, precision: str, b: int) -> float:
+        return host_fit.machine_step_s(work, kernels(precision), gpu_key, precision, b, fits, prior)
+
+    fit = fits.get((target.key, prec))
+    host = fit.host_s(kernels(prec)) if fit else prior.host_s(kernels(prec))
+    pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None)
     result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,
-              "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3}
+              "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3,
+              "machine_fits": {f"{g}/{pr}": {"overhead_ms": f.overhead_s * 1e3, "kernel_us": f.per_kernel_s * 1e6,
+                                             "compute_scale": f.compute_scale, "memory_scale": f.memory_scale,
+                                             "points": f.points} for (g, pr), f in fits.items()},
+              "skipped_models": skipped}
     if json_out:
         print(json.dumps(result, indent=2))
         return
@@ -128,6 +170,12 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
         f"interval {pred.low_ms:.1f} .. {pred.high_ms:.1f} ms (+-{pred.relative:.0%}, {pred.kind})"
     )
     console.print(f"basis: {pred.basis}" + ("" if points else f" ({len(points)} measured points of {ref})"))
+    if fits:
+        console.print("host and GPU scales fitted per machine on other models' rows: " + ", ".join(
+            f"{g}/{pr} {f.overhead_s * 1e3:.2f} ms + {f.per_kernel_s * 1e6:.0f} us/kernel ({f.points} rows)"
+            for (g, pr), f in fits.items()))
+    if skipped:
+        console.print(f"skipped (could not be profiled): {', '.join(skipped)}")
 
 
 def prepare_spec(spec_path: Path) -> None:

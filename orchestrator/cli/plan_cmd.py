@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from orchestrator.cli.host_load import HostLoad, host_load, with_load
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
-from orchestrator.cli.model_cmd import latest_calibration, resolve_calibration
+from orchestrator.cli.model_impl import latest_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.cli.model_cmd import resolve_calibration
+from orchestrator.cli.model_impl import resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.costmodel import Calibration

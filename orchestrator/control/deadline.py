@@ -17,7 +17,7 @@ from orchestrator.core.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.sim.availability import DeadlineFigures, deadline_figures
 from orchestrator.store import queries
-from orchestrator.store.models import Job, Metric
+from orchestrator.store.models import Event, Job, Metric
 
 _FIGURES: dict[str, tuple[DeadlineFigures, float]] = {}  # spec YAML -> figures, decision tick (s)
 _MAX_CACHED = 256
@@ -65,7 +65,16 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
     return DeadlineInputs(work_s=fig.work_s, done_s=fig.work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
-                          on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale)
+                          on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
+                          spot_seen=spot_seen(session, job.id))
+
+
+def spot_seen(session: Session, job_id: str) -> tuple[tuple[float, bool], ...]:
+    """The changes of spot capacity the daemon recorded for the job (``RecordSpotAvailability``), oldest first."""
+    kinds = {v: k for k, v in policy.SPOT_SEEN_EVENTS.items()}
+    rows = session.execute(select(Event.at, Event.to_status).where(
+        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(list(kinds))).order_by(Event.at, Event.id))
+    return tuple((float(at), kinds[what]) for at, what in rows)
 
 
 def spot_available(provider: Provider, job_id: str) -> bool | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.control import operations, stage_loss, torch_task
@@ -21,6 +22,7 @@ from orchestrator.core.actions import (
     DeleteInstance,
     PrepareInstance,
     RecordLogTail,
+    RecordSpotAvailability,
     RecordStageLoss,
     RestartTraining,
     SetInstanceStatus,
@@ -30,6 +32,7 @@ from orchestrator.core.actions import (
 from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
+from orchestrator.core.policy import SPOT_SEEN_EVENTS
 from orchestrator.core.slots import DEFAULT_BATCH
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
@@ -44,6 +47,7 @@ __all__ = ["TASK", "JobContext", "cluster_addresses", "execute", "log_action"]
 log = logging.getLogger(__name__)
 SYNC = "storage-sync"  # beside it when the job's storage is remote (gs://): mirrors ./storage
 SEED_TIMEOUT_S = 120.0
+COMMAND_SIDECAR_FILES = ("storage_sync.py", "boot_python.sh", "boot_wait.sh")  # jobs/ files a command job gets
 
 
 def execute(ctx: JobContext, actions: list[Action]) -> None:
@@ -102,6 +106,9 @@ def _one(ctx: JobContext, action: Action) -> None:
             _record_log_tail(ctx, name, reason)
         case RecordStageLoss(name=name, action=what, reason=reason):
             stage_loss.record(s, ctx.job, name, what, reason)
+        case RecordSpotAvailability(available=available, reason=reason):
+            queries.note(s, ctx.job.id, SPOT_SEEN_EVENTS[available], reason)
+            s.commit()
         case RestartTraining(reason=reason, fatal=fatal):
             _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
@@ -147,7 +154,7 @@ def _start_task(ctx: JobContext, name: str, reason: str) -> None:
     except SecretError as exc:
         fail_job(ctx, str(exc))
         return
-    t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python), env)
+    t.start(ep, TASK, _task_argv(ctx.spec, ctx.backend.python, ctx.backend.command_prefix), env)
     if inst.status != InstanceStatus.TRAINING:
         queries.switch_status(s, inst, InstanceStatus.TRAINING, reason)
     else:
@@ -185,6 +192,8 @@ def log_action(job_id: str, action: Action) -> None:
             log.info("job %s instance %s: log tail kept", job_id, name)
         case RecordStageLoss(name=name, reason=reason):
             log.info("job %s instance %s: %s", job_id, name, reason)
+        case RecordSpotAvailability(reason=reason):
+            log.info("job %s: %s", job_id, reason)
         case PrepareInstance(name=name):
             log.info("job %s instance %s: ready (files pushed)", job_id, name)
 
@@ -207,6 +216,10 @@ def _push_files(ctx: JobContext, ep: Endpoint) -> None:
     if isinstance(training, CommandTraining):
         for path in training.files:
             ctx.backend.transport.put(ep, path, path.name)
+        # Not the payload, but what runs beside a command too: the storage sidecar (gs:// storage) and the
+        # interpreter that waits for the first-boot set-up (gce), both started as jobs/... like the payload's.
+        for name in COMMAND_SIDECAR_FILES:
+            ctx.backend.transport.put(ep, jobs_dir() / name, f"jobs/{name}")
     else:
         ctx.backend.transport.put(ep, jobs_dir(), "jobs")
         # The task.json schema the payload reads: the controller's own definition, so the two always agree.
@@ -215,9 +228,9 @@ def _push_files(ctx: JobContext, ep: Endpoint) -> None:
             ctx.backend.transport.put(ep, path, path.name)
 
 
-def _task_argv(spec: JobSpec, python: str) -> list[str]:
-    if isinstance(spec.training, CommandTraining):
-        return ["/bin/sh", "-c", spec.training.command]
+def _task_argv(spec: JobSpec, python: str, command_prefix: Sequence[str] = ()) -> list[str]:
+    if isinstance(spec.training, CommandTraining):  # behind the backend's prefix (gce: the boot wait)
+        return [*command_prefix, "/bin/sh", "-c", spec.training.command]
     if is_pytorch(spec):
         return torch_task.node_argv(python)
     return [python, "jobs/train.py", "--task", "task.json"]

@@ -38,8 +38,8 @@ from orchestrator.core.cloud_errors import (
     ProviderError,
     QuotaError,
 )
-from orchestrator.core.instances import InstanceRequest, instance_name
-from orchestrator.core.policy import revoke_after_s
+from orchestrator.core.instances import REVOKE_AT_STEP, InstanceRequest, instance_name
+from orchestrator.core.policy import revoke_after_s, revoke_at_step
 from orchestrator.core.slots import Slot
 from orchestrator.core.status import FINAL_JOB, EndReason, InstanceStatus
 from orchestrator.providers.base import SupportsOwnPricing
@@ -174,19 +174,23 @@ def _request(ctx: JobContext, inst: Instance, zone: str, now: float) -> Instance
     return InstanceRequest(
         name=inst.name, job_id=ctx.job.id, role=slot.role, index=slot.index, generation=inst.generation, zone=zone,
         machine_type=slot.machine_type, spot=inst.spot, gpu=slot.gpu, gpu_count=slot.gpu_count if slot.gpu else 0,
-        price_per_hour=inst.price_per_hour, metadata=_metadata(ctx, inst.name),
+        price_per_hour=inst.price_per_hour, metadata=_metadata(ctx, slot, inst),
         revoke_after_s=_revoke_after(ctx, slot, inst, now), max_run_s=_cloud_deadline(ctx, slot, now),
         flex_start=slot.flex_start and not inst.spot,
     )
 
 
-def _metadata(ctx: JobContext, name: str) -> dict[str, str]:
-    metadata = ctx.backend.instance_metadata(ctx.job.id, name, ctx.storage)
+def _metadata(ctx: JobContext, slot: Slot, inst: Instance) -> dict[str, str]:
+    metadata = ctx.backend.instance_metadata(ctx.job.id, inst.name, ctx.storage)
     shared = ctx.storage.local_path()
     if shared is not None:
         # Where the emulated shutdown script reports a preemption notice (instances that share this disk).
-        metadata["notice-file"] = str(shared / NOTICES / name)
+        metadata["notice-file"] = str(shared / NOTICES / inst.name)
     metadata.update(ctx.backend.request_metadata(ctx.spec, ctx.slots, ctx.emulation_sleep))  # local: progress clock
+    local = ctx.spec.provider.as_local()
+    step = None if local is None else revoke_at_step(local, slot.role, slot.index, inst.generation, inst.spot)
+    if step is not None:
+        metadata[REVOKE_AT_STEP] = str(step)
     return metadata
 
 

@@ -74,6 +74,14 @@ class RecordStageLoss:
 
 
 @dataclass(frozen=True)
+class RecordSpotAvailability:
+    """The deadline policy saw spot capacity change (or saw it for the first time): what it learns from."""
+
+    available: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetJobStatus:
     status: JobStatus
     reason: str
@@ -81,4 +89,4 @@ class SetJobStatus:
 
 
 Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
-          | SetJobStatus | RecordLogTail | RecordStageLoss)
+          | SetJobStatus | RecordLogTail | RecordStageLoss | RecordSpotAvailability)

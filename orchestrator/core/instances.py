@@ -26,6 +26,8 @@ LABEL_GENERATION = "orch-gen"
 # leaves it alone until LABEL_BAKE_UNTIL (epoch seconds), when its bake is over whatever happened.
 LABEL_BAKE = "orch-bake"
 LABEL_BAKE_UNTIL = "orch-bake-until"
+# Request metadata the local provider reads: revoke this spot instance when the job's training reaches this step.
+REVOKE_AT_STEP = "revoke-at-step"
 BAKE_MODE = "bake"  # jobs.mode of the pseudo-job that records one bake and bills its builder VM
 
 

@@ -21,7 +21,14 @@ import numpy as np
 from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.instances import Role
 from orchestrator.core.paths import data_dir
-from orchestrator.core.spec import JobSpec, LocalProvider, OnRevocation, ProviderSpec, RevocationMode
+from orchestrator.core.spec import (
+    JobSpec,
+    LocalProvider,
+    OnRevocation,
+    ProviderSpec,
+    RevocationMode,
+    ScheduledRevocation,
+)
 from orchestrator.core.torch_spec import payload_framework
 
 
@@ -171,6 +178,21 @@ def _rng(seed: int, slot: str, generation: int) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
+def scheduled_revocation(provider: LocalProvider, slot: str, generation: int) -> ScheduledRevocation | None:
+    """The schedule entry that revokes a slot's ``generation``-th instance (entries of a slot in time order;
+    the spec checks refuse a slot that mixes at_s and at_step), or None."""
+    items = sorted((i for i in provider.schedule if i.instance == slot), key=lambda i: (i.at_step or 0, i.at_s or 0.0))
+    return items[generation] if generation < len(items) else None
+
+
+def revoke_at_step(provider: LocalProvider, role: Role, index: int, generation: int, spot: bool) -> int | None:
+    """The training step at which the local provider revokes a spot instance (a schedule's ``at_step``)."""
+    if not spot or provider.revocations != RevocationMode.SCHEDULE:
+        return None
+    item = scheduled_revocation(provider, f"{role.value}-{index}", generation)
+    return None if item is None else item.at_step
+
+
 def revoke_after_s(provider: LocalProvider, role: Role, index: int, generation: int, gpu: str | None,
                    zone: str, spot: bool, job_started_at: float | None, now: float) -> float | None:
     """When the local provider's emulated cloud revokes a spot instance: wall seconds from creation, drawn
@@ -181,12 +203,12 @@ def revoke_after_s(provider: LocalProvider, role: Role, index: int, generation: 
     slot = f"{role.value}-{index}"
     if provider.revocations == RevocationMode.SCHEDULE:
         # The k-th entry naming a slot revokes that slot's k-th instance (generation k), at at_s seconds
-        # after the job started; later replacements live on.
-        times = sorted(item.at_s for item in provider.schedule if item.instance == slot)
-        if generation >= len(times):
+        # after the job started; later replacements live on. An at_step entry is on the progress clock.
+        item = scheduled_revocation(provider, slot, generation)
+        if item is None or item.at_s is None:
             return None
         started = job_started_at if job_started_at is not None else now
-        return max(0.1, started + times[generation] - now)
+        return max(0.1, started + item.at_s - now)
     from orchestrator.core.revocation.model import load_revocation_model  # lazy: SciPy; the reconcile never needs it
 
     model = load_revocation_model()
@@ -298,13 +320,38 @@ class AvailabilityLog:
                             tuple(tick_h * n for n in self.closed[False]))
 
 
+# The note events (``events.to_status``) that record each change of spot capacity the daemon saw.
+SPOT_SEEN_EVENTS: Final = {True: "spot-up", False: "spot-down"}
+
+
+def seen_during_job(changes: tuple[tuple[float, bool], ...], started: float, now: float, tick_s: float,
+                    hour_s: float) -> tuple[Availability, float]:
+    """What the daemon has seen of spot during the job, as the simulator's ``AvailabilityLog`` sees it: the
+    capacity at each past tick (from ``changes``, (time, available) at each change the daemon recorded, job
+    clock) and the age of the current up stretch (hours; 0 when spot is out). ``hour_s``: seconds of the job's
+    clock per hour of cloud time."""
+    log = AvailabilityLog()
+    ticks = int((now - started) / tick_s + 1e-9)
+    k = 0
+    for t in range(ticks):
+        at = started + t * tick_s + 1e-6
+        while k < len(changes) and changes[k][0] <= at:
+            k += 1
+        if k:
+            log.add(changes[k - 1][1])
+    up_since = changes[-1][0] if changes and changes[-1][1] else None
+    age = 0.0 if up_since is None else int((now - up_since) / tick_s + 1e-9) * tick_s / hour_s
+    return log.seen(tick_s / hour_s), age
+
+
 # Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
 # NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
 # Tuned (bench/deadline_policy.py --tune) on the EVEN start points of every trace; the odd ones are held out.
 LINE_WAIT: Final = 1.0  # spot out: on-demand once less than this many overheads ahead of uniform progress
-LINE_HOP: Final = 0.5  # on-demand -> spot only when at least this many overheads ahead of uniform progress
-HOP_GAIN: Final = 1.0  # ... and the spot stretch's expected saving is this many times the hop's cost
+LINE_HOP: Final = 1.0  # no stretch seen yet: on-demand -> spot only when this many overheads ahead of the line
+HOP_GAIN: Final = 1.0  # a hop must be expected to save this many times its cost
+HOP_BUDGET: Final = 0.75  # hops the slack left pays for: this many times slack left / (2 overheads)
 
 
 def _safe(p: Progress, choice: Mode) -> Mode:
@@ -342,24 +389,60 @@ def ahead_h(p: Progress) -> float:
     return p.work_done_h - p.elapsed_h * p.work_h / p.deadline_h
 
 
+def hop_age_h(p: Progress, seen: Availability) -> float:
+    """The age a spot stretch must have reached before the job leaves on-demand for it. A hop that fails
+    spends about two overheads of slack (the spot VM's start and the on-demand one's after it), so the slack
+    left pays for HOP_BUDGET x slack / (2 overheads) hops; when more spot stretches than that are expected
+    before the deadline (time left / (mean up + mean down)), only the longest of them are worth one, and
+    the stretches seen say which age only those reach. 0: the slack pays for every stretch."""
+    chances = (p.deadline_h - p.elapsed_h) / max(1e-9, seen.up_h + seen.down_h)
+    budget = HOP_BUDGET * max(0.0, p.slack_h) / (2 * p.overhead_h)
+    if not seen.ups or chances <= budget:
+        return 0.0
+    longest = sorted(seen.ups, reverse=True)
+    keep = max(1, min(len(longest), round(budget / chances * len(longest))))
+    return longest[keep - 1] - p.tick_h  # a stretch that has lasted this long is one of the ``keep`` longest
+
+
+def hop_pays(p: Progress, seen: Availability) -> bool:
+    """Whether to leave on-demand for the spot stretch there is now. Its saving, (on-demand - spot price) x
+    what is left of the stretch (capped at the work left), must beat HOP_GAIN x the hop's cost: the overhead
+    at the spot price now and at the on-demand price after the next preemption. With stretches seen, the
+    saving is averaged over those that outlived the current one's age, the stretch must be old enough
+    (``hop_age_h``: the slack pays only for so many hops), and hopping now must be worth more than waiting
+    one tick to see whether the stretch goes on (most stretches that end do so within a tick or two:
+    waiting skips those hops for one tick of saving on the others). With none seen yet (a job's first
+    stretch, without history): the mean stretch, and only when LINE_HOP overheads ahead of the line."""
+    d, left, age = p.overhead_h, p.work_h - p.work_done_h, p.spot_up_h
+    save = p.on_demand_usd_per_h - p.spot_usd_per_h
+    cost = HOP_GAIN * d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
+    if not seen.ups:
+        return ahead_h(p) >= LINE_HOP * d and save * min(seen.up_left(age), left) >= cost
+    if age < hop_age_h(p, seen) - 1e-9:
+        return False
+    rest = [x - age for x in seen.ups if x > age + 1e-9]  # what is left of each stretch that lived this long
+    if not rest:
+        return save * min(seen.up_left(age), left) >= cost
+    now = sum(save * min(r, left) - cost for r in rest) / len(rest)
+    later = sum(save * min(r - p.tick_h, left) - cost for r in rest if r > p.tick_h + 1e-9) / len(rest)
+    return now >= max(0.0, later)
+
+
 def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
     """The product's own policy. The line of uniform progress rations the slack (as in Uniform Progress),
     with a margin: a spot outage is waited out only while the job is at least LINE_WAIT overheads ahead of
     the line, so a later hop back to spot still finds slack. Spot is taken whenever it can be had from
-    nothing; from on-demand only when the job is LINE_HOP overheads ahead and the spot stretch, at its age,
-    is expected (from the stretches ``seen``) to save more than the hop costs: the overhead at the spot
-    price now and at the on-demand price after the next preemption. Uniform Progress hops on every blip of
-    spot, and each failed hop spends both money and slack; this gate is what it does not know."""
+    nothing; from on-demand only when ``hop_pays``: the spot stretch, at its age, is expected (from the
+    stretches ``seen``) to save more than the hop costs, it is old enough to be one of the stretches the
+    slack left can pay hops for, and hopping now beats waiting a tick. Uniform Progress hops on every blip
+    of spot, and each failed hop spends both money and slack; this gate is what it does not know."""
     d, ahead = p.overhead_h, ahead_h(p)
     if p.spot_available:
         if p.mode != Mode.ON_DEMAND:
             return _safe(p, Mode.SPOT)
-        if ahead < LINE_HOP * d or p.slack_h < 2 * d:
+        if p.slack_h < 2 * d:
             return Mode.ON_DEMAND
-        stretch = min(seen.up_left(p.spot_up_h), p.work_h - p.work_done_h)
-        gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * stretch
-        cost = d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
-        return Mode.SPOT if gain >= HOP_GAIN * cost else Mode.ON_DEMAND
+        return Mode.SPOT if hop_pays(p, seen) else Mode.ON_DEMAND
     if p.mode == Mode.ON_DEMAND:
         return Mode.ON_DEMAND  # stay until spot is back (and worth the hop)
     return _safe(p, Mode.ON_DEMAND if ahead < LINE_WAIT * d else Mode.IDLE)
@@ -370,7 +453,8 @@ def on_demand_policy(p: Progress) -> Mode:
 
 
 def decide_deadline(name: str, p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
-    """What to run next under the named online policy (``DEADLINE_POLICIES``)."""
+    """What to run next under the named online policy (``DEADLINE_POLICIES``; the simulator runs the trial
+    ``deadline-mpc`` itself, from core.deadline_mpc, which builds on this module)."""
     if name == "deadline":
         return deadline_policy(p, seen)
     return {"on-demand": on_demand_policy, "greedy": greedy_policy,
@@ -379,6 +463,11 @@ def decide_deadline(name: str, p: Progress, seen: Availability = DEFAULT_AVAILAB
 
 ONLINE_POLICIES: Final = ("on-demand", "greedy", "uniform-progress", "deadline")
 DEADLINE_POLICIES: Final = (*ONLINE_POLICIES, "optimal")  # optimal: offline, knows the trace (sim only)
+# Named only, never in "all" (nor in plan's outlook): the model-predictive deadline policy (core.deadline_mpc).
+# On the held-out bench it captures as much of the saving as ``deadline`` but is dearer than uniform progress in
+# more cells and ~15x slower to simulate, so ``deadline`` stays the rule (bench/deadline_policy.py --mpc).
+TRIAL_POLICIES: Final = ("deadline-mpc",)
+LEARNING_POLICIES: Final = ("deadline", "deadline-mpc")  # read the availability seen (the others ignore it)
 
 
 def choose_zone(current: str | None, up_ages_h: dict[str, float], seen: dict[str, Availability]) -> str | None:

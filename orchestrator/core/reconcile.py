@@ -18,6 +18,7 @@ from orchestrator.core.actions import (
     DeleteInstance,
     PrepareInstance,
     RecordLogTail,
+    RecordSpotAvailability,
     RecordStageLoss,
     RestartTraining,
     SetInstanceStatus,
@@ -263,7 +264,8 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
     this pass (spot, on-demand, or nothing while waiting for spot), the simulator's very decision
     (``sim.availability``); a change of pricing replaces the VM and training restarts from its checkpoint.
     The deadline bounds the run, so ``max_replacements`` does not apply to these hops."""
-    choice = policy.decide_deadline("deadline", _deadline_progress(p, slots, by_slot))
+    progress, seen = _deadline_progress(p, slots, by_slot)
+    choice = policy.decide_deadline("deadline", progress, seen)
     for slot in slots:
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
         cur = next((i for i in reversed(insts) if p.status[i.name] in LIVE_INSTANCE), None)
@@ -282,7 +284,10 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
                  last.port if last is not None else None, why)
 
 
-def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]) -> policy.Progress:
+def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]
+                       ) -> tuple[policy.Progress, policy.Availability]:
+    """Where the job stands, and the spot stretches seen during it (a change of capacity is recorded for the
+    next passes: they learn as the simulator's replay does, tick by tick)."""
     job, di = p.job, p.job.deadline_inputs
     assert di is not None and job.deadline_s is not None
     insts = [i for s in slots for i in by_slot.get(s.name, [])]
@@ -296,11 +301,16 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
     booting = [i for i in live if p.status[i.name] != S.TRAINING]
     left_s = max((max(0.0, di.overhead_s - (p.now - i.requested_at)) for i in booting), default=0.0)
     h = 3600.0 / di.time_scale  # hours of cloud time, the clock of the availability the policy has in mind
+    changes = di.spot_seen
+    if not changes or changes[-1][1] != available:
+        p.acts.append(RecordSpotAvailability(available, "spot capacity " + ("there" if available else "none")))
+        changes = (*changes, (p.now, available))
+    seen, up_h = policy.seen_during_job(changes, started, p.now, di.tick_s, h)
     return policy.Progress(
         elapsed_h=(p.now - started) / h, work_done_h=di.done_s / h, work_h=di.work_s / h,
         deadline_h=job.deadline_s / h, overhead_h=di.overhead_s / h, mode=mode, spot_available=available,
         tick_h=di.tick_s / h, overhead_left_h=left_s / h, outage_h=0.0 if available else (p.now - outage_since) / h,
-        spot_usd_per_h=di.spot_usd_per_h, on_demand_usd_per_h=di.on_demand_usd_per_h)
+        spot_up_h=up_h, spot_usd_per_h=di.spot_usd_per_h, on_demand_usd_per_h=di.on_demand_usd_per_h), seen
 
 
 def _spot_available(p: _Pass, slots: tuple[Slot, ...], insts: list[InstanceView]) -> bool:

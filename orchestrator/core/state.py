@@ -22,6 +22,8 @@ class DeadlineInputs:
     spot_usd_per_h: float
     on_demand_usd_per_h: float
     time_scale: float = 1.0  # cloud seconds per second of the job's clock (local): the policy thinks in cloud time
+    # Spot capacity as the daemon saw it: (time, available) at each change it recorded, oldest first.
+    spot_seen: tuple[tuple[float, bool], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrator.core.costmodel.profiles.model import Layer, ModelProfile, OpWork, Variable
 
-PROFILER_VERSION = 2
+PROFILER_VERSION = 4  # 3: grouped convs' weight gradient per group; 4: ties between layers broken by name
 BATCHES = (2, 4)
 NORM_FLOPS_PER_ELEMENT = 8  # mean, variance, normalise, scale, shift (as profiles/layers.py)
 SOFTMAX_FLOPS_PER_ELEMENT = 5
@@ -162,6 +162,8 @@ class _Pass:
 def _classify(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> tuple[str, float]:
     from torch.utils.flop_counter import flop_registry  # lazy: torch is an optional extra (heavy import)
 
+    if packet.__name__ == "convolution_backward" and len(args) > 10 and int(args[9]) > 1:
+        return "tensor", _grouped_conv_backward_flops(args)
     if packet in flop_registry:
         return "tensor", float(flop_registry[packet](*args, **kwargs, out_val=out))
     name = packet.__name__
@@ -169,6 +171,18 @@ def _classify(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> tuple
         return "memory", 0.0
     per = NORM_FLOPS_PER_ELEMENT if name in NORM_OPS else SOFTMAX_FLOPS_PER_ELEMENT if name in SOFTMAX_OPS else 1
     return "vector", float(per * _numel(out))
+
+
+def _grouped_conv_backward_flops(args: Any) -> float:
+    """torch's formula counts a grouped convolution's weight gradient as a dense one (x groups: 960x
+    for a depthwise layer); it costs the forward's FLOPs, as the input gradient does."""
+    from torch.utils.flop_counter import conv_flop_count  # lazy: torch is an optional extra (heavy import)
+
+    grad_out, x, w = (list(t.shape) for t in args[:3])
+    transposed, mask = bool(args[7]), args[10]
+    grad_in = conv_flop_count(grad_out, w, x, not transposed) if mask[0] else 0
+    grad_w = conv_flop_count(x, w, grad_out, transposed) if mask[1] else 0
+    return float(grad_in + grad_w)
 
 
 def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
@@ -180,7 +194,8 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
     tracker = ModuleTracker()
 
     def layer() -> str:
-        name = max(tracker.parents, key=lambda n: (n != "Global", n.count(".")))
+        # deepest module; a tie (siblings both open in backward) broken by name, not by set order
+        name = max(tracker.parents, key=lambda n: (n != "Global", n.count("."), n))
         name = name.split(".", 1)[1] if "." in name else "(model)"
         record.order.setdefault(name, len(record.order))
         return name

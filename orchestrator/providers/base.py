@@ -132,6 +132,9 @@ class Backend:
     # Per-job create-request metadata that depends on the spec and its slots (local: the progress clock).
     request_metadata: Callable[[JobSpec, Sequence[Slot], StepSleep], dict[str, str]] = _no_request_metadata
     python: str = sys.executable
+    # What a `job: command` task's argv runs behind (its argv goes after it, as arguments): gce's wait for
+    # the first-boot set-up where ``python`` waits too; empty elsewhere, so the command runs as it is.
+    command_prefix: tuple[str, ...] = ()
     task_env: dict[str, str] = field(default_factory=dict)
     # False on real clouds: a replacement VM gets a new IP, so an async chief must restart to reach it.
     stable_addresses: bool = True

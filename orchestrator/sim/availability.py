@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from orchestrator.core import policy
+from orchestrator.core import deadline_mpc, policy
 from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
@@ -83,11 +83,12 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
     ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand.
     ``learn``: the deadline policy reads the up and down stretches seen so far (``history``, then the
-    ticks it lived through); else it keeps ``core.policy.DEFAULT_AVAILABILITY``, as the daemon does."""
+    ticks it lived through); else it keeps ``core.policy.DEFAULT_AVAILABILITY``. The daemon
+    learns as ``learn=True, history=()`` does: from the ticks of the job alone."""
     t, w, r, i, cost, down, up = 0, 0, 0, 0, 0.0, 0, 0
     mode = Mode.IDLE
     log = AvailabilityLog()
-    learn = learn and name == "deadline"
+    learn = learn and name in policy.LEARNING_POLICIES
     for x in history if learn else ():
         log.add(x)
     out = Outcome(name, 0.0, 0.0, False)
@@ -107,7 +108,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
                          outage_h=max(0, down - 1) * tick / 60, spot_up_h=max(0, up - 1) * tick / 60,
                          spot_usd_per_h=job.spot_usd_per_h,
                          on_demand_usd_per_h=job.on_demand_usd_per_h)
-            c = policy.decide_deadline(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
+            c = _decide(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
         log.add(a)
@@ -124,6 +125,12 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     out.timeline.append((t, "done"))
     out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
     return out
+
+
+def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
+    if name == "deadline-mpc":  # the trial policy (core.policy.TRIAL_POLICIES): the simulator only
+        return deadline_mpc.mpc_policy(p, seen)
+    return policy.decide_deadline(name, p, seen)
 
 
 def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float, list[Mode]] | None:
@@ -219,7 +226,7 @@ def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[
                 o = run_policy("optimal", job, avail, tick, choices=opt[1])
             out.append(o)
         else:
-            out.append(run_policy(name, job, avail, tick, history=history if name == "deadline" else ()))
+            out.append(run_policy(name, job, avail, tick, history=history if name in policy.LEARNING_POLICIES else ()))
     return out
 
 

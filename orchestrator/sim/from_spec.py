@@ -134,7 +134,7 @@ def cluster_from_spec(
         time_scale=spec.provider.time_scale if local else 1.0,
         name=spec.name,
         model_mb=mb,
-        schedule=_revocation_schedule(spec.provider.as_local(), sim_slots),
+        schedule=_revocation_schedule(spec, sim_slots, acc.boot_s + acc.startup_s),
         lifetime_fn=lifetime_fn,
         strategy=strategy,
         stage_loss=stage_loss,
@@ -265,18 +265,27 @@ def _step_rate(
     return float(step_rates[s.gpu])
 
 
+def _job_step_rate(spec: JobSpec, sim_slots: Sequence[SimSlot]) -> float:
+    """Global steps/s of the whole cluster: the slowest worker sets a sync job's pace; async rates add up."""
+    rates = [s.step_rate for s in sim_slots if s.role == "worker"]
+    return (min(rates) if spec.mode == TrainingMode.SYNC else sum(rates)) or 1.0
+
+
 def _revocation_schedule(
-    provider: LocalProvider | None, sim_slots: Sequence[SimSlot]
+    spec: JobSpec, sim_slots: Sequence[SimSlot], until_training_s: float
 ) -> tuple[tuple[str, float], ...] | None:
     """A local spec's fixed revocations (none, or its schedule); None: lifetimes are drawn."""
+    provider = spec.provider.as_local()
     if provider is None or provider.revocations == RevocationMode.MODEL:
         return None
     if provider.revocations == RevocationMode.NONE:
         return ()
     # Like the local provider: only spot instances, only a slot's first instance, and at_s
-    # taken as seconds of simulated time after the start.
+    # taken as seconds of simulated time after the start; at_step as the time training reaches that step.
     spot_slots = {s.name for s in sim_slots if s.spot}
-    return tuple((r.instance, r.at_s) for r in provider.schedule if r.instance in spot_slots)
+    rate = _job_step_rate(spec, sim_slots)
+    return tuple((r.instance, r.at_s if r.at_s is not None else until_training_s + (r.at_step or 0) / rate)
+                 for r in provider.schedule if r.instance in spot_slots)
 
 
 def _seeded_lifetimes(
@@ -290,8 +299,7 @@ def _seeded_lifetimes(
     if provider is None or provider.revocations != RevocationMode.MODEL:
         return None
     step_s = float(progress_clock_for(spec, slots, emulation_sleep(spec)).get(PROGRESS_STEP_S, 0) or 0)
-    rates = [s.step_rate for s in sim_slots if s.role == "worker"]
-    rate = (min(rates) if spec.mode == TrainingMode.SYNC else sum(rates)) or 1.0
+    rate = _job_step_rate(spec, sim_slots)
     by_name = {s.name: s for s in slots}
 
     def lifetime(slot: int, generation: int) -> float:

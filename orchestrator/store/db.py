@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 from collections.abc import Iterator
@@ -17,8 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
 from orchestrator.core.paths import alembic_dir, home_path, user_dir
-
-ENV_URL = "ORCHESTRATOR_DB_URL"
+from orchestrator.store.env import ENV_URL as ENV_URL  # re-exported: callers read db.ENV_URL
 
 
 def default_url() -> str:
@@ -92,15 +92,32 @@ MIGRATION_LOCK_KEY = 0x6F72636865737472  # "orchestr"
 def _migration_lock(conn: Connection) -> None:
     """Serialise migrations across processes: daemons started together on a fresh PostgreSQL would each
     create alembic_version and the tables (UniqueViolation). The lock is held until the transaction ends;
-    a waiter then finds the schema migrated and alembic does nothing. SQLite's writer lock does the same
-    (its DDL runs in one write transaction)."""
+    a waiter then finds the schema migrated and alembic does nothing. SQLite: see ``_sqlite_file_lock``."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
 
 
+@contextlib.contextmanager
+def _sqlite_file_lock(url: str) -> Iterator[None]:
+    """Serialise migrations of one SQLite file across processes. The driver runs DDL outside a transaction,
+    so two CLIs started at once on a fresh file both create the tables ("table ... already exists") unless
+    they take turns; the second then finds the schema at head and alembic does nothing."""
+    path = url.removeprefix("sqlite:///")
+    if not url.startswith("sqlite:///") or not path or path == ":memory:":
+        yield
+        return
+    lock = Path(path).with_name(Path(path).name + ".migrate-lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, also if the process dies
+        yield
+    finally:
+        os.close(fd)
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     engine = get_engine(url)
-    with engine.begin() as conn:
+    with _sqlite_file_lock(url), engine.begin() as conn:
         _migration_lock(conn)
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn
@@ -109,7 +126,7 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str = "base") -> None:
     engine = get_engine(url)
-    with engine.begin() as conn:
+    with _sqlite_file_lock(url), engine.begin() as conn:
         _migration_lock(conn)
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn

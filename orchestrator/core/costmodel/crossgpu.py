@@ -34,7 +34,7 @@ import csv
 import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -298,6 +298,15 @@ def gpu_seconds(
     return float((batch * np.maximum(c, m) + w).sum())
 
 
+def gpu_parts(
+    work: ClassWork, gpu: str, precision: str, batch: float, eff: Efficiencies | None = None
+) -> tuple[float, float]:
+    """(seconds of the layers the roofline finds compute-bound, of the memory-bound ones and the weights'
+    passes) of one step: what ``host_fit`` scales per machine; their sum is :func:`gpu_seconds`."""
+    c, m, w = layer_seconds(work, arch_gpu(gpu), precision, eff)
+    return float(batch * c[c >= m].sum()), float(batch * m[m > c].sum() + w.sum())
+
+
 @dataclass(frozen=True)
 class Point:
     """One measured step of the model: GPU (key or public name), batch, precision, milliseconds."""
@@ -347,19 +356,26 @@ def predict(
     points: Sequence[Point] = (),
     host_s: float = 0.0,
     eff: Efficiencies | None = None,
+    model_s: Callable[[str, str, int], float] | None = None,
 ) -> Prediction:
     """Step time of ``profile`` on ``gpu``: from the nearest measured point (same GPU and precision first,
-    then the nearest batch) scaled by the model's ratio, or from the model alone; with its interval."""
+    then the nearest batch) scaled by the model's ratio, or from the model alone; with its interval.
+    ``model_s(gpu key, precision, batch)``: the model's seconds (default: ``host_s`` and the GPU time,
+    smooth max; ``host_fit`` passes each machine's fitted host and GPU scales)."""
     e = eff or load_efficiencies()
     g = arch_gpu(gpu)
-    model_ms = 1e3 * smooth_max(host_s, gpu_seconds(profile, g.key, precision, batch, e))
+
+    def of(key: str, prec: str, b: int) -> float:
+        return model_s(key, prec, b) if model_s else smooth_max(host_s, gpu_seconds(profile, key, prec, b, e))
+
+    model_ms = 1e3 * of(g.key, precision, batch)
     if not points:
         rel = none_interval(e)
         return Prediction(model_ms, model_ms / (1 + rel), model_ms * (1 + rel), rel,
                           "no measured point: datasheet x fitted efficiencies alone", "none")
     p = min(points, key=lambda q: _rank(q, g, precision, batch))
     src = arch_gpu(p.gpu)
-    src_ms = 1e3 * smooth_max(host_s, gpu_seconds(profile, src.key, p.precision, p.batch, e))
+    src_ms = 1e3 * of(src.key, check_precision(p.precision), p.batch)
     step = p.step_ms * model_ms / src_ms
     kind = _kind(p, g, precision)
     rel = e.width(kind, abs(math.log2(p.batch / batch)))

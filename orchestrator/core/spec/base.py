@@ -37,6 +37,8 @@ class FieldError(BaseModel):
 class SpecError(ValueError):
     """The spec is invalid; ``errors`` lists every problem with its field path."""
 
+    what = "job spec"  # how an error names the file (the CLI's one line)
+
     def __init__(self, errors: list[FieldError], source: str = "") -> None:
         self.errors = errors
         self.source = source

@@ -228,10 +228,15 @@ class _CatalogCheck:
         slots = {f"ps-{i}" for i in range(spec.ps_count)} | {f"worker-{i}" for i in range(spec.worker_count)}
         if spec.mode == TrainingMode.ASYNC:
             slots.add("chief-0")
+        clocks: dict[str, str] = {}
         for i, item in enumerate(local.schedule):
             if item.instance not in slots:
                 self._error(f"provider.schedule[{i}].instance",
                             f"'{item.instance}' is not in this cluster; slots: {', '.join(sorted(slots))}")
+            clock = "at_s" if item.at_s is not None else "at_step"
+            if clocks.setdefault(item.instance, clock) != clock:
+                self._error(f"provider.schedule[{i}]", f"{item.instance} mixes at_s and at_step entries; "
+                            "give each slot's revocations on one clock")
         for i, slow in enumerate(local.slowdowns):
             if slow.worker >= spec.worker_count:
                 self._error(f"provider.slowdowns[{i}].worker",

@@ -134,6 +134,8 @@ def _local_paths(spec: JobSpec, base: Path) -> tuple[JobSpec, list[FieldError]]:
             name = resolve_under(base, f).name
             if problem is None and name in names:
                 problem = f"'{short(name)}' is also files[{names[name]}]; both would land as {short(name)}"
+            if problem is None and name == "jobs":  # the orchestrator's own folder on every instance
+                problem = "'jobs' would land on the orchestrator's jobs/ folder on each instance; rename it"
             names.setdefault(name, i)
             if problem:
                 errors.append(FieldError(path=f"training.files[{i}]", message=problem))

@@ -26,10 +26,19 @@ class RevocationMode(StrEnum):
 
 
 class ScheduledRevocation(StrictModel):
-    """Revoke a slot's instance at ``at_s``; the k-th entry naming a slot applies to its k-th instance."""
+    """Revoke a slot's instance at ``at_s`` (wall time) or ``at_step`` (when the job's training reaches that
+    step: the same step however loaded the machine); the k-th entry naming a slot applies to its k-th instance."""
 
     instance: str = Field(description="slot name such as 'worker-2', 'ps-0' or 'chief-0'")
-    at_s: float = Field(gt=0, le=1e9, description="seconds of wall time after the job starts")
+    at_s: float | None = Field(default=None, gt=0, le=1e9, description="seconds of wall time after the job starts")
+    at_step: int | None = Field(default=None, ge=1, le=10_000_000,
+                                description="the global training step at which the notice comes")
+
+    @model_validator(mode="after")
+    def _one_clock(self) -> ScheduledRevocation:
+        if (self.at_s is None) == (self.at_step is None):
+            raise ValueError("give exactly one of at_s (seconds after the job starts) or at_step (a training step)")
+        return self
 
     @field_validator("instance")
     @classmethod

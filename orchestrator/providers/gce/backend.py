@@ -7,6 +7,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from orchestrator.core.instances import ObservedInstance
+from orchestrator.core.paths import jobs_dir
 from orchestrator.core.policy import FLEX_START_REQUEST_VALID_S
 from orchestrator.core.spec import GceProvider as GceSpec
 from orchestrator.providers.base import Backend
@@ -23,6 +24,7 @@ NETWORK_TAG = "orch-{job}"
 # The tasks' interpreter on a VM that installs its framework at first boot: waits for that set-up (pushed
 # with the job's files), then runs the framework's python3.
 BOOT_PYTHON = "jobs/boot_python.sh"  # = providers.gce.network.JOB_TAG: each job's VMs carry their own tag
+BOOT_WAIT = "boot_wait.sh"  # in jobs/: the one copy of the wait, which boot_python.sh execs through
 TF_PORTS = "2222-2299"
 
 # Runs in GCE's 30 s window between the preemption's soft-off and the hard off: report a notice into the
@@ -99,6 +101,16 @@ def task_python(spec: GceSpec, settings: GceRequestSettings) -> str:
     return BOOT_PYTHON if spec.python == "python3" and settings.boot_setup(None) else spec.python
 
 
+def command_prefix(python: str) -> tuple[str, ...]:
+    """What a ``job: command`` task runs behind where the tasks' interpreter is BOOT_PYTHON: the same wait
+    (jobs/boot_wait.sh), then ``exec "$@"`` of the command's argv, which stays a list. A command job is not
+    pushed jobs/, so the script's text goes to sh as its ``-c`` argument; it is fixed, never built from the
+    spec."""
+    if python != BOOT_PYTHON:
+        return ()
+    return ("/bin/sh", "-c", (jobs_dir() / BOOT_WAIT).read_text(), "boot_wait")  # "boot_wait": its $0
+
+
 def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
     """Everything that differs from one Compute endpoint to another comes from the spec's settings
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
@@ -127,10 +139,12 @@ def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
         _, public = job_key(job_id)
         return instance_metadata(spec.ssh_user, public, storage.uri, name)
 
+    python = task_python(spec, settings)
     shared_address = spec.task_port == 0  # all VMs answer at one address, each task on its own port
     return Backend(
         key, provider, SshTransport(), fixed_task_port=None if shared_address else spec.task_port,
-        endpoint=endpoint, instance_metadata=metadata, python=task_python(spec, settings), task_env=passed_env(),
+        endpoint=endpoint, instance_metadata=metadata, python=python, command_prefix=command_prefix(python),
+        task_env=passed_env(),
         # One address with a port kept per slot: a replacement is where its predecessor was. A VM of its
         # own gets a new IP, so an async chief must restart to reach it.
         stable_addresses=shared_address, cloud_deadline=cloud_max_run_s,

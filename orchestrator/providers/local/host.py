@@ -53,13 +53,13 @@ def run(instance_dir: Path) -> None:
     state["running_at"] = time.time()
     write_state(state_path, state)
     revoke_at = state.get("revoke_at")
-    if revoke_at is None:
+    if state.get("revoke_at_step") is not None:  # the progress clock: drawn, or a schedule's at_step
+        state["notice_step"] = wait_for_step(Path(state["metrics_file"]), int(state["revoke_at_step"]))
+    elif revoke_at is not None:
+        time.sleep(max(0.0, revoke_at - time.time()))
+    else:
         while True:  # lives until the provider deletes the instance
             time.sleep(3600)
-    if state.get("revoke_at_step") is not None:
-        state["notice_step"] = wait_for_step(Path(state["metrics_file"]), int(state["revoke_at_step"]))
-    else:
-        time.sleep(max(0.0, revoke_at - time.time()))
     # Like GCE: ACPI soft-off, the shutdown script reports a notice, hard off after the window.
     state["state"] = "stopping"
     state["preempted"] = True

@@ -27,7 +27,15 @@ from typing import Any
 import orchestrator
 from orchestrator.core import policy
 from orchestrator.core.cloud_errors import CapacityError
-from orchestrator.core.instances import LABEL_JOB, InstanceRequest, ObservedInstance, ObservedState, Role, instance_name
+from orchestrator.core.instances import (
+    LABEL_JOB,
+    REVOKE_AT_STEP,
+    InstanceRequest,
+    ObservedInstance,
+    ObservedState,
+    Role,
+    instance_name,
+)
 from orchestrator.core.revocation.availability import AvailabilityTrace
 from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
@@ -78,6 +86,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         }
         if state["revoke_at"] is not None:
             state.update(self._progress_clock(request))
+        state.update(self._scheduled_step(request))
         if trace_revoke_at is not None:
             state["revoke_at"] = trace_revoke_at
         tmp = d / ".instance.json.tmp"
@@ -127,7 +136,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         notice = request.metadata.get("notice-file")
         if step_s <= 0 or not notice or request.revoke_after_s is None:
             return {}
-        metrics = Path(notice).parent.parent / METRICS  # the job's storage: <storage>/notices/<name>
+        metrics = _metrics_file(notice)
         base = progress_step(metrics)
         if request.generation > 0:
             prev = self.history(instance_name(request.job_id, request.role, request.index, request.generation - 1))
@@ -135,6 +144,15 @@ class LocalProvider(Provider, SupportsSpotCapacity):
                 base = int(prev["revoke_at_step"])
         return {"metrics_file": str(metrics), "progress_step_s": step_s, "base_step": base,
                 "revoke_at_step": base + max(1, round(request.revoke_after_s / step_s))}
+
+    @staticmethod
+    def _scheduled_step(request: InstanceRequest) -> dict[str, Any]:
+        """A schedule's ``at_step``: revoked when the job's metrics reach that step (however slow the host)."""
+        step = request.metadata.get(REVOKE_AT_STEP)
+        notice = request.metadata.get("notice-file")
+        if step is None or not notice or not request.spot:
+            return {}
+        return {"metrics_file": str(_metrics_file(notice)), "revoke_at_step": int(step)}
 
     def delete(self, name: str, zone: str) -> None:
         d = self._dir(name)
@@ -193,6 +211,11 @@ def progress_step(metrics: Path) -> int:
         return max_step(metrics.read_bytes())
     except OSError:
         return 0
+
+
+def _metrics_file(notice_file: str) -> Path:
+    """The job's metrics, from where its notices go: <storage>/notices/<name> -> <storage>/metrics.jsonl."""
+    return Path(notice_file).parent.parent / METRICS
 
 
 def progress_clock_for(spec: JobSpec, slots: Sequence[Slot], step_sleep: Callable[[str | None, int], float]

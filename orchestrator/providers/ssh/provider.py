@@ -96,6 +96,8 @@ class Inventory(BaseModel):
 class InventoryError(SpecError):
     """The inventory is invalid; every problem is reported as ``inventory.<field path>: <message>``."""
 
+    what = "SSH inventory"
+
 
 def _loc(loc: tuple[int | str, ...]) -> str:
     out = "inventory"

@@ -1,0 +1,78 @@
+"""bench/cross_gpu_torchvision.py on a tiny subset: the held-out folds, the report, no GPU and no torchvision
+(the profiles come from the committed bench/torchvision_work.json)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("resnet18", "vgg11", "mnasnet0_5", "squeezenet1_1", "shufflenet_v2_x0_5")
+GPUS = {"TitanXp": (2e-4, 1.3, 1.1), "RTX2080Ti": (1.5e-4, 1.2, 0.9), "TitanRTX": (1.8e-4, 1.0, 1.0),
+        "A100-40GB-SXM": (1e-4, 0.8, 1.2)}  # per machine: (host s per layer, compute, memory factors)
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cross_gpu_torchvision", REPO / "bench" / "cross_gpu_torchvision.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cross_gpu_torchvision"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _table(bench: ModuleType, path: Path) -> Path:
+    """The source table's columns, with steps made by the host predictor's own form (exact coefficients)."""
+    work = bench.load_work()
+    rows = [bench.Row(m, bench.arch_gpu(g).key, p, 1.0) for m in MODELS for g in GPUS for p in ("tf32", "amp")]
+    feats = bench.features(rows, work, bench.load_efficiencies())
+    label = {v: k for k, v in bench.PRECISIONS.items()}
+    with path.open("w", newline="") as fh:
+        out = csv.DictWriter(fh, ["model", "gpu", "num_gpus", "precision", "median_ms"])
+        out.writeheader()
+        for g, coef in GPUS.items():
+            for m in MODELS:
+                for p in ("tf32", "amp"):
+                    step = float(feats[(m, bench.arch_gpu(g).key, p)] @ np.array(coef))
+                    out.writerow({"model": f"tv-{m}", "gpu": g, "num_gpus": 1, "precision": label[p],
+                                  "median_ms": step * 1e3})
+                    out.writerow({"model": f"tv-{m}", "gpu": g, "num_gpus": 2, "precision": label[p],
+                                  "median_ms": 1.0})  # multi-GPU rows are not questions
+    return path
+
+
+def test_held_out_evaluation_on_a_tiny_subset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench()
+    table = _table(bench, tmp_path / "steptime.csv")
+    rows = bench.load_rows(table)
+    assert len(rows) == len(MODELS) * len(GPUS) * 2
+    results = bench.evaluate(rows, bench.load_work(), bench.eager_kernels())
+    assert set(results) == {"naive", "model", "shipped", "host A-model", "host A", "host B", "calibrated A-model",
+                            "calibrated A"}
+    assert all(len(qs) == len(MODELS) * 2 * 4 * 3 for qs in results.values())  # ordered pairs of 4 GPUs
+    summary = {n: bench.summary(qs) for n, qs in results.items()}
+    # steps made by the host form: its held-out folds recover them (A: whole sub-family out), naive cannot
+    assert summary["host A-model"]["mean"] < 0.01 and summary["host A"]["mean"] < 0.01
+    assert summary["naive"]["mean"] > 0.1
+    # the product's per-machine calibration (host_fit, other models' rows) beats its uncalibrated prior
+    assert summary["calibrated A-model"]["mean"] < summary["shipped"]["mean"]
+    assert set(summary["host A"]["subfamily"]) == {"resnet", "vgg", "mnasnet", "squeezenet", "shufflenet"}
+    assert bench.main(["--table", str(table), "--models", "resnet18,vgg11,mnasnet0_5,squeezenet1_1"]) == 0
+    out = capsys.readouterr().out
+    assert "32 rows: 4 models x 4 GPUs x 2 precisions" in out and "SUMMARY" in out and "worst 5 (host A)" in out
+    assert "host ms/layer" in out
+
+
+def test_the_source_table_names_gpus_with_facts() -> None:
+    bench = _bench()
+    if not bench.TABLE.exists():
+        pytest.skip("../shared/public-throughput/steptime_ryujaehun.csv is not beside this checkout")
+    rows = bench.load_rows()
+    assert {r.gpu for r in rows} == {"titanxp", "rtx2080ti", "titanrtx", "a100"}
+    assert {r.model for r in rows} == set(bench.load_work())  # every model of the table is profiled

@@ -1,0 +1,47 @@
+"""host_fit: each machine's host time and GPU scales, fitted on other models' rows (no torch needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator.core.costmodel import host_fit
+from orchestrator.core.costmodel.compute import RUNTIME_PRIORS
+from orchestrator.core.costmodel.crossgpu import ClassWork, gpu_parts
+
+PRIOR = RUNTIME_PRIORS["pytorch-eager"]
+
+
+def _work(layers: int, flops: float) -> ClassWork:
+    one = np.ones(layers)
+    return ClassWork(one * flops, one * flops, one * flops / 20, one * flops / 10, one * 1e5,
+                     tuple(f"l{i}" for i in range(layers)), one * 3)
+
+
+def _machine(gpu: str, overhead: float, per_kernel: float, cs: float, ms: float, work: ClassWork,
+             kernels: float) -> float:
+    c, m = gpu_parts(work, gpu, "tf32", 12)
+    return overhead + per_kernel * kernels + cs * c + ms * m
+
+
+def test_a_machine_s_host_and_scales_come_back_from_other_models() -> None:
+    truth = {"v100": (1e-3, 60e-6, 1.5, 0.8), "a100": (2e-3, 40e-6, 0.7, 1.3)}  # host-heavy, off the prior
+    models = [(_work(n, f), 3.0 * n) for n in (20, 60, 150, 300) for f in (1e8, 1e9, 4e9)]
+    samples = [host_fit.sample(w, k, g, "tf32", 12, _machine(g, *t, w, k)) for g, t in truth.items()
+               for w, k in models]
+    fits = host_fit.fit_machines(samples, PRIOR)
+    assert set(fits) == {("v100", "tf32"), ("a100", "tf32")}
+    for g, t in truth.items():
+        f = fits[(g, "tf32")]
+        assert f.points == len(models)
+        # a new model (not among the fitted ones) on this machine, within 5%: the host per kernel is learnt
+        w, k = _work(100, 2e9), 300.0
+        assert abs(host_fit.machine_step_s(w, k, g, "tf32", 12, fits, PRIOR) / _machine(g, *t, w, k) - 1) < 0.05
+        assert abs(f.per_kernel_s / t[1] - 1) < 0.25
+    # a machine without rows (or with fewer than MIN_POINTS) keeps the runtime prior's host
+    assert ("h100", "tf32") not in fits
+    few = host_fit.fit_machines(samples[: host_fit.MIN_POINTS - 1], PRIOR)
+    assert few == {}
+    w = _work(100, 2e9)
+    c, m = gpu_parts(w, "h100", "tf32", 12)
+    assert host_fit.machine_step_s(w, 300.0, "h100", "tf32", 12, fits, PRIOR) == host_fit.smooth_max(
+        PRIOR.host_s(300.0), c + m)
