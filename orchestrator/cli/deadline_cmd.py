@@ -13,6 +13,7 @@ from orchestrator.core import policy
 from orchestrator.core.errors import UserError
 from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
 from orchestrator.sim.availability import (
+    HISTORY_H,
     AvailabilityTraceError,
     Job,
     Outlook,
@@ -75,6 +76,8 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         "work_h": work / 60, "deadline_h": dl / 60, "restart_overhead_h": ovh / 60,
         "spot_usd_per_h": fig.spot_usd_per_h, "on_demand_usd_per_h": fig.on_demand_usd_per_h,
         "policies": [o.as_dict() for o in outcomes],
+        # the trace before start_tick the learning policies read (the daemon has none: plan's outlook reads none)
+        "history_h": min(start_tick * trace.tick_min / 60, HISTORY_H),
     }
     if policy_name == "elastic":
         doc["workers"] = workers  # the prices above stay the whole cluster's; the timeline's modes: "<spot>s+<od>od"
@@ -123,7 +126,7 @@ def print_outlook(found: tuple[Job, list[Outlook], list[str]]) -> None:
     console.print(table(
         f"Deadline policies on measured spot availability ({', '.join(names)}; {rows[0].runs} start times): "
         f"{job.work_min / 60:.2f} h of work, deadline {job.deadline_min / 60:.2f} h, restart overhead "
-        f"{job.overhead_min} min (cloud time)",
+        f"{job.overhead_min} min (cloud time); deadline as the daemon runs it, learning spot only during the job",
         ["policy", "mean cost", "P(deadline met)"],
         [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"] for o in rows]))
 

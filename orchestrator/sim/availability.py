@@ -206,15 +206,16 @@ def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[np.ndarray
 
 
 def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policy.DEADLINE_POLICIES,
-          need: int = 1) -> list[Outcome]:
+          need: int = 1, prior: bool = True) -> list[Outcome]:
     """Every named policy on ``trace`` from ``start_tick``; the ``deadline`` policy has seen the
-    ``HISTORY_H`` hours before it (the others need no history)."""
+    ``HISTORY_H`` hours before it (the others need no history), or with ``prior=False`` only the ticks of the
+    job, as the daemon, which has no record of spot before the job, decides."""
     if not 0 <= start_tick < len(trace.counts):
         raise AvailabilityTraceError(f"--start-tick {start_tick} is outside the trace (0..{len(trace.counts) - 1})")
     tick = trace.tick_min
     full = trace.available(need)
     avail = full[start_tick:]
-    history = full[max(0, start_tick - round(HISTORY_H * 60 / tick)):start_tick]
+    history = full[max(0, start_tick - round(HISTORY_H * 60 / tick)):start_tick] if prior else ()
     out = []
     for name in names:
         if name == "optimal":
@@ -278,14 +279,15 @@ def bundled_traces() -> list[Path]:
 def outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,
             names: tuple[str, ...] = policy.ONLINE_POLICIES) -> list[Outlook]:
     """Each online policy's mean cost and chance of meeting the deadline, replayed from ``starts`` start ticks
-    spread over each trace (after ``HISTORY_H`` of history): what ``plan`` prints."""
+    spread over each trace (after ``HISTORY_H`` of trace): what ``plan`` prints. The deadline policy sees only
+    the job's own ticks, as the daemon that will run it does."""
     runs: dict[str, list[Outcome]] = {n: [] for n in names}
     for tr in traces:
         first = min(len(tr.counts) - 1, round(HISTORY_H * 60 / tr.tick_min))
         last = max(first, len(tr.counts) - 1 - math.ceil(job.deadline_min / tr.tick_min))
         for k in range(starts):
             start = first + (last - first) * k // max(1, starts - 1)
-            for o in study(job, tr, start, names):
+            for o in study(job, tr, start, names, prior=False):
                 runs[o.policy].append(o)
     return [Outlook(n, sum(o.cost_usd for o in rs) / len(rs), sum(o.deadline_met for o in rs) / len(rs), len(rs))
             for n, rs in runs.items() if rs]
