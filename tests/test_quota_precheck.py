@@ -169,6 +169,14 @@ def test_dry_run_shows_headroom_and_survives_unreadable_quotas(emu: GceEmulator,
     assert out.returncode == 0, out.stderr
     assert "could not read quotas" in out.stderr and "quota_headroom" not in json.loads(out.stdout)
     assert emu.snapshot()["instances_created"] == 0
+    # An API that keeps answering 503 (or no network): the courtesy read is retried once, not five times.
+    emu.clear_faults()
+    emu.inject_fault("regions.get", status=503, count=None)
+    before = emu.snapshot()["calls"]["regions.get"]
+    out = run("launch", "--dry-run", str(path), tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "could not read quotas" in out.stderr and "gave up after 2 attempts" in " ".join(out.stderr.split())
+    assert emu.snapshot()["calls"]["regions.get"] - before == 2
 
 
 def test_within_quota_passes_the_check(emu: GceEmulator, tmp_path: Path) -> None:

@@ -47,6 +47,8 @@ class RetrySettings:
     request_timeout_s: float = 60.0  # one HTTP call (other than operations.wait)
     wait_call_timeout_s: float = 150.0  # one operations.wait call; GCE answers within ~2 min
     operation_timeout_s: float = 900.0  # give up waiting for one operation (raises TransientError)
+    # Quota reads are a courtesy check before launch (a failure is one warning): retry once, not for ~15 s.
+    quota_read_attempts: int = 2
 
 
 class GceApi:
@@ -89,8 +91,10 @@ class GceApi:
         return {"retry": None, "timeout": self.retry.request_timeout_s}
 
     def call(self, what: str, fn: Callable[[], T], *, zone: str | None = None,
-             passthrough: tuple[type[Exception], ...] = ()) -> T:
-        """Run one API call with bounded exponential backoff (tenacity) on retryable errors; map the rest."""
+             passthrough: tuple[type[Exception], ...] = (), attempts: int | None = None) -> T:
+        """Run one API call with bounded exponential backoff (tenacity) on retryable errors; map the rest.
+        ``attempts``: at most this many tries (default: the settings')."""
+        attempts = attempts or self.retry.attempts
 
         def once() -> T:
             try:
@@ -104,7 +108,7 @@ class GceApi:
                 raise error from exc
 
         retrying = Retrying(
-            stop=stop_after_attempt(self.retry.attempts),
+            stop=stop_after_attempt(attempts),
             wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
             retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
             before_sleep=self._log_retry, reraise=True)
@@ -113,7 +117,7 @@ class GceApi:
         except ProviderError as error:
             if not error.retryable or isinstance(error, passthrough):
                 raise
-            raise TransientError(f"{error.message} (gave up after {self.retry.attempts} attempts)",
+            raise TransientError(f"{error.message} (gave up after {attempts} attempts)",
                                  zone=zone) from error
 
     def _log_retry(self, state: RetryCallState) -> None:
@@ -153,8 +157,10 @@ class GceApi:
         """metric -> (limit, usage) of one region (``regions.get``) or, for None, of the project (``projects.get``)."""
         if region is None:
             found: Any = self.call("read the project's global quotas",
-                                   partial(self.projects.get, project=self.project, **self.kw()))
+                                   partial(self.projects.get, project=self.project, **self.kw()),
+                                   attempts=self.retry.quota_read_attempts)
         else:
             found = self.call(f"read the quotas of region {region}",
-                              partial(self.regions.get, project=self.project, region=region, **self.kw()))
+                              partial(self.regions.get, project=self.project, region=region, **self.kw()),
+                              attempts=self.retry.quota_read_attempts)
         return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
