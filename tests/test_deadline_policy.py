@@ -324,3 +324,32 @@ def test_the_daemon_rebuilds_the_stretches_it_saw_tick_by_tick() -> None:
     assert seen == log.seen(60.0 / 3600.0)
     assert up_h == pytest.approx(2 * 60.0 / 3600.0)  # up since the change two ticks ago, as the simulator counts
     assert seen_during_job((), 100.0, now, 60.0, 3600.0) == (AvailabilityLog().seen(60.0 / 3600.0), 0.0)
+
+
+@pytest.mark.parametrize(("zones", "spot_again"), [(("z1", "z2"), ("z2", "z1")), (("z1",), None)])
+def test_a_preempted_spot_vm_moves_to_another_zone_instead_of_waiting(zones: tuple[str, ...],
+                                                                      spot_again: tuple[str, ...] | None) -> None:
+    """Without a capacity probe (GCE), a preemption says only that the VM's own zone lost spot: a slot with
+    another allowed zone asks for spot there in the same pass (that zone first, the preempted one last); a slot
+    with one zone counts spot as gone and waits or takes on-demand, as the policy says."""
+    slot = Slot(Role.WORKER, 0, "v100", "gce", "z1", True, 0.9, on_demand_price_per_hour=2.5, zones=zones)
+    vm = InstanceView(id=1, name="j-worker-0-0", role=Role.WORKER, index=0, generation=0,
+                      status=InstanceStatus.TRAINING, spot=True, zone="z1", port=None, requested_at=T0 - 3600,
+                      updated_at=T0 - 3000)
+    view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(slot,),
+                   instances=(vm,), on_revocation=OnRevocation.DEADLINE, max_replacements=5, budget_usd=None,
+                   deadline_s=52 * 3600, started_at=T0 - 4 * 3600, restarts=0, cost_usd=0.0,
+                   deadline_inputs=DeadlineInputs(work_s=48 * 3600, done_s=3.9 * 3600, overhead_s=600, tick_s=600,
+                                                  spot_usd_per_h=0.9, on_demand_usd_per_h=2.5, time_scale=1.0,
+                                                  spot_seen=((T0 - 4 * 3600, True),)))
+    obs = Observation(instances={vm.name: ObservedInstance(vm.name, "j", vm.role, 0, 0, "z1",
+                                                           ObservedState.TERMINATED, "/w", preempted=True)},
+                      procs={vm.name: ProcStatus(ProcState.RUNNING)})
+    acts = reconcile(view, obs, T0)
+    creates = [a for a in acts if isinstance(a, CreateInstance)]
+    spot = [a for a in creates if a.spot]
+    if spot_again is None:
+        assert not spot and any(isinstance(a, RecordSpotAvailability) and not a.available for a in acts)
+    else:
+        assert [a.zones for a in spot] == [spot_again] and "moved from z1" in spot[0].reason
+        assert not any(isinstance(a, RecordSpotAvailability) for a in acts)  # spot is still up: in z2

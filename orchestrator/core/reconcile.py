@@ -279,9 +279,14 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         if choice == policy.Mode.IDLE:
             continue
         last = insts[-1] if insts else None
-        zones = policy.replacement_zones(last.zone, slot.zones) if last is not None else slot.zones
-        p.create(slot, last.generation + 1 if last is not None else 0, choice == policy.Mode.SPOT, zones,
-                 last.port if last is not None else None, why)
+        # spot again after a preemption: the other zones first (move rather than wait where the spot went)
+        if last is None:
+            p.create(slot, 0, choice == policy.Mode.SPOT, slot.zones, None, why)
+            continue
+        moved = choice == policy.Mode.SPOT and p.end_reason(last) == EndReason.PREEMPTED and len(slot.zones) > 1
+        zones = policy.replacement_zones(last.zone, slot.zones, rotate=moved)
+        p.create(slot, last.generation + 1, choice == policy.Mode.SPOT, zones, last.port,
+                 why + (f", moved from {last.zone} where spot was preempted" if moved else ""))
 
 
 def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]
@@ -314,12 +319,16 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
 
 
 def _spot_available(p: _Pass, slots: tuple[Slot, ...], insts: list[InstanceView]) -> bool:
-    """The provider's capacity probe when it has one; else no spot while a spot VM was just preempted, its
-    last create was refused less than ``CREATE_RETRY_S`` ago, or every allowed zone is blocked."""
+    """The provider's capacity probe when it has one; else no spot while a spot VM was just preempted and its
+    slot has no other unblocked zone to move to, its last create was refused less than ``CREATE_RETRY_S``
+    ago (a create falls through every zone), or every allowed zone is blocked."""
     if p.obs.spot_available is not None:
         return p.obs.spot_available
-    if any(why for slot, why in p.lost.items() if any(s.name == slot for s in slots)):
-        return False
+    for slot in (s for s in slots if s.name in p.lost):
+        gone = {i.zone for i in insts if i.slot == slot.name and i.name in p.ended}
+        blocked = set(p.obs.failed_zones.get(slot.name, ()))
+        if not set(slot.zones) - gone - blocked:
+            return False
     refused = [i for i in insts if i.spot and i.end_reason == EndReason.CREATE_FAILED]
     if refused and p.now - max(i.updated_at for i in refused) < policy.CREATE_RETRY_S:
         return False
