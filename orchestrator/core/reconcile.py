@@ -279,10 +279,10 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         if choice == policy.Mode.IDLE:
             continue
         last = insts[-1] if insts else None
-        # spot again after a preemption: the other zones first (move rather than wait where the spot went)
         if last is None:
             p.create(slot, 0, choice == policy.Mode.SPOT, slot.zones, None, why)
             continue
+        # spot again after a preemption: the other zones first (move rather than wait where the spot went)
         moved = choice == policy.Mode.SPOT and p.end_reason(last) == EndReason.PREEMPTED and len(slot.zones) > 1
         zones = policy.replacement_zones(last.zone, slot.zones, rotate=moved)
         p.create(slot, last.generation + 1, choice == policy.Mode.SPOT, zones, last.port,

@@ -94,7 +94,7 @@ class GceApi:
              passthrough: tuple[type[Exception], ...] = (), attempts: int | None = None) -> T:
         """Run one API call with bounded exponential backoff (tenacity) on retryable errors; map the rest.
         ``attempts``: at most this many tries (default: the settings')."""
-        attempts = attempts or self.retry.attempts
+        attempts = min(attempts or self.retry.attempts, self.retry.attempts)
 
         def once() -> T:
             try:
