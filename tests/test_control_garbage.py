@@ -13,6 +13,7 @@ import yaml
 from e2e_helpers import processes_under, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
 from test_control_poison import local_spec
 
 from orchestrator.control.driver import run_pass
@@ -24,7 +25,7 @@ from orchestrator.core.status import FINAL_JOB
 from orchestrator.storage import LocalStorage, open_storage
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
-from orchestrator.store.models import Job
+from orchestrator.store.models import Event, Job
 from orchestrator.transport.base import Endpoint
 from orchestrator.transport.local import LocalTransport, UnsafePathError
 
@@ -70,6 +71,24 @@ def test_a_job_id_already_in_the_db_is_drawn_again(tmp_path: Path, monkeypatch: 
         spec = validate_spec(yaml.safe_load(local_spec("same", tmp_path / "runs", "true")))
         first, second = create_job(session, spec), create_job(session, spec)
         assert (first.id, second.id) == ("same-abc123", "same-def456")
+
+
+def test_a_job_id_taken_between_the_check_and_the_insert_is_drawn_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A concurrent launch can insert the id this one checked as free: the insert fails on the primary key,
+    the transaction is rolled back whole and a new id is drawn (nothing of the first try stays)."""
+    import orchestrator.control.launcher as launcher
+
+    user_dir()
+    spec = validate_spec(yaml.safe_load(local_spec("same", tmp_path / "runs", "true")))
+    with open_session() as other:  # the concurrent launch
+        taken = create_job(other, spec).id
+    ids = iter([taken, "same-fresh1"])  # the first draw passed its check, then the other launch took it
+    monkeypatch.setattr(launcher, "new_job_id", lambda _name, _session=None: next(ids))
+    with open_session() as session:
+        assert create_job(session, spec).id == "same-fresh1"
+        events = session.scalars(select(Event.job_id).where(Event.entity == "job")).all()
+        assert sorted(events) == sorted([taken, "same-fresh1"])
 
 
 KINDS = ["metrics", "metrics-types", "metrics-dir", "long-line", "result", "result-shape", "notices-file",

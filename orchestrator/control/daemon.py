@@ -128,6 +128,20 @@ def daemon_id() -> str:
 def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port: int | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # no "Running job tick" every pass
+    scheduler = BlockingScheduler()
+    try:
+        # From before the lock is taken: `kill`, systemd and `timeout` stop it like Ctrl-C, with its last line
+        # logged, even while it is still starting.
+        with sigterm_raises():
+            _serve(scheduler, interval_s=interval_s, gc_every_s=gc_every_s, once=once, metrics_port=metrics_port)
+    except (KeyboardInterrupt, SystemExit):
+        if scheduler.running:  # a pass in flight may end anywhere: every write is idempotent
+            scheduler.shutdown(wait=False)
+        log.info("daemon stopped; jobs continue when it starts again")
+
+
+def _serve(scheduler: BlockingScheduler, *, interval_s: float, gc_every_s: float, once: bool,
+           metrics_port: int | None) -> None:
     sqlite_guard(default_url())
     if metrics_port is not None:
         serve_metrics(metrics_port)
@@ -135,19 +149,12 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
     if once:
         tick(owner, threads=0)  # one whole pass, waited for
         return
-    scheduler = BlockingScheduler()
     # One pass at a time (max_instances=1); a late pass is merged, not queued (coalesce).
     scheduler.add_job(tick, "interval", args=[owner], seconds=interval_s, max_instances=1, coalesce=True,
                       next_run_time=_now(), id="reconcile")
     scheduler.add_job(sweep, "interval", seconds=gc_every_s, max_instances=1, coalesce=True, id="gc")
     log.info("daemon %s: reconcile every %.1fs, orphan sweep every %.0fs", owner, interval_s, gc_every_s)
-    try:
-        with sigterm_raises():  # `kill`, systemd and `timeout` stop it like Ctrl-C, with its last line logged
-            scheduler.start()
-    except (KeyboardInterrupt, SystemExit):
-        if scheduler.running:  # a pass in flight may end anywhere: every write is idempotent
-            scheduler.shutdown(wait=False)
-        log.info("daemon stopped; jobs continue when it starts again")
+    scheduler.start()
 
 
 def _now() -> object:

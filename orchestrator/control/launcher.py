@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator.control.daemon import daemon_running
@@ -89,9 +90,23 @@ def new_job_id(name: str, session: Session | None = None) -> str:
             return job_id
 
 
+ID_DRAWS = 3  # inserts tried when a concurrent launch takes the drawn id between the check and the insert
+
+
 def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) -> Job:
     """The job row, its first event and its stored plan (the desired state every pass drives toward)."""
     plan = plan or plan_spec(spec)
+    for draw in range(ID_DRAWS):
+        try:
+            return _insert_job(session, spec, plan)
+        except IntegrityError:
+            session.rollback()  # one transaction: nothing of it stays
+            if draw == ID_DRAWS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _insert_job(session: Session, spec: JobSpec, plan: LaunchPlan) -> Job:
     now = time.time()
     storage = spec.storage if spec.storage.startswith("gs://") else str(Path(spec.storage).expanduser().resolve())
     job = Job(id=new_job_id(spec.name, session), name=spec.name, provider=spec.provider.kind, mode=spec.mode.value,
