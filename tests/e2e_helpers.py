@@ -43,10 +43,12 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.5) -> None:
     raise AssertionError(f"condition not met within {timeout}s")
 
 
-def tiny_spec(name: str, storage: Path, *, schedule: list[tuple[str, float]], steps: int = 120,
+def tiny_spec(name: str, storage: Path, *, schedule: list[tuple[str, int]], steps: int = 120,
               mode: str = "async", extra_workers: list[dict[str, Any]] | None = None,
               emulation_k80_step_s: float = 0.1) -> str:
-    sched = "".join(f"\n    - {{instance: {slot}, at_s: {at}}}" for slot, at in schedule)
+    """``schedule``: (slot, step) revocations, on the job's progress clock (``at_step``): mid-training however
+    loaded the machine is (TensorFlow's start-up alone takes 10-40 s here, more beside other tests)."""
+    sched = "".join(f"\n    - {{instance: {slot}, at_step: {step}}}" for slot, step in schedule)
     workers = extra_workers or [{"gpu": "k80", "spot": True}, {"gpu": "v100", "spot": False}]
     wl = "".join(f"\n    - {{gpu: {w['gpu']}, count: 1, spot: {str(w['spot']).lower()}}}" for w in workers)
     ps = "\n  parameter_servers: {count: 1}" if mode == "async" else "\n  parameter_servers: {count: 0}"

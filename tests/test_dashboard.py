@@ -20,6 +20,8 @@ from tests.e2e_helpers import REPO, cli, tiny_spec
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# A real TensorFlow launch (the module fixture, once per pytest-xdist worker that runs a test of this file).
+pytestmark = pytest.mark.slow
 SAVE_ENV = "ORCHESTRATOR_SAVE_SCREENSHOT"  # set to a path (e.g. docs/dashboard.png) to keep the screenshot
 
 
@@ -41,7 +43,7 @@ def finished_local_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     root = tmp_path_factory.mktemp("dash")
     env = {"ORCHESTRATOR_HOME": str(root / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{root / 'results.db'}"}
     spec = root / "job.yaml"
-    spec.write_text(tiny_spec("dash", root / "runs", schedule=[("worker-0", 12.0)], steps=160))
+    spec.write_text(tiny_spec("dash", root / "runs", schedule=[("worker-0", 40)], steps=160))
     out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:

@@ -42,7 +42,7 @@ def _check_ledger_exact(db_url: str, job_id: str) -> None:
 def test_local_job_survives_a_revocation(tmp_path: Path) -> None:
     env = _env(tmp_path)
     spec = tmp_path / "job.yaml"
-    spec.write_text(tiny_spec("e2e", tmp_path / "runs", schedule=[("worker-0", 30.0)], steps=800))
+    spec.write_text(tiny_spec("e2e", tmp_path / "runs", schedule=[("worker-0", 200)], steps=800))
     out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     db_url = env["ORCHESTRATOR_DB_URL"]
@@ -70,7 +70,7 @@ def test_local_job_survives_a_revocation(tmp_path: Path) -> None:
 def test_daemon_killed_mid_job_and_restarted(tmp_path: Path) -> None:
     env = _env(tmp_path)
     spec = tmp_path / "job.yaml"
-    spec.write_text(tiny_spec("sigkill", tmp_path / "runs", schedule=[("worker-0", 30.0)], steps=800))
+    spec.write_text(tiny_spec("sigkill", tmp_path / "runs", schedule=[("worker-0", 200)], steps=800))
     out = cli("launch", str(spec), "--detach", env=env)
     assert out.returncode == 0, out.stderr
     db_url = env["ORCHESTRATOR_DB_URL"]
@@ -121,7 +121,7 @@ def test_chief_on_worker0_runs_in_worker0s_process(tmp_path: Path) -> None:
     # runs the chief, and worker 0's revocation rolls training back like a chief's would, then it finishes.
     env = _env(tmp_path)
     spec = tmp_path / "job.yaml"
-    text_ = tiny_spec("onw0", tmp_path / "runs", schedule=[("worker-0", 25.0)], steps=400)
+    text_ = tiny_spec("onw0", tmp_path / "runs", schedule=[("worker-0", 100)], steps=400)
     spec.write_text(text_.replace("  parameter_servers: {count: 1}",
                                   "  parameter_servers: {count: 1}\n  chief: {on_worker0: true}"))
     out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
