@@ -135,6 +135,8 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
         with sigterm_raises():
             _serve(scheduler, interval_s=interval_s, gc_every_s=gc_every_s, once=once, metrics_port=metrics_port)
     except (KeyboardInterrupt, SystemExit):
+        if once:
+            raise  # an interrupted single pass did not succeed: the exit code says so
         if scheduler.running:  # a pass in flight may end anywhere: every write is idempotent
             scheduler.shutdown(wait=False)
         log.info("daemon stopped; jobs continue when it starts again")
