@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core import policy
-from orchestrator.core.actions import CreateInstance, DeleteInstance, RecordSpotAvailability, SetInstanceStatus
+from orchestrator.core.actions import (
+    CreateInstance,
+    DeleteInstance,
+    DrainInstance,
+    RecordSpotAvailability,
+    SetInstanceStatus,
+)
 from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
 from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import Availability, Mode, Progress
@@ -135,15 +141,19 @@ K = 60.0 / SCALE  # the daemon's seconds per cloud minute
 
 def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple[float, str]]:
     """Drive ``core.reconcile`` one pass per tick over the trace (a spot VM is preempted where the trace
-    drops, creates start at once, progress as the simulator counts it): what the daemon runs, when."""
+    drops, creates start at once, progress as the simulator counts it, a drained VM checkpoints at once and the
+    next pass follows within the tick): what the daemon runs, when."""
     slot = Slot(Role.WORKER, 0, "v100", "local", "z1", True, job.spot_usd_per_h,
                 on_demand_price_per_hour=job.on_demand_usd_per_h, zones=("z1",))
     insts: dict[str, InstanceView] = {}
     t, w, r, i, shown = 0, 0, 0, 0, Mode.IDLE
     timeline: list[tuple[float, str]] = []
     spot_seen: list[tuple[float, bool]] = []  # the daemon's recorded capacity changes (note events in the DB)
+    drains: list[tuple[str, float]] = []
+    checkpoint_at: float | None = None
+    draining = False
     while True:
-        now, a = T0 + K * t, avail[i] if i < len(avail) else False
+        now, a = T0 + K * t + (1.0 if draining else 0.0), avail[i] if i < len(avail) else False
         live = [v for v in insts.values() if v.status == InstanceStatus.TRAINING]
         seen = {v.name: ObservedInstance(v.name, "j", v.role, v.index, v.generation, v.zone,
                                          ObservedState.TERMINATED if v.spot and not a else ObservedState.RUNNING,
@@ -155,10 +165,15 @@ def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple
                            work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
                            tick_s=K * tick, spot_usd_per_h=job.spot_usd_per_h,
                            on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=SCALE,
-                           spot_seen=tuple(spot_seen)))
+                           spot_seen=tuple(spot_seen), drains=tuple(drains), checkpoint_at=checkpoint_at))
         obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen}, spot_available=a)
-        for act in reconcile(view, obs, now):
-            if isinstance(act, RecordSpotAvailability):
+        acts = reconcile(view, obs, now)
+        draining = any(isinstance(act, DrainInstance) for act in acts)
+        for act in acts:
+            if isinstance(act, DrainInstance):  # the job checkpoints on the daemon's notice
+                drains.append((act.name, now))
+                checkpoint_at = now + 0.5
+            elif isinstance(act, RecordSpotAvailability):
                 spot_seen.append((now, act.available))
             elif isinstance(act, SetInstanceStatus):
                 v = insts[act.name]
@@ -174,6 +189,8 @@ def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple
                 insts[name] = InstanceView(id=len(insts), name=name, role=Role.WORKER, index=0,
                                            generation=act.generation, status=InstanceStatus.TRAINING, spot=act.spot,
                                            zone="z1", port=None, requested_at=now, updated_at=now)
+        if draining:
+            continue  # the pass after the checkpoint, within the same tick
         running = [v for v in insts.values() if v.status == InstanceStatus.TRAINING]
         mode = Mode.IDLE if not running else Mode.SPOT if running[0].spot else Mode.ON_DEMAND
         if not timeline or timeline[-1][1] != mode.value:

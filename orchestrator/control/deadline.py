@@ -1,12 +1,13 @@
 """The inputs of ``on_revocation: deadline`` for one pass: the job's work and restart overhead (the
 simulator's accounting of its planned cluster, computed once per spec), how much of the work is done
-(the latest step), the restarts it has measured, and the provider's spot capacity probe where it has one."""
+(the latest step), the restarts it has measured, the instances drained before a hop and the newest checkpoint,
+and the provider's spot capacity probe where it has one."""
 
 from __future__ import annotations
 
 import bisect
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core import policy
@@ -17,7 +18,7 @@ from orchestrator.core.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.sim.availability import DeadlineFigures, deadline_figures
 from orchestrator.store import queries
-from orchestrator.store.models import Event, Job, Metric
+from orchestrator.store.models import Event, Instance, Job, Metric
 
 _FIGURES: dict[str, tuple[DeadlineFigures, float]] = {}  # spec YAML -> figures, decision tick (s)
 _MAX_CACHED = 256
@@ -66,7 +67,9 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     return DeadlineInputs(work_s=fig.work_s, done_s=fig.work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
-                          spot_seen=spot_seen(session, job.id))
+                          spot_seen=spot_seen(session, job.id), drains=drains(session, job.id),
+                          checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
+                              Metric.job_id == job.id, Metric.kind == "checkpoint")))
 
 
 def spot_seen(session: Session, job_id: str) -> tuple[tuple[float, bool], ...]:
@@ -75,6 +78,14 @@ def spot_seen(session: Session, job_id: str) -> tuple[tuple[float, bool], ...]:
     rows = session.execute(select(Event.at, Event.to_status).where(
         Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(list(kinds))).order_by(Event.at, Event.id))
     return tuple((float(at), kinds[what]) for at, what in rows)
+
+
+def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
+    """The instances drained before a hop (``DrainInstance``), and when: the first drain of each counts."""
+    rows = session.execute(select(Instance.name, func.min(Event.at)).join(Instance, Event.instance_id == Instance.id)
+                           .where(Event.job_id == job_id, Event.entity == "note",
+                                  Event.to_status == policy.DRAIN_EVENT).group_by(Instance.name))
+    return tuple((str(name), float(at)) for name, at in rows)
 
 
 def spot_available(provider: Provider, job_id: str) -> bool | None:

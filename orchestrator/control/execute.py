@@ -7,6 +7,7 @@ deletes are operations the pass starts and later passes settle (control/operatio
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from orchestrator.core.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
+    DrainInstance,
     PrepareInstance,
     RecordLogTail,
     RecordSpotAvailability,
@@ -32,7 +34,7 @@ from orchestrator.core.actions import (
 from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
-from orchestrator.core.policy import SPOT_SEEN_EVENTS
+from orchestrator.core.policy import DRAIN_EVENT, SPOT_SEEN_EVENTS
 from orchestrator.core.slots import DEFAULT_BATCH
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
@@ -109,10 +111,21 @@ def _one(ctx: JobContext, action: Action) -> None:
         case RecordSpotAvailability(available=available, reason=reason):
             queries.note(s, ctx.job.id, SPOT_SEEN_EVENTS[available], reason)
             s.commit()
+        case DrainInstance(name=name, reason=reason):
+            _drain(ctx, name, reason)
         case RestartTraining(reason=reason, fatal=fatal):
             _restart(ctx, reason, fatal)
         case DeleteInstance(name=name, reason=reason, end_reason=end_reason):
             operations.delete(ctx, name, reason, end_reason)
+
+
+def _drain(ctx: JobContext, name: str, reason: str) -> None:
+    """The drain is recorded before its notice is written: a crash in between leaves a drain whose checkpoint
+    never comes, which the reconciler ends at the notice window (not a notice read as a preemption)."""
+    now = time.time()
+    queries.note(ctx.session, ctx.job.id, DRAIN_EVENT, reason, instance_id=instance_row(ctx, name).id, now=now)
+    ctx.session.commit()
+    ctx.storage.write_notice(name, json.dumps({"at": now, "drain": True, "reason": reason}))
 
 
 def _fold(ctx: JobContext) -> None:

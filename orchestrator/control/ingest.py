@@ -174,7 +174,8 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
                        accuracy=_float(rec.get("accuracy"), "accuracy"), at=at)]
     if kind == "checkpoint":
         if rec.get("reason") == "notice":
-            queries.note(session, job.id, "checkpoint", f"checkpoint at step {step} after a preemption notice",
+            queries.note(session, job.id, "checkpoint",
+                         f"checkpoint at step {step} after a notice (a preemption, or a deadline hop's drain)",
                          now=at)
         return [Metric(job_id=job.id, kind="checkpoint", worker=-1, step=step,
                        step_time_s=_float(rec.get("seconds"), "seconds"), at=at)]

@@ -157,7 +157,8 @@ def _event(line: str) -> tuple[str, str, float | None]:
             return ("resplit", f"re-split at step {step}: batches by slot {_slot_ints(rec['batches'])} from "
                     f"{_slot_ints(rec['previous'])}; compute s by slot {_slot_floats(rec['compute_s'])}"[:500], at)
         if rec.get("kind") == "ckpt_on_notice":
-            return ("ckpt_on_notice", f"checkpoint on a preemption notice at step {step}: saved in "
+            return ("ckpt_on_notice", f"checkpoint on a notice (a preemption, or a deadline hop's drain) at step "
+                    f"{step}: saved in "
                     f"{float(rec['seconds']):.3f} s by {int(rec['world_size'])} ranks (torch.distributed.checkpoint)",
                     at)
         world, previous = int(rec["world_size"]), int(rec["previous"])

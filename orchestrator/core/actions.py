@@ -48,6 +48,15 @@ class DeleteInstance:
 
 
 @dataclass(frozen=True)
+class DrainInstance:
+    """Write the instance's notice so that its training checkpoints, as on a preemption notice: a deliberate
+    hop (``on_revocation: deadline``) then deletes it without losing the steps since the last checkpoint."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RestartTraining:
     """Stop every task; they start again (the chief resumes from the latest checkpoint)."""
 
@@ -89,4 +98,4 @@ class SetJobStatus:
 
 
 Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
-          | SetJobStatus | RecordLogTail | RecordStageLoss | RecordSpotAvailability)
+          | SetJobStatus | RecordLogTail | RecordStageLoss | RecordSpotAvailability | DrainInstance)

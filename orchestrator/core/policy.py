@@ -322,6 +322,7 @@ class AvailabilityLog:
 
 # The note events (``events.to_status``) that record each change of spot capacity the daemon saw.
 SPOT_SEEN_EVENTS: Final = {True: "spot-up", False: "spot-down"}
+DRAIN_EVENT: Final = "drain"  # the note event of an instance drained before a deadline hop (its notice written)
 
 
 def seen_during_job(changes: tuple[tuple[float, bool], ...], started: float, now: float, tick_s: float,

@@ -16,6 +16,7 @@ from orchestrator.core.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
+    DrainInstance,
     PrepareInstance,
     RecordLogTail,
     RecordSpotAvailability,
@@ -65,6 +66,12 @@ class _Pass:
         if end_reason is not None:
             self.ended[inst.name] = end_reason
 
+    @property
+    def drains(self) -> dict[str, float]:
+        """Instances drained before a deadline hop, and when: their notice is the daemon's, not the cloud's."""
+        di = self.job.deadline_inputs
+        return dict(di.drains) if di is not None else {}
+
     def end_reason(self, inst: InstanceView) -> str | None:
         """Why the instance ended, also when this very pass saw it go (the replacement is asked for now)."""
         return self.ended.get(inst.name, inst.end_reason)
@@ -113,7 +120,8 @@ def _step_instance(p: _Pass, inst: InstanceView) -> None:
         _step_ended(p, inst, o)
     elif o is None:
         _step_missing(p, inst)
-    elif inst.name in p.obs.notices or o.state in (ObservedState.STOPPING, ObservedState.TERMINATED):
+    elif (inst.name in p.obs.notices and inst.name not in p.drains) \
+            or o.state in (ObservedState.STOPPING, ObservedState.TERMINATED):
         if inst.spot or o.preempted:
             noticed = inst.name in p.obs.notices
             why = "preemption notice" if noticed and o.state == ObservedState.RUNNING else f"preempted ({o.state})"
@@ -272,6 +280,8 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         if cur is not None and choice != policy.Mode.IDLE and cur.spot == (choice == policy.Mode.SPOT):
             continue
         why = f"deadline policy: {choice.value}"
+        if cur is not None and not _drained(p, cur, why):
+            continue  # it checkpoints first; a later pass deletes it
         if cur is not None:
             p.acts.append(DeleteInstance(cur.name, cur.zone, why, EndReason.REPLACED))
             p.status[cur.name] = S.DELETING
@@ -287,6 +297,23 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         zones = policy.replacement_zones(last.zone, slot.zones, rotate=moved)
         p.create(slot, last.generation + 1, choice == policy.Mode.SPOT, zones, last.port,
                  why + (f", moved from {last.zone} where spot was preempted" if moved else ""))
+
+
+def _drained(p: _Pass, inst: InstanceView, why: str) -> bool:
+    """Whether a deliberate hop may delete ``inst`` now. One that trains is drained first: its notice makes the
+    job checkpoint (as on a preemption notice), and it goes once a checkpoint newer than the notice is reported
+    or the notice window and its upload have passed (a payload that ignores notices loses its steps since the last
+    checkpoint, as before drains). One that does not train yet has nothing to lose."""
+    if p.status[inst.name] != S.TRAINING:
+        return True
+    at = p.drains.get(inst.name)
+    if at is None:
+        p.acts.append(DrainInstance(inst.name, f"{why}: checkpoint before the hop"))
+        return False
+    di = p.job.deadline_inputs
+    if di is not None and di.checkpoint_at is not None and di.checkpoint_at >= at:
+        return True
+    return not policy.in_notice_grace(at, p.now, p.job.notice_s)
 
 
 def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]
@@ -383,7 +410,10 @@ def _tasks(p: _Pass) -> list[Action]:
         return []
     training = [i for i in _live(job, status) if status[i.name] == S.TRAINING]
     by_name = {i.name: i for i in training}
-    ended = {n: pr for n in by_name if (pr := p.obs.procs.get(n)) is not None and pr.state == ProcState.EXITED}
+    # A task drained for a hop may leave the world after its checkpoint (PyTorch): its instance goes, so that exit
+    # says nothing (past the window, the hop was called off and the exit counts).
+    ended = {n: pr for n in by_name if (pr := p.obs.procs.get(n)) is not None and pr.state == ProcState.EXITED
+             and not (n in p.drains and policy.in_notice_grace(p.drains[n], p.now, job.notice_s))}
     verdict = _exit_verdict(job, by_name, ended)
     if verdict is not None:
         return verdict

@@ -17,13 +17,16 @@ class DeadlineInputs:
 
     work_s: float  # the job's predicted no-revocation training time
     done_s: float  # of it, done so far (latest step / train_steps)
-    overhead_s: float  # restart overhead: boot + restore + lost steps
+    overhead_s: float  # restart overhead: boot + restore + the checkpoint on the notice
     tick_s: float  # time between two decisions
     spot_usd_per_h: float
     on_demand_usd_per_h: float
     time_scale: float = 1.0  # cloud seconds per second of the job's clock (local): the policy thinks in cloud time
     # Spot capacity as the daemon saw it: (time, available) at each change it recorded, oldest first.
     spot_seen: tuple[tuple[float, bool], ...] = ()
+    # Instances the daemon drained before a hop (``DrainInstance``): (name, when their notice was written).
+    drains: tuple[tuple[str, float], ...] = ()
+    checkpoint_at: float | None = None  # the newest checkpoint the job reported (worker clock)
 
 
 @dataclass(frozen=True)

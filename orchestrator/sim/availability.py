@@ -242,7 +242,7 @@ class DeadlineFigures:
     """A spec's job as the deadline policies see it, in seconds of its own clock (local: wall seconds)."""
 
     work_s: float  # predicted no-revocation time, less the first start (every start pays the overhead)
-    overhead_s: float  # boot + start-up (restore) + half a checkpoint interval of lost steps
+    overhead_s: float  # boot + start-up (restore) + the checkpoint on the notice or drain (no step is lost)
     spot_usd_per_h: float  # the spot-planned slots on spot, the others as planned
     on_demand_usd_per_h: float  # the spot-planned slots on on-demand
     time_scale: float  # cloud seconds per second of the job's clock (local provider)
@@ -253,11 +253,11 @@ def deadline_figures(spec: JobSpec, price_book: str | None = None) -> DeadlineFi
     cluster = cluster_from_spec(spec, price_book=price_book)
     base = simulate(replace(cluster, enforce_limits=False), NoRevocations())
     start_s = cluster.boot_delay_s + cluster.spot_extra_boot_s + cluster.startup_s
-    train_s = max(1e-9, base.wall_time_s - start_s - cluster.teardown_s)
-    lost_s = train_s * min(cluster.checkpoint_every, cluster.train_steps) / cluster.train_steps / 2
+    # No step is lost at a restart: a preemption's notice and a hop's drain (core.reconcile) both checkpoint first,
+    # and training pauses for that one save.
     fixed = sum(s.price_per_hour for s in cluster.slots if not s.spot)
     return DeadlineFigures(
-        work_s=base.wall_time_s - start_s, overhead_s=start_s + lost_s,
+        work_s=base.wall_time_s - start_s, overhead_s=start_s + cluster.checkpoint_cost_s,
         spot_usd_per_h=fixed + sum(s.price_per_hour for s in cluster.slots if s.spot),
         on_demand_usd_per_h=fixed + sum(s.od_price for s in cluster.slots if s.spot),
         time_scale=cluster.time_scale)
