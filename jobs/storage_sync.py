@@ -7,9 +7,10 @@ pointed at an emulator, and a local directory behaves the same everywhere). This
 
 - at start, downloads ``checkpoints/`` (so a replacement chief resumes), ``metrics.jsonl`` (the chief
   appends to it, so the local copy must continue the bucket's) and ``notices/``;
-- every ``--interval`` seconds, downloads new ``notices/`` and uploads ``metrics.jsonl`` (whole, up to its
-  last complete line, when it changed), ``result.json`` and new or changed files under ``checkpoints/``
-  (the ``checkpoint`` index last, so the bucket never names files it lacks); checkpoints the trainer
+- every ``--interval`` seconds, downloads new ``notices/`` and uploads new or changed files under
+  ``checkpoints/`` (the ``checkpoint`` index last, so the bucket never names files it lacks), then
+  ``metrics.jsonl`` (whole, up to its last complete line, when it changed) and ``result.json`` as they were
+  before the checkpoints went up (so neither names a checkpoint the bucket lacks); checkpoints the trainer
   deleted locally are deleted in the bucket too;
 - on SIGTERM / SIGINT (the instance shutting down) uploads once more and exits 0.
 
@@ -137,10 +138,14 @@ class Sync:
         self.synced[rel] = stat
 
     def push(self) -> int:
-        uploaded = 0
+        """Metrics and result as they are now, but uploaded after the checkpoints: a checkpoint line or a result
+        the controller reads names only checkpoint files already in the bucket (the trainer writes its files, then
+        the line), since the controller may delete the VM as soon as it reads one (a drain's checkpoint, the end)."""
         stat = self._stat(METRICS)
-        if stat is not None and self.synced.get(METRICS) != stat:
-            data = (self.local / METRICS).read_bytes()
+        data = (self.local / METRICS).read_bytes() if stat is not None and self.synced.get(METRICS) != stat else None
+        result = self._stat(RESULT)
+        uploaded = self._push_checkpoints()
+        if stat is not None and data is not None:
             data = data[:data.rfind(b"\n") + 1]  # readers parse lines: never publish half of one
             if data:
                 blob = self.bucket.blob(self._name(METRICS))
@@ -148,11 +153,9 @@ class Sync:
                 uploaded += 1
             if len(data) == stat[0]:
                 self.synced[METRICS] = stat
-        stat = self._stat(RESULT)
-        if stat is not None and self.synced.get(RESULT) != stat:
-            self._upload_file(RESULT, stat)
+        if result is not None and self.synced.get(RESULT) != result:
+            self._upload_file(RESULT, result)
             uploaded += 1
-        uploaded += self._push_checkpoints()
         return uploaded
 
     def _push_checkpoints(self) -> int:

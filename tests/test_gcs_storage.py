@@ -124,6 +124,26 @@ def test_sync_once_seeds_local_and_publishes_whole_lines(storage: GcsStorage, tm
     assert storage.read_text("checkpoints/checkpoint") == 'model_checkpoint_path: "ckpt-2"\n'
 
 
+def test_sync_uploads_checkpoints_before_the_metrics_and_result_that_name_them(storage: GcsStorage,
+                                                                                tmp_path: Path) -> None:
+    """The controller may delete the VM as soon as it reads a checkpoint line (a drain before a deadline hop) or the
+    result (the end): by then the checkpoint's files must be in the bucket."""
+    local = tmp_path / "storage"
+    sync = sync_module().Sync(storage.uri, local)
+    (local / "checkpoints").mkdir(parents=True)
+    sync.pull_initial()
+    (local / "checkpoints" / "ckpt-7.index").write_text("index-7")
+    (local / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n')
+    (local / "metrics.jsonl").write_text('{"kind": "checkpoint", "step": 7, "reason": "notice"}\n')
+    (local / "result.json").write_text('{"step": 7}')
+    order: list[str] = []
+    blob = sync.bucket.blob
+    sync.bucket.blob = lambda name, *a, **kw: order.append(name.rsplit("/", 1)[-1]) or blob(name, *a, **kw)
+    assert sync.push() == 4
+    assert order == ["ckpt-7.index", "checkpoint", "metrics.jsonl", "result.json"]
+    assert storage.read_text("checkpoints/ckpt-7.index") == "index-7"
+
+
 def start_sidecar(storage: GcsStorage, local: Path, interval: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(SYNC), "--uri", storage.uri, "--local", str(local),
                              "--interval", interval], stderr=subprocess.DEVNULL)
