@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import struct
@@ -20,7 +21,7 @@ from tests.e2e_helpers import REPO, cli, tiny_spec
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# A real TensorFlow launch (the module fixture, once per pytest-xdist worker that runs a test of this file).
+# A real TensorFlow launch (the module fixture: once per run, shared by the pytest-xdist workers).
 pytestmark = pytest.mark.slow
 SAVE_ENV = "ORCHESTRATOR_SAVE_SCREENSHOT"  # set to a path (e.g. docs/dashboard.png) to keep the screenshot
 
@@ -40,12 +41,26 @@ def browse(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def finished_local_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str]]:
-    root = tmp_path_factory.mktemp("dash")
+    """One launch for the whole run: under pytest-xdist the first worker to get here launches, in the run's
+    shared temporary directory, and the others wait on the lock and read the same finished job."""
+    xdist = "PYTEST_XDIST_WORKER" in os.environ
+    shared = tmp_path_factory.getbasetemp().parent if xdist else tmp_path_factory.mktemp("dash")
+    root = shared / "dash-job"
     env = {"ORCHESTRATOR_HOME": str(root / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{root / 'results.db'}"}
-    spec = root / "job.yaml"
-    spec.write_text(tiny_spec("dash", root / "runs", schedule=[("worker-0", 40)], steps=160))
-    out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with (shared / "dash-job.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "outcome").exists():
+            root.mkdir()
+            spec = root / "job.yaml"
+            spec.write_text(tiny_spec("dash", root / "runs", schedule=[("worker-0", 40)], steps=160))
+            try:
+                out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
+                outcome = f"exit {out.returncode}\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
+            except subprocess.TimeoutExpired as exc:
+                outcome = f"launch timed out: {exc}"
+            (root / "outcome").write_text(outcome)  # the other workers read it rather than launch again
+    outcome = (root / "outcome").read_text()
+    assert outcome.startswith("exit 0\n"), outcome
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
         job_id = conn.execute(text("SELECT id FROM jobs")).scalar_one()
     yield env, job_id
