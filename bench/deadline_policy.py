@@ -5,14 +5,15 @@ trace's GPU (V100 or K80) from the price book (data/prices.csv, whole VMs of GCE
 Each trace (shared/spot-traces/availability, "Can't Be Late", NSDI'24: measured by asking AWS for spot
 capacity) is replayed from START_POINTS start ticks spread over it, each after 24 h of history.
 
-Held out: the deadline policy's constants (core/policy.py LINE_WAIT, LINE_HOP, HOP_GAIN, HOP_BUDGET) were
+Held out: the deadline policy's constants (core/policy.py LINE_WAIT, LINE_HOP, HOP_GAIN, HOP_BUDGET, WAIT_SHORT) were
 tuned with ``--tune`` on the EVEN start points only, scored both as the simulator runs the policy and as the
 daemon then did (no history at all; it now learns the stretches it sees during the job, which no
 retuning has scored); the table reports the ODD start points, which no tuning saw. Today (2019-02
 prices): 0 deadlines missed, no cell dearer than uniform-progress, 8 of 44 cells under 80% of the optimum's
-saving (all with the 12-minute overhead), 92% of the saving over all runs (uniform-progress 81%). Read per
-setting (slack x overhead over every trace), the goal holds in all four for ``deadline`` and in three for the
-daemon's path (``deadline-in-job``): the ``GOAL per setting`` line.
+saving (all with the 12-minute overhead), 93% of the saving over all runs (uniform-progress 81%). Read per
+setting (slack x overhead over every trace), the goal holds in all four for ``deadline`` and for the daemon's
+path (``deadline-in-job``): the ``GOAL per setting`` line. On the tuning (even) points it does not: slack 4 h with
+the 12-minute overhead captures 77% (76% in-job) there, so that setting's held-out 84% (81%) is no wide margin.
 ``--mpc`` adds the model-predictive trial policy ``deadline-mpc`` (core/deadline_mpc.py: a semi-Markov
 availability model fitted to the stretches seen, the MDP to the deadline solved by backward dynamic
 programming; its settings were also chosen on the even start points), with its own goal line (~15x slower). The
@@ -139,7 +140,7 @@ def tune(book: str) -> None:
     policy (stretches learned from 24 h of history) and as the daemon does (``NO_HISTORY``: only what it saw
     during the job); the policies that do not read the constants are run once."""
     grid = {"LINE_WAIT": (0.5, 1.0, 2.0), "LINE_HOP": (0.5, 1.0), "HOP_GAIN": (0.75, 1.0, 1.25),
-            "HOP_BUDGET": (0.75, 1.0, 1.5)}
+            "HOP_BUDGET": (0.75, 1.0, 1.5), "WAIT_SHORT": (0.0, 2.0, 3.0, 4.0)}
     print("tuning on the EVEN start points: (missed, cells dearer than UP, cells < 80%, mean share) learning; "
           "the same without history")
     fixed = run_all(0, book, names=tuple(n for n in NAMES if n != "deadline"))

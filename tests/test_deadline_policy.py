@@ -71,6 +71,21 @@ def test_deadline_policy_keeps_ahead_of_the_uniform_progress_line_by_a_margin() 
     assert policy.deadline_policy(progress(work_done_h=margin), seen) == Mode.ON_DEMAND
 
 
+def test_deadline_policy_waits_out_an_outage_seen_to_be_a_blip_when_on_the_line() -> None:
+    tick, d = 1 / 6, 0.2
+    on_line = progress(work_done_h=9.23 + 0.5 * policy.LINE_WAIT * d)  # inside the margin, above the line
+    blips = Availability(up_h=2.0, down_h=tick, ups=(2.0,), downs=(tick, tick, 2 * tick))
+    assert policy.short_outage(on_line, blips)
+    assert policy.deadline_policy(on_line, blips) == Mode.IDLE  # on-demand and a hop back: two restarts
+    long_outages = Availability(up_h=2.0, down_h=2.0, ups=(2.0,), downs=(2.0, 3.0))
+    assert policy.deadline_policy(on_line, long_outages) == Mode.ON_DEMAND  # the margin rule, as before
+    assert policy.deadline_policy(on_line, Availability(up_h=2.0, down_h=tick)) == Mode.ON_DEMAND  # none seen
+    behind = progress(work_done_h=9.23 - 0.05)  # below the line: a blip is no reason to fall further
+    assert policy.deadline_policy(behind, blips) == Mode.ON_DEMAND
+    old = replace(on_line, outage_h=policy.WAIT_SHORT * d)  # it outlived every outage seen: expected to go on as long
+    assert not policy.short_outage(old, blips) and policy.deadline_policy(old, blips) == Mode.ON_DEMAND
+
+
 def test_deadline_policy_hops_back_to_spot_only_when_the_stretch_pays_for_it() -> None:
     on_od = progress(mode=Mode.ON_DEMAND, spot_available=True, work_done_h=9.23 + 1.0)  # 1 h ahead of the line
     assert policy.deadline_policy(on_od, Availability(up_h=2.0, down_h=1.0)) == Mode.SPOT

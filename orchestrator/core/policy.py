@@ -353,6 +353,7 @@ LINE_WAIT: Final = 1.0  # spot out: on-demand once less than this many overheads
 LINE_HOP: Final = 1.0  # no stretch seen yet: on-demand -> spot only when this many overheads ahead of the line
 HOP_GAIN: Final = 1.0  # a hop must be expected to save this many times its cost
 HOP_BUDGET: Final = 0.75  # hops the slack left pays for: this many times slack left / (2 overheads)
+WAIT_SHORT: Final = 4.0  # spot out, on or above the line: wait out an outage expected to end within this many overheads
 
 
 def _safe(p: Progress, choice: Mode) -> Mode:
@@ -432,7 +433,8 @@ def hop_pays(p: Progress, seen: Availability) -> bool:
 def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
     """The product's own policy. The line of uniform progress rations the slack (as in Uniform Progress),
     with a margin: a spot outage is waited out only while the job is at least LINE_WAIT overheads ahead of
-    the line, so a later hop back to spot still finds slack. Spot is taken whenever it can be had from
+    the line, so a later hop back to spot still finds slack, or while it is on or above the line and the
+    outage is expected to be short (``short_outage``). Spot is taken whenever it can be had from
     nothing; from on-demand only when ``hop_pays``: the spot stretch, at its age, is expected (from the
     stretches ``seen``) to save more than the hop costs, it is old enough to be one of the stretches the
     slack left can pay hops for, and hopping now beats waiting a tick. Uniform Progress hops on every blip
@@ -446,7 +448,17 @@ def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> M
         return Mode.SPOT if hop_pays(p, seen) else Mode.ON_DEMAND
     if p.mode == Mode.ON_DEMAND:
         return Mode.ON_DEMAND  # stay until spot is back (and worth the hop)
+    if ahead >= 0 and short_outage(p, seen):
+        return _safe(p, Mode.IDLE)
     return _safe(p, Mode.ON_DEMAND if ahead < LINE_WAIT * d else Mode.IDLE)
+
+
+def short_outage(p: Progress, seen: Availability) -> bool:
+    """Whether the outage there is now, at its age, is expected (from the outages seen; none seen: never) to end
+    within WAIT_SHORT overheads, counting this tick. Bridging it on on-demand costs that VM's start and then a
+    hop back (two restarts, in money and slack, and the hop gate may hold the job on on-demand longer), while
+    waiting costs only the outage's slack: on a trace of one-tick blips, on-demand at each blip is all loss."""
+    return bool(seen.downs) and seen.down_left(p.outage_h) + p.tick_h <= WAIT_SHORT * p.overhead_h
 
 
 def on_demand_policy(p: Progress) -> Mode:
