@@ -1,18 +1,21 @@
 """The inputs of ``on_revocation: deadline`` for one pass: the job's work and restart overhead (the
 simulator's accounting of its planned cluster, computed once per spec), how much of the work is done
 (the latest step), the restarts it has measured, the instances drained before a hop and the newest checkpoint,
-and the provider's spot capacity probe where it has one."""
+the spot capacity that earlier jobs in the same spot market saw before it started, and the provider's spot
+capacity probe where it has one."""
 
 from __future__ import annotations
 
 import bisect
+from itertools import pairwise
 
+import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core import policy
 from orchestrator.core.revocation.availability import load_trace
-from orchestrator.core.spec import JobSpec, OnRevocation
+from orchestrator.core.spec import JobSpec, OnRevocation, validate_spec
 from orchestrator.core.state import DeadlineInputs
 from orchestrator.core.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
@@ -21,6 +24,8 @@ from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job, Metric
 
 _FIGURES: dict[str, tuple[DeadlineFigures, float]] = {}  # spec YAML -> figures, decision tick (s)
+_MARKETS: dict[str, str | None] = {}  # job id -> its spot market (a job's spec never changes)
+_BEFORE: dict[str, tuple[tuple[bool, float], ...]] = {}  # started job id -> spot_before (fixed once it started)
 _MAX_CACHED = 256
 
 
@@ -68,6 +73,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
                           spot_seen=spot_seen(session, job.id), drains=drains(session, job.id),
+                          spot_before=spot_before(session, job, spec, now),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
                               Metric.job_id == job.id, Metric.kind == "checkpoint")))
 
@@ -90,3 +96,55 @@ def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
 
 def spot_available(provider: Provider, job_id: str) -> bool | None:
     return provider.spot_capacity(job_id) if isinstance(provider, SupportsSpotCapacity) else None
+
+
+def spot_market(spec: JobSpec) -> str | None:
+    """What decides whether a spot VM of this job can be had, as a key that jobs share: the cloud project (its
+    quota), the zones and the GPU types. None where there is no market to learn across jobs: the local provider
+    (each job replays its own slice of a trace, or none) and the user's own machines."""
+    gce = spec.provider.as_gce()
+    if gce is None:
+        return None
+    gpus = {w.gpu for w in spec.cluster.workers} if spec.cluster else set(spec.search.gpus if spec.search else ())
+    return f"gce/{gce.project}/{','.join(sorted(gce.zones))}/{','.join(sorted(gpus))}"
+
+
+def _market_of(job: Job) -> str | None:
+    if job.id not in _MARKETS:
+        if len(_MARKETS) >= _MAX_CACHED:
+            _MARKETS.clear()
+        try:
+            _MARKETS[job.id] = spot_market(validate_spec(yaml.safe_load(job.spec_yaml)))
+        except Exception:  # a spec an older version wrote that no longer validates: nothing to learn from it
+            _MARKETS[job.id] = None
+    return _MARKETS[job.id]
+
+
+def spot_before(session: Session, job: Job, spec: JobSpec, now: float) -> tuple[tuple[bool, float], ...]:
+    """The stretches of spot capacity that other jobs in this job's spot market saw end within the
+    ``policy.HISTORY_H`` hours before it started, (available, seconds) each, oldest first: the history the
+    simulator gives the deadline policy. A stretch counts only between two changes one job recorded (its first
+    record is where it began to look, not where a stretch began); jobs that looked at the same time each count."""
+    market = spot_market(spec)
+    if market is None:
+        return ()
+    if job.id in _BEFORE:
+        return _BEFORE[job.id]
+    if len(_BEFORE) >= _MAX_CACHED:
+        _BEFORE.clear()
+    started = job.started_at if job.started_at is not None else now
+    kinds = {v: k for k, v in policy.SPOT_SEEN_EVENTS.items()}
+    rows = session.execute(select(Event.job_id, Event.at, Event.to_status).where(
+        Event.job_id != job.id, Event.entity == "note", Event.to_status.in_(list(kinds)),
+        Event.at >= started - policy.HISTORY_H * 3600, Event.at < started).order_by(Event.job_id, Event.at, Event.id))
+    by_job: dict[str, list[tuple[float, bool]]] = {}
+    for job_id, at, what in rows:
+        by_job.setdefault(str(job_id), []).append((float(at), kinds[what]))
+    others = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(list(by_job))))}
+    stretches = [(start, available, end - start)
+                 for job_id, changes in by_job.items() if job_id in others and _market_of(others[job_id]) == market
+                 for (start, available), (end, _) in pairwise(changes[1:])]
+    found = tuple((available, seconds) for _, available, seconds in sorted(stretches))
+    if job.started_at is not None:
+        _BEFORE[job.id] = found
+    return found

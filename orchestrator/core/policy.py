@@ -301,6 +301,13 @@ class AvailabilityLog:
     last: bool | None = None
     open_ticks: int = 0
 
+    def add_stretch(self, available: bool, ticks: int) -> None:
+        """A stretch that ended before the log's first tick (seen by an earlier job): it counts in the means and
+        the stretches, and is never the open one. Only before ``add``."""
+        self.ticks[available] += ticks
+        self.runs[available] += 1
+        self.closed[available].append(ticks)
+
     def add(self, available: bool) -> None:
         self.ticks[available] += 1
         if available != self.last:
@@ -326,12 +333,15 @@ DRAIN_EVENT: Final = "drain"  # the note event of an instance drained before a d
 
 
 def seen_during_job(changes: tuple[tuple[float, bool], ...], started: float, now: float, tick_s: float,
-                    hour_s: float) -> tuple[Availability, float]:
-    """What the daemon has seen of spot during the job, as the simulator's ``AvailabilityLog`` sees it: the
-    capacity at each past tick (from ``changes``, (time, available) at each change the daemon recorded, job
-    clock) and the age of the current up stretch (hours; 0 when spot is out). ``hour_s``: seconds of the job's
-    clock per hour of cloud time."""
+                    hour_s: float, before: tuple[tuple[bool, float], ...] = ()) -> tuple[Availability, float]:
+    """What the daemon has seen of spot, as the simulator's ``AvailabilityLog`` sees it: the stretches ``before``
+    the job ((available, seconds) of each, seen by earlier jobs in the same spot market in the HISTORY_H hours
+    before it: the simulator's history), then the capacity at each past tick of the job (from ``changes``, (time,
+    available) at each change the daemon recorded, job clock), and the age of the current up stretch (hours; 0
+    when spot is out). ``hour_s``: seconds of the job's clock per hour of cloud time."""
     log = AvailabilityLog()
+    for available, seconds in before:
+        log.add_stretch(available, max(1, round(seconds / tick_s)))
     ticks = int((now - started) / tick_s + 1e-9)
     k = 0
     for t in range(ticks):
@@ -345,6 +355,7 @@ def seen_during_job(changes: tuple[tuple[float, bool], ...], started: float, now
     return log.seen(tick_s / hour_s), age
 
 
+HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts (simulator and daemon)
 # Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
 # NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)

@@ -337,7 +337,7 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
     if not changes or changes[-1][1] != available:
         p.acts.append(RecordSpotAvailability(available, "spot capacity " + ("there" if available else "none")))
         changes = (*changes, (p.now, available))
-    seen, up_h = policy.seen_during_job(changes, started, p.now, di.tick_s, h)
+    seen, up_h = policy.seen_during_job(changes, started, p.now, di.tick_s, h, di.spot_before)
     return policy.Progress(
         elapsed_h=(p.now - started) / h, work_done_h=di.done_s / h, work_h=di.work_s / h,
         deadline_h=job.deadline_s / h, overhead_h=di.overhead_s / h, mode=mode, spot_available=available,

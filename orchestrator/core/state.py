@@ -24,6 +24,9 @@ class DeadlineInputs:
     time_scale: float = 1.0  # cloud seconds per second of the job's clock (local): the policy thinks in cloud time
     # Spot capacity as the daemon saw it: (time, available) at each change it recorded, oldest first.
     spot_seen: tuple[tuple[float, bool], ...] = ()
+    # Before the job: the finished stretches of spot capacity that earlier jobs in the same spot market saw in the
+    # policy.HISTORY_H hours before it started, (available, seconds) each (control/deadline.spot_before).
+    spot_before: tuple[tuple[bool, float], ...] = ()
     # Instances the daemon drained before a hop (``DrainInstance``): (name, when their notice was written).
     drains: tuple[tuple[str, float], ...] = ()
     checkpoint_at: float | None = None  # the newest checkpoint the job reported (worker clock)

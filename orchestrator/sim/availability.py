@@ -30,7 +30,7 @@ from orchestrator.sim.from_spec import cluster_from_spec
 
 __all__ = ["AvailabilityTrace", "AvailabilityTraceError", "load_trace"]  # the trace loader, for the callers here
 _MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
-HISTORY_H: Final = 24.0  # the availability a policy may have seen before the job starts
+HISTORY_H: Final = policy.HISTORY_H  # the availability a policy may have seen before the job starts
 OUTLOOK_STARTS: Final = 24  # start ticks per trace behind plan's figures per policy
 
 
