@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from orchestrator.cli.plots import GPU_COLOURS, gather, slot_colours, with_gaps
+from orchestrator.cli.plots import GPU_COLOURS, broken_at_long_gaps, gather, slot_colours, with_gaps
 from orchestrator.store.db import open_session
 from tests.obs_helpers import finished_job
 
@@ -30,6 +30,16 @@ def test_each_slot_has_one_colour_and_its_line_breaks_across_the_revocation(tmp_
     # a slot's rate of 0 (its replacement not yet training) is a gap too, not a line along the axis
     zeroed = [(t, 0.0 if 45 < t < 60 else v) for t, v in data.worker_rates["worker-0"]]
     assert all(not 45 < t < 60 or math.isnan(v) for t, v in with_gaps(data, "worker-0", zeroed))
+
+
+def test_the_cluster_line_breaks_where_nothing_trained_for_long() -> None:
+    waiting = [(115.0, 50.0)]  # the first report after 67 s without training
+    points = [(float(t), 150.0) for t in range(0, 50, 2)] + waiting + [(float(t), 160.0) for t in range(117, 140, 2)]
+    shown = broken_at_long_gaps(points)
+    breaks = [t for t, v in shown if math.isnan(v)]
+    assert breaks == [(48.0 + 115.0) / 2]  # waiting 48-115 s: no line across it
+    assert [p for p in shown if not math.isnan(p[1])] == points
+    assert broken_at_long_gaps(points[:1]) == points[:1] and broken_at_long_gaps([]) == []
 
 
 def test_a_cdf_of_runs_that_all_hit_the_deadline_is_said_not_drawn() -> None:

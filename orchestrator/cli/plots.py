@@ -271,11 +271,26 @@ def with_gaps(data: PlotData, slot: str, points: list[tuple[float, float]]) -> l
     return out
 
 
+def broken_at_long_gaps(points: list[tuple[float, float]], factor: float = 3.0) -> list[tuple[float, float]]:
+    """The cluster's rate with a break (NaN) between two reports further apart than ``factor`` x the median
+    spacing: nothing trained there (waiting for spot, a restart), and a line across it would say it did."""
+    gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:], strict=False))
+    if not gaps:
+        return points
+    limit = factor * gaps[len(gaps) // 2]
+    out = points[:1]
+    for a, b in zip(points, points[1:], strict=False):
+        if b[0] - a[0] > limit:
+            out.append(((a[0] + b[0]) / 2, float("nan")))
+        out.append(b)
+    return out
+
+
 def _draw_throughput(ax: Axes, data: PlotData, scale: float, unit: str, colour: dict[str, str]) -> None:
     """The cluster's examples/s and each worker's, in its slot's colour, broken where it was not running."""
     if data.throughput:
-        ax.plot([t / scale for t, _ in data.throughput], [v for _, v in data.throughput], color="black",
-                linewidth=1.4, label="cluster")
+        shown = broken_at_long_gaps(data.throughput)
+        ax.plot([t / scale for t, _ in shown], [v for _, v in shown], color="black", linewidth=1.4, label="cluster")
     for name, pts in sorted(data.worker_rates.items()):
         shown = with_gaps(data, name, pts)
         ax.plot([t / scale for t, _ in shown], [v for _, v in shown], linewidth=1.0, alpha=0.9, label=name,
