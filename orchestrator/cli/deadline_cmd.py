@@ -126,7 +126,8 @@ def print_outlook(found: tuple[Job, list[Outlook], list[str]]) -> None:
     console.print(table(
         f"Deadline policies on measured spot availability ({', '.join(names)}; {rows[0].runs} start times): "
         f"{job.work_min / 60:.2f} h of work, deadline {job.deadline_min / 60:.2f} h, restart overhead "
-        f"{job.overhead_min} min (cloud time); deadline as the daemon runs it, learning spot only during the job",
+        f"{job.overhead_min} min (cloud time); deadline as the daemon runs a first job, learning spot only during "
+        f"it (on gce, a later job in the same zones also learns from what earlier ones saw in the 24 h before it)",
         ["policy", "mean cost", "P(deadline met)"],
         [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"] for o in rows]))
 
