@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core import policy
 from orchestrator.core.revocation.availability import load_trace
-from orchestrator.core.spec import JobSpec, OnRevocation, validate_spec
+from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
 from orchestrator.core.state import DeadlineInputs
 from orchestrator.core.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
@@ -115,7 +115,7 @@ def _market_of(job: Job) -> str | None:
             _MARKETS.clear()
         try:
             _MARKETS[job.id] = spot_market(validate_spec(yaml.safe_load(job.spec_yaml)))
-        except Exception:  # a spec an older version wrote that no longer validates: nothing to learn from it
+        except (SpecError, yaml.YAMLError):  # one an older version wrote that no longer validates: nothing to learn
             _MARKETS[job.id] = None
     return _MARKETS[job.id]
 
