@@ -80,6 +80,8 @@ def test_a_deadline_hop_drains_the_vm_and_loses_no_step(tmp_path: Path) -> None:
         ckpt = next(e for e in after if e.entity == "note" and e.to_status == "checkpoint")
         resumed = next(e for e in after if e.entity == "note" and e.to_status == "resumed")
         saved = _step(ckpt.reason, r"checkpoint at step (\d+) after a notice")
-        assert _step(resumed.reason, r"resumed from the checkpoint at step (\d+)") == saved  # no step lost
+        # No step before the drain is lost: training resumes from the drain's checkpoint, or from a periodic one
+        # that the drained VM wrote in the second before its delete (checkpoint_every: 25).
+        assert saved <= _step(resumed.reason, r"resumed from the checkpoint at step (\d+)") < saved + 25
     assert not any(e.entity == "instance" and e.to_status == "revoked" for e in events)
     assert processes_under(tmp_path) == []
