@@ -36,8 +36,9 @@ NOTICE_S = 30.0
 
 
 def _job(status: InstanceStatus = InstanceStatus.TRAINING, drained_at: float | None = None,
-         checkpoint_at: float | None = None) -> JobView:
-    """A spot VM training with no slack left: the policy's safety net takes on-demand (a hop)."""
+         checkpoint_at: float | None = None, slack_s: float = 60.0) -> JobView:
+    """A spot VM training with no slack left: the policy's safety net takes on-demand (a hop); with ``slack_s``
+    of an hour or more and spot there, the policy keeps it."""
     slot = Slot(Role.WORKER, 0, "v100", "gce", "z1", True, 0.9, on_demand_price_per_hour=2.5, zones=("z1",))
     vm = InstanceView(id=1, name=NAME, role=Role.WORKER, index=0, generation=0, status=status, spot=True,
                       zone="z1", port=None, requested_at=T0 - 3600, updated_at=T0 - 3000)
@@ -47,7 +48,7 @@ def _job(status: InstanceStatus = InstanceStatus.TRAINING, drained_at: float | N
                             drains=() if drained_at is None else ((NAME, drained_at),), checkpoint_at=checkpoint_at)
     return JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(slot,),
                    instances=(vm,), on_revocation=OnRevocation.DEADLINE, max_replacements=5, budget_usd=None,
-                   deadline_s=48 * 3600 + 60, started_at=T0 - 4 * 3600, restarts=0, cost_usd=0.0,
+                   deadline_s=48 * 3600 + slack_s, started_at=T0 - 4 * 3600, restarts=0, cost_usd=0.0,
                    notice_s=NOTICE_S, deadline_inputs=inputs)
 
 
@@ -110,6 +111,20 @@ def test_a_real_preemption_of_a_drained_vm_is_still_a_preemption() -> None:
     obs = replace(_obs(noticed=True), instances={NAME: vm})
     acts = reconcile(job, obs, T0)
     assert any(isinstance(a, SetInstanceStatus) and a.status == InstanceStatus.REVOKED for a in acts)
+
+
+def test_a_drain_is_never_called_off_when_the_policy_changes_its_mind() -> None:
+    """The hop's drain began; by the next pass the policy would keep the VM after all (slack back, spot there). The
+    job has already checkpointed on the notice (a PyTorch rank has left), and a VM kept with that old drain would
+    be deleted at some later hop on the drain's checkpoint, losing the steps since: the hop completes instead,
+    onto a fresh VM of the pricing the policy now wants, once the drain's checkpoint is in."""
+    assert _kinds(reconcile(_job(slack_s=6 * 3600), _obs(), T0)) == []  # no drain: the policy keeps its spot VM
+    waiting = reconcile(_job(drained_at=T0 - 2, slack_s=6 * 3600), _obs(noticed=True), T0)
+    assert _kinds(waiting) == []  # the checkpoint has not come: the VM trains on
+    acts = reconcile(_job(drained_at=T0 - 2, checkpoint_at=T0 - 1, slack_s=6 * 3600), _obs(noticed=True), T0)
+    assert _kinds(acts) == [DeleteInstance, CreateInstance]
+    create = next(a for a in acts if isinstance(a, CreateInstance))
+    assert create.spot and create.generation == 1 and "drained for earlier" in create.reason
 
 
 # ---------------------------------------------------------------- the daemon's side: record, notice, read back

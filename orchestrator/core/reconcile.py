@@ -277,9 +277,14 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
     for slot in slots:
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
         cur = next((i for i in reversed(insts) if p.status[i.name] in LIVE_INSTANCE), None)
-        if cur is not None and choice != policy.Mode.IDLE and cur.spot == (choice == policy.Mode.SPOT):
+        keep = cur is not None and choice != policy.Mode.IDLE and cur.spot == (choice == policy.Mode.SPOT)
+        if keep and (cur is None or cur.name not in p.drains):
             continue
         why = f"deadline policy: {choice.value}"
+        if keep:
+            # A drain is never called off: its notice has made the job checkpoint (a PyTorch rank has left), and a
+            # VM kept with an old drain would later be deleted on that drain's checkpoint, losing the steps since.
+            why += " (the hop drained for earlier completes: a fresh VM of the same pricing)"
         if cur is not None and not _drained(p, cur, why):
             continue  # it checkpoints first; a later pass deletes it
         if cur is not None:
