@@ -416,7 +416,7 @@ def _tasks(p: _Pass) -> list[Action]:
     training = [i for i in _live(job, status) if status[i.name] == S.TRAINING]
     by_name = {i.name: i for i in training}
     # A task drained for a hop may leave the world after its checkpoint (PyTorch): its instance goes, so that exit
-    # says nothing (past the window, the hop was called off and the exit counts).
+    # says nothing (past the window, with its VM not deleted, the exit counts).
     ended = {n: pr for n in by_name if (pr := p.obs.procs.get(n)) is not None and pr.state == ProcState.EXITED
              and not (n in p.drains and policy.in_notice_grace(p.drains[n], p.now, job.notice_s))}
     verdict = _exit_verdict(job, by_name, ended)
