@@ -7,6 +7,7 @@ capacity probe where it has one."""
 from __future__ import annotations
 
 import bisect
+import statistics
 from itertools import pairwise
 
 import yaml
@@ -63,13 +64,33 @@ def measured_overhead_s(session: Session, job: Job, now: float) -> float:
     return worst
 
 
+PACE_WINDOWS = 5  # the job's own reports of progress before its measured pace replaces the predicted one
+PACE_RECENT = 20  # ... of which the newest count (a shrunk world, a slowed host: the pace now)
+
+
+def measured_step_s(session: Session, job_id: str) -> float | None:
+    """Seconds per training step at the pace the job has reported lately: the median over its newest cluster
+    step reports of (time between two reports) / (steps between them). A restart, a wait for spot and a rollback
+    to a checkpoint fall in single intervals that the median leaves out. None until PACE_WINDOWS intervals."""
+    rows = session.execute(select(Metric.step, Metric.at).where(
+        Metric.job_id == job_id, Metric.kind == "step", Metric.worker == -1
+    ).order_by(Metric.at.desc()).limit(PACE_RECENT + 1)).all()
+    per_step = [(b_at - a_at) / (b - a) for (b, b_at), (a, a_at) in pairwise(rows) if b > a and b_at > a_at]
+    return statistics.median(per_step) if len(per_step) >= PACE_WINDOWS else None
+
+
 def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> DeadlineInputs | None:
+    """The work is the predicted no-revocation time until the job has measured its own pace, then the steps at
+    that pace: a prediction off by its interval (+-20% and more) would otherwise spend slack the job has not got,
+    or keep on-demand it does not need."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE:
         return None
     fig, tick = _figures(job.spec_yaml, spec)
     step, _ = queries.latest_step(session, job.id)
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
-    return DeadlineInputs(work_s=fig.work_s, done_s=fig.work_s * min(1.0, step / max(1, job.train_steps)),
+    pace = measured_step_s(session, job.id)
+    work_s = fig.work_s if pace is None else pace * job.train_steps
+    return DeadlineInputs(work_s=work_s, done_s=work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
                           spot_seen=spot_seen(session, job.id), drains=drains(session, job.id),

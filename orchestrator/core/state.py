@@ -15,7 +15,7 @@ from orchestrator.core.status import InstanceStatus, JobStatus
 class DeadlineInputs:
     """What ``on_revocation: deadline`` decides from, besides the instances (seconds of the job's clock)."""
 
-    work_s: float  # the job's predicted no-revocation training time
+    work_s: float  # the job's no-revocation training time: predicted, then its steps at the pace it measured
     done_s: float  # of it, done so far (latest step / train_steps)
     overhead_s: float  # restart overhead: boot + restore + the checkpoint on the notice
     tick_s: float  # time between two decisions

@@ -1,0 +1,52 @@
+"""The daemon's deadline policy plans with the job's measured pace once it has one (issue 23): the predicted
+no-revocation time is only a prediction (+-20% and more), and a job slower than predicted has less slack than
+the policy would otherwise think."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from test_control_poison import local_spec
+
+from orchestrator.control import deadline
+from orchestrator.control.launcher import create_job
+from orchestrator.core.paths import user_dir
+from orchestrator.core.spec import validate_spec
+from orchestrator.store.db import open_session
+from orchestrator.store.models import Metric
+
+T0 = 3_000_000.0
+
+
+def _report(session: object, job_id: str, step: int, at: float) -> None:
+    session.add(Metric(job_id=job_id, kind="step", worker=-1, step=step, at=at))  # type: ignore[attr-defined]
+
+
+def test_the_work_is_the_predicted_time_until_the_job_has_measured_its_pace_then_its_steps_at_that_pace(
+        tmp_path: Path) -> None:
+    user_dir()
+    spec = validate_spec(yaml.safe_load(local_spec("pace", tmp_path / "runs", "true").replace(
+        "on_revocation: replace, max_replacements: 0", "on_revocation: deadline").replace(
+        "train_steps: 10", "train_steps: 1000")))
+    with open_session() as session:
+        job = create_job(session, spec)
+        job.started_at = T0
+        predicted = deadline.deadline_inputs(session, job, spec, T0)
+        assert predicted is not None and predicted.done_s == 0.0
+        pace = 3.0 * predicted.work_s / job.train_steps  # this host runs the job 3x slower than predicted
+        steps = [10 * k for k in range(1, 9)]
+        at = [T0 + pace * s for s in steps]
+        at[5:] = [t + 500.0 for t in at[5:]]  # a restart (or a wait for spot) between two reports
+        for s, t in zip(steps[:5], at[:5], strict=True):
+            _report(session, job.id, s, t)
+        session.commit()
+        early = deadline.deadline_inputs(session, job, spec, at[4])
+        assert early is not None and early.work_s == predicted.work_s  # 4 intervals: not a pace yet
+        for s, t in zip(steps[5:], at[5:], strict=True):
+            _report(session, job.id, s, t)
+        session.commit()
+        late = deadline.deadline_inputs(session, job, spec, at[-1])
+        assert late is not None
+        assert abs(late.work_s - 3.0 * predicted.work_s) < 1e-6 * predicted.work_s  # the restart's gap left out
+        assert abs(late.done_s - late.work_s * steps[-1] / job.train_steps) < 1e-9
