@@ -4,7 +4,7 @@ policy replayed on a measured spot availability trace (``sim.availability``)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,23 @@ def _mix(d: dict[str, Any]) -> str:
     return "".join(letters.get(c["mode"], "e") for c in d["timeline"])[:40]  # e: an elastic membership
 
 
-def deadline_outlook(spec: JobSpec) -> tuple[Job, list[Outlook], list[str]] | None:
+@dataclass(frozen=True)
+class DeadlineOutlook:
+    """``plan``'s view of a deadline spec: each policy on real traces with the predicted work and, where the plan
+    has a prediction interval, with the work at its slow end (``slow_by``: the interval's relative half-width)."""
+
+    job: Job
+    rows: list[Outlook]
+    traces: list[str]
+    slow_by: float | None = None
+    slow_rows: list[Outlook] = field(default_factory=list)
+
+
+def deadline_outlook(spec: JobSpec, slow_by: float | None = None) -> DeadlineOutlook | None:
     """``plan``'s view of an ``on_revocation: deadline`` spec: each policy's mean cost and chance of meeting
-    the deadline on the spec's own availability trace (local provider) or the bundled ones; None otherwise."""
+    the deadline on the spec's own availability trace (local provider) or the bundled ones; None otherwise.
+    ``slow_by``: also with the work that much longer (the prediction interval's slow end), as the daemon plans
+    once the job has measured its pace (control/deadline.measured_step_s)."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE or spec.policy.deadline is None:
         return None
     local = spec.provider.as_local()
@@ -118,23 +132,51 @@ def deadline_outlook(spec: JobSpec) -> tuple[Job, list[Outlook], list[str]] | No
     scale = fig.time_scale / 60.0
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
               round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)
-    return job, outlook(job, [load_trace(p) for p in paths]), [p.name for p in paths]
+    traces = [load_trace(p) for p in paths]
+    found = DeadlineOutlook(job, outlook(job, traces), [p.name for p in paths])
+    if slow_by is None or slow_by <= 0:
+        return found
+    slow = replace(job, work_min=max(1, round(job.work_min * (1 + slow_by))))
+    return replace(found, slow_by=slow_by, slow_rows=outlook(slow, traces))
 
 
-def print_outlook(found: tuple[Job, list[Outlook], list[str]]) -> None:
-    job, rows, names = found
+def print_outlook(found: DeadlineOutlook) -> None:
+    job, rows = found.job, found.rows
+    slow = {o.policy: o for o in found.slow_rows}
+    head = ["policy", "mean cost", "P(deadline met)"]
+    if slow:
+        head += [f"cost, work +{found.slow_by:.0%}", f"P(met), work +{found.slow_by or 0.0:.0%}"]
     console.print(table(
-        f"Deadline policies on measured spot availability ({', '.join(names)}; {rows[0].runs} start times): "
+        f"Deadline policies on measured spot availability ({', '.join(found.traces)}; {rows[0].runs} start times): "
         f"{job.work_min / 60:.2f} h of work, deadline {job.deadline_min / 60:.2f} h, restart overhead "
         f"{job.overhead_min} min (cloud time); deadline as the daemon runs a first job, learning spot only during "
-        f"it (on gce, a later job in the same zones also learns from what earlier ones saw in the 24 h before it)",
-        ["policy", "mean cost", "P(deadline met)"],
-        [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"] for o in rows]))
+        f"it (on gce, a later job in the same zones also learns from what earlier ones saw in the 24 h before it)"
+        + (f"; the last two columns: the work at the prediction interval's slow end (+{found.slow_by:.0%}), as the "
+           "daemon plans once the job has measured its pace" if slow else ""),
+        head,
+        [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"]
+         + ([money(slow[o.policy].mean_cost_usd), f"{100 * slow[o.policy].p_deadline_met:.0f}%"] if slow else [])
+         for o in rows]))
+    missed = [o.policy for o in found.slow_rows if o.p_deadline_met < 1.0 and o.policy != "on-demand"]
+    if slow and slow.get("on-demand") is not None and slow["on-demand"].p_deadline_met < 1.0:
+        console.print(f"[yellow]the deadline is within the prediction interval:[/yellow] at +{found.slow_by:.0%} "
+                      "work even on-demand all along misses it; measure the model (model predict --measurements) "
+                      "or give the job more time", highlight=False)
+    elif missed:
+        console.print(f"[yellow]at +{found.slow_by:.0%} work[/yellow] {', '.join(missed)} may miss the deadline",
+                      highlight=False)
 
 
-def outlook_dict(found: tuple[Job, list[Outlook], list[str]]) -> dict[str, Any]:
-    job, rows, names = found
-    return {"traces": names, "work_h": job.work_min / 60, "deadline_h": job.deadline_min / 60,
-            "restart_overhead_h": job.overhead_min / 60,
-            "policies": [{"policy": o.policy, "mean_cost_usd": o.mean_cost_usd, "p_deadline_met": o.p_deadline_met,
-                          "runs": o.runs} for o in rows]}
+def outlook_dict(found: DeadlineOutlook) -> dict[str, Any]:
+    job, slow = found.job, {o.policy: o for o in found.slow_rows}
+    doc: dict[str, Any] = {
+        "traces": found.traces, "work_h": job.work_min / 60, "deadline_h": job.deadline_min / 60,
+        "restart_overhead_h": job.overhead_min / 60,
+        "policies": [{"policy": o.policy, "mean_cost_usd": o.mean_cost_usd, "p_deadline_met": o.p_deadline_met,
+                      "runs": o.runs}
+                     | ({"mean_cost_usd_slow": slow[o.policy].mean_cost_usd,
+                         "p_deadline_met_slow": slow[o.policy].p_deadline_met} if o.policy in slow else {})
+                     for o in found.rows]}
+    if found.slow_by is not None and slow:
+        doc["slow_by"] = found.slow_by  # the prediction interval's relative half-width: the *_slow figures' work
+    return doc

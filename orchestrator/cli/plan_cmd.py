@@ -171,7 +171,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     interval = plan_interval(result, calib or DEFAULT_CALIBRATION)
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
-    found = deadline_outlook(checked.spec)  # on_revocation: deadline: each policy on real traces
+    # on_revocation: deadline: each policy on real traces, also with the work at the interval's slow end
+    found = deadline_outlook(checked.spec, interval["relative"] if interval is not None else None)
     if fmt == "csv":
         front = {id(c) for c in result.front}
         ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [

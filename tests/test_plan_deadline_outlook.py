@@ -1,0 +1,56 @@
+"""`plan` of an ``on_revocation: deadline`` spec (issue 23, item 4): each policy's mean cost and chance of meeting the
+deadline on the spec's measured availability trace, and the same with the work at the prediction interval's slow
+end, since the daemon plans with the job's measured pace (control/deadline.measured_step_s) once it has one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from orchestrator.cli.deadline_cmd import deadline_outlook
+from orchestrator.core.spec import validate_spec
+from tests.cli_inproc import run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "local-deadline.yaml"
+
+
+def _plan(tmp_path: Path, *args: str) -> str:
+    out = run_cli(["plan", str(EXAMPLE), *args], {**os.environ, "COLUMNS": "200",
+                                                 "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"}, REPO)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_plan_prints_each_policy_with_the_predicted_work_and_at_the_intervals_slow_end(tmp_path: Path) -> None:
+    doc = json.loads(_plan(tmp_path, "--format", "json"))
+    outlook, width = doc["deadline_policies"], doc["prediction_interval"]["relative"]
+    assert outlook["slow_by"] == width > 0
+    rows = {p["policy"]: p for p in outlook["policies"]}
+    assert set(rows) == {"on-demand", "greedy", "uniform-progress", "deadline"}
+    assert rows["on-demand"]["mean_cost_usd_slow"] > rows["on-demand"]["mean_cost_usd"]
+    assert all(0.0 <= p["p_deadline_met_slow"] <= p["p_deadline_met"] <= 1.0 for p in rows.values())
+    text = _plan(tmp_path)
+    assert f"P(met), work +{width:.0%}" in text and "the prediction interval's slow end" in text
+
+
+def test_a_deadline_inside_the_interval_is_said(tmp_path: Path) -> None:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["provider"]["availability_trace"] = str((EXAMPLE.parent / raw["provider"]["availability_trace"]).resolve())
+    found = deadline_outlook(validate_spec(raw), 0.25)
+    assert found is not None
+    # on-demand all along makes it with the predicted work, not with 25% more (one real second is a minute here)
+    raw["policy"]["deadline"] = f"{round((found.job.work_min + found.job.overhead_min) * 1.1)}s"
+    late = deadline_outlook(validate_spec(raw), 0.25)
+    assert late is not None
+    assert {o.policy: o.p_deadline_met for o in late.rows}["on-demand"] == 1.0
+    assert {o.policy: o.p_deadline_met for o in late.slow_rows}["on-demand"] == 0.0
+    spec = tmp_path / "tight.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    out = run_cli(["plan", str(spec)], {**os.environ, "COLUMNS": "200",
+                                        "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"}, REPO)
+    assert out.returncode == 0, out.stderr
+    assert "the deadline is within the prediction interval" in out.stdout
