@@ -50,3 +50,28 @@ def test_the_work_is_the_predicted_time_until_the_job_has_measured_its_pace_then
         assert late is not None
         assert abs(late.work_s - 3.0 * predicted.work_s) < 1e-6 * predicted.work_s  # the restart's gap left out
         assert abs(late.done_s - late.work_s * steps[-1] / job.train_steps) < 1e-9
+
+
+def test_report_says_which_work_the_daemon_planned_with(tmp_path: Path) -> None:
+    from orchestrator.cli.deadline_report import deadline_section
+
+    user_dir()
+    spec = validate_spec(yaml.safe_load(local_spec("pace-report", tmp_path / "runs", "true").replace(
+        "on_revocation: replace, max_replacements: 0", "on_revocation: deadline").replace(
+        "train_steps: 10", "train_steps: 1000")))
+    with open_session() as session:
+        job = create_job(session, spec)
+        job.started_at = T0
+        predicted = deadline.deadline_inputs(session, job, spec, T0)
+        assert predicted is not None
+        session.commit()
+        assert deadline_section(session, [{"job_id": job.id}])[-1].endswith("(too few progress reports to measure "
+                                                                           "the pace)")
+        pace = 0.5 * predicted.work_s / job.train_steps
+        for k in range(1, 8):
+            _report(session, job.id, 10 * k, T0 + pace * 10 * k)
+        session.commit()
+        lines = deadline_section(session, [{"job_id": job.id}])
+    assert lines[0].startswith(f"{job.id}: deadline 600s running")
+    assert lines[-1] == (f"  work: predicted {predicted.work_s:.0f}s, at the pace the job measured "
+                         f"{0.5 * predicted.work_s:.0f}s (-50%; the daemon plans with the measured pace)")

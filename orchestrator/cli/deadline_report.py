@@ -79,7 +79,29 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
             "missed" if job.status in ("succeeded", "failed") else "running")
         lines.append(f"{job.id}: deadline {deadline:.0f}s {met} (ran {data.end:.0f}s)")
         lines += [f"  {p}" for p in parts]
+        work = _work_line(session, job)
+        if work:
+            lines.append(f"  {work}")
     return lines
+
+
+def _work_line(session: Session, job: Job) -> str | None:
+    """The training time the daemon planned with: predicted, and at the pace the job measured (which replaces the
+    prediction once the job has reported enough steps: control/deadline.measured_step_s)."""
+    from orchestrator.control.deadline import measured_step_s  # lazy: the daemon's inputs, only for deadline jobs
+    from orchestrator.sim.availability import deadline_figures
+    from orchestrator.sim.from_spec import SimSpecError
+
+    try:
+        predicted = deadline_figures(job_spec(job.spec_yaml)).work_s
+    except SimSpecError:
+        return None
+    pace = measured_step_s(session, job.id)
+    if pace is None:
+        return f"work: predicted {predicted:.0f}s (too few progress reports to measure the pace)"
+    measured = pace * job.train_steps
+    return (f"work: predicted {predicted:.0f}s, at the pace the job measured {measured:.0f}s "
+            f"({measured / predicted - 1:+.0%}; the daemon plans with the measured pace)")
 
 
 def draw_deadline_panel(ax: Axes, session: Session, job: Job, bars: Sequence[Bar], end: float, scale: float) -> None:
