@@ -14,6 +14,12 @@ pointed at an emulator, and a local directory behaves the same everywhere). This
   deleted locally are deleted in the bucket too;
 - on SIGTERM / SIGINT (the instance shutting down) uploads once more and exits 0.
 
+``--instance NAME``: also watch the GCE metadata server's ``instance/maintenance-event`` (every
+``--maintenance-poll`` seconds; ``ORCH_MAINTENANCE_URL`` overrides where): GCE stops a GPU VM for host
+maintenance an hour after that value turns ``TERMINATE_ON_HOST_MAINTENANCE``, and the sidecar then writes the
+VM's notice, ``notices/NAME`` (``{"at", "maintenance"}``), locally and in the bucket, once: the job checkpoints as
+on a preemption notice and the controller replaces the VM before the stop, losing no step.
+
 ``--once``: the start-up download and one upload, then exit (run it before the task to seed ``--local``;
 exit code 1 if the bucket could not be read). ``--pull-only``: never upload or delete (tasks other than
 the one doing the job's I/O). Imports google-cloud-storage only (no TensorFlow), and
@@ -23,12 +29,15 @@ honours ``STORAGE_EMULATOR_HOST`` with anonymous credentials.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,7 @@ METRICS = "metrics.jsonl"
 RESULT = "result.json"
 NOTICES = "notices"
 CHECKPOINTS = "checkpoints"
+MAINTENANCE_URL = "http://metadata.google.internal/computeMetadata/v1/instance/maintenance-event"
 
 log = logging.getLogger("storage_sync")
 
@@ -131,6 +141,14 @@ class Sync:
             log.info("notice %s", name)
         return new
 
+    def write_notice(self, name: str, body: str) -> None:
+        """A notice this VM raises itself: here first (the payload on this VM reads it at once), then in the
+        bucket (the controller and the other VMs)."""
+        (self.local / NOTICES / name).write_text(body)
+        blob = self.bucket.blob(self._name(f"{NOTICES}/{name}"))
+        blob.upload_from_string(body)
+        self.notice_gens[name] = blob.generation
+
     # ---------------------------------------------------------------- up
 
     def _upload_file(self, rel: str, stat: tuple[int, int]) -> None:
@@ -188,6 +206,50 @@ class Sync:
         return len(changed)
 
 
+class MaintenanceWatch:
+    """Reports GCE's host-maintenance notice of this VM as the VM's notice, once (see the module's docstring). Runs in
+    its own thread, so a slow metadata read never holds up the sync; off GCE (no metadata server) it reads again
+    only every FAILED_EVERY_S."""
+
+    FAILED_EVERY_S = 300.0
+
+    def __init__(self, sync: Sync, instance: str, url: str, every_s: float) -> None:
+        self.sync, self.instance, self.url, self.every_s = sync, instance, url, every_s
+        self.reported = threading.Event()
+        self.failed = False
+
+    def event(self) -> str | None:
+        req = urllib.request.Request(self.url, headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(req, timeout=2.0) as resp:
+                self.failed = False
+                return str(resp.read().decode().strip())
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            if not self.failed:
+                log.info("maintenance-event not readable (%s): read again in %.0f s", e, self.FAILED_EVERY_S)
+            self.failed = True
+            return None
+
+    def poll(self) -> bool:
+        """Whether this call wrote the notice."""
+        value = self.event()
+        if self.reported.is_set() or not value or not value.startswith("TERMINATE"):
+            return False
+        self.sync.write_notice(self.instance, json.dumps({"at": time.time(), "maintenance": value}))
+        self.reported.set()
+        log.info("host maintenance notice (%s): wrote notices/%s", value, self.instance)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        while not self.reported.is_set():
+            try:
+                self.poll()
+            except Exception as e:  # noqa: BLE001 - the bucket write failed: try again at the next read
+                log.warning("maintenance notice not written: %s", e)
+            if stop.wait(self.FAILED_EVERY_S if self.failed else self.every_s):
+                return
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--uri", required=True, help="the job's storage: gs://bucket/prefix/<job_id>")
@@ -195,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
     ap.add_argument("--once", action="store_true", help="download, upload once, exit")
     ap.add_argument("--pull-only", action="store_true", help="only download (tasks that write no job files)")
+    ap.add_argument("--instance", help="this VM's instance name: watch its GCE host-maintenance notice")
+    ap.add_argument("--maintenance-poll", type=float, default=10.0, help="seconds between maintenance-event reads")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s storage_sync %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -226,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             sync.push()
         return 0
 
+    if args.instance:
+        watch = MaintenanceWatch(sync, args.instance, os.environ.get("ORCH_MAINTENANCE_URL") or MAINTENANCE_URL,
+                                 args.maintenance_poll)
+        threading.Thread(target=watch.run, args=(stop,), name="maintenance", daemon=True).start()
     while not stop.wait(args.interval):
         try:
             sync.pull_notices()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 
@@ -185,3 +189,47 @@ def test_sync_sidecar_flushes_on_sigterm(storage: GcsStorage, tmp_path: Path) ->
         assert storage.read_text("metrics.jsonl") == '{"step": 9}\n'
     finally:
         stop(proc, timeout_s=10)
+
+
+class _Metadata(BaseHTTPRequestHandler):
+    """GCE's metadata server, as far as ``instance/maintenance-event`` goes (it refuses a request without the
+    Metadata-Flavor header, as the real one does)."""
+
+    value = "NONE"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        ok = self.headers.get("Metadata-Flavor") == "Google" and self.path.endswith("/instance/maintenance-event")
+        body = (type(self).value if ok else "forbidden").encode()
+        self.send_response(200 if ok else 403)
+        self.send_header("Content-Type", "application/text")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_sync_sidecar_turns_a_host_maintenance_notice_into_the_vms_notice(storage: GcsStorage, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """GCE stops a GPU VM for host maintenance an hour after its maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE:
+    the sidecar writes the VM's notice (here for the payload, in the bucket for the controller), once."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1/instance/maintenance-event"
+    monkeypatch.setenv("ORCH_MAINTENANCE_URL", url)
+    local = tmp_path / "storage"
+    proc = subprocess.Popen([sys.executable, str(SYNC), "--uri", storage.uri, "--local", str(local), "--interval",
+                             "0.1", "--instance", "job-worker-0-0", "--maintenance-poll", "0.1"],
+                            stderr=subprocess.DEVNULL, env=dict(os.environ))
+    try:
+        eventually(lambda: (local / "notices").is_dir())
+        time.sleep(0.5)  # several reads of NONE: no notice
+        assert "job-worker-0-0" not in storage.notices()
+        _Metadata.value = "TERMINATE_ON_HOST_MAINTENANCE"
+        eventually(lambda: "job-worker-0-0" in storage.notices())
+        notice = json.loads((local / "notices" / "job-worker-0-0").read_text())
+        assert notice["maintenance"] == "TERMINATE_ON_HOST_MAINTENANCE" and notice["at"] > 0
+    finally:
+        _Metadata.value = "NONE"
+        server.shutdown()
+        assert stop(proc, timeout_s=10) == 0

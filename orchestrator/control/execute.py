@@ -159,7 +159,7 @@ def _start_task(ctx: JobContext, name: str, reason: str) -> None:
     if ctx.storage.local_path() is None:
         writes = _writes_job_files(ctx.spec, inst)
         t.start(ep, SYNC, [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
-                           "storage", "--interval", "1"] + ([] if writes else ["--pull-only"]),
+                           "storage", "--interval", "1", "--instance", inst.name] + ([] if writes else ["--pull-only"]),
                 ctx.backend.task_env)
     t.write(ep, "task.json", _task_config(ctx, inst).to_json())
     try:  # the spec's env: and secrets (read now, never stored) for the payload's process only

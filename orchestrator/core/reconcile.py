@@ -122,10 +122,15 @@ def _step_instance(p: _Pass, inst: InstanceView) -> None:
         _step_missing(p, inst)
     elif (inst.name in p.obs.notices and inst.name not in p.drains) \
             or o.state in (ObservedState.STOPPING, ObservedState.TERMINATED):
+        noticed = inst.name in p.obs.notices
         if inst.spot or o.preempted:
-            noticed = inst.name in p.obs.notices
             why = "preemption notice" if noticed and o.state == ObservedState.RUNNING else f"preempted ({o.state})"
             p.lose(inst, S.REVOKED, why, EndReason.PREEMPTED)
+        elif noticed and o.state == ObservedState.RUNNING:
+            # Only GCE's host-maintenance notice (jobs/storage_sync.py) puts a notice on an on-demand VM: it is kept
+            # through the notice window for the checkpoint, as a revoked one, then replaced like any lost VM.
+            p.lose(inst, S.REVOKED, "host maintenance notice: GCE stops GPU VMs for host maintenance an hour "
+                   "after it; replaced after its checkpoint", EndReason.LOST)
         else:
             p.lose(inst, S.LOST, f"instance {o.state.value} without a stop request", EndReason.LOST)
     elif o.state == ObservedState.PENDING:
