@@ -12,7 +12,7 @@ from test_control_poison import local_spec
 from orchestrator.control import deadline
 from orchestrator.control.launcher import create_job
 from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import validate_spec
+from orchestrator.core.spec import JobSpec, validate_spec
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Metric
 
@@ -23,12 +23,17 @@ def _report(session: object, job_id: str, step: int, at: float) -> None:
     session.add(Metric(job_id=job_id, kind="step", worker=-1, step=step, at=at))  # type: ignore[attr-defined]
 
 
-def test_the_work_is_the_predicted_time_until_the_job_has_measured_its_pace_then_its_steps_at_that_pace(
-        tmp_path: Path) -> None:
+def _deadline_spec(name: str, tmp_path: Path) -> JobSpec:
+    """A local deadline job of 1000 steps."""
     user_dir()
-    spec = validate_spec(yaml.safe_load(local_spec("pace", tmp_path / "runs", "true").replace(
+    return validate_spec(yaml.safe_load(local_spec(name, tmp_path / "runs", "true").replace(
         "on_revocation: replace, max_replacements: 0", "on_revocation: deadline").replace(
         "train_steps: 10", "train_steps: 1000")))
+
+
+def test_the_work_is_the_predicted_time_until_the_job_has_measured_its_pace_then_its_steps_at_that_pace(
+        tmp_path: Path) -> None:
+    spec = _deadline_spec("pace", tmp_path)
     with open_session() as session:
         job = create_job(session, spec)
         job.started_at = T0
@@ -55,10 +60,7 @@ def test_the_work_is_the_predicted_time_until_the_job_has_measured_its_pace_then
 def test_report_says_which_work_the_daemon_planned_with(tmp_path: Path) -> None:
     from orchestrator.cli.deadline_report import deadline_section
 
-    user_dir()
-    spec = validate_spec(yaml.safe_load(local_spec("pace-report", tmp_path / "runs", "true").replace(
-        "on_revocation: replace, max_replacements: 0", "on_revocation: deadline").replace(
-        "train_steps: 10", "train_steps: 1000")))
+    spec = _deadline_spec("pace-report", tmp_path)
     with open_session() as session:
         job = create_job(session, spec)
         job.started_at = T0
