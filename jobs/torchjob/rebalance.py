@@ -14,6 +14,12 @@ times differ by more than ``TOLERANCE``. After a balanced
 verdict the probes become rarer (``MAX_BACKOFF`` times the base interval) to keep their cost small; a re-split,
 a world change (a new Rebalancer) resets the interval.
 
+A re-split is not free on a GPU: every rank meets new tensor shapes, and cuDNN's autotuner (``cudnn.benchmark``)
+times its algorithms again for each (measured on an H200 under MPS: about 3.3 s per re-split, 18 steps' worth;
+data/measurements/raw/h200-mps-resplit-2026-11-28-*). So the job measures what its last re-split cost (the
+first step at the new split less the second) and declines a re-split whose saving over the steps left (the
+slowest rank's compute now less the balanced compute at the measured speeds, per step) would not repay that.
+
 Pure Python (no torch import): the trainer, the local emulation and tests use it.
 """
 
@@ -42,6 +48,14 @@ def rebalanced(batches: list[int], compute_s: list[float], tolerance: float = TO
     speeds = [b / t for b, t in zip(batches, compute_s, strict=True)]
     new = proportional_split(sum(batches), speeds)
     return None if new == batches else new
+
+
+def resplit_gain_s(batches: list[int], compute_s: list[float]) -> float:
+    """Seconds per step a proportional re-split would save: the slowest rank's compute now less the compute
+    every rank would take with examples in proportion to its measured speed (speed taken as constant)."""
+    if min(compute_s) <= 0:
+        return 0.0
+    return max(compute_s) - sum(batches) / sum(b / t for b, t in zip(batches, compute_s, strict=True))
 
 
 def initial_weights(planned: list[int], measured_speed: list[float | None]) -> list[float]:
@@ -73,6 +87,8 @@ class Rebalancer:
     last_probe_step: int = 0
     window: list[list[float]] = field(default_factory=list)  # the ranks' compute seconds per probe
     verdict: list[float] = field(default_factory=list)  # the compute seconds of the latest verdict, per rank
+    cost_s: float = 0.0  # what the latest re-split cost the job (seconds; 0 until one is measured)
+    declined: dict[str, float] | None = None  # the latest verdict's declined re-split: gain, steps left, cost
 
     def start(self, step: int) -> None:
         """A (re)started world begins at ``step``: its first probe comes one interval later."""
@@ -81,15 +97,23 @@ class Rebalancer:
     def due(self, step: int) -> bool:
         return self.every > 0 and step - self.last_probe_step >= self.every * self.backoff
 
-    def record(self, step: int, compute_s: list[float], batches: list[int]) -> list[int] | None:
-        """Add one probe (every rank's compute seconds); the new batches when a re-split is due, else None."""
+    def record(self, step: int, compute_s: list[float], batches: list[int],
+               steps_left: int | None = None) -> list[int] | None:
+        """Add one probe (every rank's compute seconds); the new batches when a re-split is due, else None.
+        ``steps_left``: the steps the job has still to run (None: as many as it takes to repay any cost)."""
         self.last_probe_step = step
         self.window.append(compute_s)
+        self.declined = None
         if len(self.window) < PROBES_PER_VERDICT:
             return None
         self.verdict = [min(col) for col in zip(*self.window, strict=True)]
         self.window.clear()
         new = rebalanced(batches, self.verdict, self.tolerance)
+        if new is not None and steps_left is not None and self.cost_s > 0:
+            gain = resplit_gain_s(batches, self.verdict)
+            if gain * steps_left <= self.cost_s:
+                self.declined = {"gain_s_per_step": gain, "steps_left": float(steps_left), "cost_s": self.cost_s}
+                new = None
         if new is None:
             self.backoff = min(self.backoff * 2, MAX_BACKOFF)
         else:

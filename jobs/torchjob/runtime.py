@@ -12,6 +12,20 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
+def use_cuda() -> bool:
+    """This rank computes on its GPU: CUDA is there and TORCHJOB_DEVICE is not ``cpu``."""
+    import torch
+
+    return torch.cuda.is_available() and os.environ.get("TORCHJOB_DEVICE", "") != "cpu"
+
+
+def backend() -> str:
+    """NCCL on a GPU, gloo on the CPU. TORCHJOB_BACKEND=gloo keeps gloo on a GPU: several ranks sharing one
+    GPU (MPS shares, bench/gpu/resplit_mps.py), which NCCL refuses; the tensors stay on the GPU
+    (data-parallel ranks only: a pipeline stage on gloo stays on the CPU)."""
+    return os.environ.get("TORCHJOB_BACKEND", "") or ("nccl" if use_cuda() else "gloo")
+
+
 def log(msg: str) -> None:
     print(f"[torchjob {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torchjob import ckpt
 from torchjob.model import local_statistics, param_groups, resnet, set_bn_group, weighted_loss
 from torchjob.rebalance import Rebalancer, initial_weights, slowdown_factor
-from torchjob.runtime import leave_with_agent, log
+from torchjob.runtime import leave_with_agent, log, use_cuda
 from torchjob.split import interpolate, offsets, proportional_split
 from torchjob.task import TorchTask
 
@@ -51,8 +51,7 @@ class Trainer:
     def __init__(self, task: TorchTask) -> None:
         self.task = task
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if dist.get_backend() == "nccl"
-                                   else "cpu")
+        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda() else "cpu")
         if task.threads:
             torch.set_num_threads(task.threads)
         # On GPUs the model and its inputs are channels_last (NHWC); its cuDNN kernels and their speed-up
@@ -77,6 +76,8 @@ class Trainer:
         weights = initial_weights([int(p[1]) for p in peers], [speeds.get(str(s)) for s in self.slots])
         self._set_split(proportional_split(task.global_batch, weights))
         self.rebalancer = Rebalancer(task.resplit_every)
+        self.resplit_cost_s = 0.0  # the extra seconds of the first step at the latest re-split's split
+        self.resplit_timing: list[float] | None = None  # the first two steps' seconds after a re-split
         self.cpu_s = 0.0  # this rank's own compute seconds per step at its batch, from the latest probe
         self.cpu_s_step = -1  # the step of that probe
         self.compute_s: list[float] = []  # every rank's, from the latest probe
@@ -120,11 +121,13 @@ class Trainer:
                 self._probe_and_resplit(step, x, y)
                 continue  # the step's slice changes with the split
             self._set_lr(step)
+            t_step = self._time_resplit_step()
             loss = weighted_loss(self.model(x), y, task.global_batch, self.world)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
             self._emulate_device(step, x, y)
+            self._timed_resplit_step(t_step)
             step += 1
             window_steps += 1
             loss_sum += loss.detach().double() / self.world  # stays on the device: no sync per step
@@ -153,6 +156,23 @@ class Trainer:
         extra = self.sleep_s * factor + (factor - 1.0) * self.cpu_s
         if extra > 0:
             time.sleep(extra)
+
+    def _time_resplit_step(self) -> float | None:
+        """The start of one of the two steps timed after a re-split (device synced), else None."""
+        if self.resplit_timing is None:
+            return None
+        self._sync_device()
+        return time.perf_counter()
+
+    def _timed_resplit_step(self, t0: float | None) -> None:
+        """A re-split's cost: its first step (new shapes: cuDNN autotuning, new allocations) less the second."""
+        if t0 is None or self.resplit_timing is None:
+            return
+        self._sync_device()
+        self.resplit_timing.append(time.perf_counter() - t0)
+        if len(self.resplit_timing) == 2:
+            self.resplit_cost_s = max(0.0, self.resplit_timing[0] - self.resplit_timing[1])
+            self.resplit_timing = None
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -183,11 +203,22 @@ class Trainer:
         """Every rank probes its compute, the ranks share the times, and all compute the same new split."""
         factor = slowdown_factor(self.task.slowdowns, step)
         mine = factor * (self._probe(x, y, step) + self.sleep_s)
-        times = torch.zeros(self.world, dtype=torch.float64, device=self.device)
+        # Each rank's compute, then each rank's measure of the last re-split's cost: every rank decides on the
+        # same numbers (the largest cost), so every rank computes the same split.
+        times = torch.zeros(2 * self.world, dtype=torch.float64, device=self.device)
         times[self.rank] = mine
+        times[self.world + self.rank] = self.resplit_cost_s
         dist.all_reduce(times)
-        self.compute_s = [float(t) for t in times.tolist()]
-        new = self.rebalancer.record(step, self.compute_s, self.batches)
+        shared = [float(t) for t in times.tolist()]
+        self.compute_s = shared[:self.world]
+        self.rebalancer.cost_s = max(shared[self.world:])
+        new = self.rebalancer.record(step, self.compute_s, self.batches, steps_left=self.task.train_steps - step)
+        if self.rebalancer.declined is not None:
+            d = self.rebalancer.declined
+            log(f"re-split at step {step} declined: it would save {d['gain_s_per_step']:.4f} s a step over "
+                f"{d['steps_left']:.0f} steps, the last one cost {d['cost_s']:.2f} s")
+            if self.metrics is not None:
+                self.metrics.write("resplit_declined", step=step, **{k: round(v, 5) for k, v in d.items()})
         speeds = {str(s): b / t for s, b, t in zip(self.slots, self.batches, self.compute_s, strict=True) if t > 0}
         if self.metrics is not None:
             write_json_atomic(self.task.storage / SPEEDS_FILE, {"step": step, "examples_per_s": speeds})
@@ -195,6 +226,7 @@ class Trainer:
             return
         old = self.batches
         self._set_split(new)
+        self.resplit_timing = []  # the next two steps are timed: the first at the new split pays its cost
         if self.metrics is not None:
             by_slot = {str(s): b for s, b in zip(self.slots, new, strict=True)}
             compute = {str(s): round(t, 5) for s, t in zip(self.slots, self.rebalancer.verdict, strict=True)}

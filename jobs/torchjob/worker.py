@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # jobs/ (torchrun runs this file directly)
 
 from torchjob import EXIT_BAD_TASK, EXIT_ERROR  # noqa: E402
-from torchjob.runtime import die_with_parent, log  # noqa: E402
+from torchjob.runtime import backend, die_with_parent, log, use_cuda  # noqa: E402
 from torchjob.task import TaskError, load  # noqa: E402
 
 
@@ -37,9 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from torchjob.train import Trainer, WorldChange
 
-    backend = "nccl" if _cuda() else "gloo"
     device_id = None
-    if backend == "nccl":
+    if use_cuda():
         import torch
 
         # Before the process group: NCCL (its communicators, object collectives, barrier, DCP) uses the
@@ -47,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         # group to it (and mutes barrier()'s "using the device under current context" warning).
         device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device_id)
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))),
-                            device_id=device_id)
+    dist.init_process_group(backend(), timeout=timedelta(seconds=float(os.environ.get("TORCHJOB_TIMEOUT_S", 120))),
+                            device_id=device_id if backend() == "nccl" else None)
     try:
         if task.pipeline is not None:
             from torchjob.pipe import PipeTrainer  # a pipeline stage instead of a DDP replica
@@ -71,12 +70,6 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and os.environ.get("TORCHJOB_DEVICE", "") != "cpu"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from torchjob.rebalance import (  # noqa: E402
     Rebalancer,
     initial_weights,
     rebalanced,
+    resplit_gain_s,
     slowdown_factor,
     spread,
 )
@@ -61,3 +62,28 @@ def test_slowdowns_apply_from_their_step() -> None:
     assert slowdown_factor([(150, 2.0)], 149) == 1.0
     assert slowdown_factor([(150, 2.0)], 150) == 2.0
     assert slowdown_factor([(300, 1.0), (150, 2.0)], 320) == 1.0
+
+
+def test_a_resplit_that_would_not_repay_its_measured_cost_is_declined() -> None:
+    # The verdicts of a real run (data/measurements/raw/h200-mps-resplit-2026-11-28-metrics.jsonl: three ranks
+    # at 100/25/10% of an H200's SMs, 360 steps), where each re-split cost about 3.3 s of cuDNN autotuning.
+    r = Rebalancer(10)
+    r.cost_s = 3.3
+    step60 = ([2028, 709, 335], [0.07832, 0.10386, 0.10408])  # 18.6 ms a step x 300 steps left: 5.6 s
+    step80 = ([2222, 578, 272], [0.0879, 0.09896, 0.09266])  # 8.7 ms a step x 280 steps left: 2.4 s
+    assert 0.018 < resplit_gain_s(*step60) < 0.019 and 0.008 < resplit_gain_s(*step80) < 0.009
+    for _ in range(2):
+        new = r.record(60, step60[1], step60[0], steps_left=300)
+    assert new is not None and sum(new) == 3072 and r.declined is None
+    for _ in range(2):
+        new = r.record(80, step80[1], step80[0], steps_left=280)
+    assert new is None and r.declined is not None and r.declined["cost_s"] == 3.3
+    assert r.backoff == 2  # declined reads as balanced: the probes become rarer
+    # A long job repays the same re-split many times over; before any cost is measured, none is declined.
+    for _ in range(2):
+        new = r.record(80, step80[1], step80[0], steps_left=100_000)
+    assert new is not None
+    fresh = Rebalancer(10)
+    for _ in range(2):
+        new = fresh.record(80, step80[1], step80[0], steps_left=1)
+    assert new is not None
