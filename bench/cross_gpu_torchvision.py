@@ -206,11 +206,15 @@ def held_out_fit(rows: list[Row], feats: Features, hold: Callable[[str], str], t
 
 
 def calibrated_fit(rows: list[Row], work: dict[str, ClassWork], kernels: dict[str, float],
-                   hold: Callable[[str], str], eff: Efficiencies) -> Predict:
+                   hold: Callable[[str], str], eff: Efficiencies, never_measured: bool = False,
+                   target_fit: bool = True) -> Predict:
     """What `model predict --torch M --measurements FILE` computes when FILE holds every row of the table
     but the question's ``hold`` group (every GPU), plus M's one row on the measured GPU: host_fit's
     per-machine fit (GPU x precision) on those rows, then M's step on each machine. Fits are cached per
-    (held-out group, machine, M's row or none): the target machine never holds M's row."""
+    (held-out group, machine, M's row or none): the target machine never holds M's row.
+    ``never_measured``: FILE has no row of the target GPU either (protocol B): the target takes its
+    architecture's fit, else the other machines' host (host_fit.fit_for); ``target_fit`` False keeps the runtime
+    prior's host for it instead (the product before fit_for, 2026-11-28)."""
     prior = RUNTIME_PRIORS[RUNTIME]
     # this table times forward + backward without the optimizer: weights read twice, gradient written once,
     # 3 of crossgpu's 8 passes (the predictors above leave the weights out)
@@ -228,13 +232,18 @@ def calibrated_fit(rows: list[Row], work: dict[str, ClassWork], kernels: dict[st
 
     def predict(a: Row, b: Row) -> tuple[float, float]:
         group = hold(b.model)
-        fits = {k: f for k, f in (((a.gpu, a.precision), fit(group, a.gpu, a.precision, a)),
-                                  ((b.gpu, b.precision), fit(group, b.gpu, b.precision, None))) if f}
+        if never_measured:  # the target GPU has no rows: every other GPU's fit at the precision (host_fit.fit_for)
+            machines = sorted({r.gpu for r in rows if r.gpu != b.gpu})
+            pairs = [((g, a.precision), fit(group, g, a.precision, a if g == a.gpu else None)) for g in machines]
+        else:
+            pairs = [((a.gpu, a.precision), fit(group, a.gpu, a.precision, a)),
+                     ((b.gpu, b.precision), fit(group, b.gpu, b.precision, None))]
+        fits = {k: f for k, f in pairs if f}
 
-        def step(r: Row) -> float:
+        def step(r: Row, fits: host_fit.Fits) -> float:
             return host_fit.machine_step_s(work[r.model], kernels[r.model], r.gpu, r.precision, BATCH, fits,
                                            prior, eff)
-        return step(a), step(b)
+        return step(a, fits), step(b, fits if target_fit else {})
 
     return predict
 
@@ -273,6 +282,9 @@ def evaluate(rows: list[Row], work: dict[str, ClassWork], kernels: dict[str, flo
         "host B": held_out_fit(rows, feats, subfamily, True),
         "calibrated A-model": calibrated_fit(rows, work, kernels, lambda m: m, e),
         "calibrated A": calibrated_fit(rows, work, kernels, subfamily, e),
+        "calibrated B": calibrated_fit(rows, work, kernels, subfamily, e, never_measured=True),
+        "calibrated B prior": calibrated_fit(rows, work, kernels, subfamily, e, never_measured=True,
+                                             target_fit=False),
     }
     return {n: questions(rows, p, n) for n, p in preds.items()}
 
@@ -327,7 +339,8 @@ def report(results: dict[str, list[Q]]) -> None:
     print("  held out: naive and model use nothing of this table; host fits three coefficients per GPU x "
           "precision on this table without the question's model (A-model), its sub-family (A), and also the "
           "target GPU (B: its host per layer the other machines' mean, its GPU part the committed efficiencies); "
-          "calibrated is the product's host_fit on the same rows as host A-model / A plus the question's model "
+          "calibrated is the product's host_fit on the same rows as host A-model / A / B (B prior: the target's "
+          "host the runtime prior, as before host_fit.fit_for) plus the question's model "
           "on the measured GPU")
 
 

@@ -54,7 +54,7 @@ def test_held_out_evaluation_on_a_tiny_subset(tmp_path: Path, capsys: pytest.Cap
     assert len(rows) == len(MODELS) * len(GPUS) * 2
     results = bench.evaluate(rows, bench.load_work(), bench.eager_kernels())
     assert set(results) == {"naive", "model", "shipped", "host A-model", "host A", "host B", "calibrated A-model",
-                            "calibrated A"}
+                            "calibrated A", "calibrated B", "calibrated B prior"}
     assert all(len(qs) == len(MODELS) * 2 * 4 * 3 for qs in results.values())  # ordered pairs of 4 GPUs
     summary = {n: bench.summary(qs) for n, qs in results.items()}
     # steps made by the host form: its held-out folds recover them (A: whole sub-family out), naive cannot
@@ -62,6 +62,8 @@ def test_held_out_evaluation_on_a_tiny_subset(tmp_path: Path, capsys: pytest.Cap
     assert summary["naive"]["mean"] > 0.1
     # the product's per-machine calibration (host_fit, other models' rows) beats its uncalibrated prior
     assert summary["calibrated A-model"]["mean"] < summary["shipped"]["mean"]
+    # a GPU never measured: the other machines' host (host_fit.fit_for) beats the runtime prior's
+    assert summary["calibrated B"]["mean"] < summary["calibrated B prior"]["mean"]
     assert set(summary["host A"]["subfamily"]) == {"resnet", "vgg", "mnasnet", "squeezenet", "shufflenet"}
     assert bench.main(["--table", str(table), "--models", "resnet18,vgg11,mnasnet0_5,squeezenet1_1"]) == 0
     out = capsys.readouterr().out

@@ -37,11 +37,34 @@ def test_a_machine_s_host_and_scales_come_back_from_other_models() -> None:
         w, k = _work(100, 2e9), 300.0
         assert abs(host_fit.machine_step_s(w, k, g, "tf32", 12, fits, PRIOR) / _machine(g, *t, w, k) - 1) < 0.05
         assert abs(f.per_kernel_s / t[1] - 1) < 0.25
-    # a machine without rows (or with fewer than MIN_POINTS) keeps the runtime prior's host
+    # a machine without rows (or with fewer than MIN_POINTS) and no measured machine at its precision keeps
+    # the runtime prior's host
     assert ("h100", "tf32") not in fits
     few = host_fit.fit_machines(samples[: host_fit.MIN_POINTS - 1], PRIOR)
     assert few == {}
     w = _work(100, 2e9)
     c, m = gpu_parts(w, "h100", "tf32", 12)
-    assert host_fit.machine_step_s(w, 300.0, "h100", "tf32", 12, fits, PRIOR) == host_fit.smooth_max(
+    assert host_fit.machine_step_s(w, 300.0, "h100", "tf32", 12, few, PRIOR) == host_fit.smooth_max(
         PRIOR.host_s(300.0), c + m)
+    # with other machines measured (and none of its architecture): their host time, the committed GPU time
+    other = host_fit.fit_for(fits, "h100", "tf32")
+    assert other is not None and (other.compute_scale, other.memory_scale) == (1.0, 1.0)
+    v, a = fits[("v100", "tf32")], fits[("a100", "tf32")]
+    assert abs(other.overhead_s / (v.overhead_s * a.overhead_s) ** 0.5 - 1) < 1e-9
+    assert host_fit.machine_step_s(w, 300.0, "h100", "tf32", 12, fits, PRIOR) == other.step_s(300.0, c, m)
+
+
+def test_a_gpu_never_measured_takes_the_fit_of_its_architecture() -> None:
+    truth = (3e-3, 50e-6, 1.2, 0.8)
+    models = [(_work(n, f), 3.0 * n) for n in (20, 60, 150, 300) for f in (1e8, 1e9, 4e9)]
+    fits = host_fit.fit_machines([host_fit.sample(w, k, "h100", "tf32", 12, _machine("h100", *truth, w, k))
+                                  for w, k in models], PRIOR)
+    assert host_fit.fit_for(fits, "h200", "tf32") is fits[("h100", "tf32")]  # Hopper, like the H100
+    assert host_fit.fit_for(fits, "h200", "amp") is None  # another precision: nothing to carry
+    other = host_fit.fit_for(fits, "a100", "tf32")  # another architecture: the host alone
+    assert other is not None and other.overhead_s == fits[("h100", "tf32")].overhead_s
+    assert (other.compute_scale, other.memory_scale) == (1.0, 1.0)
+    w, k = _work(100, 2e9), 300.0
+    c, m = gpu_parts(w, "h200", "tf32", 12)
+    f = fits[("h100", "tf32")]
+    assert host_fit.machine_step_s(w, k, "h200", "tf32", 12, fits, PRIOR) == f.step_s(k, c, m)

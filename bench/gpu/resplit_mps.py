@@ -13,7 +13,9 @@ larger than its global batch), written once. Global batch 3 x --batch; rank 0 sl
 provider's ``provider.slowdowns`` does).
 
 Runs, all with the same slowdown, each timed by the job's own step lines (examples/s of the global batch):
-1. ``resplit``: starts from the equal split and re-splits every --resplit-every steps (jobs/torchjob/rebalance.py);
+1. ``resplit``: starts from the equal split and re-splits every --resplit-every steps (jobs/torchjob/rebalance.py),
+   declining a re-split that would not repay its measured cost; with --always also ``resplit-always``
+   (TORCHJOB_RESPLIT_COST=off: every re-split made, as before 2026-11-28);
 2. ``static-equal``: the equal split all run long (sync pinned's rule before this issue);
 3. ``static-before``: the split the re-split run settled on before the slowdown, all run long;
 4. ``static-after``: the split it settled on after the slowdown, all run long.
@@ -130,7 +132,8 @@ class Bench:
         if self.summary.get("mps"):
             subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, check=False)
 
-    def run(self, label: str, batches: list[int], resplit_every: int) -> dict[str, object] | None:
+    def run(self, label: str, batches: list[int], resplit_every: int,
+            env: dict[str, str] | None = None) -> dict[str, object] | None:
         a = self.a
         left = a.budget - (time.time() - self.t_start)
         if self.mean_run_s and left < 1.2 * max(self.mean_run_s):
@@ -148,12 +151,12 @@ class Bench:
             d.mkdir(parents=True, exist_ok=True)
             (d / "task.json").write_text(json.dumps(task(f"mps-{label}", i, storage, self.data_dir, self.port, a,
                                                          batches, resplit_every)))
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHJOB_BACKEND": "gloo",
-                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
+            full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHJOB_BACKEND": "gloo",
+                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct), **(env or {})}
             log = open(d / "node.log", "w")  # noqa: SIM115
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, str(REPO / "jobs" / "torchjob" / "node.py"), "--task",
-                                           "task.json"], cwd=d, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           "task.json"], cwd=d, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                           start_new_session=True))
         say(f"{label}: 3 nodes at {self.pcts}% SMs, batches {batches}, resplit_every {resplit_every}")
         codes = []
@@ -230,6 +233,8 @@ class Bench:
             equal = [a.batch] * len(self.pcts)
             rs = self.run("resplit", equal, a.resplit_every)
             self.run("static-equal", equal, 0)
+            if a.always:
+                self.run("resplit-always", equal, a.resplit_every, {"TORCHJOB_RESPLIT_COST": "off"})
             if rs is not None:
                 before = rs["settled_before"]
                 after = rs["settled_after"]
@@ -280,6 +285,8 @@ def main() -> int:
     p.add_argument("--port", type=int, default=29610)
     p.add_argument("--work")
     p.add_argument("--no-mps", action="store_true")
+    p.add_argument("--always", action="store_true",
+                   help="also a re-split run that never declines (TORCHJOB_RESPLIT_COST=off), after static-equal")
     return Bench(p.parse_args()).main()
 
 

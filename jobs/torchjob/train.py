@@ -212,7 +212,9 @@ class Trainer:
         shared = [float(t) for t in times.tolist()]
         self.compute_s = shared[:self.world]
         self.rebalancer.cost_s = max(shared[self.world:])
-        new = self.rebalancer.record(step, self.compute_s, self.batches, steps_left=self.task.train_steps - step)
+        # TORCHJOB_RESPLIT_COST=off: re-split whatever it costs (bench/gpu/resplit_mps.py compares the two).
+        left = None if os.environ.get("TORCHJOB_RESPLIT_COST") == "off" else self.task.train_steps - step
+        new = self.rebalancer.record(step, self.compute_s, self.batches, steps_left=left)
         if self.rebalancer.declined is not None:
             d = self.rebalancer.declined
             log(f"re-split at step {step} declined: it would save {d['gain_s_per_step']:.4f} s a step over "

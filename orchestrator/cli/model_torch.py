@@ -153,15 +153,16 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     def model_s(gpu_key: str, precision: str, b: int) -> float:
         return host_fit.machine_step_s(work, kernels(precision), gpu_key, precision, b, fits, prior)
 
-    fit = fits.get((target.key, prec))
+    fit = host_fit.fit_for(fits, target.key, prec)
     host = fit.host_s(kernels(prec)) if fit else prior.host_s(kernels(prec))
+    fit_from = next((f"{g}/{pr}" for (g, pr), f in fits.items() if f is fit), None)
     pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None)
     result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,
               "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3,
               "machine_fits": {f"{g}/{pr}": {"overhead_ms": f.overhead_s * 1e3, "kernel_us": f.per_kernel_s * 1e6,
                                              "compute_scale": f.compute_scale, "memory_scale": f.memory_scale,
                                              "points": f.points} for (g, pr), f in fits.items()},
-              "skipped_models": skipped}
+              "target_fit": fit_from, "skipped_models": skipped}
     if json_out:
         print(json.dumps(result, indent=2))
         return
@@ -174,6 +175,8 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
         console.print("host and GPU scales fitted per machine on other models' rows: " + ", ".join(
             f"{g}/{pr} {f.overhead_s * 1e3:.2f} ms + {f.per_kernel_s * 1e6:.0f} us/kernel ({f.points} rows)"
             for (g, pr), f in fits.items()))
+    if fit_from is not None and fit_from != f"{target.key}/{prec}":
+        console.print(f"{target.key} has no rows of its own: it takes {fit_from}'s fit (the same architecture)")
     if skipped:
         console.print(f"skipped (could not be profiled): {', '.join(skipped)}")
 
