@@ -4,27 +4,21 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from orchestrator_testing.bench_cli import load_bench
+
 MODELS = ("resnet18", "vgg11", "mnasnet0_5", "squeezenet1_1", "shufflenet_v2_x0_5")
 GPUS = {"TitanXp": (2e-4, 1.3, 1.1), "RTX2080Ti": (1.5e-4, 1.2, 0.9), "TitanRTX": (1.8e-4, 1.0, 1.0),
         "A100-40GB-SXM": (1e-4, 0.8, 1.2)}  # per machine: (host s per layer, compute, memory factors)
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cross_gpu_torchvision", REPO / "bench" / "cross_gpu_torchvision.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cross_gpu_torchvision"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("cross_gpu_torchvision")
 
 
 def _table(bench: ModuleType, path: Path) -> Path:

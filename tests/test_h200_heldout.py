@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from orchestrator_testing.bench_cli import load_bench as _load
 
 
 def test_the_h200_rows_are_read_and_scored(capsys: pytest.CaptureFixture[str]) -> None:

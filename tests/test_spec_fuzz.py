@@ -6,24 +6,17 @@ specs (bench/hostile_specs.py; the bench runs all of them) goes through `plan`, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from orchestrator_testing.bench_cli import load_bench
 
 
 def _bench(name: str = "spec_fuzz") -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(name)
 
 
 def test_named_hostile_specs_are_refused_by_plan_dry_run_and_launch(tmp_path: Path) -> None:
