@@ -156,6 +156,8 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     fit = host_fit.fit_for(fits, target.key, prec)
     host = fit.host_s(kernels(prec)) if fit else prior.host_s(kernels(prec))
     fit_from = next((f"{g}/{pr}" for (g, pr), f in fits.items() if f is fit), None)
+    if fit is not None and fit_from is None:  # no machine of its architecture: the measured machines' host
+        fit_from = "host of " + ", ".join(f"{g}/{pr}" for g, pr in fits if pr == prec)
     pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None)
     result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,
               "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3,
@@ -175,7 +177,10 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
         console.print("host and GPU scales fitted per machine on other models' rows: " + ", ".join(
             f"{g}/{pr} {f.overhead_s * 1e3:.2f} ms + {f.per_kernel_s * 1e6:.0f} us/kernel ({f.points} rows)"
             for (g, pr), f in fits.items()))
-    if fit_from is not None and fit_from != f"{target.key}/{prec}":
+    if fit_from is not None and fit_from.startswith("host of "):
+        console.print(f"{target.key} has no rows of its own and none of its architecture: it takes the {fit_from} "
+                      "(geometric mean) and the committed GPU efficiencies")
+    elif fit_from is not None and fit_from != f"{target.key}/{prec}":
         console.print(f"{target.key} has no rows of its own: it takes {fit_from}'s fit (the same architecture)")
     if skipped:
         console.print(f"skipped (could not be profiled): {', '.join(skipped)}")
