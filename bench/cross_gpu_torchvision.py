@@ -23,15 +23,17 @@ A question: from model M's measured step on GPU A, its step on GPU B at the same
   calibrated  what the PRODUCT computes (`model predict --torch M --measurements FILE`, cli/model_torch.py)
             when FILE holds the table's rows of the other models (A-model: every other model; A: all but
             M's sub-family) on every GPU, plus M's one row on the measured GPU: costmodel/host_fit.py fits
-            per GPU x precision the host time (overhead + per kernel, the runtime's prior pulling) and two
-            GPU-time scales on those rows, and M's prediction is its measured step x model(to) / model(from).
+            per GPU x precision the host time (overhead + per kernel, the runtime's prior pulling) and three
+            GPU-time scales (compute-bound, memory-bound, depthwise convolutions) on those rows, and M's
+            prediction is its measured step x model(to) / model(from).
             Fits are cached per (held-out group, machine, with M's row or not). The table times no optimizer
             step: its weights make 3 of crossgpu's 8 passes here.
 
 The table's fp32 is the "tf32" precision class (TF32 on the A100 under PyTorch >= 1.7 defaults, FP32 where a
 GPU has no TF32: the convention of bench/cross_gpu_fit.py); its pure .half() is "amp" (16-bit tensors).
 Profiles: the project's profiler (meta device; per example, from its batches 2 and 4), x 12 for the step;
-cached in bench/torchvision_work.json, `--profile` rebuilds it (needs torchvision).
+cached in bench/torchvision_work.json (with each model's depthwise layers), `--profile` rebuilds it (needs
+torchvision; the "host" predictors keep three features and ignore the depthwise layers).
 
     python bench/cross_gpu_torchvision.py            # the tables (a few seconds)
     python bench/cross_gpu_torchvision.py --profile  # re-profile the 32 models first (minutes)
@@ -133,7 +135,8 @@ def save_work(work: dict[str, ClassWork], kernels: dict[str, float], path: Path 
            "software": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
            "units": "per example (fwd + bwd): FLOPs, bytes; per step: weight bytes, ATen ops",
            "eager_kernels": kernels,
-           "models": {m: {f: [float(f"{x:.5g}") for x in getattr(w, f)] for f in FIELDS}
+           "models": {m: {**{f: [float(f"{x:.5g}") for x in getattr(w, f)] for f in FIELDS},
+                          "depthwise_layers": [] if w.depthwise is None else np.flatnonzero(w.depthwise).tolist()}
                       for m, w in sorted(work.items())}}
     path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
 
@@ -145,7 +148,17 @@ def eager_kernels(path: Path = WORK_FILE) -> dict[str, float]:
 def load_work(path: Path = WORK_FILE) -> dict[str, ClassWork]:
     doc = json.loads(path.read_text())
     arr = {m: [np.array(d[f], dtype=np.float64) for f in FIELDS] for m, d in doc["models"].items()}
-    return {m: ClassWork(t, c, v, b, w, (), ops) for m, (t, c, v, b, w, ops) in arr.items()}
+    return {m: ClassWork(t, c, v, b, w, (), ops, _mask(len(ops), doc["models"][m].get("depthwise_layers")))
+            for m, (t, c, v, b, w, ops) in arr.items()}
+
+
+def _mask(n: int, layers: list[int] | None) -> FloatArray | None:
+    """1.0 at each depthwise convolution's layer index (Layer.depthwise); None: the model has none."""
+    if not layers:
+        return None
+    out = np.zeros(n)
+    out[layers] = 1.0
+    return out
 
 
 # ---- predictors: seconds of one step (the ratio between two GPUs is what a question uses)

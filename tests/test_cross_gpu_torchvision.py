@@ -72,3 +72,11 @@ def test_the_source_table_names_gpus_with_facts() -> None:
     rows = bench.load_rows()
     assert {r.gpu for r in rows} == {"titanxp", "rtx2080ti", "titanrtx", "a100"}
     assert {r.model for r in rows} == set(bench.load_work())  # every model of the table is profiled
+
+
+def test_the_cached_profiles_mark_the_depthwise_convolutions() -> None:
+    # host_fit scales depthwise layers apart; a work file rebuilt without them would silently fold them back
+    work = _bench().load_work()
+    with_dw = {m for m, w in work.items() if w.depthwise is not None and w.depthwise.any()}
+    assert with_dw == {m for m in work if m.startswith(("mnasnet", "mobilenet", "shufflenet"))}
+    assert int(work["mobilenet_v2"].depthwise.sum()) == 17  # one per inverted-residual block

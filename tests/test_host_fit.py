@@ -11,16 +11,19 @@ from orchestrator.core.costmodel.crossgpu import ClassWork, gpu_parts
 PRIOR = RUNTIME_PRIORS["pytorch-eager"]
 
 
-def _work(layers: int, flops: float) -> ClassWork:
+def _work(layers: int, flops: float, depthwise: int = 0) -> ClassWork:
+    """``layers`` layers, the first ``depthwise`` of them depthwise convolutions (few FLOPs per byte)."""
     one = np.ones(layers)
-    return ClassWork(one * flops, one * flops, one * flops / 20, one * flops / 10, one * 1e5,
-                     tuple(f"l{i}" for i in range(layers)), one * 3)
+    dw = (np.arange(layers) < depthwise).astype(np.float64)
+    tensor = one * flops * (1 - 0.99 * dw)
+    return ClassWork(tensor, tensor, one * flops / 20, one * flops / 10, one * 1e5,
+                     tuple(f"l{i}" for i in range(layers)), one * 3, dw if depthwise else None)
 
 
 def _machine(gpu: str, overhead: float, per_kernel: float, cs: float, ms: float, work: ClassWork,
-             kernels: float) -> float:
-    c, m = gpu_parts(work, gpu, "tf32", 12)
-    return overhead + per_kernel * kernels + cs * c + ms * m
+             kernels: float, ds: float = 1.0, precision: str = "tf32") -> float:
+    c, m, d = gpu_parts(work, gpu, precision, 12)
+    return overhead + per_kernel * kernels + cs * c + ms * m + ds * d
 
 
 def test_a_machine_s_host_and_scales_come_back_from_other_models() -> None:
@@ -43,7 +46,8 @@ def test_a_machine_s_host_and_scales_come_back_from_other_models() -> None:
     few = host_fit.fit_machines(samples[: host_fit.MIN_POINTS - 1], PRIOR)
     assert few == {}
     w = _work(100, 2e9)
-    c, m = gpu_parts(w, "h100", "tf32", 12)
+    c, m, d = gpu_parts(w, "h100", "tf32", 12)
+    assert d == 0.0
     assert host_fit.machine_step_s(w, 300.0, "h100", "tf32", 12, few, PRIOR) == host_fit.smooth_max(
         PRIOR.host_s(300.0), c + m)
     # with other machines measured (and none of its architecture): their host time, the committed GPU time
@@ -65,6 +69,33 @@ def test_a_gpu_never_measured_takes_the_fit_of_its_architecture() -> None:
     assert other is not None and other.overhead_s == fits[("h100", "tf32")].overhead_s
     assert (other.compute_scale, other.memory_scale) == (1.0, 1.0)
     w, k = _work(100, 2e9), 300.0
-    c, m = gpu_parts(w, "h200", "tf32", 12)
+    c, m, _ = gpu_parts(w, "h200", "tf32", 12)
     f = fits[("h100", "tf32")]
     assert host_fit.machine_step_s(w, k, "h200", "tf32", 12, fits, PRIOR) == f.step_s(k, c, m)
+
+
+def test_depthwise_convolutions_get_a_scale_of_their_own() -> None:
+    """A machine that runs depthwise convolutions 12x slower than the roofline (the Titan Xp's 16-bit
+    MNASNet): fitted on other models, some with depthwise layers, a new depthwise model comes within 5%,
+    where one scale for every memory-bound layer cannot; a machine whose rows hold no depthwise layer keeps
+    that scale at its prior, so the models without any predict as before."""
+    truth = (2e-3, 50e-6, 0.9, 1.4)
+    models = [(_work(n, f, dw), 3.0 * n) for n in (20, 60, 150) for f in (1e8, 1e9) for dw in (0, n // 4)]
+    samples = [host_fit.sample(w, k, "titanxp", "amp", 12, _machine("titanxp", *truth, w, k, 12.0, "amp"))
+               for w, k in models]
+    fit = host_fit.fit_machines(samples, PRIOR)[("titanxp", "amp")]
+    assert 9.0 < fit.depthwise_scale < 15.0
+    w, k = _work(100, 5e8, 30), 300.0
+    truth_s = _machine("titanxp", *truth, w, k, 12.0, "amp")
+    assert abs(host_fit.machine_step_s(w, k, "titanxp", "amp", 12, {("titanxp", "amp"): fit}, PRIOR) / truth_s
+               - 1) < 0.05
+    c, m, d = gpu_parts(w, "titanxp", "amp", 12)
+    assert d > 0 and gpu_parts(_work(100, 5e8), "titanxp", "amp", 12)[2] == 0.0
+    one_scale = host_fit.fit_machines([host_fit.Sample(s.gpu, s.precision, s.kernels, s.compute_s,
+                                                       s.memory_s + s.depthwise_s, s.step_s) for s in samples],
+                                      PRIOR)[("titanxp", "amp")]
+    assert abs(one_scale.step_s(k, c, m + d) / truth_s - 1) > 0.05
+    plain = [(_work(n, f), 3.0 * n) for n in (20, 60, 150) for f in (1e8, 1e9)]
+    none = host_fit.fit_machines([host_fit.sample(w, k, "a100", "tf32", 12, _machine("a100", *truth, w, k))
+                                  for w, k in plain], PRIOR)[("a100", "tf32")]
+    assert abs(none.depthwise_scale - 1.0) < 1e-3

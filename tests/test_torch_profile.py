@@ -66,6 +66,22 @@ def test_a_grouped_convolution_weight_gradient_costs_its_forward(tmp_path: Path)
     assert tensor == 2 * 2 * p.macs  # forward and weight gradient (the input needs none); torch alone: 65x
 
 
+def test_depthwise_convolutions_are_marked_and_survive_the_cache(tmp_path: Path) -> None:
+    # host_fit scales depthwise layers apart (their kernels' speed varies by machine like no other layer's)
+    (tmp_path / "mix.py").write_text(
+        "import torch\n"
+        "def build(batch):\n"
+        "    net = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),\n"
+        "                              torch.nn.Conv2d(8, 16, 3, padding=1, groups=2),\n"
+        "                              torch.nn.Conv2d(16, 16, 1))\n"
+        "    return net, (torch.randn(batch, 8, 8, 8),)\n")
+    p = profile_factory(load_factory(f"{tmp_path}/mix.py:build"))
+    assert [(layer.name, layer.depthwise) for layer in p.layers if layer.kind == "conv"] == [
+        ("0", True), ("1", False), ("2", False)]  # grouped but not depthwise: an ordinary convolution
+    assert ModelProfile.from_dict(json.loads(json.dumps(p.to_dict()))).layers == p.layers
+    assert "depthwise" not in p.layers[1].to_dict()  # profiles without one are written as before
+
+
 def test_a_profile_does_not_depend_on_the_hash_seed() -> None:
     # a tie between two modules open in backward once went to set order (PYTHONHASHSEED)
     code = ("import hashlib, sys; from orchestrator.profiler.torch_profile import load_factory, profile_factory; "

@@ -163,7 +163,8 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
               "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3,
               "machine_fits": {f"{g}/{pr}": {"overhead_ms": f.overhead_s * 1e3, "kernel_us": f.per_kernel_s * 1e6,
                                              "compute_scale": f.compute_scale, "memory_scale": f.memory_scale,
-                                             "points": f.points} for (g, pr), f in fits.items()},
+                                             "depthwise_scale": f.depthwise_scale, "points": f.points}
+                               for (g, pr), f in fits.items()},
               "target_fit": fit_from, "skipped_models": skipped}
     if json_out:
         print(json.dumps(result, indent=2))

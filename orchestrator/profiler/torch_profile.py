@@ -26,7 +26,8 @@ from typing import Any
 
 from orchestrator.core.costmodel.profiles.model import Layer, ModelProfile, OpWork, Variable
 
-PROFILER_VERSION = 4  # 3: grouped convs' weight gradient per group; 4: ties between layers broken by name
+PROFILER_VERSION = 5  # 3: grouped convs' weight gradient per group; 4: ties between layers broken by name;
+# 5: depthwise convolutions marked
 BATCHES = (2, 4)
 NORM_FLOPS_PER_ELEMENT = 8  # mean, variance, normalise, scale, shift (as profiles/layers.py)
 SOFTMAX_FLOPS_PER_ELEMENT = 5
@@ -271,6 +272,11 @@ def _kind(module: Any, tensor_flops: float) -> str:
     return "matmul" if tensor_flops else "add"
 
 
+def _depthwise(module: Any) -> bool:
+    groups, channels = getattr(module, "groups", 1), getattr(module, "in_channels", 0)
+    return type(module).__name__.startswith("Conv") and isinstance(groups, int) and 1 < groups == channels
+
+
 def profile_factory(ref: FactoryRef, default_batch: int = 64) -> ModelProfile:
     """The per-example, per-layer profile of ``ref``'s model (forward + backward, fp32)."""
     lo, hi = BATCHES
@@ -310,6 +316,7 @@ def profile_factory(ref: FactoryRef, default_batch: int = 64) -> ModelProfile:
             saved_bytes=per_ex(small.saved.get(name, 0.0), big.saved.get(name, 0.0)),
             variables=variables,
             train_ops=ops,
+            depthwise=_depthwise(module),
         ))
     return ModelProfile(
         name=f"torch:{ref.ref}",

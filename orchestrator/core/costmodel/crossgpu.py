@@ -141,6 +141,7 @@ class ClassWork:
     weight_bytes: FloatArray
     names: tuple[str, ...]
     ops: FloatArray  # ATen ops (kernels) per step
+    depthwise: FloatArray | None = None  # 1.0 at each depthwise convolution (Layer.depthwise); None: none
 
 
 @functools.cache
@@ -160,8 +161,9 @@ def _class_work_cached(profile: ModelProfile) -> ClassWork:
             b.append(3.0 * (layer.read_bytes + layer.write_bytes))
         cv.append(t[-1] if layer.kind == "conv" else 0.0)
     arr = functools.partial(np.array, dtype=np.float64)
+    dw = [float(x.depthwise) for x in profile.layers]
     return ClassWork(arr(t), arr(cv), arr(v), arr(b), arr([float(x.weight_bytes) for x in profile.layers]),
-                     tuple(x.name for x in profile.layers), arr(n))
+                     tuple(x.name for x in profile.layers), arr(n), arr(dw) if any(dw) else None)
 
 
 def class_work(profile: ModelProfile) -> ClassWork:
@@ -300,11 +302,15 @@ def gpu_seconds(
 
 def gpu_parts(
     work: ClassWork, gpu: str, precision: str, batch: float, eff: Efficiencies | None = None
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """(seconds of the layers the roofline finds compute-bound, of the memory-bound ones and the weights'
-    passes) of one step: what ``host_fit`` scales per machine; their sum is :func:`gpu_seconds`."""
+    passes, of the depthwise convolutions) of one step: what ``host_fit`` scales per machine; their sum is
+    :func:`gpu_seconds`. Depthwise layers count only in the third, whichever bound the roofline finds."""
     c, m, w = layer_seconds(work, arch_gpu(gpu), precision, eff)
-    return float(batch * c[c >= m].sum()), float(batch * m[m > c].sum() + w.sum())
+    dw = work.depthwise.astype(bool) if work.depthwise is not None else np.zeros(len(c), dtype=bool)
+    bound = np.maximum(c, m)
+    return (float(batch * c[(c >= m) & ~dw].sum()), float(batch * m[(m > c) & ~dw].sum() + w.sum()),
+            float(batch * bound[dw].sum()))
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class Layer:
     # Measured op-class split of a training step (profiles of PyTorch models); empty for the analytic
     # profiles, whose split ``op_work`` derives from the layer kind.
     train_ops: tuple[OpWork, ...] = ()
+    # A depthwise convolution (groups = input channels > 1): its own kernels, whose speed against the roofline
+    # differs by GPU and precision far more than other convolutions' (host_fit scales it apart)
+    depthwise: bool = False
 
     @property
     def params(self) -> int:
@@ -70,7 +73,9 @@ class Layer:
         return sum(v.size for v in self.variables if not v.trainable)
 
     def to_dict(self) -> dict[str, Any]:
-        extra = {"train_ops": [w.to_dict() for w in self.train_ops]} if self.train_ops else {}
+        extra: dict[str, Any] = {"train_ops": [w.to_dict() for w in self.train_ops]} if self.train_ops else {}
+        if self.depthwise:
+            extra["depthwise"] = True
         return {
             "name": self.name,
             "kind": self.kind,
@@ -107,6 +112,7 @@ class Layer:
                 OpWork(str(w["op_class"]), int(w["flops"]), int(w["bytes"]), int(w.get("ops", 0)))
                 for w in d.get("train_ops") or ()
             ),
+            depthwise=bool(d.get("depthwise", False)),
         )
 
 
