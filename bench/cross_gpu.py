@@ -230,12 +230,16 @@ def write(model: Model, rows: list[Row], qs: list[Q], summary: dict[str, Any]) -
               "(the model family left out of the fit) of this kind, within this many batch doublings of the "
               "measured point (a band under {MIN_QUESTIONS} questions joins the next)").replace(
         "{MIN_QUESTIONS}", str(MIN_QUESTIONS))
-    with (ROOT / "data" / "crossgpu_intervals.csv").open("w", newline="") as fh:
+    path = ROOT / "data" / "crossgpu_intervals.csv"
+    with path.open(newline="") as fh:  # rows of other kinds are other benches' (cross_gpu_torchvision.py --write)
+        kept = [r for r in csv.DictReader(fh) if r["kind"] not in INTERVAL_KINDS]
+    with path.open("w", newline="") as fh:
         out = csv.DictWriter(fh, ["kind", "batch_doublings", "half_width", "n", "source", "method"])
         out.writeheader()
         for w in ws:
             out.writerow({**w, "source": f"{COMMAND} (bench/cross_gpu.py on ../shared/public-throughput)",
                           "method": method})
+        out.writerows(kept)
     print("wrote data/crossgpu_fit.json and data/crossgpu_intervals.csv:")
     for w in ws:
         print(f"  {w['kind']:<20} within {w['batch_doublings']} doublings: +-{w['half_width']:.0%} (n={w['n']})")

@@ -37,6 +37,9 @@ torchvision; the "host" predictors keep three features and ignore the depthwise 
 
     python bench/cross_gpu_torchvision.py            # the tables (a few seconds)
     python bench/cross_gpu_torchvision.py --profile  # re-profile the 32 models first (minutes)
+    python bench/cross_gpu_torchvision.py --write    # also the interval of a question between two fitted
+                                                     # machines (data/crossgpu_intervals.csv, kind
+                                                     # other-gpu-fitted): "calibrated A"'s 80th percentile
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.core.costmodel import host_fit  # noqa: E402
 from orchestrator.core.costmodel.compute import RUNTIME_PRIORS  # noqa: E402
 from orchestrator.core.costmodel.crossgpu import (  # noqa: E402
+    FITTED_KIND,
+    INTERVALS_FILE,
     WEIGHT_PASSES,
     ClassWork,
     Efficiencies,
@@ -75,6 +80,8 @@ TABLE = next((p / "shared" / "public-throughput" / "steptime_ryujaehun.csv" for 
               if (p / "shared" / "public-throughput" / "steptime_ryujaehun.csv").exists()),
              Path("steptime_ryujaehun.csv"))
 WORK_FILE = ROOT / "bench" / "torchvision_work.json"
+INTERVALS = ROOT / "data" / INTERVALS_FILE
+INTERVAL_PREDICTOR = "calibrated A"  # whose held-out errors make the fitted-machines interval
 BATCH = 12
 RUNTIME = "pytorch-eager"
 PRECISIONS = {"fp32": "tf32", "fp16(pure .half())": "amp"}  # the table's label -> the predictor's
@@ -363,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=WORK_FILE)
     parser.add_argument("--profile", action="store_true", help="re-profile the models (needs torchvision)")
     parser.add_argument("--models", help="comma-separated subset (default: every model of the table)")
+    parser.add_argument("--write", action="store_true", help=f"write the {FITTED_KIND} interval to {INTERVALS}")
     args = parser.parse_args(argv)
     rows = load_rows(args.table, args.models.split(",") if args.models else None)
     if args.profile:
@@ -372,9 +380,49 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in rows if r.model in work]
     print(f"{len(rows)} rows: {len({r.model for r in rows})} models x {len({r.gpu for r in rows})} GPUs x "
           f"{len({r.precision for r in rows})} precisions, batch {BATCH}, one GPU ({args.table.name})")
-    report(evaluate(rows, work, kernels))
+    results = evaluate(rows, work, kernels)
+    report(results)
     coefs(rows, work)
+    print(f"\ninterval of a question between two fitted machines ({FITTED_KIND}): {interval_row(results)}")
+    if args.write:
+        write_interval(interval_row(results))
+        print(f"wrote it to {INTERVALS.relative_to(ROOT)}")
     return 0
+
+
+def interval_row(results: dict[str, list[Q]]) -> dict[str, Any]:
+    """``model predict --torch --measurements``' half-width when both machines have fits of their own: the 80th
+    percentile of |log(predicted / true)| of "calibrated A" (the question's whole sub-family out of the file,
+    as a user's new model's family may be), and that percentile's held-out coverage: each sub-family's
+    questions against the width of the other sub-families' errors."""
+    qs = results[INTERVAL_PREDICTOR]
+    logs: dict[str, list[float]] = defaultdict(list)
+    for q in qs:
+        logs[q["subfamily"]].append(abs(float(np.log1p(q["err"]))))
+    every = [x for v in logs.values() for x in v]
+    inside = sum(sum(x <= np.percentile([y for g, v in logs.items() if g != f for y in v], 80) for x in mine)
+                 for f, mine in logs.items())
+    width = float(np.expm1(np.percentile(every, 80)))
+    return {"kind": FITTED_KIND, "batch_doublings": 0, "half_width": round(width, 4), "n": len(every),
+            "held_out_coverage": round(float(inside) / len(every), 3)}
+
+
+def write_interval(row: dict[str, Any], path: Path | None = None) -> None:
+    """Replace this kind's rows of data/crossgpu_intervals.csv, keeping bench/cross_gpu.py's."""
+    path = path or INTERVALS
+    with path.open(newline="") as fh:
+        kept = [r for r in csv.DictReader(fh) if r["kind"] != FITTED_KIND]
+    with path.open("w", newline="") as fh:
+        out = csv.DictWriter(fh, ["kind", "batch_doublings", "half_width", "n", "source", "method"])
+        out.writeheader()
+        out.writerows(kept)
+        out.writerow({**{k: row[k] for k in ("kind", "batch_doublings", "half_width", "n")},
+                      "source": "python bench/cross_gpu_torchvision.py --write (on ../shared/public-throughput/"
+                                "steptime_ryujaehun.csv)",
+                      "method": f"80th percentile of |log(predicted/true)| over the product's held-out questions "
+                                f"(\"{INTERVAL_PREDICTOR}\": the question's sub-family out of the measurements file) "
+                                f"between two machines fitted on other models' rows; sub-family-held-out coverage "
+                                f"{row['held_out_coverage']:.1%}"})
 
 
 def coefs(rows: list[Row], work: dict[str, ClassWork]) -> None:

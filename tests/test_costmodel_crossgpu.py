@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.core.costmodel.crossgpu import (
+    FITTED_KIND,
     INTERVAL_KINDS,
     ClassWork,
     Efficiencies,
@@ -31,8 +32,9 @@ def _work() -> ClassWork:
 def test_interval_widths_come_from_the_bench_file_for_every_kind() -> None:
     with (data_dir() / "crossgpu_intervals.csv").open(newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert {r["kind"] for r in rows} == set(INTERVAL_KINDS)
-    assert all("bench/cross_gpu.py" in r["source"] and int(r["n"]) > 0 for r in rows)
+    assert {r["kind"] for r in rows} == {*INTERVAL_KINDS, FITTED_KIND}
+    assert all(("bench/cross_gpu.py" if r["kind"] in INTERVAL_KINDS else "bench/cross_gpu_torchvision.py")
+               in r["source"] and int(r["n"]) > 0 for r in rows)
     eff = load_efficiencies()
     widths = load_widths()
     for kind in INTERVAL_KINDS:
@@ -47,6 +49,24 @@ def test_a_farther_batch_is_never_a_narrower_interval() -> None:
     assert eff.width("other-gpu", 1.2) == 0.2  # the wider nearer band holds
     assert eff.width("other-gpu", 5.0) == 0.3
     assert Efficiencies(widths={"none/0": 0.4}).width("other-gpu", 2.0) == pytest.approx(0.15 + 2 * 0.05)
+
+
+def test_a_question_between_two_fitted_machines_takes_their_held_out_width() -> None:
+    # model predict --torch --measurements: both machines fitted on other models' rows (host_fit) answer
+    # within bench/cross_gpu_torchvision.py's width; a farther batch widens it as it widens "other-gpu"
+    profile = get_profile("resnet_cifar_32")
+    point, eff = Point("v100", 128, "amp", 50.0), load_efficiencies()
+    fitted = {("v100", "amp"), ("a100", "amp")}
+    plain = predict(profile, "a100", 128, "amp", [point])
+    near = predict(profile, "a100", 128, "amp", [point], fitted=fitted)
+    far = predict(profile, "a100", 2048, "amp", [point], fitted=fitted)
+    assert plain.kind == "other-gpu" and near.kind == far.kind == FITTED_KIND
+    assert near.relative == pytest.approx(eff.width(FITTED_KIND, 0.0)) and near.relative < plain.relative
+    assert far.relative - near.relative == pytest.approx(eff.width("other-gpu", 4.0) - eff.width("other-gpu", 0.0))
+    assert near.step_ms == plain.step_ms and "both machines fitted" in near.basis
+    # one end without a fit of its own (the target borrows its architecture's, or the host alone): other-gpu
+    assert predict(profile, "a100", 128, "amp", [point], fitted={("v100", "amp")}).kind == "other-gpu"
+    assert predict(profile, "a100", 128, "amp", [point], fitted=fitted, eff=Efficiencies()).kind == "other-gpu"
 
 
 def test_a_prediction_from_a_far_batch_is_at_least_as_wide() -> None:

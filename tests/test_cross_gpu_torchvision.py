@@ -63,6 +63,16 @@ def test_held_out_evaluation_on_a_tiny_subset(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "32 rows: 4 models x 4 GPUs x 2 precisions" in out and "SUMMARY" in out and "worst 5 (host A)" in out
     assert "host ms/layer" in out
+    # the fitted-machines interval: calibrated A's 80th percentile, replacing only its own row of the file
+    row = bench.interval_row(results)
+    assert row["kind"] == "other-gpu-fitted" and row["n"] == len(results["calibrated A"]) and row["half_width"] > 0
+    intervals = tmp_path / "intervals.csv"
+    intervals.write_text(bench.INTERVALS.read_text())
+    before = [r for r in csv.DictReader(intervals.open()) if r["kind"] != row["kind"]]
+    bench.write_interval(row, intervals)
+    bench.write_interval(row, intervals)
+    after = list(csv.DictReader(intervals.open()))
+    assert after[:-1] == before and float(after[-1]["half_width"]) == row["half_width"]
 
 
 def test_the_source_table_names_gpus_with_facts() -> None:

@@ -158,7 +158,8 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     fit_from = next((f"{g}/{pr}" for (g, pr), f in fits.items() if f is fit), None)
     if fit is not None and fit_from is None:  # no machine of its architecture: the measured machines' host
         fit_from = "host of " + ", ".join(f"{g}/{pr}" for g, pr in fits if pr == prec)
-    pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None)
+    pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None,
+                   fitted=frozenset(fits))
     result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,
               "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3,
               "machine_fits": {f"{g}/{pr}": {"overhead_ms": f.overhead_s * 1e3, "kernel_us": f.per_kernel_s * 1e6,

@@ -34,7 +34,7 @@ import csv
 import functools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,10 @@ BATCH_WIDEN_PER_DOUBLING = 0.05  # interval widening per doubling of batch away 
 FIT_FILE = "crossgpu_fit.json"
 INTERVALS_FILE = "crossgpu_intervals.csv"
 INTERVAL_KINDS = ("same-gpu", "other-gpu", "other-gpu-precision", "none")
+# Another GPU at the same precision, both machines fitted on other models' rows (host_fit, `model predict --torch
+# --measurements`): its width is bench/cross_gpu_torchvision.py --write's (held out there), the batch distance
+# widening it as it widens "other-gpu"
+FITTED_KIND = "other-gpu-fitted"
 
 
 class PrecisionError(ValueError):
@@ -208,6 +212,10 @@ class Efficiencies:
         # nearer than any the bench measured takes the nearest band
         near = max(round(doublings), measured[0][0])
         return max(v for d, v in measured if d <= near)
+
+    def measured(self, kind: str) -> bool:
+        """Whether a bench measured this kind's width (data/crossgpu_intervals.csv has a row of it)."""
+        return any(k.split("/")[0] == kind for k in self.widths)
 
     def tensor_eff(self, arch: str, precision: str) -> float:
         pc = precision_class(precision)
@@ -363,11 +371,13 @@ def predict(
     host_s: float = 0.0,
     eff: Efficiencies | None = None,
     model_s: Callable[[str, str, int], float] | None = None,
+    fitted: Set[tuple[str, str]] = frozenset(),
 ) -> Prediction:
     """Step time of ``profile`` on ``gpu``: from the nearest measured point (same GPU and precision first,
     then the nearest batch) scaled by the model's ratio, or from the model alone; with its interval.
     ``model_s(gpu key, precision, batch)``: the model's seconds (default: ``host_s`` and the GPU time,
-    smooth max; ``host_fit`` passes each machine's fitted host and GPU scales)."""
+    smooth max; ``host_fit`` passes each machine's fitted host and GPU scales). ``fitted``: the (GPU key,
+    precision) machines with a fit of their own; a question between two of them is ``FITTED_KIND``."""
     e = eff or load_efficiencies()
     g = arch_gpu(gpu)
 
@@ -383,9 +393,13 @@ def predict(
     src = arch_gpu(p.gpu)
     src_ms = 1e3 * of(src.key, check_precision(p.precision), p.batch)
     step = p.step_ms * model_ms / src_ms
-    kind = _kind(p, g, precision)
-    rel = e.width(kind, abs(math.log2(p.batch / batch)))
-    basis = f"measured {p.step_ms:g} ms on {src.key} at batch {p.batch} {p.precision}, scaled by the model"
+    kind, doublings = _kind(p, g, precision), abs(math.log2(p.batch / batch))
+    rel = e.width(kind, doublings)
+    prec = check_precision(precision)
+    if kind == "other-gpu" and {(src.key, prec), (g.key, prec)} <= fitted and e.measured(FITTED_KIND):
+        kind, rel = FITTED_KIND, e.width(FITTED_KIND, 0.0) + rel - e.width("other-gpu", 0.0)
+    basis = f"measured {p.step_ms:g} ms on {src.key} at batch {p.batch} {p.precision}, scaled by the model" + (
+        " (both machines fitted on other models' rows)" if kind == FITTED_KIND else "")
     return Prediction(step, step / (1 + rel), step * (1 + rel), rel, basis, kind, p)
 
 
