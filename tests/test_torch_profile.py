@@ -80,6 +80,10 @@ def test_depthwise_convolutions_are_marked_and_survive_the_cache(tmp_path: Path)
         ("0", True), ("1", False), ("2", False)]  # grouped but not depthwise: an ordinary convolution
     assert ModelProfile.from_dict(json.loads(json.dumps(p.to_dict()))).layers == p.layers
     assert "depthwise" not in p.layers[1].to_dict()  # profiles without one are written as before
+    out = run("model", "profile", "--torch", f"{tmp_path}/mix.py:build", "--json", home=tmp_path / "home")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["totals"]["depthwise_layers"] == 1 and doc["layers"][0]["depthwise"] is True
 
 
 def test_a_profile_does_not_depend_on_the_hash_seed() -> None:

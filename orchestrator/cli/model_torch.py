@@ -46,6 +46,7 @@ def _totals(p: ModelProfile) -> dict[str, Any]:
         "activation_bytes_per_example": p.activation_bytes,
         "param_bytes": p.param_bytes,
         "layers": len(p.layers),
+        "depthwise_layers": sum(layer.depthwise for layer in p.layers),
     }
 
 
@@ -61,7 +62,8 @@ def profile_torch(ref: str, json_out: bool, gpu: str | None, batch: int, precisi
     rows = []
     for i, layer in enumerate(p.layers):
         ops = {w.op_class: w for w in layer.train_ops}
-        row: list[Any] = [layer.name, layer.kind, f"{layer.params:,}", f"{layer.macs / 1e6:,.2f}"]
+        kind = f"{layer.kind} dw" if layer.depthwise else layer.kind  # host_fit scales depthwise apart
+        row: list[Any] = [layer.name, kind, f"{layer.params:,}", f"{layer.macs / 1e6:,.2f}"]
         row += [f"{ops[c].flops / 1e6:,.1f}" if c in ops else "" for c in ("tensor", "vector")]
         row += [f"{sum(w.bytes for w in layer.train_ops) / 2**20:,.2f}", f"{layer.saved_bytes / 2**20:,.2f}"]
         if times is not None:
@@ -75,6 +77,7 @@ def profile_torch(ref: str, json_out: bool, gpu: str | None, batch: int, precisi
         f"total: {t['params']:,} parameters, forward {t['forward_macs_g']:.3f} GMACs = {t['forward_gflops']:.3f} "
         f"GFLOPs per example; a training step moves {t['train_bytes_per_example'] / 2**20:,.1f} MiB and keeps "
         f"{t['activation_bytes_per_example'] / 2**20:,.1f} MiB of activations per example"
+        + (f"; {t['depthwise_layers']} depthwise convolutions (kind 'conv dw')" if t["depthwise_layers"] else "")
         + (" (cached profile)" if cached else "")
     )
 
