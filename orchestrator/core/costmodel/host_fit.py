@@ -14,9 +14,10 @@ compute- / memory-bound layers, ``depthwise`` in its depthwise convolutions (``c
 committed efficiencies). Depthwise convolutions have kernels of their own whose speed against the roofline
 varies by machine far more than the other layers': on the torchvision table, a Titan Xp running 16-bit
 tensors (Pascal: no fast fp16) takes 1.4-2.2x its fp32 step on MNASNet and MobileNet-v2, 1.0-1.3x on the
-CNNs without depthwise layers. A machine whose rows hold no depthwise layer keeps that scale at its prior.
-Least squares in log time, each parameter pulled towards its prior (the runtime's ``RUNTIME_PRIORS`` host;
-scales 1) with ``calibration.PRIOR_WEIGHT``, as ``calibration._fit_joint`` does; a machine with fewer than
+CNNs without depthwise layers. Least squares in log time, each parameter pulled towards its prior (the
+runtime's ``RUNTIME_PRIORS`` host; scales 1; the depthwise scale towards the machine's memory scale, so a
+machine whose rows hold no depthwise layer scales those layers as its other memory-bound ones, as before)
+with ``calibration.PRIOR_WEIGHT``, as ``calibration._fit_joint`` does; a machine with fewer than
 ``MIN_POINTS`` rows keeps the priors.
 Held out on 32 torchvision CNNs x 4 GPUs (bench/cross_gpu_torchvision.py, "calibrated"): the model held out,
 8.1% mean and every GPU pair x precision under 15% (8.9% and 19 of 24 before the depthwise scale).
@@ -25,7 +26,7 @@ A GPU with no rows of its own (``fit_for``) takes the fit of a measured GPU of t
 precision: the architecture's efficiencies and the software's host time are what a fit corrects, and they carry.
 With none of its architecture, it takes the measured machines' host time (geometric mean) and the committed GPU
 efficiencies: the runtime prior's host is further from any real machine than another machine is. Held out:
-bench/hopper_transfer.py (fitted on an H100's CIFAR ResNets, the H200's torchvision steps at fp32 / bf16: 28.3%
+bench/hopper_transfer.py (fitted on an H100's CIFAR ResNets, the H200's torchvision steps at fp32 / bf16: 27.8%
 mean error, 43.4% with the prior) and bench/cross_gpu_torchvision.py "calibrated B" (the target GPU's rows out:
 20.6% mean, 52.8% with the prior).
 """
@@ -105,7 +106,10 @@ def _fit_one(rows: Sequence[Sample], prior: Efficiency) -> MachineFit:
         o, pk, cs, ms, ds = np.exp(x)
         host, g = o + pk * k, cs * c + ms * m + ds * d
         pred = (host**OVERLAP + g**OVERLAP) ** (1 / OVERLAP)
-        return np.concatenate([np.log(pred / t), PRIOR_WEIGHT * (x - x0)])
+        # the depthwise scale is pulled towards the machine's memory scale: without depthwise rows, those
+        # layers scale as its other memory-bound ones
+        pull = np.concatenate([x[:4] - x0[:4], x[4:] - x[3:4]])
+        return np.concatenate([np.log(pred / t), PRIOR_WEIGHT * pull])
 
     # two starts: the prior, and a host-bound machine (the cost surface bends where host and GPU cross)
     starts = [x0, np.clip(x0 + np.log([1.0, 5.0, 1.0, 1.0, 1.0]), _LO + 1e-9, _HI - 1e-9)]
