@@ -33,7 +33,10 @@ The table's fp32 is the "tf32" precision class (TF32 on the A100 under PyTorch >
 GPU has no TF32: the convention of bench/cross_gpu_fit.py); its pure .half() is "amp" (16-bit tensors).
 Profiles: the project's profiler (meta device; per example, from its batches 2 and 4), x 12 for the step;
 cached in bench/torchvision_work.json (with each model's depthwise layers), `--profile` rebuilds it (needs
-torchvision; the "host" predictors keep three features and ignore the depthwise layers).
+torchvision; the "host" predictors keep three features and ignore the depthwise layers). Beside the lock's CPU
+torch, PyPI's torchvision wheel (CUDA-built) fails in ``torchvision._meta_registrations``; the models need none
+of its C ops, so a ``sitecustomize.py`` on PYTHONPATH that sets ``sys.modules["torchvision._meta_registrations"]``
+to an empty module lets them load (how the 2026-11-28 work file was built, torchvision 0.28.0).
 
     python bench/cross_gpu_torchvision.py            # the tables (a few seconds)
     python bench/cross_gpu_torchvision.py --profile  # re-profile the 32 models first (minutes)
