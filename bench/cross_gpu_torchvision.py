@@ -75,6 +75,7 @@ from orchestrator.core.costmodel.crossgpu import (  # noqa: E402
     layer_seconds,
     load_efficiencies,
     smooth_max,
+    transfer_weight,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -230,14 +231,15 @@ def held_out_fit(rows: list[Row], feats: Features, hold: Callable[[str], str], t
 
 def calibrated_fit(rows: list[Row], work: dict[str, ClassWork], kernels: dict[str, float],
                    hold: Callable[[str], str], eff: Efficiencies, never_measured: bool = False,
-                   target_fit: bool = True) -> Predict:
+                   target_fit: bool = True, transfer: bool = True) -> Predict:
     """What `model predict --torch M --measurements FILE` computes when FILE holds every row of the table
     but the question's ``hold`` group (every GPU), plus M's one row on the measured GPU: host_fit's
     per-machine fit (GPU x precision) on those rows, then M's step on each machine. Fits are cached per
     (held-out group, machine, M's row or none): the target machine never holds M's row.
     ``never_measured``: FILE has no row of the target GPU either (protocol B): the target takes its
     architecture's fit, else the other machines' host (host_fit.fit_for); ``target_fit`` False keeps the runtime
-    prior's host for it instead (the product before fit_for, 2026-11-28)."""
+    prior's host for it instead (the product before fit_for, 2026-11-28). ``transfer`` False carries M's whole
+    departure from the model over (the product before crossgpu.transfer_weight, 2026-11-28)."""
     prior = RUNTIME_PRIORS[RUNTIME]
     # this table times forward + backward without the optimizer: weights read twice, gradient written once,
     # 3 of crossgpu's 8 passes (the predictors above leave the weights out)
@@ -266,7 +268,16 @@ def calibrated_fit(rows: list[Row], work: dict[str, ClassWork], kernels: dict[st
         def step(r: Row, fits: host_fit.Fits) -> float:
             return host_fit.machine_step_s(work[r.model], kernels[r.model], r.gpu, r.precision, BATCH, fits,
                                            prior, eff)
-        return step(a, fits), step(b, fits if target_fit else {})
+
+        def share(r: Row, fits: host_fit.Fits) -> float:
+            return host_fit.machine_host_share(work[r.model], kernels[r.model], r.gpu, r.precision, BATCH, fits,
+                                               prior, eff)
+        pa, pb = step(a, fits), step(b, fits if target_fit else {})
+        if not transfer:
+            return pa, pb
+        # crossgpu.predict's rule: the prediction is pb x (a's step / pa) ** weight; returned as the pa it implies
+        weight = transfer_weight(share(a, fits), share(b, fits if target_fit else {}))
+        return a.step_s / (a.step_s / pa) ** weight, pb
 
     return predict
 
@@ -304,6 +315,7 @@ def evaluate(rows: list[Row], work: dict[str, ClassWork], kernels: dict[str, flo
         "host A": held_out_fit(rows, feats, subfamily, False),
         "host B": held_out_fit(rows, feats, subfamily, True),
         "calibrated A-model": calibrated_fit(rows, work, kernels, lambda m: m, e),
+        "calibrated A-model whole ratio": calibrated_fit(rows, work, kernels, lambda m: m, e, transfer=False),
         "calibrated A": calibrated_fit(rows, work, kernels, subfamily, e),
         "calibrated B": calibrated_fit(rows, work, kernels, subfamily, e, never_measured=True),
         "calibrated B prior": calibrated_fit(rows, work, kernels, subfamily, e, never_measured=True,
@@ -357,7 +369,7 @@ def report(results: dict[str, list[Q]]) -> None:
     print("\nSUMMARY (one measured GPU -> another, same precision; goal < 10% mean and every pair x precision "
           "< 15%)")
     for n in names:
-        print(f"  {n:<18} mean {s[n]['mean']:.1%}; pairs x precision under 15%: {s[n]['pairs_under_15pct']}/"
+        print(f"  {n:<30} mean {s[n]['mean']:.1%}; pairs x precision under 15%: {s[n]['pairs_under_15pct']}/"
               f"{len(s[n]['pairs'])}; worst pair {s[n]['worst_pair']:.1%}; goal {'MET' if s[n]['met'] else 'NOT met'}")
     print("  held out: naive and model use nothing of this table; host fits three coefficients per GPU x "
           "precision on this table without the question's model (A-model), its sub-family (A), and also the "

@@ -20,6 +20,7 @@ from orchestrator.core.costmodel.crossgpu import (
     load_efficiencies,
     load_widths,
     predict,
+    transfer_weight,
 )
 from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.paths import data_dir
@@ -93,3 +94,30 @@ def test_a_gpu_deviation_and_the_conv_ratio_scale_its_time() -> None:
     assert c2.sum() < c0.sum()
     other = replace(base, gpu={"a100-80gb/fp16/tensor": 2.0})  # another GPU's deviation leaves this one
     assert layer_seconds(work, a100, "amp", other)[0] == pytest.approx(c0)
+
+
+def test_a_measured_departure_carries_over_as_far_as_the_two_steps_are_alike() -> None:
+    # a step all GPU measured 2x the model says: a target step all host keeps none of it, one made alike all
+    assert transfer_weight(0.0, 1.0) == 0.0 and transfer_weight(1.0, 0.0) == 0.0
+    assert transfer_weight(0.3, 0.3) == pytest.approx(1.0) and transfer_weight(0.0, 0.0) == 1.0
+    assert transfer_weight(0.7, 1.0) == 1.0  # the least-norm split would keep 1.2x: never more than all of it
+    assert 0.0 < transfer_weight(0.2, 0.8) < transfer_weight(0.2, 0.5) < 1.0
+    profile = get_profile("resnet_cifar_32")
+    point = Point("v100", 128, "amp", 50.0)
+
+    def seconds(gpu: str, precision: str, batch: int) -> float:
+        return {"v100": 0.025, "a100": 0.010}[gpu]  # the model: v100 25 ms, a100 10 ms (measured: 2x the model)
+
+    whole = predict(profile, "a100", 128, "amp", [point], model_s=seconds)
+    assert whole.step_ms == pytest.approx(20.0)  # the whole ratio
+    alike = predict(profile, "a100", 128, "amp", [point], model_s=seconds, host_share=lambda g, p, b: 0.4)
+    assert alike.step_ms == pytest.approx(20.0)
+    # the v100 step all GPU, the a100 step all host: the v100's departure is the GPU's, the a100's step the model's
+    shares = {"v100": 0.0, "a100": 1.0}
+    apart = predict(profile, "a100", 128, "amp", [point], model_s=seconds, host_share=lambda g, p, b: shares[g])
+    assert apart.step_ms == pytest.approx(10.0)
+    assert apart.relative == whole.relative  # the interval is the held-out width of the same kind of question
+    assert "0% of its departure from the model kept" in apart.basis and "departure" not in whole.basis
+    # another precision, or the same GPU at another batch: the whole ratio (what held-out data has tested)
+    same = predict(profile, "v100", 256, "amp", [point], model_s=seconds, host_share=lambda g, p, b: shares[g])
+    assert same.step_ms == pytest.approx(50.0)

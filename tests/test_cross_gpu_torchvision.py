@@ -48,7 +48,7 @@ def test_held_out_evaluation_on_a_tiny_subset(tmp_path: Path, capsys: pytest.Cap
     assert len(rows) == len(MODELS) * len(GPUS) * 2
     results = bench.evaluate(rows, bench.load_work(), bench.eager_kernels())
     assert set(results) == {"naive", "model", "shipped", "host A-model", "host A", "host B", "calibrated A-model",
-                            "calibrated A", "calibrated B", "calibrated B prior"}
+                            "calibrated A-model whole ratio", "calibrated A", "calibrated B", "calibrated B prior"}
     assert all(len(qs) == len(MODELS) * 2 * 4 * 3 for qs in results.values())  # ordered pairs of 4 GPUs
     summary = {n: bench.summary(qs) for n, qs in results.items()}
     # steps made by the host form: its held-out folds recover them (A: whole sub-family out), naive cannot

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from orchestrator.core.costmodel import host_fit
 from orchestrator.core.costmodel.compute import RUNTIME_PRIORS
@@ -99,3 +100,21 @@ def test_depthwise_convolutions_get_a_scale_of_their_own() -> None:
     none = host_fit.fit_machines([host_fit.sample(w, k, "a100", "tf32", 12, _machine("a100", *truth, w, k))
                                   for w, k in plain], PRIOR)[("a100", "tf32")]
     assert abs(none.depthwise_scale / none.memory_scale - 1) < 1e-3 and abs(none.memory_scale / 1.4 - 1) < 0.2
+
+
+def test_a_machine_s_host_share_is_its_fitted_host_over_the_step() -> None:
+    truth = (3e-3, 50e-6, 1.2, 0.8)
+    models = [(_work(n, f), 3.0 * n) for n in (20, 60, 150, 300) for f in (1e8, 1e9, 4e9)]
+    fits = host_fit.fit_machines([host_fit.sample(w, k, "v100", "tf32", 12, _machine("v100", *truth, w, k))
+                                  for w, k in models], PRIOR)
+    f = fits[("v100", "tf32")]
+    small, big = (_work(100, 1e6), 300.0), (_work(100, 4e10), 300.0)
+    for w, k in (small, big):
+        c, m, d = gpu_parts(w, "v100", "tf32", 12)
+        host = f.host_s(k)
+        share = host_fit.machine_host_share(w, k, "v100", "tf32", 12, fits, PRIOR)
+        assert share == pytest.approx(host / f.step_s(k, c, m, d))  # additive (OVERLAP 1): host / step
+    assert host_fit.machine_host_share(*small, "v100", "tf32", 12, fits, PRIOR) > 0.9
+    assert host_fit.machine_host_share(*big, "v100", "tf32", 12, fits, PRIOR) < 0.1
+    # no fit at all: the runtime prior's host against the committed GPU time, as machine_step_s takes them
+    assert 0.0 < host_fit.machine_host_share(*big, "v100", "tf32", 12, {}, PRIOR) < 1.0

@@ -156,13 +156,16 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     def model_s(gpu_key: str, precision: str, b: int) -> float:
         return host_fit.machine_step_s(work, kernels(precision), gpu_key, precision, b, fits, prior)
 
+    def host_share(gpu_key: str, precision: str, b: int) -> float:
+        return host_fit.machine_host_share(work, kernels(precision), gpu_key, precision, b, fits, prior)
+
     fit = host_fit.fit_for(fits, target.key, prec)
     host = fit.host_s(kernels(prec)) if fit else prior.host_s(kernels(prec))
     fit_from = next((f"{g}/{pr}" for (g, pr), f in fits.items() if f is fit), None)
     if fit is not None and fit_from is None:  # no machine of its architecture: the measured machines' host
         fit_from = "host of " + ", ".join(f"{g}/{pr}" for g, pr in fits if pr == prec)
     pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None,
-                   fitted=frozenset(fits))
+                   fitted=frozenset(fits), host_share=host_share if fits else None)
     result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,
               "runtime": runtime, "measured_points": len(points), "host_overhead_ms": host * 1e3,
               "machine_fits": {f"{g}/{pr}": {"overhead_ms": f.overhead_s * 1e3, "kernel_us": f.per_kernel_s * 1e6,

@@ -372,12 +372,16 @@ def predict(
     eff: Efficiencies | None = None,
     model_s: Callable[[str, str, int], float] | None = None,
     fitted: Set[tuple[str, str]] = frozenset(),
+    host_share: Callable[[str, str, int], float] | None = None,
 ) -> Prediction:
     """Step time of ``profile`` on ``gpu``: from the nearest measured point (same GPU and precision first,
     then the nearest batch) scaled by the model's ratio, or from the model alone; with its interval.
     ``model_s(gpu key, precision, batch)``: the model's seconds (default: ``host_s`` and the GPU time,
     smooth max; ``host_fit`` passes each machine's fitted host and GPU scales). ``fitted``: the (GPU key,
-    precision) machines with a fit of their own; a question between two of them is ``FITTED_KIND``."""
+    precision) machines with a fit of their own; a question between two of them is ``FITTED_KIND``.
+    ``host_share(gpu key, precision, batch)``: the host's share of the model's step there (``host_fit``);
+    given, the measured point's departure from the model carries over as far as the two steps are made
+    of the same parts (``transfer_weight``)."""
     e = eff or load_efficiencies()
     g = arch_gpu(gpu)
 
@@ -392,15 +396,32 @@ def predict(
     p = min(points, key=lambda q: _rank(q, g, precision, batch))
     src = arch_gpu(p.gpu)
     src_ms = 1e3 * of(src.key, check_precision(p.precision), p.batch)
-    step = p.step_ms * model_ms / src_ms
+    src_prec, prec = check_precision(p.precision), check_precision(precision)
     kind, doublings = _kind(p, g, precision), abs(math.log2(p.batch / batch))
+    # tested where held-out data has it (bench/cross_gpu_torchvision.py, bench/h200_torchvision_heldout.py):
+    # another GPU at the same precision; elsewhere the whole ratio, as before
+    weight = 1.0 if host_share is None or kind != "other-gpu" else transfer_weight(
+        host_share(src.key, src_prec, p.batch), host_share(g.key, prec, batch))
+    step = model_ms * (p.step_ms / src_ms) ** weight
     rel = e.width(kind, doublings)
-    prec = check_precision(precision)
     if kind == "other-gpu" and {(src.key, prec), (g.key, prec)} <= fitted and e.measured(FITTED_KIND):
         kind, rel = FITTED_KIND, e.width(FITTED_KIND, 0.0) + rel - e.width("other-gpu", 0.0)
     basis = f"measured {p.step_ms:g} ms on {src.key} at batch {p.batch} {p.precision}, scaled by the model" + (
-        " (both machines fitted on other models' rows)" if kind == FITTED_KIND else "")
+        " (both machines fitted on other models' rows)" if kind == FITTED_KIND else "") + (
+        f"; {weight:.0%} of its departure from the model kept (host / GPU shares of the two steps)"
+        if weight < 0.995 else "")
     return Prediction(step, step / (1 + rel), step * (1 + rel), rel, basis, kind, p)
+
+
+def transfer_weight(host_from: float, host_to: float) -> float:
+    """How much of a measured step's departure from the model (a log ratio) a prediction elsewhere keeps, from
+    the host's share of each step (its log-derivative: h / (h + g) for an additive step). The departure is
+    spread over host and GPU time in proportion to their shares (the least-norm split), then summed with the
+    target's shares: 1 where the two steps are made alike, 0 from a step all GPU to one all host (the GPU's
+    error does not slow a host-bound step), never more than 1. No constant is fitted."""
+    sf = (host_from, 1.0 - host_from)
+    st = (host_to, 1.0 - host_to)
+    return min(1.0, max(0.0, (st[0] * sf[0] + st[1] * sf[1]) / (sf[0] ** 2 + sf[1] ** 2)))
 
 
 def none_interval(eff: Efficiencies) -> float:

@@ -154,3 +154,17 @@ def machine_step_s(work: ClassWork, kernels: float, gpu: str, precision: str, ba
     c, m, d = gpu_parts(work, gpu, precision, batch, eff)
     f = fit_for(fits, gpu, precision)
     return f.step_s(kernels, c, m, d) if f else smooth_max(prior.host_s(kernels), c + m + d)
+
+
+def machine_host_share(work: ClassWork, kernels: float, gpu: str, precision: str, batch: int, fits: Fits,
+                       prior: Efficiency, eff: Efficiencies | None = None) -> float:
+    """The host's share of ``machine_step_s`` (its log-derivative in the host time): what
+    ``crossgpu.transfer_weight`` weighs a measured step's departure from the model by."""
+    c, m, d = gpu_parts(work, gpu, precision, batch, eff)
+    f = fit_for(fits, gpu, precision)
+    if f is None:
+        host, g, p = prior.host_s(kernels), c + m + d, 8.0  # crossgpu.smooth_max's default
+    else:
+        host, g, p = f.host_s(kernels), f.compute_scale * c + f.memory_scale * m + f.depthwise_scale * d, OVERLAP
+    return float(host**p / (host**p + g**p)) if host + g > 0 else 1.0
+
