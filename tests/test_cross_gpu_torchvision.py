@@ -90,3 +90,15 @@ def test_the_cached_profiles_mark_the_depthwise_convolutions() -> None:
     with_dw = {m for m, w in work.items() if w.depthwise is not None and w.depthwise.any()}
     assert with_dw == {m for m in work if m.startswith(("mnasnet", "mobilenet", "shufflenet"))}
     assert int(work["mobilenet_v2"].depthwise.sum()) == 17  # one per inverted-residual block
+
+
+def test_the_h200_rows_load_as_a_fifth_gpu_of_the_table() -> None:
+    # bench/h200_torchvision_heldout.py: the lent H200's rows, by the table's protocol, held out as a fifth GPU
+    heldout = load_bench("h200_torchvision_heldout")
+    rows, timings = heldout.load_h200()
+    assert len(rows) == 25 and {r.gpu for r in rows} == {"h200"}
+    assert sum(r.precision == "tf32" for r in rows) == 20 and sum(r.precision == "amp" for r in rows) == 5
+    assert {r.model for r in rows} <= set(_bench().load_work())
+    twice = timings[("mobilenet_v2", "amp")]
+    assert len(twice) == 2  # timed in both calls: the first is the row
+    assert next(r for r in rows if (r.model, r.precision) == ("mobilenet_v2", "amp")).step_s == twice[0] / 1e3
