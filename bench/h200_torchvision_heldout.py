@@ -29,6 +29,7 @@ software; the fits see that only through the rows.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -48,6 +49,8 @@ from cross_gpu_torchvision import (  # noqa: E402
     load_rows,
     load_work,
 )
+
+from orchestrator.core.costmodel.crossgpu import FITTED_KIND, load_efficiencies  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ROOT / "data" / "measurements" / "raw" / "h200-torchvision-b12-2026-11-28.jsonl"
@@ -107,6 +110,15 @@ def main() -> int:
         print(f"  {n:<30} mean {_mean(ours[n]):.1%} (into the H200 {_mean(into):.1%}); pairs under 15%: "
               f"{sum(v < GOAL_PAIR for v, _ in pm.values())}/{len(pm)}; worst pair {worst:.1%}; "
               f"goal {'MET' if met else 'NOT met'}")
+    eff = load_efficiencies()
+    widths = {"calibrated A-model": FITTED_KIND, "calibrated A": FITTED_KIND, "calibrated B": "other-gpu"}
+    print("\nINTERVALS (what `model predict --torch --measurements` prints for these questions; widths from "
+          "the public tables, never from the H200):")
+    for n, kind in widths.items():
+        w = eff.width(kind, 0.0)
+        inside = sum(abs(math.log1p(q["err"])) <= math.log1p(w) for q in ours[n])
+        print(f"  {n:<30} kind {kind:<17} +-{w:.1%}: {inside} of {len(ours[n])} inside ({inside / len(ours[n]):.0%}; "
+              "an 80% interval should hold about 80%)")
     print(f"  held out: every H200 row ({ROWS.name}); no committed fit holds a Hopper row. The H200 ran torch 2.11 "
           "(2026) on its own host, the table's GPUs PyTorch of 2019-21 on theirs.")
     return 0
