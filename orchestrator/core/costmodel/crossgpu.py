@@ -395,8 +395,8 @@ def predict(
                           "no measured point: datasheet x fitted efficiencies alone", "none")
     p = min(points, key=lambda q: _rank(q, g, precision, batch))
     src = arch_gpu(p.gpu)
-    src_ms = 1e3 * of(src.key, check_precision(p.precision), p.batch)
     src_prec, prec = check_precision(p.precision), check_precision(precision)
+    src_ms = 1e3 * of(src.key, src_prec, p.batch)
     kind, doublings = _kind(p, g, precision), abs(math.log2(p.batch / batch))
     # tested where held-out data has it (bench/cross_gpu_torchvision.py, bench/h200_torchvision_heldout.py):
     # another GPU at the same precision; elsewhere the whole ratio, as before
