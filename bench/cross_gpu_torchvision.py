@@ -346,7 +346,8 @@ def summary(qs: list[Q]) -> dict[str, Any]:
     for q in qs:
         pairs[f"{q['from']}->{q['to']} {q['precision']}"].append(q)
     means = {k: _mean(v) for k, v in pairs.items()}
-    return {"mean": _mean(qs), "pairs": means, "worst_pair": max(means.values()),
+    return {"mean": _mean(qs), "pairs": means, "pair_n": {k: len(v) for k, v in pairs.items()},
+            "worst_pair": max(means.values()),
             "pairs_under_15pct": sum(v < GOAL_PAIR for v in means.values()),
             "subfamily": _by(qs, "subfamily"), "precision": _by(qs, "precision"),
             "met": _mean(qs) < GOAL_MEAN and max(means.values()) < GOAL_PAIR}

@@ -15,9 +15,10 @@ predictors of bench/cross_gpu_torchvision.py, on the table's rows plus these:
                       the H200's included, but M's, plus M's one row on the measured GPU: the H200 has a fit of
                       its own from its other models (the user timed some models on it).
   calibrated A        as A-model without M's whole sub-family.
-  calibrated B        FILE without M's sub-family and without any H200 row (from the table GPUs to the H200 the
-                      H200 was never measured: it takes its architecture's fit, else the other machines' host,
-                      host_fit.fit_for); the product's case of a GPU the user never ran on.
+  calibrated B        FILE without M's sub-family and without the target GPU's rows: into the H200, no H200 row
+                      at all (it takes its architecture's fit, else the other machines' host, host_fit.fit_for:
+                      the product's case of a GPU the user never ran on); out of it, the H200's other
+                      sub-families' rows stay and the table GPU is the one never measured.
 Held out: the H200's rows are in no committed fit (data/crossgpu_fit.json has no Hopper); the fits above are made
 per question without the question's model (or sub-family). Caveat printed below: the H200's software (torch 2.11,
 2026) and host CPU are not the table's (PyTorch of 2019-21), so the host time per layer differs by machine AND
@@ -37,10 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cross_gpu_torchvision import (  # noqa: E402
-    GOAL_MEAN,
-    GOAL_PAIR,
     PRECISIONS,
-    Q,
     Row,
     _mean,
     _table,
@@ -48,6 +46,7 @@ from cross_gpu_torchvision import (  # noqa: E402
     evaluate,
     load_rows,
     load_work,
+    summary,
 )
 
 from orchestrator.core.costmodel.crossgpu import FITTED_KIND, load_efficiencies  # noqa: E402
@@ -73,13 +72,6 @@ def load_h200(path: Path = ROWS) -> tuple[list[Row], dict[tuple[str, str], list[
     return rows, seen
 
 
-def pair_means(qs: list[Q]) -> dict[str, tuple[float, int]]:
-    pairs: dict[str, list[Q]] = {}
-    for q in qs:
-        pairs.setdefault(f"{q['from']}->{q['to']} {q['precision']}", []).append(q)
-    return {k: (_mean(v), len(v)) for k, v in sorted(pairs.items())}
-
-
 def main() -> int:
     work, kernels = load_work(), eager_kernels()
     h200, timings = load_h200()
@@ -94,22 +86,20 @@ def main() -> int:
     for (m, p), ms in timings.items():
         if len(ms) > 1:
             print(f"  timed twice: {m} {p}: {ms[0]:.3f} ms (used), {ms[1]:.3f} ms ({ms[1] / ms[0] - 1:+.1%})")
-    means = {n: pair_means(qs) for n, qs in ours.items()}
+    s = {n: summary(qs) for n, qs in ours.items()}
+    counts = s[SHOWN[0]]["pair_n"]
     _table("mean |error| by ordered GPU pair x precision (n questions)", ["pair", "n", *SHOWN],
-           [[k, n, *(f"{means[s][k][0]:.1%}" for s in SHOWN)] for k, (_, n) in means[SHOWN[0]].items()])
+           [[k, counts[k], *(f"{s[n]['pairs'][k]:.1%}" for n in SHOWN)] for k in sorted(counts)])
     for n in ("calibrated A-model", "calibrated B"):
         worst = sorted(ours[n], key=lambda q: -abs(q["err"]))[:6]
         _table(f"worst 6 ({n})", ["from", "to", "precision", "model", "err"],
                [[q["from"], q["to"], q["precision"], q["model"], f"{q['err']:+.1%}"] for q in worst])
     print("\nSUMMARY (questions into or out of the H200; goal < 10% mean and every pair x precision < 15%)")
     for n in SHOWN:
-        pm = means[n]
-        worst = max(v for v, _ in pm.values())
         into = [q for q in ours[n] if q["to"] == GPU]
-        met = _mean(ours[n]) < GOAL_MEAN and worst < GOAL_PAIR
-        print(f"  {n:<30} mean {_mean(ours[n]):.1%} (into the H200 {_mean(into):.1%}); pairs under 15%: "
-              f"{sum(v < GOAL_PAIR for v, _ in pm.values())}/{len(pm)}; worst pair {worst:.1%}; "
-              f"goal {'MET' if met else 'NOT met'}")
+        print(f"  {n:<30} mean {s[n]['mean']:.1%} (into the H200 {_mean(into):.1%}); pairs under 15%: "
+              f"{s[n]['pairs_under_15pct']}/{len(s[n]['pairs'])}; worst pair {s[n]['worst_pair']:.1%}; "
+              f"goal {'MET' if s[n]['met'] else 'NOT met'}")
     eff = load_efficiencies()
     widths = {"calibrated A-model": FITTED_KIND, "calibrated A": FITTED_KIND, "calibrated B": "other-gpu"}
     print("\nINTERVALS (what `model predict --torch --measurements` prints for these questions; widths from "
