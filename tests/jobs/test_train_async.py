@@ -54,7 +54,10 @@ def test_async_emulated_slow_worker(make_cluster: MakeCluster) -> None:
         f"emulation: worker0 {n0} steps ({t0:.3f} s/step), worker1 {n1} steps ({t1:.3f} s/step), "
         f"ratio {n0 / max(n1, 1):.2f}, expected {(t0 + 0.2) / t0:.2f}"
     )
-    assert n1 > 0 and n0 > 2 * n1
+    # the ratio follows the measured step: 0.2 s on a 0.1 s step is 3x, on a loaded host's 0.25 s step 1.8x;
+    # half of the expected slowdown showing is the claim (the emulation acts), not its exact size
+    expected = (t0 + 0.2) / t0
+    assert n1 > 0 and n0 / n1 > 1 + 0.5 * (expected - 1)
     # the slow worker pays ~0.2 s on top of the same compute; a loaded host adds to both workers' steps
     # (their difference moves), so the bounds check "once, not zero times or twice"
     assert 0.1 < t1 - t0 < 0.4
@@ -113,6 +116,7 @@ def test_async_notice_triggers_checkpoint(make_cluster: MakeCluster) -> None:
     c.wait_for(lambda: bool(c.metrics("checkpoint")), 10, "notice checkpoint")
     ck = c.metrics("checkpoint")
     assert len(ck) == 1 and ck[0]["reason"] == "notice" and ck[0]["step"] >= 20
-    print(f"notice checkpoint written {ck[0]['t'] - t0:.2f}s after the notice ({ck[0]['seconds']}s to save)")
-    assert ck[0]["t"] - t0 < 2.0
+    seen = ck[0]["t"] - ck[0]["seconds"] - t0  # when the save began: the save's own length is the host's speed
+    print(f"notice checkpoint begun {seen:.2f}s after the notice ({ck[0]['seconds']}s to save)")
+    assert seen < 2.0
     assert (c.storage / "checkpoints" / "checkpoint").exists()

@@ -27,8 +27,9 @@ def test_sync_unequal_batches_with_notice(make_cluster: MakeCluster) -> None:
     assert c.wait_exit("worker:0", 120) == 0, c.logs_tail()
     assert c.wait_exit("worker:1", 30) == 0, c.logs_tail()
     notice = next(m for m in c.metrics("checkpoint") if m["reason"] == "notice")
-    print(f"sync notice checkpoint {notice['t'] - t0:.2f}s after the notice")
-    assert notice["t"] - t0 < 2.0
+    seen = notice["t"] - notice["seconds"] - t0  # when the save began; its length is the host's speed
+    print(f"sync notice checkpoint begun {seen:.2f}s after the notice ({notice['seconds']}s to save)")
+    assert seen < 2.0
     # every worker saved at the same step (worker 1 into its scratch dir)
     assert f"worker 1: saved checkpoint at step {notice['step']} (notice)" in c.log("worker:1")
     assert (c.task_dir("worker:1") / "tfjob_scratch_ckpt" / "ckpt-150.index").exists()
