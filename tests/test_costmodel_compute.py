@@ -216,3 +216,16 @@ def test_measurements_csv_formats_and_emulated_kept_apart(tmp_path: Path) -> Non
     bad.write_text("model,gpu,batch\nresnet_tiny,k80,32\n")
     with pytest.raises(ValueError, match="bad.csv:2"):
         load_measurements(bad)
+
+
+def test_a_payloads_key_falls_back_to_its_runtimes_on_a_gpu_measured_only_in_that_runtime() -> None:
+    from orchestrator.core.costmodel.compute import TORCHJOB_RUNTIME, base_runtime_key
+
+    eager, payload = Efficiency(0.3, 0.5, 0.002, 2e-5), Efficiency(0.4, 0.6, 0.003, 3e-5)
+    calib = Calibration(per_gpu={"v100/pytorch-eager": eager, "*/pytorch-eager+torchjob": payload,
+                                 "v100/pytorch-eager+bf16": payload})
+    assert calib.lookup("v100", TORCHJOB_RUNTIME) == ("v100/pytorch-eager", eager)  # this GPU's eager fit
+    assert calib.lookup("t4", TORCHJOB_RUNTIME) == ("*/pytorch-eager+torchjob", payload)
+    assert calib.lookup("t4", "pytorch-eager")[0] == "prior:pytorch-eager"
+    assert base_runtime_key(f"{TORCHJOB_RUNTIME}+bf16") == "pytorch-eager+bf16"  # the precision stays
+    assert calib.lookup("v100", f"{TORCHJOB_RUNTIME}+bf16")[0] == "v100/pytorch-eager+bf16"

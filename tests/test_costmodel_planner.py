@@ -209,3 +209,31 @@ def test_cli_model_and_plan_commands(
     plan_command(spec, False, 3, None)
     text = capsys.readouterr().out
     assert "chosen" in text and "measured points" in text  # which calibration, how many points behind it
+
+
+def test_a_pytorch_job_is_planned_under_its_own_runtime_and_a_tf_job_under_tf1() -> None:
+    """The built-in PyTorch job's steps come from eager PyTorch's fits (its workers report
+    pytorch-eager+torchjob, and the daemon folds them under that label), not the TF job's; a GPU without
+    points of that payload falls back to eager PyTorch's key."""
+    from orchestrator.core.costmodel.batches import job_runtime
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, TORCHJOB_RUNTIME, step_fn
+
+    pinned = {"workers": [{"gpu": "h100", "count": 1, "machine_type": "a3-highgpu-1g", "spot": True}]}
+    torch_doc = search_spec(training={"framework": "pytorch", "mode": "sync", "train_steps": 1000,
+                                      "batch_per_worker": 128}, cluster=pinned)
+    torch_doc.pop("search")
+    tf_doc = search_spec(training={"mode": "sync", "train_steps": 1000}, cluster=pinned)
+    tf_doc.pop("search")
+    torch_spec, tf_spec = validate_spec(torch_doc), validate_spec(tf_doc)
+    assert (job_runtime(torch_spec.training), job_runtime(tf_spec.training)) == (TORCHJOB_RUNTIME, "tf1-graph")
+    run_doc = {**search_spec(), "training": {"run": "python train.py", "train_steps": 100}}
+    assert job_runtime(validate_spec(run_doc).training) == "pytorch-eager"
+
+    key, _ = DEFAULT_CALIBRATION.lookup("h100", TORCHJOB_RUNTIME, "resnet_cifar_32")
+    assert key == "h100/pytorch-eager+torchjob"  # the payload's own H100 rows (data/measurements)
+    for spec, runtime in ((torch_spec, TORCHJOB_RUNTIME), (tf_spec, "tf1-graph")):
+        result = plan(spec)
+        assert result.chosen is not None
+        want = step_fn("resnet_cifar_32", "h100", runtime=runtime).at(128.0)
+        assert result.chosen.workers[0].step_time_s == pytest.approx(want, rel=1e-6)
+        assert f"calibration ({runtime})" in " ".join(result.notes)

@@ -65,7 +65,11 @@ def test_a_gpu_never_measured_takes_the_fit_of_its_architecture() -> None:
     fits = host_fit.fit_machines([host_fit.sample(w, k, "h100", "tf32", 12, _machine("h100", *truth, w, k))
                                   for w, k in models], PRIOR)
     assert host_fit.fit_for(fits, "h200", "tf32") is fits[("h100", "tf32")]  # Hopper, like the H100
-    assert host_fit.fit_for(fits, "h200", "amp") is None  # another precision: nothing to carry
+    # another precision: the host carries (the CPU's and software's time), the GPU scales do not
+    amp = host_fit.fit_for(fits, "h200", "amp")
+    assert amp is not None and amp.overhead_s == fits[("h100", "tf32")].overhead_s
+    assert (amp.compute_scale, amp.memory_scale, amp.points) == (1.0, 1.0, 0)
+    assert host_fit.fit_for({}, "h200", "amp") is None
     other = host_fit.fit_for(fits, "a100", "tf32")  # another architecture: the host alone
     assert other is not None and other.overhead_s == fits[("h100", "tf32")].overhead_s
     assert (other.compute_scale, other.memory_scale) == (1.0, 1.0)

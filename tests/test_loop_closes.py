@@ -119,3 +119,31 @@ def test_a_finished_real_job_refines_the_next_plans_calibration_and_an_emulated_
         assert "emulated GPUs" in fold_finished_job(session, emulated)
         rows = session.query(CalibrationRow).all()
         assert len(rows) == 1 and json.loads(rows[0].params)["name"].startswith("auto after pt-3")
+
+
+def test_a_model_never_profiled_here_is_left_out_and_does_not_stop_the_next_fold() -> None:
+    """A finished job of a user's model whose profile this machine never made is named, not fitted; the
+    next job's fold goes on without it (before, its UnknownModelError stopped every later fold)."""
+    from orchestrator.control.calibration_fold import fold_finished_job
+
+    user = {"job": "run", "run": "python train.py", "model": {"torch": "not_profiled_pkg.mod:build"}}
+    with open_session() as session:
+        session.add_all([_job("user-4", "gce", user),
+                         _job("pt-4", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"})])
+        session.flush()
+        session.add_all([_worker("user-4", "v100", 64, 0.2, "pytorch-eager", 1.0),
+                         _worker("pt-4", "v100", 128, 0.05, "pytorch-eager+torchjob", 2.0, compute_s=0.04)])
+        session.commit()
+        rows = {r["job_id"]: r for r in step_time_measurements(session)}
+        assert rows["user-4"]["model"] == "torch:not_profiled_pkg.mod:build"  # the cost model's name of it
+        user_job, pt_job = session.get(Job, "user-4"), session.get(Job, "pt-4")
+        assert user_job is not None and pt_job is not None
+        said = fold_finished_job(session, user_job)
+        assert "no cost-model profile of torch:not_profiled_pkg.mod:build" in said, said
+        said = fold_finished_job(session, pt_job)
+        assert "refined on 1 measured" in said, said
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "model", "calibrate", "--from-db"],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert "step times of torch:not_profiled_pkg.mod:build left out" in text, text

@@ -102,7 +102,7 @@ def test_the_gpt_example_simulates_as_the_pipeline_plan_chooses() -> None:
     c = cluster_from_spec(spec)
     assert c.strategy == "pipeline"
     workers = tuple(i for i, s in enumerate(c.slots) if s.role == "worker")
-    assert c.rate_fn is not None and 1.0 / c.rate_fn(workers) == pytest.approx(13.0, rel=0.01)  # plan: 13.0 s
+    assert c.rate_fn is not None and 1.0 / c.rate_fn(workers) == pytest.approx(5.63, rel=0.01)  # plan: 5.63 s
     free = simulate(replace(c, enforce_limits=False), NoRevocations())
     assert free.finished
 

@@ -170,7 +170,9 @@ def test_cli_profile_predict_and_plan(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     pred = json.loads(out.stdout)
     assert pred["kind"] == "other-gpu" and 0 < pred["low_ms"] < pred["step_ms"] < pred["high_ms"] < 40.0
-    assert pred["machine_fits"] == {}
+    # no other model's rows in the file: the machines of the calibration `plan` uses (the shipped one's H100)
+    assert set(pred["machine_fits"]) == {"h100/fp32", "h100/bf16"}
+    assert pred["machine_fits_from"] == "calibration measured-2026-11-28"
 
     # other models' rows on both machines: each machine's host time is fitted on them (host_fit), and a
     # slow host on the target (4x the measured GPU's per batch) carries into the prediction

@@ -32,7 +32,7 @@ from orchestrator.core.costmodel import (
     max_batch,
 )
 from orchestrator.core.costmodel.accounting import CPU_REFERENCE, fit_local_host
-from orchestrator.core.costmodel.calibration import FitReport, fit_report, measurements_from_dicts
+from orchestrator.core.costmodel.calibration import FitReport, fit_report, measurements_from_dicts, unprofiled_models
 from orchestrator.core.costmodel.calibration import mape as in_sample_mape
 from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
 from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
@@ -126,6 +126,10 @@ def _measurements(path: Path | None, from_db: bool) -> list[Measurement]:
             if "refused" in r:
                 console.print(f"warning: job {escape(r['job_id'])} left out: {escape(r['refused'])}")
         found = [r for r in found if "refused" not in r]
+        for model in (unknown := unprofiled_models(r["model"] for r in found)):
+            console.print(f"warning: the DB's step times of {escape(model)} left out: no cost-model profile of it "
+                          "on this machine (`orchestrator model profile --torch` makes one)")
+        found = [r for r in found if r["model"] not in unknown]
         try:
             rows += measurements_from_dicts(found)
         except ValueError as exc:
@@ -234,6 +238,11 @@ def _print_calibration(label: str, calib: Calibration, rows: list[Measurement], 
                 [Col("key (points)", whole=True), Col("eff_compute", right=True), Col("eff_memory", right=True),
                  Col("overhead ms", right=True), Col("kernel us", right=True), Col("half batch", right=True)],
                 _calibration_rows(calib))
+    for rt, fits in sorted(calib.machines.items()):
+        console.print(f"machine fits ({rt}; a user's `torch:` model is planned with these): " + "; ".join(
+            f"{g}/{p} {f.overhead_s * 1e3:.2f} ms + {f.per_kernel_s * 1e6:.1f} us a kernel, compute x"
+            f"{f.compute_scale:.2f}, memory x{f.memory_scale:.2f} ({f.points} rows)"
+            for (g, p), f in sorted(fits.items())))
     net = calib.net
     console.print(
         f"network: efficiency {net.net_efficiency:.2f}, PS CPU per variable "

@@ -9,7 +9,14 @@ from typing import Any
 
 from orchestrator.cli.render import console, table
 from orchestrator.core.costmodel import host_fit
-from orchestrator.core.costmodel.compute import RUNTIME_PRIORS, RUNTIMES, layer_arrays, model_profile
+from orchestrator.core.costmodel.compute import (
+    DEFAULT_CALIBRATION,
+    RUNTIME_PRIORS,
+    RUNTIMES,
+    Calibration,
+    layer_arrays,
+    model_profile,
+)
 from orchestrator.core.costmodel.crossgpu import (
     Point,
     PrecisionError,
@@ -21,6 +28,7 @@ from orchestrator.core.costmodel.crossgpu import (
 )
 from orchestrator.core.costmodel.profiles import ModelProfile, UnknownModelError
 from orchestrator.core.errors import UserError
+from orchestrator.store.db import db_exists, open_session
 
 
 def load_torch_profile(ref: str, use_cache: bool = True) -> tuple[ModelProfile, bool]:
@@ -89,6 +97,16 @@ def _layer_times(p: ModelProfile, gpu: str | None, precision: str, batch: int) -
         raise UserError(str(exc).strip("'\"")) from None
 
 
+def latest_real_calibration() -> Calibration:
+    """The calibration `plan` reads for real GPUs: the results DB's newest real one, else the shipped one."""
+    if not db_exists():
+        return DEFAULT_CALIBRATION
+    from orchestrator.control.calibration_fold import newest_real_calibration  # lazy: the ORM models (~30 ms)
+
+    with open_session() as session:
+        return newest_real_calibration(session)
+
+
 def read_rows(path: Path) -> list[tuple[str, str, Point]]:
     """(model, runtime, point) of every row of a data/measurements-style CSV."""
     try:
@@ -148,6 +166,10 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     points = [pt for m, _, pt in rows if m in (ref, f"torch:{ref}")]
     skipped: list[str] = []
     fits = _machine_fits(ref, p, points, rows, runtime, skipped)
+    fits_source = f"other models' rows of {measurements}"
+    if not fits:  # no file, or none of its machines has enough rows: the machines the calibration `plan` uses fits
+        calib = latest_real_calibration()
+        fits, fits_source = calib.machine_fits(runtime), f"calibration {calib.name}"
     prior, work = RUNTIME_PRIORS[runtime], class_work(p)
 
     def kernels(precision: str) -> float:
@@ -172,7 +194,7 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
                                              "compute_scale": f.compute_scale, "memory_scale": f.memory_scale,
                                              "depthwise_scale": f.depthwise_scale, "points": f.points}
                                for (g, pr), f in fits.items()},
-              "target_fit": fit_from, "skipped_models": skipped}
+              "target_fit": fit_from, "machine_fits_from": fits_source if fits else None, "skipped_models": skipped}
     if json_out:
         print(json.dumps(result, indent=2))
         return
@@ -182,7 +204,7 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     )
     console.print(f"basis: {pred.basis}" + ("" if points else f" ({len(points)} measured points of {ref})"))
     if fits:
-        console.print("host and GPU scales fitted per machine on other models' rows: " + ", ".join(
+        console.print(f"host and GPU scales fitted per machine ({fits_source}): " + ", ".join(
             f"{g}/{pr} {f.overhead_s * 1e3:.2f} ms + {f.per_kernel_s * 1e6:.0f} us/kernel ({f.points} rows)"
             for (g, pr), f in fits.items()))
     if fit_from is not None and fit_from.startswith("host of "):

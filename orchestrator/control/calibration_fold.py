@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.catalog import CatalogError
 from orchestrator.core.costmodel import Calibration
-from orchestrator.core.costmodel.calibration import fit_report, measurements_from_dicts
+from orchestrator.core.costmodel.calibration import fit_report, measurements_from_dicts, unprofiled_models
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION
 from orchestrator.core.costmodel.profiles import UnknownModelError
 from orchestrator.store import queries
@@ -50,7 +50,13 @@ def fold_finished_job(session: Session, job: Job) -> str:
     if any(r["emulated"] for r in mine):
         return _note(session, job, "calibration not refined: emulated GPUs (local provider) calibrate nothing "
                      "real; `orchestrator model calibrate --from-db` fits this host from them")
+    unknown = unprofiled_models(r["model"] for r in mine)
+    if unknown:
+        return _note(session, job, f"calibration not refined: no cost-model profile of {unknown[0]} on this "
+                     "machine (`orchestrator model profile --torch` makes one)")
     rows = [r for r in queries.step_time_measurements(session) if "refused" not in r and not r["emulated"]]
+    unknown = unprofiled_models(r["model"] for r in rows)  # other jobs' models never profiled here
+    rows = [r for r in rows if r["model"] not in unknown]
     base = newest_real_calibration(session)
     try:
         report = fit_report(measurements_from_dicts(rows), name=f"auto after {job.id}"[:64], base=base)

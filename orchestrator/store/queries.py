@@ -11,6 +11,8 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, selectinload
 
+from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
+from orchestrator.core.costmodel.profiles.user import TORCH_PREFIX
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.status import (
@@ -330,7 +332,7 @@ def _model_name(doc: dict[str, Any]) -> str:
     training = doc.get("training") or {}
     model = training.get("model")
     if isinstance(model, dict) and isinstance(model.get("torch"), str):
-        return str(model["torch"])  # the user's own model, by its factory (MODULE:FACTORY)
+        return f"{TORCH_PREFIX}{model['torch']}"  # the user's own model, as the cost model names its profile
     return str(training.get("hparam_set", "resnet_cifar_32"))
 
 
@@ -340,7 +342,7 @@ def _implied_runtime(doc: dict[str, Any]) -> str | None:
     training = doc.get("training") or {}
     if training.get("job") in ("run", "command") or "run" in training:
         return None
-    return "pytorch-eager+torchjob" if training.get("framework") == "pytorch" else "tf1-graph"
+    return TORCHJOB_RUNTIME if training.get("framework") == "pytorch" else DEFAULT_RUNTIME
 
 
 # ---------------------------------------------------------------- plans and calibrations

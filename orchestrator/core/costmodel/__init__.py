@@ -26,6 +26,7 @@ from orchestrator.core.costmodel.cluster import cluster_rate
 from orchestrator.core.costmodel.comm import ps_capacity
 from orchestrator.core.costmodel.compute import (
     DEFAULT_CALIBRATION,
+    DEFAULT_RUNTIME,
     Calibration,
     Efficiency,
     NetParams,
@@ -40,9 +41,10 @@ from orchestrator.core.costmodel.profiles import MODEL_NAMES, ModelProfile, Unkn
 from orchestrator.core.costmodel.split import SplitError, split_batch
 
 
-def predict_step_time(model: str, gpu: str, batch: int, calibration: Calibration | None = None) -> float:
+def predict_step_time(model: str, gpu: str, batch: int, calibration: Calibration | None = None,
+                      runtime: str = DEFAULT_RUNTIME) -> float:
     """Seconds per training step of one worker, compute only (no PS or all-reduce traffic)."""
-    return step_time(model, gpu, batch, calibration)
+    return step_time(model, gpu, batch, calibration, runtime=runtime)
 
 
 def ps_capacity_steps_per_s(model: str, ps_count: int, ps_machine_type: str, workers: int) -> float:

@@ -6,11 +6,21 @@ Here, below both, so that ``core.slots`` and ``core.costmodel.planner`` do not i
 from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
+from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
 from orchestrator.core.costmodel.split import SplitError, split_batch
 from orchestrator.core.emulation import REFERENCE_BATCH, emulated_step_s
 from orchestrator.core.spec import JobSpec, TrainingMode
+from orchestrator.core.spec.training import BuiltinTraining, CommandTraining, RunTraining, payload_framework
 
 DEFAULT_BATCH = 128
+
+
+def job_runtime(training: BuiltinTraining | CommandTraining | RunTraining) -> str:
+    """The calibration runtime a job's steps are predicted under (its workers report the same label): the TF
+    job's, the built-in PyTorch job's own, or eager PyTorch for a user's script."""
+    if payload_framework(training) == "tensorflow":
+        return DEFAULT_RUNTIME
+    return TORCHJOB_RUNTIME if isinstance(training, BuiltinTraining) else "pytorch-eager"
 
 
 def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> PriceBook:
@@ -37,7 +47,8 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
             speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
             return proportional_split(training.global_batch, speeds)
         try:
-            return list(split_batch(training.profile_name, gpus, training.global_batch))  # fast GPUs get more
+            # fast GPUs get more
+            return list(split_batch(training.profile_name, gpus, training.global_batch, runtime=job_runtime(training)))
         except SplitError:
             # No worker holds the whole model: a job that may run as a pipeline (whose stages take the whole
             # global batch, in micro-batches) gets an even split for its records; data parallel refuses.

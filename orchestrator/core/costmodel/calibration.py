@@ -49,8 +49,10 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel import host_fit
 from orchestrator.core.costmodel.compute import (
     DEFAULT_RUNTIME,
+    PRIOR_WEIGHT,
     Calibration,
     Efficiency,
     FloatArray,
@@ -60,9 +62,10 @@ from orchestrator.core.costmodel.compute import (
     prior_for,
     runtime_key,
 )
+from orchestrator.core.costmodel.machine_fit import MachineFit
+from orchestrator.core.costmodel.profiles import UnknownModelError, get_profile
 
 N_PARAMS = 5  # eff_compute, eff_memory, half_batch (the GPU's); overhead_s, overhead_per_kernel_s (the runtime's)
-PRIOR_WEIGHT = 0.15  # pull of each parameter towards its prior, per log unit
 MIN_MODEL_POINTS = 2
 OVERLAP_MAX = 32.0
 # Physical bounds of (eff_compute, eff_memory, overhead_s, overhead_per_kernel_s, half_batch, overlap).
@@ -165,6 +168,18 @@ def load_measurements(path: str | Path) -> list[Measurement]:
 
 def measurements_from_dicts(rows: Iterable[Mapping[str, Any]]) -> list[Measurement]:
     return [Measurement.from_row(r) for r in rows]
+
+
+def unprofiled_models(models: Iterable[str]) -> list[str]:
+    """The models without a cost-model profile here (a user's ``torch:MODULE:FACTORY`` never profiled on this
+    machine): their step times cannot be fitted, and one of them must not stop the others' fit."""
+    out = []
+    for model in sorted(set(models)):
+        try:
+            get_profile(model)
+        except UnknownModelError:
+            out.append(model)
+    return out
 
 
 # ---------------------------------------------------------------- fitting
@@ -318,7 +333,19 @@ def fit_report(
         calib = replace(calib, source=calib.source + f"; network from {len(cluster_rows)} cluster rows")
         if len(cluster_rows) < 2:
             warnings.append("network: one cluster row for 2 parameters: the other keeps its default")
+    if kinds == {False}:
+        calib = replace(calib, machines=_fit_machines(compute_rows, base))
     return FitReport(calib, warnings)
+
+
+def _fit_machines(rows: Sequence[Measurement], base: Calibration | None
+                  ) -> dict[str, dict[tuple[str, str], MachineFit]]:
+    """host_fit's per-machine fits of the eager PyTorch rows (what a user's model is planned with), over the
+    base's: a machine these rows fit replaces the base's, the base's other machines stay."""
+    new = host_fit.fit_runtimes([(m.model, m.gpu, m.runtime, m.precision, m.batch, float(m.step_time_s or 0.0))
+                                 for m in rows])
+    old = base.machines if base else {}
+    return {rt: {**old.get(rt, {}), **new.get(rt, {})} for rt in sorted(set(old) | set(new))}
 
 
 def _fit_compute(

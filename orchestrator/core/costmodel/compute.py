@@ -54,7 +54,8 @@ import numpy as np
 import numpy.typing as npt
 
 from orchestrator.core.catalog import Catalog, Gpu, load_catalog
-from orchestrator.core.costmodel.crossgpu import arch_gpu, check_precision, class_work, layer_seconds
+from orchestrator.core.costmodel.crossgpu import PrecisionError, arch_gpu, check_precision, class_work, layer_seconds
+from orchestrator.core.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for
 from orchestrator.core.costmodel.profiles import (
     BYTES_PER_VALUE,
     ModelProfile,
@@ -70,6 +71,7 @@ FloatArray = npt.NDArray[np.float64]
 TRAINING_FACTOR = 3.0  # forward + backward ~= 3x forward (FLOPs and activation traffic)
 WEIGHT_TRAFFIC_FACTOR = 3.0  # weights read forward and backward, gradient written once
 SMOOTH_MAX_P = 8.0
+PRIOR_WEIGHT = 0.15  # a fit's pull of each parameter towards its prior, per log unit (calibration, host_fit)
 # ASSUMPTION (prior): the parallel work that half-fills a GPU grows with its peak (cores x clock): a
 # layer of REFERENCE_ELEMENTS output elements per example (32x32x16) half-fills it at a batch of
 # HALF_BATCH_PER_TFLOP x its FP32 TFLOP/s, i.e. about one element per resident thread (H100: 132 SMs x
@@ -79,6 +81,10 @@ REFERENCE_ELEMENTS = 32 * 32 * 16
 DEFAULT_RUNTIME = "tf1-graph"  # the project's TensorFlow PS job
 RUNTIMES = ("tf1-graph", "keras-xla", "pytorch-eager", "torch-compile")
 FUSING_RUNTIMES = frozenset({"keras-xla", "torch-compile"})  # element-wise layers fused into neighbours
+# The built-in PyTorch payload's label (jobs/torchjob/train.py RUNTIME): eager PyTorch with that job's own
+# per-step costs (a control all-reduce, a host sync); a GPU without points of it uses eager PyTorch's fits.
+TORCHJOB_RUNTIME = "pytorch-eager+torchjob"
+SIXTEEN_BIT_LABELS = frozenset({"bf16", "amp", "fp16"})  # the precision part of a runtime key
 # Kernels a training step launches per layer kind (forward + backward): a convolution or dense layer
 # runs forward, data gradient and weight gradient; batch norm and layer norm one kernel each way; a
 # ReLU forward and its mask backward; a residual add forward and the gradient accumulation of the
@@ -100,6 +106,13 @@ def runtime_key(runtime: str, precision: str = "fp32") -> str:
     """Calibration key of a runtime and precision: ``pytorch-eager`` or ``pytorch-eager+bf16``."""
     p = precision.lower().split("-")[0]
     return runtime if p in ("", "fp32", "tf32") else f"{runtime}+{p}"
+
+
+def base_runtime_key(key: str) -> str:
+    """The key without its payload or variant labels, precision kept: ``pytorch-eager+torchjob+bf16`` ->
+    ``pytorch-eager+bf16``; the key itself where it has none."""
+    head, *labels = key.split("+")
+    return "+".join([head, *(x for x in labels if x in SIXTEEN_BIT_LABELS)])
 
 
 @dataclass(frozen=True)
@@ -232,10 +245,17 @@ class Calibration:
     points: Mapping[str, int] = field(default_factory=dict)  # measured points behind each key
     emulated: bool = False  # fitted on the local provider's emulated GPUs: never used for real ones
     local_host: Mapping[str, float] = field(default_factory=dict)  # this host's figures fitted on local jobs
+    # per runtime label (pytorch-eager, pytorch-eager+torchjob): host_fit's fits per GPU x precision, what a
+    # user's model (no point of its own) is predicted with, as `model predict --torch` does
+    machines: Mapping[str, Fits] = field(default_factory=dict)
 
     def lookup(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> tuple[str, Efficiency]:
+        """A payload's own key (``pytorch-eager+torchjob``) first, then its runtime's (``pytorch-eager``): a
+        GPU measured in eager PyTorch but never with that payload is still a measured GPU."""
         g = gpu.lower()
-        keys = ([f"{g}/{runtime}/{model}"] if model else []) + [f"{g}/{runtime}", f"*/{runtime}"]
+        runtimes = list(dict.fromkeys([runtime, base_runtime_key(runtime)]))
+        keys = [k for rt in runtimes for k in ([f"{g}/{rt}/{model}"] if model else []) + [f"{g}/{rt}"]]
+        keys += [f"*/{rt}" for rt in runtimes]
         if runtime == DEFAULT_RUNTIME:
             keys.append(g)
         for k in keys:
@@ -245,11 +265,39 @@ class Calibration:
             return "default", self.default
         return f"prior:{runtime}", prior_for(runtime)
 
+    def machine_fits(self, runtime: str) -> Fits:
+        """The runtime's machine fits, else those of its base runtime (a payload's: eager PyTorch's)."""
+        return self.machines.get(runtime) or self.machines.get(base_runtime_key(runtime)) or {}
+
+    def machine_fit(self, gpu: str, runtime: str, precision: str) -> tuple[str, MachineFit] | None:
+        """The machine fit a user's model takes on ``gpu`` (``machine_fit.fit_for``: its own, its architecture's,
+        or the measured machines' host), with where it comes from; None where no machine of this runtime was
+        fitted or the GPU has no architecture row."""
+        fits = self.machine_fits(runtime)
+        if not fits:
+            return None
+        try:
+            key, prec = arch_gpu(gpu).key, check_precision(precision)
+        except (KeyError, PrecisionError):
+            return None
+        fit = fit_for(fits, key, prec)
+        if fit is None:
+            return None
+        rt = runtime if runtime in self.machines else base_runtime_key(runtime)
+        src = next((f"{g}/{p}" for (g, p), f in fits.items() if f is fit), None)
+        if src is None:
+            src = "host of " + ", ".join(f"{g}/{p}" for g, p in fits if p == prec)
+        return f"machine fit {src} ({rt})", fit
+
     def for_gpu(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> Efficiency:
         return self.lookup(gpu, runtime, model)[1]
 
-    def describe(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> str:
+    def describe(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None,
+                 precision: str = "fp32") -> str:
         key, _ = self.lookup(gpu, runtime, model)
+        machine = self.machine_fit(gpu, runtime, precision) if model and is_user_model(model) else None
+        if machine is not None and not key.endswith(f"/{model}"):  # what step_fn uses for this model
+            return f"{self.name}, {machine[0]}"
         n = self.points.get(key)
         return f"{self.name}, key {key}" + (f" ({n} measured points)" if n else " (priors, no measured point)")
 
@@ -271,6 +319,8 @@ class Calibration:
             "points": dict(sorted(self.points.items())),
             "local_host": dict(self.local_host),
             "net": self.net.to_dict(),
+            "machines": {rt: {f"{g}/{p}": f.to_dict() for (g, p), f in sorted(fits.items())}
+                         for rt, fits in sorted(self.machines.items())},
         }
 
     @classmethod
@@ -287,6 +337,8 @@ class Calibration:
             points={str(k): int(v) for k, v in (d.get("points") or {}).items()},
             emulated=bool(d.get("emulated", False)),
             local_host={str(k): float(v) for k, v in (d.get("local_host") or {}).items()},
+            machines={str(rt): {_gpu_precision(k): MachineFit.from_dict(v) for k, v in fits.items()}
+                      for rt, fits in (d.get("machines") or {}).items()},
         )
 
     def to_json(self) -> str:
@@ -301,6 +353,12 @@ class Calibration:
 
 
 PRIORS_ONLY = Calibration()
+
+
+def _gpu_precision(key: str) -> tuple[str, str]:
+    """``h100/fp32`` -> ("h100", "fp32"): a machine fit's key as a calibration file writes it."""
+    gpu, _, precision = str(key).partition("/")
+    return gpu, precision
 
 
 def _default_calibration() -> Calibration:
@@ -479,6 +537,9 @@ def step_fn(
     calib = calibration or DEFAULT_CALIBRATION
     key, eff = calib.lookup(g.key, runtime_key(runtime, precision), model)
     if is_user_model(model) and not key.endswith(f"/{model}"):  # no measured figure of this model on this GPU
+        machine = calib.machine_fit(g.key, runtime, precision)
+        if machine is not None:
+            return machine_step_fn(model_profile(model), layer_arrays(model), g, machine[1], precision, runtime)
         return arch_step_fn(model_profile(model), layer_arrays(model), g, eff, precision, runtime)
     return build_step_fn(layer_arrays(model), g, eff, precision, runtime)
 
@@ -492,6 +553,23 @@ def arch_step_fn(
     c, m, w = layer_seconds(class_work(profile), arch_gpu(gpu.key), check_precision(precision))
     h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
     return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
+
+
+def machine_step_fn(
+    profile: ModelProfile, arrays: LayerArrays, gpu: Gpu, fit: MachineFit, precision: str, runtime: str
+) -> StepTimeFn:
+    """A user's model on a GPU through a machine fit (``host_fit``: fitted on other models' measured steps):
+    each layer's roofline time scaled by the fit's compute, memory or depthwise scale (``crossgpu.gpu_parts``'
+    split), the weights' passes by its memory scale, host and GPU time added (``machine_fit.OVERLAP``); no
+    occupancy term, as the fit has none. ``host_fit.machine_step_s`` is the same step, summed."""
+    work = class_work(profile)
+    c, m, w = layer_seconds(work, arch_gpu(gpu.key), check_precision(precision))
+    dw = work.depthwise.astype(bool) if work.depthwise is not None else np.zeros(len(c), dtype=bool)
+    scale = np.where(dw, fit.depthwise_scale, np.where(c >= m, fit.compute_scale, fit.memory_scale))
+    per_example = scale * np.maximum(c, m)
+    zero = np.zeros_like(per_example)
+    host = fit.host_s(arrays.kernel_count(runtime, precision))
+    return StepTimeFn(host, per_example, zero, fit.memory_scale * w, zero, OVERLAP)
 
 
 def step_time(

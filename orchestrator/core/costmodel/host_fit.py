@@ -17,7 +17,7 @@ tensors (Pascal: no fast fp16) takes 1.4-2.2x its fp32 step on MNASNet and Mobil
 CNNs without depthwise layers. Least squares in log time, each parameter pulled towards its prior (the
 runtime's ``RUNTIME_PRIORS`` host; scales 1; the depthwise scale towards the machine's memory scale, so a
 machine whose rows hold no depthwise layer scales those layers as its other memory-bound ones, as before)
-with ``calibration.PRIOR_WEIGHT``, as ``calibration._fit_joint`` does; a machine with fewer than
+with ``compute.PRIOR_WEIGHT``, as ``calibration._fit_joint`` does; a machine with fewer than
 ``MIN_POINTS`` rows keeps the priors.
 Held out on 32 torchvision CNNs x 4 GPUs (bench/cross_gpu_torchvision.py, "calibrated"): the model held out,
 8.1% mean and every GPU pair x precision under 15% (8.9% and 19 of 24 before the depthwise scale).
@@ -33,20 +33,30 @@ mean error, 43.4% with the prior) and bench/cross_gpu_torchvision.py "calibrated
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.core.costmodel.calibration import PRIOR_WEIGHT
-from orchestrator.core.costmodel.compute import Efficiency
-from orchestrator.core.costmodel.crossgpu import ClassWork, Efficiencies, FloatArray, arch_gpu, gpu_parts, smooth_max
+from orchestrator.core.costmodel.compute import PRIOR_WEIGHT, Efficiency, layer_arrays, model_profile, prior_for
+from orchestrator.core.costmodel.crossgpu import (
+    ClassWork,
+    Efficiencies,
+    FloatArray,
+    PrecisionError,
+    arch_gpu,
+    check_precision,
+    class_work,
+    gpu_parts,
+    smooth_max,
+)
+from orchestrator.core.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for
+from orchestrator.core.costmodel.profiles import UnknownModelError
+
+__all__ = ["MIN_POINTS", "OVERLAP", "Fits", "MachineFit", "Sample", "fit_for", "fit_machines", "fit_runtimes",
+           "machine_host_share", "machine_step_s", "sample"]
 
 MIN_POINTS = 3  # rows of other models on one machine before its host is fitted
-# Smooth-max exponent of host and GPU time: 1 = they add. Held out on the torchvision table, adding beats
-# the runtime prior's near-max (8): 9.4% vs 12.5% (model held out), 13.2% vs 18.7% (sub-family held out);
-# eager PyTorch at a small batch waits on the GPU between its host phases more than it overlaps them.
-OVERLAP = 1.0
 # Bounds of (overhead_s, per_kernel_s, compute_scale, memory_scale, depthwise_scale).
 _LO = np.log(np.array([1e-6, 1e-8, 0.05, 0.05, 0.05]))
 _HI = np.log(np.array([10.0, 1e-2, 20.0, 20.0, 20.0]))
@@ -65,24 +75,6 @@ class Sample:
     depthwise_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class MachineFit:
-    overhead_s: float
-    per_kernel_s: float
-    compute_scale: float
-    memory_scale: float
-    points: int
-    depthwise_scale: float = 1.0
-
-    def host_s(self, kernels: float) -> float:
-        return self.overhead_s + self.per_kernel_s * kernels
-
-    def step_s(self, kernels: float, compute_s: float, memory_s: float, depthwise_s: float = 0.0) -> float:
-        gpu = self.compute_scale * compute_s + self.memory_scale * memory_s + self.depthwise_scale * depthwise_s
-        return smooth_max(self.host_s(kernels), gpu, OVERLAP)
-
-
-Fits = Mapping[tuple[str, str], MachineFit]
 
 
 def sample(work: ClassWork, kernels: float, gpu: str, precision: str, batch: int, step_s: float,
@@ -126,24 +118,24 @@ def fit_machines(samples: Sequence[Sample], prior: Efficiency) -> dict[tuple[str
     return {key: _fit_one(rows, prior) for key, rows in sorted(by.items()) if len(rows) >= MIN_POINTS}
 
 
-def fit_for(fits: Fits, gpu: str, precision: str) -> MachineFit | None:
-    """This GPU x precision's fit; else that of the measured GPU of the same architecture with the most rows;
-    else the measured machines' host at the precision with the committed GPU efficiencies; else None."""
-    own = fits.get((gpu, precision))
-    if own is not None:
-        return own
-    arch = arch_gpu(gpu).arch
-    same = [f for (g, p), f in sorted(fits.items()) if p == precision and arch_gpu(g).arch == arch]
-    if same:
-        return max(same, key=lambda f: f.points)
-    others = [f for (g, p), f in sorted(fits.items()) if p == precision]
-    if not others:
-        return None
-    # no machine of its architecture: the measured machines' host time (geometric mean), the GPU's committed
-    # efficiencies (scales 1)
-    o = float(np.exp(np.mean([np.log(f.overhead_s) for f in others])))
-    k = float(np.exp(np.mean([np.log(f.per_kernel_s) for f in others])))
-    return MachineFit(o, k, 1.0, 1.0, 0)
+def fit_runtimes(rows: Sequence[tuple[str, str, str, str, int, float]]
+                 ) -> dict[str, dict[tuple[str, str], MachineFit]]:
+    """Machine fits per runtime label of measured steps ``(model, gpu, runtime, precision, batch, step_s)``
+    of eager PyTorch (the form was fitted and held out on eager steps only); a row whose model has no profile
+    here, whose GPU has no architecture row or whose precision the roofline does not know is skipped."""
+    samples: dict[str, list[Sample]] = {}
+    for model, gpu, runtime, precision, batch, step_s in rows:
+        if runtime.split("+")[0] != "pytorch-eager":
+            continue
+        try:
+            prec, key = check_precision(precision), arch_gpu(gpu).key
+            kernels = layer_arrays(model).kernel_count(runtime, prec)
+            work = class_work(model_profile(model))
+        except (KeyError, PrecisionError, UnknownModelError):
+            continue
+        samples.setdefault(runtime, []).append(sample(work, kernels, key, prec, batch, step_s))
+    out = {rt: fit_machines(s, prior_for(rt)) for rt, s in sorted(samples.items())}
+    return {rt: fits for rt, fits in out.items() if fits}
 
 
 def machine_step_s(work: ClassWork, kernels: float, gpu: str, precision: str, batch: int, fits: Fits,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel.compute import Calibration, FloatArray, step_fn
+from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, Calibration, FloatArray, step_fn
 from orchestrator.core.costmodel.memory import max_batch
 
 
@@ -84,7 +84,8 @@ def max_step_time(tables: Sequence[FloatArray], batches: Sequence[int]) -> float
 
 
 def split_batch(
-    model: str, gpus: list[str], global_batch: int, calibration: Calibration | None = None
+    model: str, gpus: list[str], global_batch: int, calibration: Calibration | None = None,
+    runtime: str = DEFAULT_RUNTIME,
 ) -> list[int]:
     """Integer per-worker batches summing to ``global_batch`` that minimise the slowest worker's step time
     within each GPU's memory cap. Raises :class:`SplitError` if no split exists."""
@@ -94,5 +95,5 @@ def split_batch(
     tables = {}
     for g in dict.fromkeys(gpus):
         cap = max_batch(model, g, cat)
-        tables[g] = step_fn(model, g, calibration, cat).table(max(0, min(cap, longest)))
+        tables[g] = step_fn(model, g, calibration, cat, runtime).table(max(0, min(cap, longest)))
     return min_max_split([tables[g] for g in gpus], global_batch)

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, Price, PriceBook
+from orchestrator.core.costmodel.batches import job_runtime
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
@@ -77,7 +78,8 @@ def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) 
                 "curves (orchestrator.core.emulation); no GPU calibration")
     gpus = dict.fromkeys(best.gpus if best else [])
     model = spec.training.profile_name
-    return "calibration: " + "; ".join(f"{g}: {calib.describe(g, model=model)}" for g in gpus)
+    runtime = job_runtime(spec.training)
+    return f"calibration ({runtime}): " + "; ".join(f"{g}: {calib.describe(g, runtime, model)}" for g in gpus)
 
 
 def price_rows(book: PriceBook, c: Candidate, cloud: bool) -> list[tuple[str, Price]]:
