@@ -7,9 +7,10 @@ A question: from model M's measured step on GPU A, its step on GPU B at the same
   naive     A's step x peak FLOP/s(A) / peak FLOP/s(B) at the precision.
   model     crossgpu.py with data/crossgpu_fit.json as committed (fitted on throughput.csv only: nothing of
             this table is in it): A's step x gpu_seconds(B) / gpu_seconds(A), GPU time alone.
-  shipped   what `model predict --torch ... --runtime pytorch-eager --measurements` computes: the same GPU
-            time under the runtime's prior host time (compute.RUNTIME_PRIORS: 2 ms + 20 us a kernel),
-            crossgpu.smooth_max of the two. Nothing of this table either.
+  shipped   what `model predict --torch ... --runtime pytorch-eager --measurements` computed with no machine
+            fit: the same GPU time under the runtime's prior host time (compute.RUNTIME_PRIORS: 2 ms + 20 us a
+            kernel), crossgpu.smooth_max of the two. Nothing of this table either. (Since 2026-11-28 a file
+            that fits no machine takes the calibration's machine fits instead: bench/plan_user_model.py.)
   host      per machine (GPU x precision): step = host_s x layers + a x compute + b x memory, where
             compute / memory are the model's GPU seconds in its compute- / memory-bound layers. Batch 12 is
             small: PyTorch's eager launch of every layer's kernels (forward + backward) takes longer than

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,29 @@ def test_a_machine_s_host_share_is_its_fitted_host_over_the_step() -> None:
     assert host_fit.machine_host_share(*big, "v100", "tf32", 12, fits, PRIOR) < 0.1
     # no fit at all: the runtime prior's host against the committed GPU time, as machine_step_s takes them
     assert 0.0 < host_fit.machine_host_share(*big, "v100", "tf32", 12, {}, PRIOR) < 1.0
+
+
+def test_plan_steps_a_users_model_through_the_calibrations_machine_fits_as_model_predict_does() -> None:
+    """One model of a user's step: `model calibrate` fits host_fit's machines on the eager rows and stores them
+    with the calibration; the planner's step_fn of a `torch:` model is host_fit.machine_step_s under them."""
+    from orchestrator.core.catalog import load_catalog
+    from orchestrator.core.costmodel.calibration import fit_report, load_measurements
+    from orchestrator.core.costmodel.compute import Calibration, layer_arrays, model_profile, step_fn
+    from orchestrator.core.costmodel.crossgpu import class_work
+    from orchestrator.core.costmodel.profiles.user import register_profile
+    from orchestrator.core.paths import data_dir
+
+    calib = fit_report(load_measurements(data_dir() / "measurements")).calibration
+    fits = calib.machine_fits("pytorch-eager")
+    assert set(fits) == {("h100", "fp32"), ("h100", "bf16")} and fits[("h100", "fp32")].points == 32
+    assert calib.machine_fits("pytorch-eager+torchjob") is fits  # the payload's too few rows: eager's machines
+    again = Calibration.from_json(calib.to_json())
+    assert again.machine_fits("pytorch-eager") == fits
+
+    name = "torch:tests.users:model"  # any profile, registered under a user model's name
+    register_profile(replace(model_profile("resnet_cifar_56"), name=name), persist=False)
+    work, kernels = class_work(model_profile(name)), layer_arrays(name).kernel_count("pytorch-eager", "fp32")
+    for gpu in ("h100", "h200", "a100"):  # its own fit, its architecture's, the measured machines' host
+        planned = step_fn(name, gpu, again, load_catalog(), "pytorch-eager", "fp32").at(64.0)
+        assert planned == pytest.approx(host_fit.machine_step_s(work, kernels, gpu, "fp32", 64, fits, PRIOR))
+    assert again.describe("a100", "pytorch-eager", name).endswith("machine fit host of h100/fp32 (pytorch-eager)")

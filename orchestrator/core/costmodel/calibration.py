@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.catalog import Catalog, load_catalog
-from orchestrator.core.costmodel import host_fit
 from orchestrator.core.costmodel.compute import (
     DEFAULT_RUNTIME,
     PRIOR_WEIGHT,
@@ -62,6 +61,7 @@ from orchestrator.core.costmodel.compute import (
     prior_for,
     runtime_key,
 )
+from orchestrator.core.costmodel.host_fit import fit_runtimes
 from orchestrator.core.costmodel.machine_fit import MachineFit
 from orchestrator.core.costmodel.profiles import UnknownModelError, get_profile
 
@@ -342,7 +342,7 @@ def _fit_machines(rows: Sequence[Measurement], base: Calibration | None
                   ) -> dict[str, dict[tuple[str, str], MachineFit]]:
     """host_fit's per-machine fits of the eager PyTorch rows (what a user's model is planned with), over the
     base's: a machine these rows fit replaces the base's, the base's other machines stay."""
-    new = host_fit.fit_runtimes([(m.model, m.gpu, m.runtime, m.precision, m.batch, float(m.step_time_s or 0.0))
+    new = fit_runtimes([(m.model, m.gpu, m.runtime, m.precision, m.batch, float(m.step_time_s or 0.0))
                                  for m in rows])
     old = base.machines if base else {}
     return {rt: {**old.get(rt, {}), **new.get(rt, {})} for rt in sorted(set(old) | set(new))}
