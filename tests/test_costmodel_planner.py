@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -236,4 +237,32 @@ def test_a_pytorch_job_is_planned_under_its_own_runtime_and_a_tf_job_under_tf1()
         assert result.chosen is not None
         want = step_fn("resnet_cifar_32", "h100", runtime=runtime).at(128.0)
         assert result.chosen.workers[0].step_time_s == pytest.approx(want, rel=1e-6)
-        assert f"calibration ({runtime})" in " ".join(result.notes)
+        assert f"calibration ({runtime}, fp32)" in " ".join(result.notes)
+
+
+def test_a_scripts_precision_is_what_its_steps_are_planned_at() -> None:
+    """`training.precision` of a `run:` script: the calibration's bf16 machine fit of the H100, not its fp32
+    one; the built-in jobs plan in fp32."""
+    from orchestrator.core.costmodel.batches import job_precision
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, model_profile, step_fn
+    from orchestrator.core.costmodel.profiles.user import register_profile
+
+    name = "torch:tests.planner:model"
+    register_profile(replace(model_profile("resnet_cifar_56"), name=name), persist=False)
+    pinned = {"workers": [{"gpu": "h100", "count": 1, "machine_type": "a3-highgpu-1g", "spot": True}]}
+    steps = {}
+    for precision in ("fp32", "bf16"):
+        doc = {**search_spec(), "cluster": pinned,
+               "training": {"run": "python train.py", "train_steps": 1000, "batch_per_worker": 128,
+                            "precision": precision, "model": {"torch": "tests.planner:model"}}}
+        doc.pop("search")
+        spec = validate_spec(doc)
+        assert job_precision(spec.training) == precision
+        result = plan(spec)
+        assert result.chosen is not None
+        steps[precision] = result.chosen.workers[0].step_time_s
+        want = step_fn(name, "h100", DEFAULT_CALIBRATION, runtime="pytorch-eager", precision=precision).at(128.0)
+        assert steps[precision] == pytest.approx(want, rel=1e-6)
+        assert f"machine fit h100/{precision} (pytorch-eager)" in " ".join(result.notes)
+    assert steps["bf16"] != steps["fp32"]  # the H100's bf16 rows carry autocast's host time: not faster here
+    assert job_precision(validate_spec(search_spec()).training) == "fp32"

@@ -25,7 +25,7 @@ from orchestrator.core.costmodel import (
     split_batch,
 )
 from orchestrator.core.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
-from orchestrator.core.costmodel.batches import job_runtime
+from orchestrator.core.costmodel.batches import job_precision, job_runtime
 from orchestrator.core.costmodel.cluster import estimate_from_compute
 from orchestrator.core.costmodel.compute import step_fn
 from orchestrator.core.costmodel.partition import Partitioner
@@ -261,7 +261,7 @@ def _step_rate(
         return 0.0
     if step_rates is None:
         return 1.0 / float(predict_step_time(spec.training.profile_name, s.gpu, s.batch or 0, calibration,
-                                             job_runtime(spec.training)))
+                                             job_runtime(spec.training), job_precision(spec.training)))
     if s.gpu not in step_rates:
         raise SimSpecError(f"no step rate for GPU '{s.gpu}'; step_rates has {', '.join(step_rates)}")
     return float(step_rates[s.gpu])
@@ -325,7 +325,7 @@ def _cost_model_rate_fn(
     calib = calibration or DEFAULT_CALIBRATION
     ps_zone = next((s.zone for s in slots if s.role == "ps"), None)
     profile = spec.training.profile_name
-    runtime = job_runtime(spec.training)
+    runtime, precision = job_runtime(spec.training), job_precision(spec.training)
     mode = spec.mode.value
     ps_count = spec.ps_count
     ps_machine = spec.pinned.parameter_servers.machine_type
@@ -343,7 +343,8 @@ def _cost_model_rate_fn(
         gpus = [s.gpu or "" for s in members]
         if global_batch is not None and resplit:
             try:
-                batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration, runtime)]
+                batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration, runtime,
+                                                          precision)]
             except SplitError:  # the survivors cannot hold the global batch: no step until the world grows back
                 cache[key] = 0.0
                 return 0.0
@@ -354,7 +355,7 @@ def _cost_model_rate_fn(
         owner = [i for i, k in enumerate(per) for _ in range(k)]
         gpus = [gpus[i] for i in owner]
         batches = [max(1, batches[i] // per[i]) if resplit else batches[i] for i in owner]
-        compute = [step_fn(profile, g, calib, catalog, runtime).at(float(b))
+        compute = [step_fn(profile, g, calib, catalog, runtime, precision).at(float(b))
                    for g, b in zip(gpus, batches, strict=True)]
         est = estimate_from_compute(
             profile, compute, [machines[members[i].name] for i in owner], ps_count, ps_machine, mode, calib,

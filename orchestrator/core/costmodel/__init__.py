@@ -42,9 +42,9 @@ from orchestrator.core.costmodel.split import SplitError, split_batch
 
 
 def predict_step_time(model: str, gpu: str, batch: int, calibration: Calibration | None = None,
-                      runtime: str = DEFAULT_RUNTIME) -> float:
+                      runtime: str = DEFAULT_RUNTIME, precision: str = "fp32") -> float:
     """Seconds per training step of one worker, compute only (no PS or all-reduce traffic)."""
-    return step_time(model, gpu, batch, calibration, runtime=runtime)
+    return step_time(model, gpu, batch, calibration, runtime=runtime, precision=precision)
 
 
 def ps_capacity_steps_per_s(model: str, ps_count: int, ps_machine_type: str, workers: int) -> float:

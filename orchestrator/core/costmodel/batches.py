@@ -23,6 +23,12 @@ def job_runtime(training: BuiltinTraining | CommandTraining | RunTraining) -> st
     return TORCHJOB_RUNTIME if isinstance(training, BuiltinTraining) else "pytorch-eager"
 
 
+def job_precision(training: BuiltinTraining | CommandTraining | RunTraining) -> str:
+    """The precision a job's steps are predicted at: the spec's ``training.precision`` for a user's script; the
+    built-in jobs train in FP32 (the PyTorch one with TF32 off)."""
+    return str(getattr(training, "precision", "fp32"))
+
+
 def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> PriceBook:
     cat = catalog or load_catalog()
     base = cat.price_book(book or spec.pricing.book)
@@ -48,7 +54,8 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
             return proportional_split(training.global_batch, speeds)
         try:
             # fast GPUs get more
-            return list(split_batch(training.profile_name, gpus, training.global_batch, runtime=job_runtime(training)))
+            return list(split_batch(training.profile_name, gpus, training.global_batch, runtime=job_runtime(training),
+                                    precision=job_precision(training)))
         except SplitError:
             # No worker holds the whole model: a job that may run as a pipeline (whose stages take the whole
             # global batch, in micro-batches) gets an even split for its records; data parallel refuses.

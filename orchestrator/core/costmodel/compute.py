@@ -55,7 +55,7 @@ import numpy.typing as npt
 
 from orchestrator.core.catalog import Catalog, Gpu, load_catalog
 from orchestrator.core.costmodel.crossgpu import PrecisionError, arch_gpu, check_precision, class_work, layer_seconds
-from orchestrator.core.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for
+from orchestrator.core.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for, gpu_precision
 from orchestrator.core.costmodel.profiles import (
     BYTES_PER_VALUE,
     ModelProfile,
@@ -266,8 +266,10 @@ class Calibration:
         return f"prior:{runtime}", prior_for(runtime)
 
     def machine_fits(self, runtime: str) -> Fits:
-        """The runtime's machine fits, else those of its base runtime (a payload's: eager PyTorch's)."""
-        return self.machines.get(runtime) or self.machines.get(base_runtime_key(runtime)) or {}
+        """The runtime's machine fits, else those of its base runtime (a payload's: eager PyTorch's); a runtime
+        key's precision label is dropped (machine fits are keyed by GPU x precision within a runtime)."""
+        bare = "+".join(x for x in runtime.split("+") if x not in SIXTEEN_BIT_LABELS)
+        return self.machines.get(bare) or self.machines.get(base_runtime_key(bare)) or {}
 
     def machine_fit(self, gpu: str, runtime: str, precision: str) -> tuple[str, MachineFit] | None:
         """The machine fit a user's model takes on ``gpu`` (``machine_fit.fit_for``: its own, its architecture's,
@@ -283,7 +285,7 @@ class Calibration:
         fit = fit_for(fits, key, prec)
         if fit is None:
             return None
-        rt = runtime if runtime in self.machines else base_runtime_key(runtime)
+        rt = next(rt for rt, f in self.machines.items() if f is fits)
         src = next((f"{g}/{p}" for (g, p), f in fits.items() if f is fit), None)
         if src is None:
             src = "host of " + ", ".join(f"{g}/{p}" for g, p in fits if p == prec)
@@ -337,7 +339,7 @@ class Calibration:
             points={str(k): int(v) for k, v in (d.get("points") or {}).items()},
             emulated=bool(d.get("emulated", False)),
             local_host={str(k): float(v) for k, v in (d.get("local_host") or {}).items()},
-            machines={str(rt): {_gpu_precision(k): MachineFit.from_dict(v) for k, v in fits.items()}
+            machines={str(rt): {gpu_precision(k): MachineFit.from_dict(v) for k, v in fits.items()}
                       for rt, fits in (d.get("machines") or {}).items()},
         )
 
@@ -353,12 +355,6 @@ class Calibration:
 
 
 PRIORS_ONLY = Calibration()
-
-
-def _gpu_precision(key: str) -> tuple[str, str]:
-    """``h100/fp32`` -> ("h100", "fp32"): a machine fit's key as a calibration file writes it."""
-    gpu, _, precision = str(key).partition("/")
-    return gpu, precision
 
 
 def _default_calibration() -> Calibration:

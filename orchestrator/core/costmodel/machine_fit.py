@@ -53,6 +53,12 @@ class MachineFit:
 Fits = Mapping[tuple[str, str], MachineFit]
 
 
+def gpu_precision(key: str) -> tuple[str, str]:
+    """``h100/fp32`` -> ("h100", "fp32"): a machine fit's key as a calibration file writes it."""
+    gpu, _, precision = str(key).partition("/")
+    return gpu, precision
+
+
 def fit_for(fits: Fits, gpu: str, precision: str) -> MachineFit | None:
     """This GPU x precision's fit; else that of the measured GPU of the same architecture with the most rows;
     else the measured machines' host at the precision with the committed GPU efficiencies; else their host at

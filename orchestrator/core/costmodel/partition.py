@@ -152,12 +152,13 @@ class Partitioner:
 
     def __init__(self, model: str, calibration: Calibration | None = None, catalog: Catalog | None = None,
                  memory: MemoryParams = DEFAULT_MEMORY,
-                 layer_s: Callable[[str, float], np.ndarray] | None = None, runtime: str = DEFAULT_RUNTIME) -> None:
+                 layer_s: Callable[[str, float], np.ndarray] | None = None, runtime: str = DEFAULT_RUNTIME,
+                 precision: str = "fp32") -> None:
         """``layer_s(gpu, micro_batch)``: each layer's forward + backward seconds from another source than the
         cost model (the local provider's emulated GPUs: ``local_layer_s``)."""
         self.model = model
         self.layer_s = layer_s
-        self.runtime = runtime
+        self.runtime, self.precision = runtime, precision
         self.calibration = calibration
         self.catalog = catalog or load_catalog()
         self.memory = memory
@@ -168,7 +169,7 @@ class Partitioner:
     def costs(self, gpu: str, micro: float) -> _Costs:
         key = (gpu, micro)
         if key not in self._costs:
-            fn = step_fn(self.model, gpu, self.calibration, self.catalog, self.runtime)
+            fn = step_fn(self.model, gpu, self.calibration, self.catalog, self.runtime, self.precision)
             self._costs[key] = _costs(self.model, fn, micro, None if self.layer_s is None else self.layer_s(gpu, micro))
         return self._costs[key]
 

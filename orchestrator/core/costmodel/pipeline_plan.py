@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.accounting import local_host
-from orchestrator.core.costmodel.batches import job_runtime
+from orchestrator.core.costmodel.batches import job_precision, job_runtime
 from orchestrator.core.costmodel.compute import Calibration
 from orchestrator.core.costmodel.memory import MemoryParams
 from orchestrator.core.costmodel.partition import Partition, Partitioner, StageDevice, flop_shares, local_layer_s, units
@@ -68,7 +68,7 @@ def partitioner_for(spec: JobSpec, calibration: Calibration | None = None, catal
         cpu_per_example = host["torch_cpu_step_s"] / host["torch_cpu_step_batch"]
         layer_s = local_layer_s(model, lambda g, b: emulated_step_s(g, b, k80, ref), lambda b: cpu_per_example * b)
     return Partitioner(model, calibration, catalog or load_catalog(), memory_params(spec), layer_s=layer_s,
-                       runtime=job_runtime(spec.training))
+                       runtime=job_runtime(spec.training), precision=job_precision(spec.training))
 
 
 def stage_devices(cat: Catalog, gpus: Sequence[str], machines: Sequence[str]) -> list[StageDevice]:

@@ -85,7 +85,7 @@ def max_step_time(tables: Sequence[FloatArray], batches: Sequence[int]) -> float
 
 def split_batch(
     model: str, gpus: list[str], global_batch: int, calibration: Calibration | None = None,
-    runtime: str = DEFAULT_RUNTIME,
+    runtime: str = DEFAULT_RUNTIME, precision: str = "fp32",
 ) -> list[int]:
     """Integer per-worker batches summing to ``global_batch`` that minimise the slowest worker's step time
     within each GPU's memory cap. Raises :class:`SplitError` if no split exists."""
@@ -95,5 +95,5 @@ def split_batch(
     tables = {}
     for g in dict.fromkeys(gpus):
         cap = max_batch(model, g, cat)
-        tables[g] = step_fn(model, g, calibration, cat, runtime).table(max(0, min(cap, longest)))
+        tables[g] = step_fn(model, g, calibration, cat, runtime, precision).table(max(0, min(cap, longest)))
     return min_max_split([tables[g] for g in gpus], global_batch)

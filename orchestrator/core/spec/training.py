@@ -89,6 +89,9 @@ class CommandTraining(StrictModel):
     log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
     model: TorchModel | None = None  # the user's own PyTorch model; replaces hparam_set in the cost model
+    # what the user's script trains in, for the cost model only (the script sets it itself): fp32, TF32 matmuls
+    # and convolutions (tf32), fp16 autocast (amp), bf16 autocast (bf16)
+    precision: Literal["fp32", "tf32", "amp", "bf16"] = "fp32"
 
     @property
     def profile_name(self) -> str:
@@ -139,6 +142,9 @@ class RunTraining(StrictModel):
     log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
     model: TorchModel | None = None  # the user's own PyTorch model; replaces hparam_set in the cost model
+    # what the user's script trains in, for the cost model only (the script sets it itself): fp32, TF32 matmuls
+    # and convolutions (tf32), fp16 autocast (amp), bf16 autocast (bf16)
+    precision: Literal["fp32", "tf32", "amp", "bf16"] = "fp32"
     # Data parallel (each worker holds the whole model; the batch is split), a pipeline of contiguous layer
     # stages sized to each GPU (and hybrids: a stage data parallel over equal GPUs), or auto: the faster that
     # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).

@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, Price, PriceBook
-from orchestrator.core.costmodel.batches import job_runtime
-from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration
+from orchestrator.core.costmodel.batches import job_precision, job_runtime
+from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration, runtime_key
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
 from orchestrator.core.costmodel.planner.layouts import layouts
@@ -78,8 +78,9 @@ def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) 
                 "curves (orchestrator.core.emulation); no GPU calibration")
     gpus = dict.fromkeys(best.gpus if best else [])
     model = spec.training.profile_name
-    runtime = job_runtime(spec.training)
-    return f"calibration ({runtime}): " + "; ".join(f"{g}: {calib.describe(g, runtime, model)}" for g in gpus)
+    runtime, precision = job_runtime(spec.training), job_precision(spec.training)
+    return f"calibration ({runtime}, {precision}): " + "; ".join(
+        f"{g}: {calib.describe(g, runtime_key(runtime, precision), model, precision)}" for g in gpus)
 
 
 def price_rows(book: PriceBook, c: Candidate, cloud: bool) -> list[tuple[str, Price]]:

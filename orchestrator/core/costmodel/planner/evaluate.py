@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
-from orchestrator.core.costmodel.batches import job_runtime, worker_batches
+from orchestrator.core.costmodel.batches import job_precision, job_runtime, worker_batches
 from orchestrator.core.costmodel.cluster import ClusterEstimate, estimate_from_compute
 from orchestrator.core.costmodel.compute import Calibration, StepTimeFn, step_fn
 from orchestrator.core.costmodel.memory import MemoryParams, max_batch, memory_bytes
@@ -42,7 +42,7 @@ class Evaluator:
         self.calibration = calibration
         self.book = book
         self.model = spec.training.profile_name
-        self.runtime = job_runtime(spec.training)
+        self.runtime, self.precision = job_runtime(spec.training), job_precision(spec.training)
         self.profile = get_profile(self.model)
         self.mode = str(TrainingMode(spec.mode))
         self.cloud = spec.provider.is_cloud
@@ -60,7 +60,8 @@ class Evaluator:
 
     def fn(self, gpu: str) -> StepTimeFn:
         if gpu not in self._fns:
-            self._fns[gpu] = step_fn(self.model, gpu, self.calibration, self.catalog, self.runtime)
+            self._fns[gpu] = step_fn(self.model, gpu, self.calibration, self.catalog, self.runtime,
+                                     self.precision)
         return self._fns[gpu]
 
     def cap(self, gpu: str) -> int:
@@ -280,7 +281,7 @@ class Evaluator:
         weighed = [Strategy(DATA, data_step, need, usd(data_step), err is None, detail)]
         if self._partitioner is None:
             self._partitioner = Partitioner(self.model, self.calibration, self.catalog, self.memory,
-                                           runtime=self.runtime)
+                                           runtime=self.runtime, precision=self.precision)
         for name, p in pipeline_strategies(self._partitioner, self.catalog, gpus, machines, total):
             if p is None:
                 weighed.append(Strategy(name, float("inf"), float("inf"), float("inf"), False,
