@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn  # noqa: E402
+from orchestrator.core.costmodel.crossgpu import load_efficiencies, none_interval  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
 RAW = ROOT / "data" / "measurements" / "raw"
@@ -117,6 +118,10 @@ def main() -> int:
     print(f"  {'all':10} {'':5} {len(qs):3} " + " ".join(
         f"{100 * statistics.fmean(abs(x) for k, v in errs.items() if k[2] == w for x in v):13.1f}%"
         for w in PREDICTORS))
+    rel = none_interval(load_efficiencies())  # the interval `plan` prints for a model measured nowhere
+    print(f"\ninside the plan's interval (kind none, +-{100 * rel:.0f}%): " + ", ".join(
+        f"{w} {sum(1 / (1 + rel) <= 1 + x <= 1 + rel for k, v in errs.items() if k[2] == w for x in v)} of "
+        f"{len(qs)}" for w in PREDICTORS))
     return 0
 
 

@@ -17,6 +17,7 @@ from orchestrator.cli.model_impl import latest_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
+from orchestrator.core.costmodel.batches import job_precision, job_runtime
 from orchestrator.core.costmodel.interval import plan_interval
 from orchestrator.core.spec import load_spec
 from orchestrator.sim.from_spec import plan_job
@@ -168,7 +169,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     if load is not None:
         idle = plan_job(checked.spec, calibration=with_load(base, replace(load, background=0.0))).chosen
     load_note = _load_note(load, idle, result.chosen) if load is not None else None
-    interval = plan_interval(result, calib or DEFAULT_CALIBRATION)
+    interval = plan_interval(result, calib or DEFAULT_CALIBRATION, job_runtime(checked.spec.training),
+                             job_precision(checked.spec.training))
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
     # on_revocation: deadline: each policy on real traces, also with the work at the interval's slow end
