@@ -119,6 +119,19 @@ def test_a_finished_real_job_refines_the_next_plans_calibration_and_an_emulated_
         assert "emulated GPUs" in fold_finished_job(session, emulated)
         rows = session.query(CalibrationRow).all()
         assert len(rows) == 1 and json.loads(rows[0].params)["name"].startswith("auto after pt-3")
+    # ... and the next plan of a PyTorch job on that GPU reads it: the key the fold fitted is the one its
+    # runtime looks up (before 2026-11-28 every job was planned under tf1-graph, and never read it)
+    from orchestrator.cli.model_impl import latest_calibration
+    from orchestrator.core.costmodel.batches import job_runtime
+    from orchestrator.core.spec import validate_spec
+
+    calib = latest_calibration()
+    assert calib is not None
+    spec = validate_spec({"name": "next", "provider": {"kind": "gce", "project": "my-project-1"},
+                          "storage": "gs://my-bucket/runs", "training": {"framework": "pytorch", "mode": "sync"},
+                          "search": {"gpus": ["v100"], "max_workers": 1}, "pricing": {"book": "2026-11"}})
+    key, _ = calib.lookup("v100", job_runtime(spec.training), "resnet_cifar_32")
+    assert key == "v100/pytorch-eager+torchjob" and calib.points[key] == 1
 
 
 def test_a_model_never_profiled_here_is_left_out_and_does_not_stop_the_next_fold() -> None:
