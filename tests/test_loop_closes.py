@@ -160,3 +160,34 @@ def test_a_model_never_profiled_here_is_left_out_and_does_not_stop_the_next_fold
     assert out.returncode == 0, out.stdout + out.stderr
     text = " ".join(out.stdout.split())
     assert "step times of torch:not_profiled_pkg.mod:build left out" in text, text
+
+
+def test_a_run_script_that_reports_its_workers_steps_is_folded_under_its_own_model(tmp_path: Path) -> None:
+    """docs/pytorch.md: a `run:` script's step line with runtime, precision and per-worker timings is stored as
+    the built-in job's are, named by the spec's `torch:` model, and folded once that model has a profile."""
+    from dataclasses import replace
+
+    from orchestrator.control.calibration_fold import fold_finished_job
+    from orchestrator.core.costmodel.compute import model_profile
+    from orchestrator.core.costmodel.profiles.user import register_profile
+
+    storage = LocalStorage(str(tmp_path), "s")
+    line = {"kind": "step", "t": 10.0, "step": 40, "loss": 0.5, "runtime": "pytorch-eager", "precision": "bf16",
+            "workers": {"0": {"batch": 64, "step_time_s": 0.21}}}
+    (tmp_path / "s" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    slot = Slot(role=Role.WORKER, index=0, gpu="v100", machine_type="n1-standard-8", zone="us-central1-a",
+                spot=False, price_per_hour=1.0, batch=64)
+    user = {"job": "run", "run": "python train.py", "model": {"torch": "tests_loop_pkg.mod:build"}}
+    with open_session() as session:
+        session.add(_job("run-5", "gce", user))
+        session.flush()
+        job = session.get(Job, "run-5")
+        assert job is not None
+        ingest_metrics(session, job, storage, [slot])
+        session.commit()
+        (row,) = step_time_measurements(session, ["run-5"])
+        assert (row["model"], row["runtime"], row["precision"], row["batch"]) == (
+            "torch:tests_loop_pkg.mod:build", "pytorch-eager", "bf16", 64)
+        register_profile(replace(model_profile("resnet_cifar_20"), name=row["model"]))  # as `plan` leaves it
+        said = fold_finished_job(session, job)
+        assert "refined on 1 measured" in said, said
