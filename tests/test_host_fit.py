@@ -150,3 +150,6 @@ def test_plan_steps_a_users_model_through_the_calibrations_machine_fits_as_model
         planned = step_fn(name, gpu, again, load_catalog(), "pytorch-eager", "fp32").at(64.0)
         assert planned == pytest.approx(host_fit.machine_step_s(work, kernels, gpu, "fp32", 64, fits, PRIOR))
     assert again.describe("a100", "pytorch-eager", name).endswith("machine fit host of h100/fp32 (pytorch-eager)")
+    # no machine at tf32: the measured machines' host at the other precisions (machine_fit.fit_for)
+    assert again.describe("a100", "pytorch-eager", name, "tf32").endswith(
+        "machine fit host of h100/bf16, h100/fp32 (pytorch-eager)")

@@ -185,7 +185,8 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     host = fit.host_s(kernels(prec)) if fit else prior.host_s(kernels(prec))
     fit_from = next((f"{g}/{pr}" for (g, pr), f in fits.items() if f is fit), None)
     if fit is not None and fit_from is None:  # no machine of its architecture: the measured machines' host
-        fit_from = "host of " + ", ".join(f"{g}/{pr}" for g, pr in fits if pr == prec)
+        fit_from = "host of " + ", ".join(f"{g}/{pr}" for g, pr in fits
+                                          if pr == prec or prec not in {q for _, q in fits})
     pred = predict(p, target.key, batch, prec, points, host, model_s=model_s if fits else None,
                    fitted=frozenset(fits), host_share=host_share if fits else None)
     result = {**pred.to_dict(), "model": p.name, "gpu": target.key, "batch": batch, "precision": prec,

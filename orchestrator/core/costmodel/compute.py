@@ -287,8 +287,8 @@ class Calibration:
             return None
         rt = next(rt for rt, f in self.machines.items() if f is fits)
         src = next((f"{g}/{p}" for (g, p), f in fits.items() if f is fit), None)
-        if src is None:
-            src = "host of " + ", ".join(f"{g}/{p}" for g, p in fits if p == prec)
+        if src is None:  # fit_for's host of the measured machines: at this precision, else at any
+            src = "host of " + ", ".join(f"{g}/{p}" for g, p in fits if p == prec or prec not in {q for _, q in fits})
         return f"machine fit {src} ({rt})", fit
 
     def for_gpu(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> Efficiency:
