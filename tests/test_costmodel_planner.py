@@ -265,4 +265,11 @@ def test_a_scripts_precision_is_what_its_steps_are_planned_at() -> None:
         assert steps[precision] == pytest.approx(want, rel=1e-6)
         assert f"machine fit h100/{precision} (pytorch-eager)" in " ".join(result.notes)
     assert steps["bf16"] != steps["fp32"]  # the H100's bf16 rows carry autocast's host time: not faster here
+    # 16-bit autocast keeps its activations in 16 bits: a larger batch fits the same GPU
+    from orchestrator.core.costmodel.batches import memory_params
+    from orchestrator.core.costmodel.memory import max_batch
+
+    caps = {p: max_batch(name, "t4", params=memory_params(validate_spec({
+        **search_spec(), "training": {"run": "python train.py", "precision": p}}))) for p in ("fp32", "bf16")}
+    assert caps["bf16"] > 1.5 * caps["fp32"] > 0
     assert job_precision(validate_spec(search_spec()).training) == "fp32"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
+from orchestrator.core.costmodel.memory import MemoryParams
 from orchestrator.core.costmodel.split import SplitError, split_batch
 from orchestrator.core.emulation import REFERENCE_BATCH, emulated_step_s
 from orchestrator.core.spec import JobSpec, TrainingMode
@@ -21,6 +22,15 @@ def job_runtime(training: BuiltinTraining | CommandTraining | RunTraining) -> st
     if payload_framework(training) == "tensorflow":
         return DEFAULT_RUNTIME
     return TORCHJOB_RUNTIME if isinstance(training, BuiltinTraining) else "pytorch-eager"
+
+
+def memory_params(spec: JobSpec) -> MemoryParams:
+    """The memory model of the spec's optimizer (Adam keeps two slots a parameter, SGD with momentum one) and
+    precision: 16-bit autocast keeps its activations in 16 bits, half of what the profile counts (as
+    ``crossgpu.layer_memory_bytes``); the weights, gradients and slots stay FP32."""
+    slots = 2 if getattr(spec.training, "optimizer", "sgd") == "adam" else 1
+    half = job_precision(spec.training) in ("amp", "bf16")
+    return MemoryParams(optimizer_slots=slots, activation_fraction=0.5 if half else 1.0)
 
 
 def job_precision(training: BuiltinTraining | CommandTraining | RunTraining) -> str:

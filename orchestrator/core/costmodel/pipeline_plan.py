@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.accounting import local_host
-from orchestrator.core.costmodel.batches import job_precision, job_runtime
+from orchestrator.core.costmodel.batches import job_precision, job_runtime, memory_params
 from orchestrator.core.costmodel.compute import Calibration
-from orchestrator.core.costmodel.memory import MemoryParams
 from orchestrator.core.costmodel.partition import Partition, Partitioner, StageDevice, flop_shares, local_layer_s, units
 from orchestrator.core.costmodel.profiles import get_profile
 from orchestrator.core.emulation import emulated_step_s, reference_batch
@@ -48,11 +47,6 @@ def resnet_module_starts(model: str) -> list[int]:
 
 def units_of(model: str) -> list[int]:
     return units(get_profile(model))
-
-
-def memory_params(spec: JobSpec) -> MemoryParams:
-    """The memory model of the spec's optimizer: Adam keeps two slots a parameter, SGD with momentum one."""
-    return MemoryParams(optimizer_slots=2 if getattr(spec.training, "optimizer", "sgd") == "adam" else 1)
 
 
 def partitioner_for(spec: JobSpec, calibration: Calibration | None = None, catalog: Catalog | None = None

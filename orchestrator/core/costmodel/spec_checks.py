@@ -8,6 +8,7 @@ this for ``plan``, ``launch`` and the dry run, before any planning, with the sam
 from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel.batches import memory_params
 from orchestrator.core.costmodel.memory import max_batch
 from orchestrator.core.costmodel.profiles import UnknownModelError
 from orchestrator.core.spec import FieldError, JobSpec
@@ -25,7 +26,7 @@ def batch_fit_errors(spec: JobSpec, catalog: Catalog | None = None) -> list[Fiel
         if batch is None or gpu is None:  # an unknown GPU is the spec's own error
             continue
         try:
-            cap = max_batch(training.profile_name, gpu.key, cat)
+            cap = max_batch(training.profile_name, gpu.key, cat, memory_params(spec))
         except UnknownModelError:  # training.model.torch not profiled yet: plan / launch profile it first
             return errors
         if batch > cap:

@@ -16,10 +16,10 @@ from typing import Any
 from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
-from orchestrator.core.costmodel.batches import job_precision, job_runtime, worker_batches
+from orchestrator.core.costmodel.batches import job_precision, job_runtime, memory_params, worker_batches
 from orchestrator.core.costmodel.cluster import ClusterEstimate, estimate_from_compute
 from orchestrator.core.costmodel.compute import Calibration, StepTimeFn, step_fn
-from orchestrator.core.costmodel.memory import MemoryParams, max_batch, memory_bytes
+from orchestrator.core.costmodel.memory import max_batch, memory_bytes
 from orchestrator.core.costmodel.partition import Partitioner
 from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
 from orchestrator.core.costmodel.planner.candidates import Candidate, WorkerPlan
@@ -53,8 +53,7 @@ class Evaluator:
         self._batches: dict[tuple[tuple[str, int | None], ...], tuple[list[int], str | None]] = {}
         self._estimates: dict[tuple[Any, ...], ClusterEstimate] = {}
         self._prices: dict[tuple[str, str | None, bool], float | str] = {}
-        slots = 2 if getattr(spec.training, "optimizer", "sgd") == "adam" else 1
-        self.memory = MemoryParams(optimizer_slots=slots)
+        self.memory = memory_params(spec)
         self.parallelism = str(getattr(spec.training, "parallelism", DATA))
         self._partitioner: Partitioner | None = None
 
