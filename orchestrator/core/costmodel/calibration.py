@@ -343,7 +343,7 @@ def _fit_machines(rows: Sequence[Measurement], base: Calibration | None
     """host_fit's per-machine fits of the eager PyTorch rows (what a user's model is planned with), over the
     base's: a machine these rows fit replaces the base's, the base's other machines stay."""
     new = fit_runtimes([(m.model, m.gpu, m.runtime, m.precision, m.batch, float(m.step_time_s or 0.0))
-                                 for m in rows])
+                        for m in rows])
     old = base.machines if base else {}
     return {rt: {**old.get(rt, {}), **new.get(rt, {})} for rt in sorted(set(old) | set(new))}
 

@@ -75,8 +75,6 @@ class Sample:
     depthwise_s: float = 0.0
 
 
-
-
 def sample(work: ClassWork, kernels: float, gpu: str, precision: str, batch: int, step_s: float,
            eff: Efficiencies | None = None) -> Sample:
     c, m, d = gpu_parts(work, gpu, precision, batch, eff)
