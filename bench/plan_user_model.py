@@ -29,7 +29,6 @@ wheel and its ``sitecustomize.py``):
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import sys
@@ -38,38 +37,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cross_gpu_torchvision import BATCH, TABLE, load_rows  # noqa: E402
+from h200_heldout import ROWS as H200_TRAIN  # noqa: E402
+from h200_torchvision_heldout import load_h200  # noqa: E402
 
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn  # noqa: E402
 from orchestrator.core.costmodel.crossgpu import load_efficiencies, none_interval  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
-RAW = ROOT / "data" / "measurements" / "raw"
-TABLE = next((p / "shared" / "public-throughput" / "steptime_ryujaehun.csv" for p in ROOT.parents
-              if (p / "shared" / "public-throughput" / "steptime_ryujaehun.csv").exists()), None)
-TABLE_PRECISIONS = {"fp32": "tf32", "fp16(pure .half())": "amp"}
-H200_B12_PRECISIONS = {"fp32": "tf32", "fp16(pure .half())": "amp"}
 PREDICTORS = ("tf1 arch", "eager arch", "eager machine")
 
 
 def questions() -> list[tuple[str, str, str, int, str, float]]:
-    """(set, model, gpu, batch, precision, measured ms)."""
+    """(set, model, gpu, batch, precision, measured ms): the H200's training steps, the H200's b12 rows (each
+    model x precision's first timing, as bench/h200_torchvision_heldout.py reads them) and the public table's
+    A100 rows (as bench/cross_gpu_torchvision.py reads them)."""
     out = []
-    for line in (RAW / "h200-training-steps-2026-11-28.jsonl").read_text().splitlines():
+    for line in H200_TRAIN.read_text().splitlines():
         r = json.loads(line)
         if "step_ms" in r:
             out.append(("h200-train", r["model"].removeprefix("tv-"), "h200", int(r["batch_per_gpu"]),
                         r["precision"], float(r["step_ms"])))
-    for line in (RAW / "h200-torchvision-b12-2026-11-28.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if "median_ms" in r and r.get("precision") in H200_B12_PRECISIONS:
-            out.append(("h200-b12", r["model"].removeprefix("tv-"), "h200", int(r["batch_per_gpu"]),
-                        H200_B12_PRECISIONS[r["precision"]], float(r["median_ms"])))
-    if TABLE is not None:
-        with TABLE.open(newline="") as fh:
-            for r in csv.DictReader(fh):
-                if r["gpu"].startswith("A100") and r["num_gpus"] == "1" and r["precision"] in TABLE_PRECISIONS:
-                    out.append(("a100-b12", r["model"].removeprefix("tv-"), "a100", int(r["batch_per_gpu"]),
-                                TABLE_PRECISIONS[r["precision"]], float(r["median_ms"])))
+    b12 = load_h200()[0] + ([r for r in load_rows() if r.gpu == "a100"] if TABLE is not None else [])
+    out += [(f"{r.gpu}-b12", r.model, r.gpu, BATCH, r.precision, 1e3 * r.step_s) for r in b12]
     return out
 
 

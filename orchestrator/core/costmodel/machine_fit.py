@@ -66,7 +66,7 @@ def fit_for(fits: Fits, gpu: str, precision: str) -> MachineFit | None:
 
     The last level: a machine's host time is its CPU's and software's, whatever the tensors' precision. Held
     out (bench/plan_user_model.py, fits of an H100 at fp32 / bf16 only): tf32 / amp steps of torchvision CNNs
-    on an A100 and an H200, 25.8% / 35.0% / 14.7% / 12.2% mean error, against 34.7% / 54.7% / 19.6% / 53.6%
+    on an A100 and an H200, 25.8% / 35.0% / 14.7% / 12.9% mean error, against 34.7% / 54.7% / 19.6% / 54.2%
     with the runtime's fitted overhead."""
     own = fits.get((gpu, precision))
     if own is not None:
