@@ -191,3 +191,27 @@ def test_a_run_script_that_reports_its_workers_steps_is_folded_under_its_own_mod
         register_profile(replace(model_profile("resnet_cifar_20"), name=row["model"]))  # as `plan` leaves it
         said = fold_finished_job(session, job)
         assert "refined on 1 measured" in said, said
+
+
+def test_a_clouds_plan_reads_the_newest_real_calibration_past_a_newer_emulated_one() -> None:
+    """One rule for every reader: a cloud's GPUs are planned from the newest calibration of real GPUs, even when
+    a local job's (emulated) calibration is newer; a local plan reads the newest of any kind. (Before
+    2026-11-28 `plan` fell back to the shipped calibration there, and skipped the real one.)"""
+    from dataclasses import replace
+
+    from orchestrator.cli.model_impl import latest_calibration
+    from orchestrator.cli.model_torch import latest_real_calibration
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    real = DEFAULT_CALIBRATION.with_meta(name="real-refined")
+    emulated = replace(DEFAULT_CALIBRATION, name="this-host", emulated=True)
+    with open_session() as session:
+        for at, calib in ((1.0, real), (2.0, emulated)):
+            session.add(CalibrationRow(name=calib.name, source="test", params=json.dumps(calib.to_dict()),
+                                       mape=None, created_at=at))
+        session.commit()
+    newest, newest_real = latest_calibration(), latest_calibration(real=True)
+    assert newest is not None and newest.name.startswith("this-host (DB id ")
+    assert newest_real is not None and newest_real.name.startswith("real-refined (DB id ")
+    assert latest_real_calibration().name == newest_real.name

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
-from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.cli.listing import Col, check_format, print_csv, print_json, print_table
 from orchestrator.cli.model_torch import predict_torch, profile_torch
@@ -70,20 +70,17 @@ def resolve_calibration(ref: str | None) -> Calibration | None:
         raise UserError(str(exc)) from None
 
 
-def latest_calibration() -> Calibration | None:
-    """The newest calibration stored in the results DB (jobs refine it), or None; never creates the DB."""
-    from orchestrator.store.models import Calibration as Row  # lazy: the ORM models (~30 ms) only for DB verbs
+def latest_calibration(real: bool = False) -> Calibration | None:
+    """The newest calibration stored in the results DB (jobs refine it; ``real``: the newest of real GPUs), or
+    None; never creates the DB."""
+    from orchestrator.control.calibration_fold import newest_calibration  # lazy: the ORM models (~30 ms)
 
     if not db_exists():
         return None
     try:
         with open_session() as session:
-            row = session.execute(select(Row).order_by(Row.created_at.desc()).limit(1)).scalar_one_or_none()
-            if row is None:
-                return None
-            calib = Calibration.from_dict(json.loads(row.params))
-            return calib.with_meta(name=f"{calib.name} (DB id {row.id})")
-    except Exception:  # noqa: BLE001 - no DB yet, or an old row: plan with the priors
+            return newest_calibration(session, real)
+    except SQLAlchemyError:  # a DB this version cannot read: plan with the shipped calibration
         return None
 
 
@@ -220,9 +217,7 @@ def _fit(rows: list[Measurement], label: str, from_db: bool) -> tuple[FitReport,
     """The fitted calibration and, with two GPU types or more, its leave-one-GPU-out validation."""
     base = None
     if from_db and not all(m.emulated for m in rows):  # jobs refine the newest stored (or shipped) calibration
-        base = latest_calibration() or DEFAULT_CALIBRATION
-        if base.emulated:
-            base = DEFAULT_CALIBRATION
+        base = latest_calibration(real=True) or DEFAULT_CALIBRATION
         console.print(f"refining calibration {escape(base.name)}")
     try:
         report = fit_report(rows, name=label, base=base)

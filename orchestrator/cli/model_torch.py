@@ -100,8 +100,8 @@ def _layer_times(p: ModelProfile, gpu: str | None, precision: str, batch: int) -
 
 
 def latest_real_calibration() -> Calibration:
-    """The results DB's newest calibration of real GPUs (what the daemon's fold refines), else the shipped one.
-    `plan` reads the newest one, and the shipped one when that was fitted on emulated GPUs."""
+    """The results DB's newest calibration of real GPUs (what the daemon's fold refines and `plan` reads for a
+    cloud's GPUs), else the shipped one."""
     if not db_exists():
         return DEFAULT_CALIBRATION
     from orchestrator.control.calibration_fold import newest_real_calibration  # lazy: the ORM models (~30 ms)

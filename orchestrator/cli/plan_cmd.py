@@ -143,9 +143,11 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
 
     fmt = "json" if json_out else check_format(fmt)
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
-    base = resolve_calibration(calibration) if calibration is not None else latest_calibration()
     spec = load_spec(spec_path)
-    if base is not None and base.emulated and not spec.provider.emulates_gpus:
+    # a cloud's GPUs are planned from real GPUs' step times only: the newest real calibration, else the shipped one
+    real = not spec.provider.emulates_gpus
+    base = resolve_calibration(calibration) if calibration is not None else latest_calibration(real=real)
+    if base is not None and base.emulated and real:
         err_console.print(f"warning: calibration {base.name} was fitted on emulated (local) GPUs; "
                           "planning real GPUs with the shipped one (data/calibration.json) instead")
         base = None

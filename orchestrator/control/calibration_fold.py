@@ -28,16 +28,23 @@ from orchestrator.store.models import Job
 log = logging.getLogger(__name__)
 
 
-def newest_real_calibration(session: Session) -> Calibration:
-    """The newest stored calibration of real GPUs, else the shipped one."""
+def newest_calibration(session: Session, real: bool) -> Calibration | None:
+    """The newest stored calibration (``real``: the newest fitted on real GPUs), named with its DB id; None
+    when there is none. One rule for `plan`, `model predict --torch`, `model calibrate --from-db` and the fold:
+    real GPUs are planned and refined only from real GPUs' step times."""
     for row in session.scalars(select(CalibrationRow).order_by(CalibrationRow.created_at.desc()).limit(20)):
         try:
             calib = Calibration.from_dict(json.loads(row.params))
         except (ValueError, KeyError, TypeError):
-            continue
-        if not calib.emulated:
-            return calib
-    return DEFAULT_CALIBRATION
+            continue  # an old row this version cannot read
+        if not (real and calib.emulated):
+            return calib.with_meta(name=f"{calib.name} (DB id {row.id})")
+    return None
+
+
+def newest_real_calibration(session: Session) -> Calibration:
+    """The newest stored calibration of real GPUs, else the shipped one."""
+    return newest_calibration(session, real=True) or DEFAULT_CALIBRATION
 
 
 def fold_finished_job(session: Session, job: Job) -> str:
