@@ -103,8 +103,10 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
     columns = [Col("GPU", whole=True), Col("n", right=True), Col("batch", right=True), Col("ms", right=True),
                Col("comm", right=True), Col("steps/s", right=True), Col("share", right=True), Col("billing"),
                Col("zone", floor=0), Col("$/h each", right=True)]
+    # PS jobs pull and push the weights each step; the others (torchrun DDP, Horovod-style sync) all-reduce them
+    comm_meaning = "PS round trip" if c.ps_count else "gradient all-reduce per step"
     print_table(f"chosen: {c.label}", columns, rows,
-                note="ms: compute time per step; comm: PS round trip (ms); steps/s and $/h: each worker")
+                note=f"ms: compute time per step; comm: {comm_meaning} (ms); steps/s and $/h: each worker")
     ps = (
         f"{c.ps_count} x {c.ps_machine_type} PS ({'spot' if c.ps_spot else 'on-demand'}), load "
         f"{pct(c.ps_load)} of {c.ps_capacity:.1f} steps/s; "
