@@ -44,6 +44,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hostile_specs import Hang, _alarm, _children, _tree  # noqa: E402  (one alarm and leak check for both)
+
 REPO = Path(__file__).resolve().parent.parent
 HANG_S = 20  # a spec that takes longer than this to validate counts as a hang
 SUBPROCESS_TIMEOUT_S = 90  # a fresh interpreter on a loaded 2-core machine
@@ -168,26 +171,6 @@ def cases() -> st.SearchStrategy[tuple[str, Any]]:
 
 
 _KINDS = {"mutated", "arbitrary", "raw", "special"}
-
-
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise Hang()
-
-
-def _children() -> set[int]:
-    found: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            found |= {int(p) for p in (task / "children").read_text().split()}
-    return found
-
-
-def _tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
 def validate_like_launch(path: Path) -> None:
@@ -323,7 +306,6 @@ def fuzz(examples: int, root: Path, subprocess_every: int = 0, seed: int = 0) ->
 
 def verbs_table(every: int) -> None:
     """The named hostile specs through `plan`, `launch --dry-run` and `launch`: the table, then what went wrong."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hostile_specs import HANG_S as VERB_HANG_S
     from hostile_specs import run_suite
 
