@@ -391,8 +391,9 @@ def predict(
     model_ms = 1e3 * of(g.key, precision, batch)
     if not points:
         rel = none_interval(e)
+        how = "machine fits (host time, GPU scales)" if model_s else "the runtime's host prior"
         return Prediction(model_ms, model_ms / (1 + rel), model_ms * (1 + rel), rel,
-                          "no measured point: datasheet x fitted efficiencies alone", "none")
+                          f"no measured point of this model: datasheet x fitted efficiencies, with {how}", "none")
     p = min(points, key=lambda q: _rank(q, g, precision, batch))
     src = arch_gpu(p.gpu)
     src_prec, prec = check_precision(p.precision), check_precision(precision)
