@@ -215,3 +215,43 @@ def test_a_clouds_plan_reads_the_newest_real_calibration_past_a_newer_emulated_o
     assert newest is not None and newest.name.startswith("this-host (DB id ")
     assert newest_real is not None and newest_real.name.startswith("real-refined (DB id ")
     assert latest_real_calibration().name == newest_real.name
+
+
+def test_launch_plans_with_the_calibration_plan_showed(tmp_path: Path) -> None:
+    """`launch` (and its dry run) plans with the stored calibration `plan` reads, so it provisions the cluster
+    `plan` chose: here a refined calibration that makes the T4 slow moves both to the L4. (Before
+    2026-11-28 `launch` planned with the shipped calibration whatever the DB held.)"""
+    from dataclasses import replace
+
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    doc = {"name": "agree", "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]},
+           "storage": "gs://my-bucket/runs",
+           "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
+                        "train_steps": 2000, "batch_per_worker": 128},
+           "search": {"gpus": ["t4", "l4"], "max_workers": 1, "spot": [True]}, "pricing": {"book": "current"}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+           "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path / 'results.db'}"}
+
+    def chosen() -> tuple[str, str]:
+        cli = [sys.executable, "-m", "orchestrator.cli.main"]
+        plan = subprocess.run([*cli, "plan", str(path), "--format", "json"], env=env, capture_output=True,
+                              text=True, timeout=180)
+        dry = subprocess.run([*cli, "launch", "--dry-run", str(path)], env=env, capture_output=True, text=True,
+                             timeout=180)
+        assert plan.returncode == 0 and dry.returncode == 0, plan.stderr + dry.stderr
+        planned = json.loads(plan.stdout)["chosen"]["workers"][0]["gpu"]
+        body = json.loads(dry.stdout[dry.stdout.index("{"):])["instances.insert"][0]["body"]
+        return planned, body["machineType"].rsplit("/", 1)[1]
+
+    assert chosen() == ("t4", "n1-standard-4")  # the shipped calibration: the T4 is the cheaper
+    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
+        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+    with open_session(env["ORCHESTRATOR_DB_URL"]) as session:
+        session.add(CalibrationRow(name="refined", source="test", params=json.dumps(slow_t4.to_dict()), mape=None,
+                                   created_at=1.0))
+        session.commit()
+    assert chosen() == ("l4", "g2-standard-4")

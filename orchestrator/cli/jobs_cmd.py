@@ -37,13 +37,16 @@ def launch(
     SIGTERM (the job is cancelled).
     """
     from orchestrator.cli.launch_checks import check_quotas, headroom, print_dry_run, quota_problems, read_spec_quotas
-    from orchestrator.cli.model_torch import prepare_spec  # lazy: the cost model
+    from orchestrator.cli.model_impl import planning_calibration  # lazy: the cost model
+    from orchestrator.cli.model_torch import prepare_spec
     from orchestrator.control.validate import validate_launch  # lazy: the control layer (~0.3 s) only for launch
+    from orchestrator.core.spec import load_spec
     from orchestrator.core.torch_spec import secret_problems
     from orchestrator.providers.registry import check_setup, dry_run_for  # lazy: the provider backends
 
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
-    checked = validate_launch(spec_path)  # the same check as `plan` and the dry run; nothing created before
+    # the same check, and the same calibration, as `plan` and the dry run; nothing created before
+    checked = validate_launch(spec_path, calibration=planning_calibration(load_spec(spec_path)))
     spec, plan = checked.spec, checked.plan
     # Credentials, project, keys, inventory: refused here, before any row exists (the dry run sends nothing).
     # Not in validate_launch: `plan` is the cost model's answer and needs no cloud account.

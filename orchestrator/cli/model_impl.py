@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from sqlalchemy.exc import SQLAlchemyError
@@ -38,6 +38,9 @@ from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_f
 from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
 from orchestrator.core.errors import UserError
 from orchestrator.store.db import db_exists, open_session
+
+if TYPE_CHECKING:
+    from orchestrator.core.spec import JobSpec
 
 # ---------------------------------------------------------------- shared helpers (also used by plan_cmd)
 
@@ -82,6 +85,13 @@ def latest_calibration(real: bool = False) -> Calibration | None:
             return newest_calibration(session, real)
     except SQLAlchemyError:  # a DB this version cannot read: plan with the shipped calibration
         return None
+
+
+def planning_calibration(spec: JobSpec) -> Calibration | None:
+    """What `plan` and `launch` plan a spec with when no calibration is named: the newest stored one its GPUs
+    may read (a cloud's: of real GPUs only), else None (the shipped one). One rule, so that `launch` runs the
+    cluster `plan` showed."""
+    return latest_calibration(real=not spec.provider.emulates_gpus)
 
 
 def _with_local_host(calib: Calibration) -> Calibration:

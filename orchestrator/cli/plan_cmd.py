@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from orchestrator.cli.host_load import HostLoad, host_load, with_load
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
-from orchestrator.cli.model_impl import latest_calibration, resolve_calibration
+from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
@@ -146,10 +146,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     fmt = "json" if json_out else check_format(fmt)
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(spec_path)
-    # a cloud's GPUs are planned from real GPUs' step times only: the newest real calibration, else the shipped one
-    real = not spec.provider.emulates_gpus
-    base = resolve_calibration(calibration) if calibration is not None else latest_calibration(real=real)
-    if base is not None and base.emulated and real:
+    base = resolve_calibration(calibration) if calibration is not None else planning_calibration(spec)
+    if base is not None and base.emulated and not spec.provider.emulates_gpus:
         err_console.print(f"warning: calibration {base.name} was fitted on emulated (local) GPUs; "
                           "planning real GPUs with the shipped one (data/calibration.json) instead")
         base = None
