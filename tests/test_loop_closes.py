@@ -255,3 +255,36 @@ def test_launch_plans_with_the_calibration_plan_showed(tmp_path: Path) -> None:
                                    created_at=1.0))
         session.commit()
     assert chosen() == ("l4", "g2-standard-4")
+
+
+def test_the_daemon_plans_a_deadline_job_with_the_calibration_launch_used() -> None:
+    """`on_revocation: deadline`: the work the daemon plans with (and `report` shows) comes from the stored
+    calibration `launch` planned with, not the shipped one."""
+    from dataclasses import replace
+
+    from orchestrator.control.deadline import planned_figures
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.core.spec import validate_spec
+    from orchestrator.sim.availability import deadline_figures
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    doc = {"name": "slow-t4-deadline",
+           "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]}, "storage": "gs://my-bucket/runs",
+           "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
+                        "train_steps": 2000, "batch_per_worker": 128},
+           "cluster": {"workers": [{"gpu": "t4", "count": 1, "spot": True}]}, "pricing": {"book": "current"},
+           "policy": {"deadline": "30h", "on_revocation": "deadline"}}
+    spec = validate_spec(doc)
+    job = Job(id="dl-1", name="dl", provider="gce", mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
+              storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=0.0,
+              updated_at=0.0)
+    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
+        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+    with open_session() as session:
+        session.add(CalibrationRow(name="refined", source="test", params=json.dumps(slow_t4.to_dict()), mape=None,
+                                   created_at=1.0))
+        session.commit()
+        planned = planned_figures(session, job, spec).work_s
+    shipped = deadline_figures(spec).work_s
+    assert planned == pytest.approx(deadline_figures(spec, calibration=slow_t4).work_s, rel=1e-9)
+    assert planned > 5 * shipped  # 2 s a step against the shipped T4's ~0.15 s

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.model_impl import planning_calibration
 from orchestrator.cli.render import console, money, table
 from orchestrator.core import policy
+from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
 from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
 from orchestrator.sim.availability import (
@@ -44,7 +46,7 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     spec = load_spec(specs[0])
     try:
         trace = load_trace(trace_path)
-        fig = deadline_figures(spec, price_book)
+        fig = deadline_figures(spec, price_book, planning_calibration(spec))  # as `plan` and `launch` plan it
     except AvailabilityTraceError as exc:
         raise UserError(str(exc)) from None
     except SimSpecError as exc:
@@ -118,7 +120,8 @@ class DeadlineOutlook:
     slow_rows: list[Outlook] = field(default_factory=list)
 
 
-def deadline_outlook(spec: JobSpec, slow_by: float | None = None) -> DeadlineOutlook | None:
+def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
+                     calibration: Calibration | None = None) -> DeadlineOutlook | None:
     """``plan``'s view of an ``on_revocation: deadline`` spec: each policy's mean cost and chance of meeting
     the deadline on the spec's own availability trace (local provider) or the bundled ones; None otherwise.
     ``slow_by``: also with the work that much longer (the prediction interval's slow end), as the daemon plans
@@ -128,7 +131,7 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None) -> DeadlineOut
     local = spec.provider.as_local()
     paths = [local.availability_trace] if local is not None and local.availability_trace is not None \
         else bundled_traces()
-    fig = deadline_figures(spec)
+    fig = deadline_figures(spec, calibration=calibration)
     scale = fig.time_scale / 60.0
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
               round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)

@@ -88,12 +88,11 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
 def _work_line(session: Session, job: Job) -> str | None:
     """The training time the daemon planned with: predicted, and at the pace the job measured (which replaces the
     prediction once the job has reported enough steps: control/deadline.measured_step_s)."""
-    from orchestrator.control.deadline import measured_step_s  # lazy: the daemon's inputs, only for deadline jobs
-    from orchestrator.sim.availability import deadline_figures
+    from orchestrator.control.deadline import measured_step_s, planned_figures  # lazy: only for deadline jobs
     from orchestrator.sim.from_spec import SimSpecError
 
     try:
-        predicted = deadline_figures(job_spec(job.spec_yaml)).work_s
+        predicted = planned_figures(session, job, job_spec(job.spec_yaml)).work_s
     except SimSpecError:
         return None
     pace = measured_step_s(session, job.id)

@@ -87,11 +87,11 @@ def latest_calibration(real: bool = False) -> Calibration | None:
         return None
 
 
-def planning_calibration(spec: JobSpec) -> Calibration | None:
-    """What `plan` and `launch` plan a spec with when no calibration is named: the newest stored one its GPUs
-    may read (a cloud's: of real GPUs only), else None (the shipped one). One rule, so that `launch` runs the
-    cluster `plan` showed."""
-    return latest_calibration(real=not spec.provider.emulates_gpus)
+def planning_calibration(spec: JobSpec, as_cloud: bool = False) -> Calibration | None:
+    """What `plan`, `launch` and `simulate` plan a spec with when no calibration is named: the newest stored one
+    its GPUs may read (a cloud's, or a local spec simulated ``as_cloud``: of real GPUs only), else None (the
+    shipped one). One rule, so that `launch` runs the cluster `plan` showed and `simulate` replays it."""
+    return latest_calibration(real=as_cloud or not spec.provider.emulates_gpus)
 
 
 def _with_local_host(calib: Calibration) -> Calibration:

@@ -176,7 +176,7 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
 
     # on_revocation: deadline: each policy on real traces, also with the work at the interval's slow end
-    found = deadline_outlook(checked.spec, interval["relative"] if interval is not None else None)
+    found = deadline_outlook(checked.spec, interval["relative"] if interval is not None else None, calib)
     if fmt == "csv":
         front = {id(c) for c in result.front}
         ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.cli.model_impl import resolve_calibration
+from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.core.costmodel import Calibration
@@ -110,7 +110,8 @@ def _monte_carlo(
     prepare_spec(path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     spec = load_spec(path)
     try:
-        cluster = cluster_from_spec(spec, price_book=price_book, calibration=calibration, as_cloud=cloud)
+        calib = calibration if calibration is not None else planning_calibration(spec, as_cloud=cloud)
+        cluster = cluster_from_spec(spec, price_book=price_book, calibration=calib, as_cloud=cloud)
     except SimSpecError as exc:
         raise UserError(f"{path}: {exc}") from None
     return run_monte_carlo(cluster, runs, seed, model=model, kind=model_kind)

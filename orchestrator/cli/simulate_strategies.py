@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.model_impl import planning_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, money, table
 from orchestrator.core.costmodel import Calibration
@@ -24,7 +25,8 @@ def strategies_command(specs: list[Path], runs: int, seed: int, price_book: str 
         prepare_spec(path)
         spec = load_spec(path)
         try:
-            outcomes = compare_strategies(spec, runs, seed, model=model, kind=kind, calibration=calibration,
+            calib = calibration if calibration is not None else planning_calibration(spec, as_cloud=cloud)
+            outcomes = compare_strategies(spec, runs, seed, model=model, kind=kind, calibration=calib,
                                           price_book=price_book, as_cloud=cloud)
         except SimSpecError as exc:
             raise UserError(f"{path}: {exc}") from None

@@ -14,6 +14,7 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.control.calibration_fold import newest_calibration
 from orchestrator.core import policy
 from orchestrator.core.revocation.availability import load_trace
 from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
@@ -30,10 +31,11 @@ _BEFORE: dict[str, tuple[tuple[bool, float], ...]] = {}  # started job id -> spo
 _MAX_CACHED = 256
 
 
-def _figures(spec_yaml: str, spec: JobSpec) -> tuple[DeadlineFigures, float]:
+def _figures(session: Session, spec_yaml: str, spec: JobSpec) -> tuple[DeadlineFigures, float]:
     found = _FIGURES.get(spec_yaml)
     if found is None:
-        fig = deadline_figures(spec)
+        # the calibration `launch` planned the job with (cli.model_impl.planning_calibration's rule)
+        fig = deadline_figures(spec, calibration=newest_calibration(session, real=not spec.provider.emulates_gpus))
         local = spec.provider.as_local()
         if local is not None and local.availability_trace is not None:
             tick = load_trace(local.availability_trace).gap_s / local.time_scale  # the replayed trace's pace
@@ -43,6 +45,11 @@ def _figures(spec_yaml: str, spec: JobSpec) -> tuple[DeadlineFigures, float]:
             _FIGURES.clear()
         found = _FIGURES[spec_yaml] = (fig, tick)
     return found
+
+
+def planned_figures(session: Session, job: Job, spec: JobSpec) -> DeadlineFigures:
+    """The work, restart overhead and prices the daemon plans ``job`` with (what `report` shows it planned)."""
+    return _figures(session, job.spec_yaml, spec)[0]
 
 
 def measured_overhead_s(session: Session, job: Job, now: float) -> float:
@@ -85,7 +92,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     or keep on-demand it does not need."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE:
         return None
-    fig, tick = _figures(job.spec_yaml, spec)
+    fig, tick = _figures(session, job.spec_yaml, spec)
     step, _ = queries.latest_step(session, job.id)
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
     pace = measured_step_s(session, job.id)

@@ -21,6 +21,7 @@ from typing import Any, Final
 import numpy as np
 
 from orchestrator.core import deadline_mpc, policy
+from orchestrator.core.costmodel import Calibration
 from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
@@ -248,9 +249,11 @@ class DeadlineFigures:
     time_scale: float  # cloud seconds per second of the job's clock (local provider)
 
 
-def deadline_figures(spec: JobSpec, price_book: str | None = None) -> DeadlineFigures:
-    """Work, restart overhead and prices of ``spec``'s planned cluster, from the simulator's accounting."""
-    cluster = cluster_from_spec(spec, price_book=price_book)
+def deadline_figures(spec: JobSpec, price_book: str | None = None,
+                     calibration: Calibration | None = None) -> DeadlineFigures:
+    """Work, restart overhead and prices of ``spec``'s planned cluster, from the simulator's accounting
+    (``calibration``: the one the job is planned with; None: the shipped one)."""
+    cluster = cluster_from_spec(spec, price_book=price_book, calibration=calibration)
     base = simulate(replace(cluster, enforce_limits=False), NoRevocations())
     start_s = cluster.boot_delay_s + cluster.spot_extra_boot_s + cluster.startup_s
     # No step is lost at a restart: a preemption's notice and a hop's drain (core.reconcile) both checkpoint first,
