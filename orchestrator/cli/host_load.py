@@ -76,15 +76,16 @@ def host_load(option: str) -> HostLoad:
     return HostLoad(value, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0, os.cpu_count() or 1, False)
 
 
-def launch_note(spec: JobSpec) -> str | None:
-    """For a local launch: the load measured now and the predicted time under it beside an idle host's."""
+def launch_note(spec: JobSpec, calibration: Calibration | None = None) -> str | None:
+    """For a local launch: the load measured now and the predicted time under it beside an idle host's
+    (``calibration``: the one the launch planned with; None: the shipped one)."""
     if not spec.provider.emulates_gpus:
         return None
     from orchestrator.sim.from_spec import plan_job  # lazy: the simulator loads only to plan
 
     load = measure()
-    idle = plan_job(spec, calibration=with_load(None, replace(load, background=0.0))).chosen
-    now = plan_job(spec, calibration=with_load(None, load)).chosen
+    idle = plan_job(spec, calibration=with_load(calibration, replace(load, background=0.0))).chosen
+    now = plan_job(spec, calibration=with_load(calibration, load)).chosen
     if idle is None or now is None or not (math.isfinite(idle.time_s) and math.isfinite(now.time_s)):
         return f"host load at launch: {load.describe()}"
     return (f"host load at launch: {load.describe()}; predicted {now.time_s:.0f} s of run under it "

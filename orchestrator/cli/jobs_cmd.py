@@ -46,7 +46,8 @@ def launch(
 
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
     # the same check, and the same calibration, as `plan` and the dry run; nothing created before
-    checked = validate_launch(spec_path, calibration=planning_calibration(load_spec(spec_path)))
+    calibration = planning_calibration(load_spec(spec_path))
+    checked = validate_launch(spec_path, calibration=calibration)
     spec, plan = checked.spec, checked.plan
     # Credentials, project, keys, inventory: refused here, before any row exists (the dry run sends nothing).
     # Not in validate_launch: `plan` is the cost model's answer and needs no cloud account.
@@ -66,7 +67,7 @@ def launch(
     check_quotas(spec, plan)
     from orchestrator.cli.host_load import launch_note  # lazy: the cost model, only for a launch
 
-    if (note := launch_note(spec)) is not None:  # local workers share the cores with what else runs here
+    if (note := launch_note(spec, calibration)) is not None:  # local workers share the cores with what else runs here
         err_console.print(note, highlight=False, markup=False)
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
