@@ -288,3 +288,33 @@ def test_the_daemon_plans_a_deadline_job_with_the_calibration_launch_used() -> N
     shipped = deadline_figures(spec).work_s
     assert planned == pytest.approx(deadline_figures(spec, calibration=slow_t4).work_s, rel=1e-9)
     assert planned > 5 * shipped  # 2 s a step against the shipped T4's ~0.15 s
+
+
+def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with(tmp_path: Path) -> None:
+    """A pinned sync cluster's global batch is split by the speeds of the calibration the job is planned with,
+    in the plan `launch` stores and in the planner's figures alike (before 2026-11-28: the shipped one's)."""
+    from dataclasses import replace
+
+    from orchestrator.control.validate import validate_launch
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+
+    doc = {"name": "split", "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]},
+           "storage": "gs://my-bucket/runs",
+           "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
+                        "train_steps": 1000, "global_batch": 256},
+           "cluster": {"workers": [{"gpu": "t4", "count": 1}, {"gpu": "l4", "count": 1}]},
+           "pricing": {"book": "current"}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
+        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.01, 0.01, 0.05)})
+
+    def split(calibration: object) -> tuple[list[int], list[int]]:
+        checked = validate_launch(path, calibration=calibration)  # type: ignore[arg-type]
+        assert checked.estimate is not None
+        return list(checked.plan.worker_batches), [w.batch for w in checked.estimate.workers]
+
+    (shipped, shown), (refined, shown_refined) = split(None), split(slow_t4)
+    assert sum(shipped) == sum(refined) == 256
+    assert shown == shipped and shown_refined == refined  # the plan shows what the launch runs
+    assert refined[0] < shipped[0]  # the slower T4 gets fewer examples

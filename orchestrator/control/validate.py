@@ -103,7 +103,7 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     _within_policy(spec, judged, result)
     _runnable(spec, judged, result)
     try:
-        plan = plan_spec(spec, blocks=blocks)
+        plan = plan_spec(spec, blocks=blocks, calibration=calibration)
     except UserError as exc:
         raise NotLaunchable(exc.message, hint=exc.hint or "", result=result) from None
     if inventory_hosts is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.core.blocks import BlockLike, blocked, prefer_unblocked
 from orchestrator.core.catalog import Catalog, load_catalog
+from orchestrator.core.costmodel.compute import Calibration
 from orchestrator.core.costmodel.split import SplitError
 from orchestrator.core.errors import UserError
 from orchestrator.core.instances import Role
@@ -70,13 +71,13 @@ class LaunchPlan:
 
 
 def plan_spec(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None,
-              blocks: Sequence[BlockLike] = ()) -> LaunchPlan:
+              blocks: Sequence[BlockLike] = (), calibration: Calibration | None = None) -> LaunchPlan:
     """The one expansion of a pinned spec (``book``: a recorded price book name instead of the spec's).
     ``blocks`` (stockouts and quotas in force) move each slot's blocked zones last, so placement starts
-    where a create can succeed."""
+    where a create can succeed; ``calibration``: the one the job is planned with (a global batch's split)."""
     cat = catalog or load_catalog()
     try:
-        expanded = expand(spec, cat, book)
+        expanded = expand(spec, cat, book, calibration)
     except SplitError as exc:
         raise UserError(f"data parallel cannot place {spec.training.profile_name} on this cluster: {exc}",
                         hint="`orchestrator plan` weighs a pipeline of the model's layers across the GPUs: with "

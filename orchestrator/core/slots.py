@@ -13,6 +13,7 @@ from orchestrator.core.costmodel.batches import DEFAULT_BATCH as DEFAULT_BATCH  
 from orchestrator.core.costmodel.batches import price_book_for as price_book_for
 from orchestrator.core.costmodel.batches import proportional_split as proportional_split
 from orchestrator.core.costmodel.batches import worker_batches as worker_batches
+from orchestrator.core.costmodel.compute import Calibration
 from orchestrator.core.instances import Role
 from orchestrator.core.spec import (
     LOCAL_ZONE,
@@ -62,9 +63,10 @@ def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -
     return tuple(ordered) or ((allowed[0],) if allowed else ("us-central1-c",))
 
 
-def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> list[Slot]:
+def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None,
+           calibration: Calibration | None = None) -> list[Slot]:
     """Every slot of a pinned cluster: parameter servers, the chief (async, unless it runs on worker 0), then
-    the workers."""
+    the workers (their batches split with ``calibration``'s speeds; None: the shipped calibration's)."""
     cat = catalog or load_catalog()
     prices = price_book_for(spec, cat, book)
     cluster = spec.pinned
@@ -82,7 +84,7 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
     chief_on_worker0 = spec.mode == TrainingMode.ASYNC and cluster.chief.on_worker0
     if spec.mode == TrainingMode.ASYNC and not chief_on_worker0:
         slots.append(cpu_slot(Role.CHIEF, 0, cluster.chief))
-    batches = worker_batches(spec, cat)
+    batches = worker_batches(spec, cat, calibration)
     index = 0
     for g, group in enumerate(cluster.workers):
         gpu = cat.gpu(group.gpu)

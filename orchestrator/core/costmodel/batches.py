@@ -6,7 +6,7 @@ Here, below both, so that ``core.slots`` and ``core.costmodel.planner`` do not i
 from __future__ import annotations
 
 from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
-from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
+from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME, Calibration
 from orchestrator.core.costmodel.memory import MemoryParams
 from orchestrator.core.costmodel.split import SplitError, split_batch
 from orchestrator.core.emulation import REFERENCE_BATCH, emulated_step_s
@@ -47,8 +47,10 @@ def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | No
     )
 
 
-def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
-    """Per-worker batch: the group's, the spec's per-worker batch, or the global batch split by speed."""
+def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None
+                   ) -> list[int]:
+    """Per-worker batch: the group's, the spec's per-worker batch, or the global batch split by speed (the speeds
+    of ``calibration``, the one the job is planned with; None: the shipped one)."""
     cluster = spec.pinned
     training = spec.training
     gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
@@ -64,8 +66,8 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None) -> list[int]:
             return proportional_split(training.global_batch, speeds)
         try:
             # fast GPUs get more
-            return list(split_batch(training.profile_name, gpus, training.global_batch, runtime=job_runtime(training),
-                                    precision=job_precision(training)))
+            return list(split_batch(training.profile_name, gpus, training.global_batch, calibration,
+                                    runtime=job_runtime(training), precision=job_precision(training)))
         except SplitError:
             # No worker holds the whole model: a job that may run as a pipeline (whose stages take the whole
             # global batch, in micro-batches) gets an even split for its records; data parallel refuses.

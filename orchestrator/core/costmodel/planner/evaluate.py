@@ -84,7 +84,7 @@ class Evaluator:
     def pinned_batches(self) -> tuple[list[int], str | None]:
         """A pinned cluster runs the batches the controller computes (``orchestrator.core.slots``)."""
         try:
-            out = list(worker_batches(self.spec, self.catalog))
+            out = list(worker_batches(self.spec, self.catalog, self.calibration))
         except SplitError as exc:
             n = self.spec.worker_count
             return [max(1, (self.spec.training.global_batch or n) // n)] * n, str(exc)
