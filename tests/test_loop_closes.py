@@ -276,8 +276,8 @@ def test_the_daemon_plans_a_deadline_job_with_the_calibration_launch_used() -> N
            "policy": {"deadline": "30h", "on_revocation": "deadline"}}
     spec = validate_spec(doc)
     job = Job(id="dl-1", name="dl", provider="gce", mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
-              storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=0.0,
-              updated_at=0.0)
+              storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=2.0,
+              updated_at=2.0)
     slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
         **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
     with open_session() as session:
@@ -288,6 +288,40 @@ def test_the_daemon_plans_a_deadline_job_with_the_calibration_launch_used() -> N
     shipped = deadline_figures(spec).work_s
     assert planned == pytest.approx(deadline_figures(spec, calibration=slow_t4).work_s, rel=1e-9)
     assert planned > 5 * shipped  # 2 s a step against the shipped T4's ~0.15 s
+
+
+def test_a_fold_during_a_deadline_job_leaves_its_planned_figures_alone() -> None:
+    """A calibration stored after a job was launched (another job's fold) is the next launch's, not this job's:
+    a daemon that already planned it and one started after the fold plan it alike (before 2026-11-28 each
+    daemon read the newest calibration when it first saw the job, so two daemons could disagree)."""
+    from dataclasses import replace
+
+    from orchestrator.control import deadline
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.core.spec import validate_spec
+    from orchestrator.sim.availability import deadline_figures
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    doc = {"name": "fold-during-deadline",
+           "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]}, "storage": "gs://my-bucket/runs",
+           "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
+                        "train_steps": 2000, "batch_per_worker": 128},
+           "cluster": {"workers": [{"gpu": "t4", "count": 1, "spot": True}]}, "pricing": {"book": "current"},
+           "policy": {"deadline": "30h", "on_revocation": "deadline"}}
+    spec = validate_spec(doc)
+    job = Job(id="dl-2", name="dl", provider="gce", mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
+              storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=10.0,
+              updated_at=10.0)
+    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined after launch", per_gpu={
+        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+    with open_session() as session:
+        session.add(CalibrationRow(name="refined after launch", source="test", params=json.dumps(slow_t4.to_dict()),
+                                   mape=None, created_at=11.0))
+        session.commit()
+        shipped = deadline_figures(spec).work_s
+        assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
+        deadline._FIGURES.clear()  # a daemon started after the fold
+        assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
 
 
 def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with(tmp_path: Path) -> None:
@@ -318,3 +352,33 @@ def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with
     assert sum(shipped) == sum(refined) == 256
     assert shown == shipped and shown_refined == refined  # the plan shows what the launch runs
     assert refined[0] < shipped[0]  # the slower T4 gets fewer examples
+
+
+def test_model_predict_reads_the_calibration_plan_reads(tmp_path: Path) -> None:
+    """`model predict --model` without --calibration predicts with the newest stored calibration of real GPUs,
+    as `plan` plans a cloud's GPUs (before 2026-11-28: always the shipped one, so it disagreed with `plan`)."""
+    from dataclasses import replace
+
+    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.store.models import Calibration as CalibrationRow
+
+    env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+           "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path / 'results.db'}"}
+
+    def predicted() -> dict[str, object]:
+        out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "model", "predict", "--model",
+                              "resnet_cifar_32", "--gpu", "t4", "--batch", "128", "--json"], env=env,
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout))
+
+    shipped = predicted()
+    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
+        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+    with open_session(env["ORCHESTRATOR_DB_URL"]) as session:
+        session.add(CalibrationRow(name="refined", source="test", params=json.dumps(slow_t4.to_dict()), mape=None,
+                                   created_at=1.0))
+        session.commit()
+    refined = predicted()
+    assert "refined (DB id 1)" in str(refined["calibration"]) and "refined" not in str(shipped["calibration"])
+    assert float(str(refined["step_time_s"])) > 5 * float(str(shipped["step_time_s"]))

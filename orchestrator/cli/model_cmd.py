@@ -40,7 +40,9 @@ def predict(
     model: str | None = typer.Option(None, "--model", help="a built-in model; `model profile` lists them"),
     gpu: str = typer.Option(..., "--gpu", help="GPU key (k80, v100, a100, h100, ...; data/gpu_arch.csv)"),
     batch: int = typer.Option(..., "--batch", min=1, help="per-worker batch"),
-    calibration: str | None = typer.Option(None, "--calibration", help="calibration ID (DB) or JSON file"),
+    calibration: str | None = typer.Option(
+        None, "--calibration", help="calibration ID (DB) or JSON file (default: the one `plan` reads for a cloud: "
+        "the newest stored of real GPUs, else the shipped one)"),
     runtime: str | None = typer.Option(
         None, "--runtime", help="tf1-graph, keras-xla, pytorch-eager, torch-compile (default: tf1-graph; "
         "pytorch-eager with --torch)"),

@@ -274,7 +274,9 @@ def predict(model: str | None, gpu: str, batch: int, calibration: str | None, ru
         raise UserError("give --model NAME or --torch MODULE:FACTORY")
     runtime = runtime or "tf1-graph"
     _check_model(model)
-    calib = resolve_calibration(calibration) or DEFAULT_CALIBRATION
+    # none named: the calibration `plan` reads for a cloud's GPUs (the newest stored of real GPUs, else shipped)
+    calib = (resolve_calibration(calibration) if calibration is not None else latest_calibration(real=True)) \
+        or DEFAULT_CALIBRATION
     cat = load_catalog()
     g = cat.gpu(gpu)
     t = step_fn(model, g.key, calib, cat, runtime, precision).at(float(batch))

@@ -28,11 +28,15 @@ from orchestrator.store.models import Job
 log = logging.getLogger(__name__)
 
 
-def newest_calibration(session: Session, real: bool) -> Calibration | None:
-    """The newest stored calibration (``real``: the newest fitted on real GPUs), named with its DB id; None
-    when there is none. One rule for `plan`, `model predict --torch`, `model calibrate --from-db` and the fold:
-    real GPUs are planned and refined only from real GPUs' step times."""
-    for row in session.scalars(select(CalibrationRow).order_by(CalibrationRow.created_at.desc()).limit(20)):
+def newest_calibration(session: Session, real: bool, before: float | None = None) -> Calibration | None:
+    """The newest stored calibration (``real``: the newest fitted on real GPUs; ``before``: the newest stored by
+    then, e.g. the one a job was launched with), named with its DB id; None when there is none. One rule for
+    `plan`, `model predict`, `model calibrate --from-db`, the fold and the daemon: real GPUs are planned and
+    refined only from real GPUs' step times."""
+    rows = select(CalibrationRow).order_by(CalibrationRow.created_at.desc(), CalibrationRow.id.desc()).limit(20)
+    if before is not None:
+        rows = rows.where(CalibrationRow.created_at <= before)
+    for row in session.scalars(rows):
         try:
             calib = Calibration.from_dict(json.loads(row.params))
         except (ValueError, KeyError, TypeError):

@@ -25,17 +25,21 @@ from orchestrator.sim.availability import DeadlineFigures, deadline_figures
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job, Metric
 
-_FIGURES: dict[str, tuple[DeadlineFigures, float]] = {}  # spec YAML -> figures, decision tick (s)
+_FIGURES: dict[tuple[str, float], tuple[DeadlineFigures, float]] = {}  # (job id, created) -> figures, tick (s)
 _MARKETS: dict[str, str | None] = {}  # job id -> its spot market (a job's spec never changes)
 _BEFORE: dict[str, tuple[tuple[bool, float], ...]] = {}  # started job id -> spot_before (fixed once it started)
 _MAX_CACHED = 256
 
 
-def _figures(session: Session, spec_yaml: str, spec: JobSpec) -> tuple[DeadlineFigures, float]:
-    found = _FIGURES.get(spec_yaml)
+def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures, float]:
+    key = (job.id, job.created_at)  # its figures are fixed at launch
+    found = _FIGURES.get(key)
     if found is None:
-        # the calibration `launch` planned the job with (cli.model_impl.planning_calibration's rule)
-        fig = deadline_figures(spec, calibration=newest_calibration(session, real=not spec.provider.emulates_gpus))
+        # The calibration `launch` planned the job with (cli.model_impl.planning_calibration's rule): the newest
+        # stored by the job's creation, so a fold during the run changes nothing and every daemon, started
+        # before or after that fold, plans the job alike.
+        launched_with = newest_calibration(session, real=not spec.provider.emulates_gpus, before=job.created_at)
+        fig = deadline_figures(spec, calibration=launched_with)
         local = spec.provider.as_local()
         if local is not None and local.availability_trace is not None:
             tick = load_trace(local.availability_trace).gap_s / local.time_scale  # the replayed trace's pace
@@ -43,13 +47,13 @@ def _figures(session: Session, spec_yaml: str, spec: JobSpec) -> tuple[DeadlineF
             tick = policy.DEADLINE_TICK_S / fig.time_scale
         if len(_FIGURES) >= _MAX_CACHED:
             _FIGURES.clear()
-        found = _FIGURES[spec_yaml] = (fig, tick)
+        found = _FIGURES[key] = (fig, tick)
     return found
 
 
 def planned_figures(session: Session, job: Job, spec: JobSpec) -> DeadlineFigures:
     """The work, restart overhead and prices the daemon plans ``job`` with (what `report` shows it planned)."""
-    return _figures(session, job.spec_yaml, spec)[0]
+    return _figures(session, job, spec)[0]
 
 
 def measured_overhead_s(session: Session, job: Job, now: float) -> float:
@@ -92,7 +96,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     or keep on-demand it does not need."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE:
         return None
-    fig, tick = _figures(session, job.spec_yaml, spec)
+    fig, tick = _figures(session, job, spec)
     step, _ = queries.latest_step(session, job.id)
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
     pace = measured_step_s(session, job.id)
