@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -257,33 +258,51 @@ def test_launch_plans_with_the_calibration_plan_showed(tmp_path: Path) -> None:
     assert chosen() == ("l4", "g2-standard-4")
 
 
-def test_the_daemon_plans_a_deadline_job_with_the_calibration_launch_used() -> None:
-    """`on_revocation: deadline`: the work the daemon plans with (and `report` shows) comes from the stored
-    calibration `launch` planned with, not the shipped one."""
+def _slow_t4(name: str) -> Any:
+    """A refined calibration whose T4 runs resnet_cifar_32 at 2 s a step (the shipped one: ~0.15 s)."""
     from dataclasses import replace
 
-    from orchestrator.control.deadline import planned_figures
     from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
-    from orchestrator.core.spec import validate_spec
-    from orchestrator.sim.availability import deadline_figures
+
+    return replace(DEFAULT_CALIBRATION, name=name, per_gpu={
+        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+
+
+def _store_calibration(calibration: Any, created_at: float, url: str | None = None) -> None:
     from orchestrator.store.models import Calibration as CalibrationRow
 
-    doc = {"name": "slow-t4-deadline",
+    with open_session(url) as session:
+        session.add(CalibrationRow(name=calibration.name, source="test", params=json.dumps(calibration.to_dict()),
+                                   mape=None, created_at=created_at))
+        session.commit()
+
+
+def _deadline_job(job_id: str, created_at: float) -> tuple[Any, Job]:
+    """A one-T4 spot job with ``on_revocation: deadline``, and its row created at ``created_at``."""
+    from orchestrator.core.spec import validate_spec
+
+    doc = {"name": job_id,
            "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]}, "storage": "gs://my-bucket/runs",
            "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
                         "train_steps": 2000, "batch_per_worker": 128},
            "cluster": {"workers": [{"gpu": "t4", "count": 1, "spot": True}]}, "pricing": {"book": "current"},
            "policy": {"deadline": "30h", "on_revocation": "deadline"}}
-    spec = validate_spec(doc)
-    job = Job(id="dl-1", name="dl", provider="gce", mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
-              storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=2.0,
-              updated_at=2.0)
-    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
-        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+    return validate_spec(doc), Job(
+        id=job_id, name=job_id, provider="gce", mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
+        storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=created_at,
+        updated_at=created_at)
+
+
+def test_the_daemon_plans_a_deadline_job_with_the_calibration_launch_used() -> None:
+    """`on_revocation: deadline`: the work the daemon plans with (and `report` shows) comes from the stored
+    calibration `launch` planned with, not the shipped one."""
+    from orchestrator.control.deadline import planned_figures
+    from orchestrator.sim.availability import deadline_figures
+
+    spec, job = _deadline_job("slow-t4-deadline", created_at=2.0)
+    slow_t4 = _slow_t4("refined")
+    _store_calibration(slow_t4, created_at=1.0)
     with open_session() as session:
-        session.add(CalibrationRow(name="refined", source="test", params=json.dumps(slow_t4.to_dict()), mape=None,
-                                   created_at=1.0))
-        session.commit()
         planned = planned_figures(session, job, spec).work_s
     shipped = deadline_figures(spec).work_s
     assert planned == pytest.approx(deadline_figures(spec, calibration=slow_t4).work_s, rel=1e-9)
@@ -294,31 +313,13 @@ def test_a_fold_during_a_deadline_job_leaves_its_planned_figures_alone() -> None
     """A calibration stored after a job was launched (another job's fold) is the next launch's, not this job's:
     a daemon that already planned it and one started after the fold plan it alike (before 2026-11-28 each
     daemon read the newest calibration when it first saw the job, so two daemons could disagree)."""
-    from dataclasses import replace
-
     from orchestrator.control import deadline
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
-    from orchestrator.core.spec import validate_spec
     from orchestrator.sim.availability import deadline_figures
-    from orchestrator.store.models import Calibration as CalibrationRow
 
-    doc = {"name": "fold-during-deadline",
-           "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]}, "storage": "gs://my-bucket/runs",
-           "training": {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": "sync",
-                        "train_steps": 2000, "batch_per_worker": 128},
-           "cluster": {"workers": [{"gpu": "t4", "count": 1, "spot": True}]}, "pricing": {"book": "current"},
-           "policy": {"deadline": "30h", "on_revocation": "deadline"}}
-    spec = validate_spec(doc)
-    job = Job(id="dl-2", name="dl", provider="gce", mode="sync", cluster_shape="1", spec_yaml=yaml.safe_dump(doc),
-              storage_uri="gs://b/x", price_book="current", status="running", train_steps=2000, created_at=10.0,
-              updated_at=10.0)
-    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined after launch", per_gpu={
-        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
+    spec, job = _deadline_job("fold-during-deadline", created_at=10.0)
+    _store_calibration(_slow_t4("refined after launch"), created_at=11.0)
+    shipped = deadline_figures(spec).work_s
     with open_session() as session:
-        session.add(CalibrationRow(name="refined after launch", source="test", params=json.dumps(slow_t4.to_dict()),
-                                   mape=None, created_at=11.0))
-        session.commit()
-        shipped = deadline_figures(spec).work_s
         assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
         deadline._FIGURES.clear()  # a daemon started after the fold
         assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
@@ -357,11 +358,6 @@ def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with
 def test_model_predict_reads_the_calibration_plan_reads(tmp_path: Path) -> None:
     """`model predict --model` without --calibration predicts with the newest stored calibration of real GPUs,
     as `plan` plans a cloud's GPUs (before 2026-11-28: always the shipped one, so it disagreed with `plan`)."""
-    from dataclasses import replace
-
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
-    from orchestrator.store.models import Calibration as CalibrationRow
-
     env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
            "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path / 'results.db'}"}
 
@@ -373,12 +369,7 @@ def test_model_predict_reads_the_calibration_plan_reads(tmp_path: Path) -> None:
         return dict(json.loads(out.stdout))
 
     shipped = predicted()
-    slow_t4 = replace(DEFAULT_CALIBRATION, name="refined", per_gpu={
-        **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
-    with open_session(env["ORCHESTRATOR_DB_URL"]) as session:
-        session.add(CalibrationRow(name="refined", source="test", params=json.dumps(slow_t4.to_dict()), mape=None,
-                                   created_at=1.0))
-        session.commit()
+    _store_calibration(_slow_t4("refined"), created_at=1.0, url=env["ORCHESTRATOR_DB_URL"])
     refined = predicted()
     assert "refined (DB id 1)" in str(refined["calibration"]) and "refined" not in str(shipped["calibration"])
     assert float(str(refined["step_time_s"])) > 5 * float(str(shipped["step_time_s"]))
