@@ -29,6 +29,7 @@ optimum over the same zones. The 16-node traces are read as "at least one VM cou
 
     python bench/deadline_policy.py             # the held-out table
     python bench/deadline_policy.py --tune      # the grid search on the tuning start points
+    python bench/deadline_timeline.py TRACE --slack 4 --overhead 12 --start 5   # one run's timeline vs the optimum
 """
 
 from __future__ import annotations
