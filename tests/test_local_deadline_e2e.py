@@ -39,8 +39,9 @@ TRAINING = {
   checkpoint_every: 25""",
 }
 # The PyTorch payload's step is this host's CPU (not an emulated GPU's pace): more slack, so that on a loaded machine
-# the job is still ahead of the uniform line when spot comes back (the hop gate), as the TF job is at 420 s.
-DEADLINE = {"tf": "420s", "torch": "900s"}
+# the job is still ahead of the uniform line when spot comes back (the hop gate), as the TF job is at 420 s. 900 s
+# was once too little under CI's load (2026-11-28: no hop, in a run 25% slower than usual; it hops at 50 s here).
+DEADLINE = {"tf": "420s", "torch": "1500s"}
 
 
 def _spec(storage: Path, payload: str) -> str:
@@ -88,7 +89,8 @@ def test_a_deadline_hop_drains_the_vm_and_loses_no_step(tmp_path: Path, payload:
         checkpoints = conn.execute(text("SELECT at, step FROM metrics WHERE kind = 'checkpoint' ORDER BY at")).all()
     assert summary["status"] == "succeeded", summary
     drains = [k for k, e in enumerate(events) if e.to_status == "drain"]
-    assert drains, [tuple(e) for e in events]  # the hop back to spot happened, and drained its VM
+    # the hop back to spot happened, and drained its VM
+    assert drains, "\n".join(f"{e.at - events[0].at:7.1f} s {e.entity} {e.to_status}: {e.reason}" for e in events)
     for k in drains:
         drained = events[k].name
         assert "checkpoint before the hop" in events[k].reason
