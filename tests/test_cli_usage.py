@@ -120,7 +120,14 @@ def _files(tmp_path: Path) -> dict[str, Path]:
                    "cluster: {workers: [{gpu: v100, count: 64, spot: false}]}\n")
     deep = tmp_path / "deep.yaml"
     deep.write_text("name: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("name: good\ncluster: {workers: [{gpu: t4}]}\n")
+    list_json = tmp_path / "list.json"
+    list_json.write_text("[1, 2]\n")
+    object_json = tmp_path / "object.json"
+    object_json.write_text('{"x": 1}\n')
     return {"latin": latin, "dup": dup, "deep": deep, "dir": tmp_path, "missing": tmp_path / "nope.yaml",
+            "list_json": list_json, "object_json": object_json, "good": good,
             "passwd": Path("/etc/passwd"), "devnull": Path("/dev/null")}
 
 
@@ -134,9 +141,28 @@ BAD_INPUT: list[tuple[list[str], int, str]] = [
     (["launch", "{dup}"], 2, "appears twice"),
     (["launch", "{deep}"], 2, "nested more than"),
     (["launch", "--poll", "soon", "{dup}"], 2, "Invalid value for '--poll'"),
+    (["launch", "--poll", "-1", "{dup}"], 2, "Invalid value for '--poll'"),  # refused before the job exists
+    (["launch", "--poll", "nan", "--dry-run", "{dup}"], 2, "Invalid value for '--poll'"),
     (["plan", "{latin}"], 2, "is not UTF-8 text"),
     (["plan", "{dup}"], 2, "appears twice"),
     (["plan", "--top", "many", "{dup}"], 2, "Invalid value for '--top'"),
+    (["plan", "--top", "-3", "{dup}"], 2, "Invalid value for '--top'"),
+    (["plan", "--calibration", "{list_json}", "{good}"], 2, "is not a calibration file"),
+    (["plan", "--calibration", "{object_json}", "{good}"], 2, "is not a calibration file"),
+    (["logs", "-n", "-1", "no-such-job"], 2, "Invalid value for '--lines'"),
+    (["report", "no-such-job", "--plot", "{missing}/x.png"], 2, "does not exist"),
+    (["report", "no-such-job", "--plot", "x.jpg"], 2, "must end in .png or .svg"),
+    (["simulate", "{dup}", "--plot", "x.jpg"], 2, "must end in .png or .svg"),
+    (["simulate", "{dup}", "--policy", "bogus"], 2, "only with --availability-trace"),
+    (["daemon", "--interval", "-1"], 2, "Invalid value for '--interval'"),
+    (["daemon", "--gc-every", "inf"], 2, "Invalid value for '--gc-every'"),
+    (["daemon", "--metrics-port", "99999"], 2, "Invalid value for '--metrics-port'"),
+    (["dashboard", "--port", "99999"], 2, "Invalid value for '--port'"),
+    (["dashboard", "--host", "999.1.1.1", "--port", "0"], 2, "--host"),
+    (["model", "predict", "--model", "resnet_cifar_32", "--gpu", "t4", "--batch", "8", "--runtime", "bogus"], 2,
+     "--runtime"),
+    (["model", "predict", "--model", "resnet_cifar_32", "--gpu", "t4", "--batch", "8", "--precision", "fp8"], 2,
+     "--precision"),
     (["status", "no-such-job"], 2, "no job 'no-such-job'"),
     (["logs", "no-such-job"], 2, "no job 'no-such-job'"),
     (["cancel", "no-such-job"], 2, "no job 'no-such-job'"),

@@ -79,3 +79,24 @@ def test_faster_gpus_get_more_and_caps_hold() -> None:
         split_batch("vgg16", ["k80", "k80"], 2 * cap + 1)
     with pytest.raises(SplitError, match="smaller than"):
         split_batch("resnet_tiny", ["k80", "k80", "k80"], 2)
+
+
+
+def test_a_multi_gpu_machine_type_gets_a_share_for_each_of_its_gpus() -> None:
+    # Two a3-highgpu-2g VMs (2 H100 each) and one a3-highgpu-1g: 5 GPU-workers share the global batch 2048, and
+    # the plan's per-GPU batches add up to it (they were 341 x 4 + 682 = 2046).
+    import re
+    from pathlib import Path
+
+    from orchestrator.core.costmodel.batches import worker_batches
+    from orchestrator.core.costmodel.planner import plan
+    from orchestrator.core.spec import load_spec
+
+    spec = load_spec(Path(__file__).parent.parent / "examples" / "gce-h100-machine-types.yaml")
+    per_vm = worker_batches(spec)
+    assert sum(per_vm) == 2048 and abs(per_vm[0] - per_vm[1]) <= 1 and abs(per_vm[0] - 2 * per_vm[2]) <= 2, per_vm
+    chosen = plan(spec).chosen
+    assert chosen is not None and chosen.strategies
+    found = re.search(r"5 replicas, batches ([\d/]+)", chosen.strategies[0].detail)
+    assert found is not None, chosen.strategies[0].detail
+    assert sum(int(b) for b in found.group(1).split("/")) == 2048

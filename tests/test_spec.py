@@ -311,3 +311,16 @@ def test_termination_action() -> None:
         assert b.price_per_hour - a.price_per_hour == pytest.approx(50 * 0.10 / 730, abs=1e-6)
     doc["provider"]["termination_action"] = "KEEP"
     assert any(m.startswith("provider.termination_action:") for m in errors_of(doc))
+
+
+def test_a_swapped_price_pair_and_a_step_after_the_last_are_refused() -> None:
+    doc = copy.deepcopy(GOOD)
+    doc["pricing"] = {"overrides": {"t4": {"on_demand": 0.2, "spot": 0.5}}}
+    assert any(e.startswith("pricing.overrides.t4: ") and "are the two swapped" in e for e in errors_of(doc))
+    provider = {"kind": "local", "revocations": "schedule", "schedule": [{"instance": "worker-0", "at_step": 900}],
+                "slowdowns": [{"worker": 0, "at_step": 2000, "factor": 2}]}
+    local = {"name": "late", "provider": provider, "cluster": {"workers": [{"gpu": "t4"}]},
+             "training": {"framework": "pytorch", "train_steps": 800, "global_batch": 32}}
+    errors = errors_of(local)
+    assert any(e.startswith("provider.slowdowns[0].at_step: 2000 is after the job's last step") for e in errors), errors
+    assert any(e.startswith("provider.schedule[0].at_step: 900 is after") for e in errors), errors

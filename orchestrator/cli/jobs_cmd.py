@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orchestrator.cli.listing import check_format, format_option
+from orchestrator.cli.options import plot_file, positive_seconds
 from orchestrator.cli.render import err_console, print_report
 from orchestrator.core.errors import UserError
 
@@ -27,7 +28,8 @@ def launch(
     spec_path: Path = typer.Argument(..., help="job spec (YAML)", exists=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the cluster and its hourly cost"),
     detach: bool = typer.Option(False, "--detach", help="record the job; a running `orchestrator daemon` drives it"),
-    poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes (foreground)"),
+    poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes (foreground)",
+                              callback=positive_seconds),
     quiet: bool = typer.Option(False, "--quiet", help="no live display; print a line per event"),
 ) -> None:
     """Validate, plan, provision, train, survive revocations, tear down, record cost/time/accuracy.
@@ -101,7 +103,7 @@ def logs(
     job: str = typer.Argument(..., help="job id or name"),
     instance: str | None = typer.Option(None, "--instance", help="slot such as worker-1, or an instance name"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
-    lines: int = typer.Option(50, "--lines", "-n", help="training-metric lines to show (every event is shown)"),
+    lines: int = typer.Option(50, "--lines", "-n", min=0, help="training-metric lines to show (every event is shown)"),
     fmt: str = format_option("json / csv: the events and metrics recorded so far, one record each"),
 ) -> None:
     """Print the job's events (naming each instance) and training metrics, or one instance's process log."""
@@ -128,7 +130,7 @@ def report(
     jobs: list[str] = typer.Argument(None, help="job ids or names; all jobs if omitted"),
     fmt: str = typer.Option("table", "--format", help="table | csv | json"),
     plot: Path | None = typer.Option(None, "--plot", help="also draw the job's timeline, cost and throughput to "
-                                     "this .png or .svg (one job)"),
+                                     "this .png or .svg (one job)", callback=plot_file),
 ) -> None:
     """Cost (by role), wall time, accuracy, revocations and replacements per job."""
     from orchestrator.store import queries  # lazy: the ORM models (~30 ms) only for verbs that read the DB

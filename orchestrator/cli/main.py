@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from orchestrator import __version__
 from orchestrator.cli import catalog_cmd, dashboard, db_cmd, image_cmd, jobs_cmd, model_cmd
+from orchestrator.cli.options import PORT_MAX, finite, plot_file, positive_seconds
 from orchestrator.cli.render import err_console
 from orchestrator.core.catalog import CatalogError
 from orchestrator.core.errors import UserError
@@ -54,7 +55,7 @@ app.command("launch")(jobs_cmd.launch)
 def plan(
     spec: Path = typer.Argument(..., help="job spec (YAML)"),
     json_out: bool = typer.Option(False, "--json", help="same as --format json"),
-    top: int = typer.Option(8, "--top", help="how many runner-ups to show"),
+    top: int = typer.Option(8, "--top", min=0, help="how many runner-ups to show"),
     calibration: str | None = typer.Option(None, "--calibration", help="calibration id (DB) or JSON file"),
     fmt: str = typer.Option("table", "--format", help="table | json | csv (csv: one row a candidate)"),
     load: str = typer.Option("measure", "--host-load", help="local provider: other runnable processes sharing "
@@ -80,7 +81,8 @@ def simulate(
     price_book: str | None = typer.Option(None, "--price-book", help="override the spec's price book"),
     trace: Path | None = typer.Option(None, "--trace", help="revocation trace CSV (gpu,zone,vm,start,end,...)"),
     json_out: bool = typer.Option(False, "--json"),
-    plot: Path | None = typer.Option(None, "--plot", help="write CDFs of time and cost to this PNG"),
+    plot: Path | None = typer.Option(None, "--plot", help="write CDFs of time and cost to this .png or .svg",
+                                      callback=plot_file),
     fit: bool = typer.Option(False, "--fit", help="print the fitted revocation models and their goodness of fit"),
     replay: str | None = typer.Option(None, "--replay", help="replay a finished job's revocations; sim vs measured"),
     calibration: str | None = typer.Option(None, "--calibration", help="cost-model calibration ID (DB) or JSON"),
@@ -91,9 +93,12 @@ def simulate(
         None, "--availability-trace", help="spot availability trace (JSON): replay the deadline policies on it"),
     start_tick: int = typer.Option(0, "--start-tick", help="with --availability-trace: the job starts at this tick"),
     policy_name: str = typer.Option("all", "--policy", help="with --availability-trace: one policy, or all"),
-    work_h: float | None = typer.Option(None, "--work-h", help="with --availability-trace: override the work"),
-    deadline_h: float | None = typer.Option(None, "--deadline-h", help="override policy.deadline (hours)"),
-    overhead_min: float | None = typer.Option(None, "--restart-overhead-min", help="override the restart overhead"),
+    work_h: float | None = typer.Option(None, "--work-h", callback=finite,
+                                        help="with --availability-trace: override the work"),
+    deadline_h: float | None = typer.Option(None, "--deadline-h", callback=finite,
+                                            help="override policy.deadline (hours)"),
+    overhead_min: float | None = typer.Option(None, "--restart-overhead-min", callback=finite,
+                                              help="override the restart overhead"),
 ) -> None:
     """What would this cluster cost and how long would it take, under real revocation traces?"""
     if availability_trace is not None:
@@ -102,6 +107,11 @@ def simulate(
         availability_command(list(specs or []), availability_trace, start_tick, policy_name, json_out, work_h,
                              deadline_h, overhead_min, price_book)
         return
+    trace_only = {"--policy": policy_name != "all", "--start-tick": start_tick != 0, "--work-h": work_h is not None,
+                  "--deadline-h": deadline_h is not None, "--restart-overhead-min": overhead_min is not None}
+    if given := [flag for flag, used in trace_only.items() if used]:
+        raise UserError(f"{', '.join(given)}: only with --availability-trace FILE.json (the deadline policies' "
+                        "replay); drop it, or add the trace")
     from orchestrator.cli.simulate_cmd import simulate_command  # lazy: the simulator loads only for this verb
 
     simulate_command(list(specs or []), runs, seed, price_book, trace, json_out, plot, fit, replay,
@@ -110,10 +120,13 @@ def simulate(
 
 @app.command("daemon")
 def daemon(
-    interval: float = typer.Option(2.0, "--interval", help="seconds between reconcile passes"),
-    gc_every: float = typer.Option(300.0, "--gc-every", help="seconds between orphan sweeps"),
+    interval: float = typer.Option(2.0, "--interval", help="seconds between reconcile passes",
+                                    callback=positive_seconds),
+    gc_every: float = typer.Option(300.0, "--gc-every", help="seconds between orphan sweeps",
+                                    callback=positive_seconds),
     once: bool = typer.Option(False, "--once", help="run one pass and exit"),
-    metrics_port: int | None = typer.Option(None, "--metrics-port", help="serve Prometheus metrics on this port"),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", min=1, max=PORT_MAX,
+                                             help="serve Prometheus metrics on this port"),
 ) -> None:
     """Watch every active job: detect revocations, replace, resume, tear down. Survives restarts."""
     from orchestrator.control.daemon import run_daemon  # lazy: apscheduler, prometheus (~0.3 s of start-up)

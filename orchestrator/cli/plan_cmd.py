@@ -27,6 +27,12 @@ def _time(c: Candidate) -> str:
     return duration(c.time_s) if math.isfinite(c.time_s) else "never"
 
 
+def _no_revocation_s(c: Candidate) -> float:
+    """The scored time less its revocation overhead: the parts add up (a local run's simulated time has its own
+    no-revocation time, not quite the cost model's ``base_time_s``)."""
+    return c.time_s - c.revocation_overhead_s if math.isfinite(c.time_s) else c.base_time_s
+
+
 def _cost(c: Candidate) -> str:
     return money(c.cost_usd) if math.isfinite(c.cost_usd) else "unpriced"
 
@@ -118,7 +124,8 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
     _print_strategies(c)
     console.print(
         f"predicted: [bold]{_time(c)}[/bold] for {result.train_steps:,} {steps} "
-        f"({duration(c.base_time_s)} + {duration(c.revocation_overhead_s)} expected revocation overhead), "
+        f"({duration(_no_revocation_s(c))} + {duration(c.revocation_overhead_s)} expected "
+        "revocation overhead), "
         f"[bold]{_cost(c)}[/bold] at {money(c.hourly_usd)}/h; expected revocations "
         f"{c.expected_revocations:.2f} (risk of any {pct(c.revocation_risk)})"
     )

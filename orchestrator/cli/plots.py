@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.cli.options import PLOT_FORMATS
 from orchestrator.control.driver import job_spec
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import plan_spec
@@ -25,7 +26,6 @@ from orchestrator.store.models import Instance, Job, Metric
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-FORMATS = {".png": "png", ".svg": "svg"}
 Panel = Callable[["Axes", float], None]  # draws one more plot on its axes, given the time scale
 # One colour per GPU type in every plot (a P100 is the same green in each job's picture).
 GPU_COLOURS = {"k80": "#1f77b4", "p100": "#2ca02c", "v100": "#9467bd", "t4": "#ff7f0e", "p4": "#bcbd22",
@@ -316,7 +316,7 @@ def _mark_resplits(ax: Axes, data: PlotData, scale: float) -> None:
 
 
 def format_for(path: Path) -> str:
-    fmt = FORMATS.get(path.suffix.lower())
+    fmt = PLOT_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise UserError(f"--plot: '{path}' must end in .png or .svg")
     return fmt

@@ -278,7 +278,8 @@ def cdf_notes(mc: MonteCarloResult) -> tuple[str | None, str | None]:
 
 
 def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> None:
-    """PNG with the empirical CDFs of wall time (hours) and cost (USD), one line per spec."""
+    """PNG or SVG (the --plot option checked which) with the empirical CDFs of wall time (hours) and cost (USD),
+    one line per spec."""
     import matplotlib  # lazy: matplotlib (~0.3 s) loads only when a plot is asked for
 
     matplotlib.use("Agg")
@@ -326,6 +327,5 @@ def write_cdf_plot(results: list[tuple[Path, MonteCarloResult]], path: Path) -> 
     runs = results[0][1].runs
     fig.suptitle(f"Simulated time and cost under revocations ({runs} runs per spec)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -12,7 +12,7 @@ from orchestrator.cli.render import console, money, table
 from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
 from orchestrator.core.revocation.model import RevocationModel
-from orchestrator.core.spec import load_spec
+from orchestrator.core.spec import TrainingMode, load_spec
 from orchestrator.sim.from_spec import SimSpecError
 from orchestrator.sim.strategies import compare_strategies
 
@@ -24,6 +24,9 @@ def strategies_command(specs: list[Path], runs: int, seed: int, price_book: str 
     for path in specs:
         prepare_spec(path)
         spec = load_spec(path)
+        if spec.mode != TrainingMode.SYNC:  # pipeline and hybrid split one synchronous step
+            raise UserError(f"{path}: --strategies compares ways to run a synchronous job; this one is "
+                            f"training.mode: {spec.mode.value} (drop --strategies, or set mode: sync)")
         try:
             calib = calibration if calibration is not None else planning_calibration(spec, as_cloud=cloud)
             outcomes = compare_strategies(spec, runs, seed, model=model, kind=kind, calibration=calib,

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.core.errors import UserError
 from orchestrator.core.status import ACTIVE_JOB, InstanceStatus
 from orchestrator.storage import open_storage
 from orchestrator.storage.base import NOTICES
@@ -179,8 +180,12 @@ def pass_metrics(session: Session) -> Iterator[None]:
 
 def serve(port: int, registry: CollectorRegistry = REGISTRY, url: str | None = None) -> int:
     """Start the /metrics endpoint (a daemon thread) and register the DB collector; returns the port bound."""
+    try:
+        server, _thread = start_http_server(port, addr="0.0.0.0", registry=registry)
+    except OSError as exc:  # before anything else starts: one line and exit 2, not a traceback
+        raise UserError(f"--metrics-port: cannot listen on port {port} ({exc.strerror})",
+                        hint="pick another --metrics-port") from exc
     registry.register(DbCollector(url))
-    server, _thread = start_http_server(port, addr="0.0.0.0", registry=registry)
     bound = int(server.server_port)
     log.info("metrics on http://0.0.0.0:%d/metrics", bound)
     return bound

@@ -25,7 +25,7 @@ from orchestrator.core.costmodel import (
     split_batch,
 )
 from orchestrator.core.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
-from orchestrator.core.costmodel.batches import job_precision, job_runtime
+from orchestrator.core.costmodel.batches import job_precision, job_runtime, trained_gpus
 from orchestrator.core.costmodel.cluster import estimate_from_compute
 from orchestrator.core.costmodel.compute import step_fn
 from orchestrator.core.costmodel.partition import Partitioner
@@ -340,7 +340,10 @@ def _cost_model_rate_fn(
         if key in cache:
             return cache[key]
         members = [slots[i] for i in key]
-        gpus = [s.gpu or "" for s in members]
+        # A machine type with k GPUs (a3-highgpu-2g) trains as k GPU-workers, as the planner counts it.
+        per = [trained_gpus(spec, catalog, machines[s.name]) for s in members]
+        owner = [i for i, k in enumerate(per) for _ in range(k)]
+        gpus = [members[i].gpu or "" for i in owner]
         if global_batch is not None and resplit:
             try:
                 batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration, runtime,
@@ -349,12 +352,7 @@ def _cost_model_rate_fn(
                 cache[key] = 0.0
                 return 0.0
         else:
-            batches = [s.batch for s in members]
-        # A machine type with k GPUs (a3-highgpu-2g) trains as k GPU-workers, as the planner counts it.
-        per = [catalog.gpus_per_instance(machines[s.name]) for s in members]
-        owner = [i for i, k in enumerate(per) for _ in range(k)]
-        gpus = [gpus[i] for i in owner]
-        batches = [max(1, batches[i] // per[i]) if resplit else batches[i] for i in owner]
+            batches = [members[i].batch for i in owner]
         compute = [step_fn(profile, g, calib, catalog, runtime, precision).at(float(b))
                    for g, b in zip(gpus, batches, strict=True)]
         est = estimate_from_compute(

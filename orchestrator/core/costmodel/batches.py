@@ -49,32 +49,67 @@ def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | No
 
 def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None
                    ) -> list[int]:
-    """Per-worker batch: the group's, the spec's per-worker batch, or the global batch split by speed (the speeds
-    of ``calibration``, the one the job is planned with; None: the shipped one)."""
+    """Per-worker (per-instance) batch: the group's, the spec's per-worker batch, or the global batch split by
+    speed (the speeds of ``calibration``, the one the job is planned with; None: the shipped one). An instance
+    whose machine type carries k GPUs (a3-highgpu-2g) trains as k GPU-workers, so it gets k GPUs' shares."""
     cluster = spec.pinned
     training = spec.training
-    gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
     explicit = [g.batch for g in cluster.workers for _ in range(g.count)]
     if training.global_batch is None:
         per = training.batch_per_worker or DEFAULT_BATCH
         return [b or per for b in explicit]
+    cat = catalog or load_catalog()
+    per_instance = [trained_gpus(spec, cat, g.machine_type or cat.gpu(g.gpu).default_machine_type)
+                    if spec.provider.is_cloud else 1 for g in cluster.workers for _ in range(g.count)]
+    gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
+    per_gpu = [gpu for gpu, k in zip(gpus, per_instance, strict=True) for _ in range(k)]
+    return _fold(_gpu_split(spec, per_gpu, calibration), per_instance)
+
+
+def trained_gpus(spec: JobSpec, catalog: Catalog, machine_type: str) -> int:
+    """How many of an instance's GPUs train: every GPU of an accelerator-optimized machine type (a3-highgpu-2g:
+    2) for the TensorFlow job, whose strategy mirrors over the local GPUs; one for PyTorch, whose node runs one
+    process (torchrun --nproc-per-node=1; ``plan`` warns of the idle GPUs); one on an emulated (local) GPU."""
+    if not spec.provider.is_cloud or payload_framework(spec.training) != "tensorflow":
+        return 1
+    return catalog.gpus_per_instance(machine_type)
+
+
+def _gpu_split(spec: JobSpec, gpus: list[str], calibration: Calibration | None) -> list[int]:
+    """The global batch split over GPU-workers: by speed for a sync job, else evenly."""
+    training = spec.training
+    total = int(training.global_batch or 0)
     if spec.mode == TrainingMode.SYNC:
         if spec.provider.emulates_gpus:
             # Emulated GPUs step at measured speeds (orchestrator.core.emulation), not the cost model's: split
             # the global batch in proportion to those speeds.
             speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
-            return proportional_split(training.global_batch, speeds)
+            return proportional_split(total, speeds)
         try:
             # fast GPUs get more
-            return list(split_batch(training.profile_name, gpus, training.global_batch, calibration,
+            return list(split_batch(training.profile_name, gpus, total, calibration,
                                     runtime=job_runtime(training), precision=job_precision(training)))
         except SplitError:
             # No worker holds the whole model: a job that may run as a pipeline (whose stages take the whole
             # global batch, in micro-batches) gets an even split for its records; data parallel refuses.
             if getattr(training, "parallelism", "data") == "data":
                 raise
-    share, rest = divmod(training.global_batch, len(gpus))
-    return [share + (1 if i < rest else 0) for i in range(len(gpus))]
+    return even_split(total, len(gpus))
+
+
+def _fold(per_gpu: list[int], per_instance: list[int]) -> list[int]:
+    """Per-GPU batches summed per instance (instance i holds the next ``per_instance[i]`` GPUs)."""
+    out, at = [], 0
+    for k in per_instance:
+        out.append(sum(per_gpu[at:at + k]))
+        at += k
+    return out
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` integer shares that differ by at most one, the larger first."""
+    share, rest = divmod(total, parts)
+    return [share + (1 if i < rest else 0) for i in range(parts)]
 
 
 def proportional_split(total: int, weights: list[float]) -> list[int]:

@@ -348,7 +348,10 @@ class Calibration:
 
     @classmethod
     def from_json(cls, text: str) -> Calibration:
-        return cls.from_dict(json.loads(text))
+        d = json.loads(text)
+        if not isinstance(d, dict) or not {"default", "per_gpu"} & d.keys():  # another JSON file, not a typo's luck
+            raise ValueError("it is not a JSON object with 'default' or 'per_gpu' (as `model calibrate --out` writes)")
+        return cls.from_dict(d)
 
     def save(self, path: Path) -> None:
         path.write_text(self.to_json() + "\n")

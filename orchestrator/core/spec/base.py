@@ -15,7 +15,9 @@ from orchestrator.core.specfile import short
 LOCAL_ZONE = "local"
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-_LONG_QUOTED = re.compile(r"'([^']{61,})'")
+# A quoted value: not the text between two quoted values ("' is not one of '"), which starts or ends with a space
+# or punctuation.
+_LONG_QUOTED = re.compile(r"'([^'\s,.;:)][^']{59,}[^'\s(])'")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 

@@ -237,6 +237,13 @@ class _CatalogCheck:
             if clocks.setdefault(item.instance, clock) != clock:
                 self._error(f"provider.schedule[{i}]", f"{item.instance} mixes at_s and at_step entries; "
                             "give each slot's revocations on one clock")
+        steps = spec.training.train_steps
+        late = [(f"provider.schedule[{i}].at_step", item.at_step) for i, item in enumerate(local.schedule)]
+        late += [(f"provider.slowdowns[{i}].at_step", slow.at_step) for i, slow in enumerate(local.slowdowns)]
+        for path, at in late:
+            if at is not None and at > steps:
+                self._error(path, f"{at} is after the job's last step (training.train_steps: {steps}), so it would "
+                            f"never happen; give a step from 1 to {steps}")
         for i, slow in enumerate(local.slowdowns):
             if slow.worker >= spec.worker_count:
                 self._error(f"provider.slowdowns[{i}].worker",

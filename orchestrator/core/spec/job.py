@@ -138,6 +138,13 @@ class PriceOverride(StrictModel):
     on_demand: float = Field(ge=0, le=10_000)
     spot: float = Field(ge=0, le=10_000)
 
+    @model_validator(mode="after")
+    def _spot_not_dearer(self) -> PriceOverride:
+        # A spot price above on-demand is a swapped pair: the policies would buy on-demand to save money.
+        if self.spot > self.on_demand:
+            raise ValueError(f"spot ({self.spot}) is above on_demand ({self.on_demand}); are the two swapped?")
+        return self
+
 
 class Pricing(StrictModel):
     book: str = "current"

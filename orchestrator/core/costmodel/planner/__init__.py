@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, Price, PriceBook
-from orchestrator.core.costmodel.batches import job_precision, job_runtime
+from orchestrator.core.costmodel.batches import job_precision, job_runtime, trained_gpus
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration, runtime_key
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
@@ -107,7 +107,19 @@ def plan_warnings(
     deadline = spec.policy.deadline
     predicted = c.time_s if math.isfinite(c.time_s) else 0.0
     horizon, why = (deadline, "its deadline") if deadline and deadline >= predicted else (predicted, "predicted")
-    return prices + lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why)
+    return (prices + idle_gpu_warnings(spec, cat, c)
+            + lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why))
+
+
+def idle_gpu_warnings(spec: JobSpec, cat: Catalog, c: Candidate) -> list[str]:
+    """Machine types whose GPUs the payload does not all train on (PyTorch: one process a VM), paid for idle."""
+    out = []
+    for machine in sorted({w.machine_type for w in c.workers}):
+        paid, used = cat.gpus_per_instance(machine), trained_gpus(spec, cat, machine)
+        if paid > used:
+            out.append(f"{machine} carries {paid} GPUs but the PyTorch payload trains on {used} of them (one "
+                       f"process a VM; the plan counts {used}): pick a 1-GPU machine type, or the TensorFlow job")
+    return out
 
 
 def plan(

@@ -16,7 +16,14 @@ from typing import Any
 from orchestrator.core import policy
 from orchestrator.core.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.core.costmodel.accounting import local_worker_steps, run_accounting
-from orchestrator.core.costmodel.batches import job_precision, job_runtime, memory_params, worker_batches
+from orchestrator.core.costmodel.batches import (
+    even_split,
+    job_precision,
+    job_runtime,
+    memory_params,
+    trained_gpus,
+    worker_batches,
+)
 from orchestrator.core.costmodel.cluster import ClusterEstimate, estimate_from_compute
 from orchestrator.core.costmodel.compute import Calibration, StepTimeFn, step_fn
 from orchestrator.core.costmodel.memory import max_batch, memory_bytes
@@ -69,7 +76,7 @@ class Evaluator:
         return self._caps[gpu]
 
     def gpus_per_instance(self, machine: str) -> int:
-        return self.catalog.gpus_per_instance(machine) if self.cloud else 1
+        return trained_gpus(self.spec, self.catalog, machine)
 
     def price(self, machine: str, gpu: str | None, spot: bool) -> float | str:
         """USD/h, or the reason it has no price."""
@@ -302,11 +309,13 @@ class Evaluator:
         slots = layout.workers
         if not layout.pinned:
             return self.batches([(slots[i].gpu, slots[i].batch) for i in owner])
-        # Batches are per GPU; a global batch the controller splits per instance is shared by its GPUs.
+        # Batches are per GPU; a global batch the controller splits per instance is shared by its GPUs (evenly:
+        # they are the same GPU), so the GPUs' batches still add up to it.
         per_slot, err = self.pinned_batches()
-        split = self.spec.training.global_batch is not None
-        return [max(1, per_slot[i] // self.gpus_per_instance(machines[i])) if split else per_slot[i]
-                for i in owner], err
+        if self.spec.training.global_batch is None:
+            return [per_slot[i] for i in owner], err
+        shares = {i: even_split(per_slot[i], self.gpus_per_instance(machines[i])) for i in set(owner)}
+        return [max(1, shares[i].pop(0)) for i in owner], err
 
     def _worker_plans(
         self, layout: Layout, machines: Sequence[str], owner: Sequence[int], batches: Sequence[int],
