@@ -100,3 +100,5 @@ def test_a_multi_gpu_machine_type_gets_a_share_for_each_of_its_gpus() -> None:
     found = re.search(r"5 replicas, batches ([\d/]+)", chosen.strategies[0].detail)
     assert found is not None, chosen.strategies[0].detail
     assert sum(int(b) for b in found.group(1).split("/")) == 2048
+    # the a3-highgpu-1g group asks for Flex-start capacity: billed as such, not as on-demand
+    assert chosen.label == "2x h100 (a3-highgpu-2g) spot + 1x h100 flex-start, us-central1-a", chosen.label

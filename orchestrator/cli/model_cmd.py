@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli.listing import format_option
+from orchestrator.cli.options import precision_name, runtime_name
 
 app = typer.Typer(no_args_is_help=True, help="Cost model: profile, calibrate, predict, validate.")
 
@@ -44,9 +45,11 @@ def predict(
         None, "--calibration", help="calibration ID (DB) or JSON file (default: the one `plan` reads for a cloud: "
         "the newest stored of real GPUs, else the shipped one)"),
     runtime: str | None = typer.Option(
-        None, "--runtime", help="tf1-graph, keras-xla, pytorch-eager, torch-compile (default: tf1-graph; "
+        None, "--runtime", callback=runtime_name,
+        help="tf1-graph, keras-xla, pytorch-eager, torch-compile (default: tf1-graph; "
         "pytorch-eager with --torch)"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, amp (fp16 mixed) or bf16"),
+    precision: str = typer.Option("fp32", "--precision", callback=precision_name,
+                                  help="fp32, tf32, amp (fp16 mixed) or bf16"),
     torch_ref: str | None = typer.Option(
         None, "--torch", help="your PyTorch model, MODULE:FACTORY (FACTORY(batch) -> (nn.Module, inputs))"),
     measurements: Path | None = typer.Option(
@@ -83,7 +86,8 @@ def profile(
     torch_ref: str | None = typer.Option(
         None, "--torch", help="profile your PyTorch model: MODULE:FACTORY (a file path.py:build, pkg.mod:build or "
         "torchvision:resnet50); FACTORY(batch) -> (nn.Module, tuple of inputs); no weights are allocated"),
-    precision: str = typer.Option("fp32", "--precision", help="with --torch --gpu: fp32, tf32, amp or bf16"),
+    precision: str = typer.Option("fp32", "--precision", callback=precision_name,
+                                  help="with --torch --gpu: fp32, tf32, amp or bf16"),
     no_cache: bool = typer.Option(False, "--no-cache", help="with --torch: profile again even if cached"),
     json_out: bool = typer.Option(False, "--json", help="with --torch: the profile as JSON (= --format json)"),
     fmt: str = format_option("json / csv: one record a model, or a layer with --model"),

@@ -34,8 +34,7 @@ from orchestrator.core.costmodel import (
 from orchestrator.core.costmodel.accounting import CPU_REFERENCE, fit_local_host
 from orchestrator.core.costmodel.calibration import FitReport, fit_report, measurements_from_dicts, unprofiled_models
 from orchestrator.core.costmodel.calibration import mape as in_sample_mape
-from orchestrator.core.costmodel.compute import RUNTIMES, TORCHJOB_RUNTIME, layer_times, runtime_key, step_fn
-from orchestrator.core.costmodel.crossgpu import PrecisionError, check_precision
+from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
 from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
 from orchestrator.core.errors import UserError
 from orchestrator.store.db import db_exists, open_session
@@ -265,20 +264,10 @@ def _print_calibration(label: str, calib: Calibration, rows: list[Measurement], 
     )
 
 
-def _check_runtime_precision(runtime: str | None, precision: str) -> None:
-    if runtime is not None and runtime not in (*RUNTIMES, TORCHJOB_RUNTIME):
-        raise UserError(f"--runtime: '{runtime}' is not one of {', '.join(RUNTIMES)}")
-    try:
-        check_precision(precision)
-    except PrecisionError as exc:
-        raise UserError(f"--precision: {exc}") from None
-
-
 def predict(model: str | None, gpu: str, batch: int, calibration: str | None, runtime: str | None, precision: str,
             torch_ref: str | None, measurements: Path | None, json_out: bool, fmt: str) -> None:
     """Predict one worker's compute step time (and whether the batch fits the GPU's memory)."""
     fmt = "json" if json_out else check_format(fmt)
-    _check_runtime_precision(runtime, precision)
     if torch_ref is not None:
         predict_torch(torch_ref, gpu, batch, precision, runtime or "pytorch-eager", measurements, fmt == "json")
         return

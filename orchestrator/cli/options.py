@@ -36,6 +36,24 @@ def writable_file(path: Path | None) -> Path | None:
     return path
 
 
+def runtime_name(value: str | None) -> str | None:
+    from orchestrator.core.costmodel.compute import RUNTIMES, TORCHJOB_RUNTIME  # lazy: the cost model
+
+    if value is not None and value not in (*RUNTIMES, TORCHJOB_RUNTIME):
+        raise typer.BadParameter(f"'{value}' is not one of {', '.join(RUNTIMES)}")
+    return value
+
+
+def precision_name(value: str) -> str:
+    from orchestrator.core.costmodel.crossgpu import PrecisionError, check_precision  # lazy: the cost model
+
+    try:
+        check_precision(value)
+    except PrecisionError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 PLOT_FORMATS = {".png": "png", ".svg": "svg"}
 
 

@@ -24,6 +24,11 @@ class WorkerPlan:
     share: float  # expected share of the global steps
     max_batch: int  # memory cap
     price_per_hour: float = 0.0
+    flex_start: bool = False
+
+    @property
+    def billing(self) -> str:
+        return "flex-start" if self.flex_start and not self.spot else _billing(self.spot)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +43,7 @@ class WorkerPlan:
             "share": self.share,
             "max_batch": self.max_batch,
             "price_per_hour": self.price_per_hour,
+            "flex_start": self.flex_start,
         }
 
 
@@ -108,30 +114,29 @@ class Candidate:
     @property
     def billing(self) -> str:
         """The workers' billing: 'spot', 'on-demand', or 'spot + on-demand' for a cluster that mixes them."""
-        kinds = dict.fromkeys(_billing(w.spot) for w in self.workers)
+        kinds = dict.fromkeys(w.billing for w in self.workers)
         return " + ".join(kinds) or "on-demand"
 
     @property
     def label(self) -> str:
-        counts: dict[tuple[str, bool], int] = {}
+        counts: dict[tuple[str, str], int] = {}
         for w in self.workers:
             # A multi-GPU machine type names its shape: 2x h100 (a3-highgpu-4g) is 8 H100s.
             multi = load_catalog().gpus_per_instance(w.machine_type) > 1
             shown = f"{w.gpu} ({w.machine_type})" if multi else w.gpu
-            counts[(shown, w.spot)] = counts.get((shown, w.spot), 0) + 1
-        roles = [(self.ps_count, "PS", self.ps_spot)] if self.ps_count else []
+            counts[(shown, w.billing)] = counts.get((shown, w.billing), 0) + 1
+        roles = [(self.ps_count, "PS", _billing(self.ps_spot))] if self.ps_count else []
         if self.chief_machine_type is not None:
-            roles.append((1, "chief", self.chief_spot))
+            roles.append((1, "chief", _billing(self.chief_spot)))
         where = f", {self.zone}" if self.zone else ""
-        billings = {spot for _, spot in counts} | {spot for _, _, spot in roles}
+        billings = {b for _, b in counts} | {b for _, _, b in roles}
         if len(billings) == 1:  # every VM billed alike: say it once
             gpus = " + ".join(f"{n}x {g}" for (g, _), n in counts.items())
             cpu = "".join(f", {n} {what}" for n, what, _ in roles if what == "PS")
-            return f"{gpus}{cpu}{where}, {_billing(billings.pop())}"
+            return f"{gpus}{cpu}{where}, {billings.pop()}"
         # Mixed billing: each group says its own (a V100 on-demand beside spot K80s is not "spot").
-        gpus = " + ".join(f"{n}x {g} {_billing(spot)}" for (g, spot), n in counts.items())
-        cpu = "".join(f", {n} {what} {_billing(spot)}" if what == "PS" else f", {what} {_billing(spot)}"
-                      for n, what, spot in roles)
+        gpus = " + ".join(f"{n}x {g} {b}" for (g, b), n in counts.items())
+        cpu = "".join(f", {n} {what} {b}" if what == "PS" else f", {what} {b}" for n, what, b in roles)
         return f"{gpus}{cpu}{where}"
 
     def describe(self) -> str:

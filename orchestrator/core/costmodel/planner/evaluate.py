@@ -330,7 +330,7 @@ class Evaluator:
             plans.append(WorkerPlan(
                 s.gpu, batches[first], s.spot, s.zone, m, est.compute_s[first], est.comm_s[first],
                 sum(est.worker_steps_per_s[j] for j in copies), sum(est.shares[j] for j in copies),
-                self.cap(s.gpu), price,
+                self.cap(s.gpu), price, flex_start=s.flex_start,
             ))
         return plans
 

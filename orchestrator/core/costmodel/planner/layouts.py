@@ -26,6 +26,7 @@ class WorkerSlot:
     zone: str | None
     machine_type: str | None
     batch: int | None
+    flex_start: bool = False  # GCE Flex-start (DWS): not preempted, priced here at on-demand
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def blocked_in(blocks: Sequence[BlockLike], gpus: set[str], zone: str | None) ->
 def _pinned_layout(spec: JobSpec, catalog: Catalog, blocks: Sequence[BlockLike]) -> Layout:
     cluster = spec.pinned
     slots = tuple(
-        WorkerSlot(g.gpu, g.spot, _pinned_zone(spec, catalog, g.zone, g.gpu, blocks), g.machine_type, g.batch)
+        WorkerSlot(g.gpu, g.spot, _pinned_zone(spec, catalog, g.zone, g.gpu, blocks), g.machine_type, g.batch,
+                   flex_start=g.provisioning == "flex_start")
         for g in cluster.workers
         for _ in range(g.count)
     )
