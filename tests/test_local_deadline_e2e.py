@@ -44,6 +44,11 @@ TRAINING = {
 # The PyTorch payload's step is this host's CPU, not an emulated GPU's pace: more. With either deadline the
 # policy still starts on-demand while spot is out (`simulate --availability-trace ... --start-tick 296`: "os|").
 DEADLINE = {"tf": "700s", "torch": "1500s"}
+# A hop must save more than it costs: (on-demand - spot) x min(the spot stretch's age, the work left) against the
+# restart overhead at both prices, and the daemon measures that overhead (request to first step). Under CI's load
+# the PyTorch job's first step came 31.6 s after its request (10 s planned) and, at the 2019 V100 prices ($2.14 /
+# $0.86), the hop never paid before the job finished (2026-11-29; right, at that overhead). A wider gap between the
+# prices ($0.29 / $2.62 an hour with the host) makes it pay at 1.25 overheads of stretch instead of 2.3.
 
 
 def _spec(storage: Path, payload: str) -> str:
@@ -65,7 +70,7 @@ cluster:
 policy:
   on_revocation: deadline
   deadline: {DEADLINE[payload]}
-pricing: {{book: 2019-02}}
+pricing: {{book: 2019-02, overrides: {{v100: {{on_demand: 2.48, spot: 0.25}}}}}}
 """
 
 
