@@ -324,3 +324,12 @@ def test_a_swapped_price_pair_and_a_step_after_the_last_are_refused() -> None:
     errors = errors_of(local)
     assert any(e.startswith("provider.slowdowns[0].at_step: 2000 is after the job's last step") for e in errors), errors
     assert any(e.startswith("provider.schedule[0].at_step: 900 is after") for e in errors), errors
+
+
+def test_a_long_quoted_value_is_cut_but_not_the_text_between_two_quoted_values() -> None:
+    from orchestrator.core.spec.base import FieldError
+
+    between = "'x' is not one of the values this field takes, which are listed in the docs at length: 'y'"
+    assert FieldError(path="a", message=between).message == between
+    long = FieldError(path="a", message="value '" + "z" * 100 + "' is bad").message
+    assert "z" * 100 not in long and "…' is bad" in long

@@ -16,7 +16,6 @@ from orchestrator.cli.listing import Col, check_format, print_csv, print_table
 from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
-from orchestrator.core.catalog import load_catalog
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
 from orchestrator.core.costmodel.batches import job_precision, job_runtime
 from orchestrator.core.costmodel.interval import plan_interval
@@ -41,9 +40,7 @@ def _cost(c: Candidate) -> str:
 def _workers_cell(c: Candidate) -> str:
     parts: dict[tuple[str, int], int] = {}
     for w in c.workers:
-        # A multi-GPU machine type names its shape, as the chosen cluster's label does: 2x h100 (a3-highgpu-2g).
-        shown = f"{w.gpu} ({w.machine_type})" if load_catalog().gpus_per_instance(w.machine_type) > 1 else w.gpu
-        parts[(shown, w.batch)] = parts.get((shown, w.batch), 0) + 1
+        parts[(w.shown, w.batch)] = parts.get((w.shown, w.batch), 0) + 1
     return ", ".join(f"{n}x {g} b{b}" for (g, b), n in parts.items())
 
 

@@ -30,6 +30,12 @@ class WorkerPlan:
     def billing(self) -> str:
         return "flex-start" if self.flex_start and not self.spot else _billing(self.spot)
 
+    @property
+    def shown(self) -> str:
+        """The GPU, and a multi-GPU machine type's name: 2x h100 (a3-highgpu-4g) is 8 H100s."""
+        return f"{self.gpu} ({self.machine_type})" if load_catalog().gpus_per_instance(self.machine_type) > 1 \
+            else self.gpu
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu,
@@ -121,10 +127,7 @@ class Candidate:
     def label(self) -> str:
         counts: dict[tuple[str, str], int] = {}
         for w in self.workers:
-            # A multi-GPU machine type names its shape: 2x h100 (a3-highgpu-4g) is 8 H100s.
-            multi = load_catalog().gpus_per_instance(w.machine_type) > 1
-            shown = f"{w.gpu} ({w.machine_type})" if multi else w.gpu
-            counts[(shown, w.billing)] = counts.get((shown, w.billing), 0) + 1
+            counts[(w.shown, w.billing)] = counts.get((w.shown, w.billing), 0) + 1
         roles = [(self.ps_count, "PS", _billing(self.ps_spot))] if self.ps_count else []
         if self.chief_machine_type is not None:
             roles.append((1, "chief", _billing(self.chief_spot)))
