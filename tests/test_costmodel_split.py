@@ -102,3 +102,36 @@ def test_a_multi_gpu_machine_type_gets_a_share_for_each_of_its_gpus() -> None:
     assert sum(int(b) for b in found.group(1).split("/")) == 2048
     # the a3-highgpu-1g group asks for Flex-start capacity: billed as such, not as on-demand
     assert chosen.label == "2x h100 (a3-highgpu-2g) spot + 1x h100 flex-start, us-central1-a", chosen.label
+
+
+def test_a_pytorch_node_on_a_multi_gpu_machine_type_runs_a_rank_per_gpu() -> None:
+    # The same cluster trained by the built-in PyTorch job: each a3-highgpu-2g node runs two ranks (torchrun
+    # --nproc-per-node=2) and takes two GPUs' share; a pipeline stage runs one rank, and plan warns of its idle GPU.
+    from pathlib import Path
+
+    import yaml
+
+    from orchestrator.control.torch_task import torch_section
+    from orchestrator.core.catalog import load_catalog
+    from orchestrator.core.costmodel.batches import trained_gpus, worker_batches
+    from orchestrator.core.costmodel.planner import idle_gpu_warnings, plan
+    from orchestrator.core.slots import expand
+    from orchestrator.core.spec import validate_spec
+    from orchestrator.store.models import Instance
+
+    doc = yaml.safe_load((Path(__file__).parent.parent / "examples" / "gce-h100-machine-types.yaml").read_text())
+    doc["training"]["framework"] = "pytorch"
+    spec = validate_spec(doc)
+    per_vm = worker_batches(spec)
+    assert sum(per_vm) == 2048 and abs(per_vm[0] - 2 * per_vm[2]) <= 2, per_vm
+    cat = load_catalog()
+    chosen = plan(spec).chosen
+    assert chosen is not None and idle_gpu_warnings(spec, cat, chosen) == []
+    slots = [s for s in expand(spec) if s.role.value == "worker"]
+    nprocs = [torch_section(spec, slots, [], Instance(name=f"j-{s.name}-0", role="worker", slot_index=s.index,
+                                                      generation=0, gpu="h100", batch=s.batch),
+                            2048, lambda gpu, batch: 0.0).nproc_per_node for s in slots]
+    assert nprocs == [2, 2, 1]
+    doc["training"]["parallelism"] = "pipeline"
+    piped = validate_spec(doc)
+    assert trained_gpus(piped, cat, "a3-highgpu-2g") == 1

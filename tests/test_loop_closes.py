@@ -61,6 +61,29 @@ def test_ingest_keeps_the_batch_runtime_and_compute_a_worker_reported(tmp_path: 
     assert (row.batch, row.runtime, row.precision, row.compute_s) == (30, "pytorch-eager+torchjob", "fp32", 0.21)
 
 
+def test_a_multi_gpu_nodes_batch_is_fitted_per_gpu(tmp_path: Path) -> None:
+    # An a3-highgpu-2g node's two ranks ran 30 + 30 in 0.3 s: the worker row keeps the node's 60 and its 2 GPUs,
+    # and the calibration sees one H100 at batch 30.
+    storage = LocalStorage(str(tmp_path), "s")
+    line = {"kind": "step", "t": 10.0, "step": 40, "loss": 0.5, "examples_per_s": 200.0, "runtime":
+            "pytorch-eager+torchjob", "precision": "fp32",
+            "workers": {"0": {"steps": 10, "batch": 60, "examples_per_s": 200.0, "step_time_s": 0.3, "gpus": 2}}}
+    (tmp_path / "s" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    slot = Slot(role=Role.WORKER, index=0, gpu="h100", machine_type="a3-highgpu-2g", zone="us-central1-a",
+                spot=True, price_per_hour=1.0, batch=60, gpu_count=2)
+    with open_session() as session:
+        session.add(_job("j2", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}))
+        session.flush()
+        job = session.get(Job, "j2")
+        assert job is not None
+        ingest_metrics(session, job, storage, [slot])
+        session.commit()
+        row = session.query(Metric).filter_by(job_id="j2", kind="worker").one()
+        (measured,) = step_time_measurements(session, ["j2"])
+    assert (row.batch, row.gpus) == (60, 2)
+    assert (measured["gpu"], measured["batch"], measured["step_time_s"]) == ("h100", 30, 0.3)
+
+
 def test_measurements_are_labelled_per_job_and_a_mixed_job_is_left_out() -> None:
     with open_session() as session:
         session.add_all([_job("tf-1", "gce", {"framework": "tensorflow", "hparam_set": "resnet_cifar_32"}),

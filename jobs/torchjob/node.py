@@ -1,9 +1,10 @@
 """One instance of a PyTorch job: ``python jobs/torchjob/node.py --task task.json`` (cwd = the instance's disk).
 
 Runs the spec's ``setup:`` command once (if any), then replaces itself with ``torchrun``: elastic c10d
-rendezvous (``--nnodes=MIN:MAX``) at an endpoint on a node that is never revoked, one process per node,
-the built-in ``worker.py`` or the user's ``run:`` command wrapped by ``user_entry.py``. The ORCHESTRATOR_*
-variables (README: docs/pytorch.md) are set for both. Exit codes are torchrun's (0: every rank finished).
+rendezvous (``--nnodes=MIN:MAX``) at an endpoint on a node that is never revoked, one process per GPU of
+the node (``--nproc-per-node``: a multi-GPU machine type's count, 1 elsewhere), the built-in ``worker.py`` or
+the user's ``run:`` command wrapped by ``user_entry.py``. The ORCHESTRATOR_* variables
+(README: docs/pytorch.md) are set for both. Exit codes are torchrun's (0: every rank finished).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def orchestrator_env(task: TorchTask) -> dict[str, str]:
         "ORCHESTRATOR_JOB_ID": task.job_id,
         "ORCHESTRATOR_INSTANCE": task.instance,
         "ORCHESTRATOR_SLOT": str(task.slot_index),
-        "ORCHESTRATOR_LOCAL_BATCH_SIZE": str(task.planned_batch),
+        # each rank's share of the node's batch; user_entry.py sets it per local rank (LOCAL_RANK)
+        "ORCHESTRATOR_LOCAL_BATCH_SIZE": str(task.rank_batch(0)),
+        "ORCHESTRATOR_NODE_BATCH_SIZE": str(task.planned_batch),
         "ORCHESTRATOR_GLOBAL_BATCH_SIZE": str(task.global_batch),
         "ORCHESTRATOR_TRAIN_STEPS": str(task.train_steps),
         "ORCHESTRATOR_CHECKPOINT_DIR": str(task.checkpoint_dir),
@@ -45,7 +48,7 @@ def torchrun_argv(task: TorchTask, task_path: Path) -> list[str]:
     conf = ",".join([f"is_host={'true' if task.is_rdzv_host else 'false'}", "last_call_timeout=3",
                      "join_timeout=900", "close_timeout=10", "read_timeout=60"])
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={task.min_nodes}:{task.max_nodes}",
-            "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={task.rdzv_endpoint}",
+            f"--nproc-per-node={task.nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={task.rdzv_endpoint}",
             f"--rdzv-id={task.job_id}", f"--rdzv-conf={conf}", f"--max-restarts={task.max_restarts}",
             "--monitor-interval=0.5"]
     if task.run:

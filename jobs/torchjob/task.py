@@ -9,6 +9,8 @@ from typing import Any
 
 import task_schema  # jobs/task_schema.py: the controller's definition of task.json
 
+from torchjob.split import proportional_split
+
 
 class TaskError(ValueError):
     """task.json is missing or invalid."""
@@ -42,6 +44,11 @@ class TorchTask:
     resplit_every: int = 0  # probe each rank's compute every N steps and re-split the batch (0: never)
     slowdowns: list[tuple[int, float]] = field(default_factory=list)  # local emulation: (at step, factor)
     pipeline: task_schema.PipelineSection | None = None  # a pipeline job's stages (pipe.py); None: DDP
+    nproc_per_node: int = 1  # ranks on this node, one per GPU (a multi-GPU machine type); they share planned_batch
+
+    def rank_batch(self, local_rank: int) -> int:
+        """This node's planned batch shared evenly by its ranks (its GPUs are alike): local rank ``local_rank``'s."""
+        return proportional_split(self.planned_batch, [1.0] * self.nproc_per_node)[local_rank]
 
     @property
     def notice_file(self) -> Path:
@@ -75,10 +82,15 @@ def parse(raw: dict[str, Any]) -> TorchTask:
         sleep_table=[[a, b] for a, b in t.sleep_table],
         run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
         resplit_every=t.resplit_every, slowdowns=[(int(a), float(f)) for a, f in t.slowdowns],
-        pipeline=t.pipeline,
+        pipeline=t.pipeline, nproc_per_node=t.nproc_per_node,
     )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")
+    if not 1 <= task.nproc_per_node <= task.planned_batch:
+        raise TaskError(f"torch.nproc_per_node {task.nproc_per_node} must be in 1..the node's batch "
+                        f"{task.planned_batch}")
+    if task.pipeline is not None and task.nproc_per_node != 1:
+        raise TaskError("torch.nproc_per_node must be 1 for a pipeline job (one stage per node)")
     if task.train_steps <= 0 or task.log_every <= 0 or task.checkpoint_every <= 0:
         raise TaskError("train_steps, log_every and checkpoint_every must be > 0")
     return task

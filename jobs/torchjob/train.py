@@ -8,7 +8,8 @@ import os
 import signal
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ WORLD_FILE = "torch_world.json"  # the last world rank 0 recorded, to tell a shr
 EVENTS_FILE = "torch_events.jsonl"  # world changes and checkpoints on notice: the controller makes them events
 SPEEDS_FILE = "torch_speeds.json"  # the latest probe's examples/s per slot: a restarted world splits by them
 RUNTIME = "pytorch-eager+torchjob"  # the calibration's runtime key of this payload (data/measurements)
+T = TypeVar("T", int, float)
 STALE_PROBE_STEPS = 50  # an emulated slowdown re-times this rank's own compute this often
 
 
@@ -66,14 +68,20 @@ class Trainer:
         set_bn_group(dist.new_group(backend=dist.get_backend()) if self.world > 1 else None)
         # Who is where: each rank's slot (stable), the planner's batch for it, and (rank 0) the speeds this job
         # measured per slot before a restart: the split starts from them.
-        me = (task.slot_index, task.planned_batch, task.instance, self._measured_speeds() if self.rank == 0 else {})
+        # On a multi-GPU node each local rank weighs its share of the node's planned batch.
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        me = (task.slot_index, task.rank_batch(local_rank), task.instance,
+              self._measured_speeds() if self.rank == 0 else {})
         peers: list[Any] = [None] * self.world
         dist.all_gather_object(peers, me)
         self.slots = [int(p[0]) for p in peers]
         self.instances = [str(p[2]) for p in peers]
         self.instance = task.instance
         speeds: dict[str, float] = peers[0][3]
-        weights = initial_weights([int(p[1]) for p in peers], [speeds.get(str(s)) for s in self.slots])
+        # A slot's measured examples/s is its ranks' sum: each rank is credited its share.
+        ranks_of = {s: self.slots.count(s) for s in self.slots}
+        weights = initial_weights([int(p[1]) for p in peers],
+                                  [speeds[str(s)] / ranks_of[s] if str(s) in speeds else None for s in self.slots])
         self._set_split(proportional_split(task.global_batch, weights))
         self.rebalancer = Rebalancer(task.resplit_every)
         self.resplit_cost_s = 0.0  # the extra seconds of the first step at the latest re-split's split
@@ -221,7 +229,9 @@ class Trainer:
                 f"{d['steps_left']:.0f} steps, the last one cost {d['cost_s']:.2f} s")
             if self.metrics is not None:
                 self.metrics.write("resplit_declined", step=step, **{k: round(v, 5) for k, v in d.items()})
-        speeds = {str(s): b / t for s, b, t in zip(self.slots, self.batches, self.compute_s, strict=True) if t > 0}
+        speeds = self._by_slot([b / t if t > 0 else 0.0 for b, t in zip(self.batches, self.compute_s, strict=True)],
+                               sum)
+        speeds = {k: v for k, v in speeds.items() if v > 0}
         if self.metrics is not None:
             write_json_atomic(self.task.storage / SPEEDS_FILE, {"step": step, "examples_per_s": speeds})
         if new is None:
@@ -230,12 +240,18 @@ class Trainer:
         self._set_split(new)
         self.resplit_timing = []  # the next two steps are timed: the first at the new split pays its cost
         if self.metrics is not None:
-            by_slot = {str(s): b for s, b in zip(self.slots, new, strict=True)}
-            compute = {str(s): round(t, 5) for s, t in zip(self.slots, self.rebalancer.verdict, strict=True)}
-            before = {str(s): b for s, b in zip(self.slots, old, strict=True)}
+            by_slot, before = self._by_slot(new, sum), self._by_slot(old, sum)
+            compute = {k: round(t, 5) for k, t in self._by_slot(self.rebalancer.verdict, max).items()}
             self.metrics.write("resplit", step=step, batches=by_slot, previous=before, compute_s=compute)
             self._event("resplit", step=step, batches=by_slot, previous=before, compute_s=compute)
             log(f"re-split at step {step}: batches by slot {before} -> {by_slot} (compute s {compute})")
+
+    def _by_slot(self, per_rank: list[T], combine: Callable[[list[T]], T]) -> dict[str, T]:
+        """A per-rank figure per worker slot (a multi-GPU node's ranks share one slot): ``combine`` of its ranks'."""
+        grouped: dict[str, list[T]] = {}
+        for slot, value in zip(self.slots, per_rank, strict=True):
+            grouped.setdefault(str(slot), []).append(value)
+        return {slot: combine(values) for slot, values in grouped.items()}
 
     def _measured_speeds(self) -> dict[str, float]:
         """Examples/s of compute per slot this job measured before (a restart keeps what it learnt)."""
@@ -308,11 +324,12 @@ class Trainer:
         extra: dict[str, Any] = {}
         if self.device.type == "cuda":
             extra["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated(self.device) / 1e9, 3)
-        compute = self.compute_s if len(self.compute_s) == self.world else [None] * self.world
-        workers = {str(slot): {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
-                               "step_time_s": round(secs / steps, 5) if steps else None,
-                               "compute_s": None if c is None else round(c, 5)}
-                   for slot, b, c in zip(self.slots, self.batches, compute, strict=True)}
+        compute = self._by_slot(self.compute_s, max) if len(self.compute_s) == self.world else {}
+        gpus = self._by_slot([1] * self.world, sum)
+        workers = {slot: {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
+                          "step_time_s": round(secs / steps, 5) if steps else None,
+                          "compute_s": round(compute[slot], 5) if slot in compute else None, "gpus": gpus[slot]}
+                   for slot, b in self._by_slot(self.batches, sum).items()}
         self.metrics.write("step", step=step, loss=round(loss / max(steps, 1), 5),
                            examples_per_s=round(self.task.global_batch * steps / secs, 3),
                            steps_per_s=round(steps / secs, 4), window_s=round(secs, 4), world_size=self.world,
@@ -326,7 +343,7 @@ class Trainer:
             previous = int(json.loads(path.read_text())["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             previous = 0
-        batches = {str(s): b for s, b in zip(self.slots, self.batches, strict=True)}
+        batches = self._by_slot(self.batches, sum)
         self.metrics.write("start", step=step, resumed=resumed, mode="sync", framework="pytorch",
                            workers=self.world)
         self.metrics.write("world", step=step, world_size=self.world, previous=previous, batches=batches,

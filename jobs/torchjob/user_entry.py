@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from torchjob.runtime import die_with_parent, log  # noqa: E402
+from torchjob.task import TaskError, load  # noqa: E402
 
 KINDS = {"step", "eval", "checkpoint", "world"}
 
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> int:
         return 2
     cmd = argv[argv.index("--") + 1:]
     die_with_parent()
+    _set_rank_batch(argv)
     rank0 = os.environ.get("RANK", "0") == "0"
     metrics_path = Path(os.environ.get("ORCHESTRATOR_METRICS_FILE", "metrics.jsonl"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, preexec_fn=die_with_parent)
@@ -67,6 +69,20 @@ def main(argv: list[str]) -> int:
     if code == 0 and rank0:
         write_result(metrics_path.parent / "result.json", last)
     return code
+
+
+def _set_rank_batch(argv: list[str]) -> None:
+    """ORCHESTRATOR_LOCAL_BATCH_SIZE for this local rank: its share of the node's batch (node.py set local rank 0's)."""
+    if "--task" not in argv[: argv.index("--")]:
+        return
+    try:
+        task = load(argv[argv.index("--task") + 1])
+    except (TaskError, IndexError) as e:
+        log(f"cannot read the task for the rank's batch: {e}")
+        return
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if 0 <= local_rank < task.nproc_per_node:
+        os.environ["ORCHESTRATOR_LOCAL_BATCH_SIZE"] = str(task.rank_batch(local_rank))
 
 
 def write_result(path: Path, last: dict[str, object]) -> None:

@@ -138,6 +138,14 @@ def _unique(session: Session, job_id: str, rows: list[Metric]) -> list[Metric]:
     return out
 
 
+def _worker_gpus(w: dict[str, Any], index: int, slot: Slot | None, emulated: bool) -> int | None:
+    """The GPUs a worker's batch ran on: as reported (PyTorch ranks), else its machine type's on a cloud (the TF
+    job mirrors over them; an emulated GPU is one); None for one."""
+    if w.get("gpus") is not None:
+        return _int(w["gpus"], f"worker {index} gpus")
+    return slot.gpu_count if not emulated and slot is not None and slot.gpu and slot.gpu_count > 1 else None
+
+
 def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: bytes) -> list[Metric]:
     rec = json.loads(line.decode("utf-8"))
     if not isinstance(rec, dict):
@@ -166,7 +174,8 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
                                examples_per_s=_float(w.get("examples_per_s"), "examples_per_s"),
                                step_time_s=_float(w.get("step_time_s"), "step_time_s"), at=at,
                                runtime=runtime, precision=precision,
-                               compute_s=_float(w.get("compute_s"), "compute_s")))
+                               compute_s=_float(w.get("compute_s"), "compute_s"),
+                               gpus=_worker_gpus(w, index, slot, emulated=job.provider == "local")))
         job.final_step = max(job.final_step or 0, step)
         return rows
     if kind == "eval":

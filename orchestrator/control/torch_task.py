@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.core.catalog import load_catalog
+from orchestrator.core.costmodel.batches import trained_gpus
 from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
 from orchestrator.core.costmodel.planner import launch_strategy, plan
 from orchestrator.core.instances import Role
@@ -88,6 +90,8 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         resplit_every=0 if run is not None or pipeline else int(getattr(training, "resplit_every", 0) or 0),
         slowdowns=slowdowns,
         pipeline=pipeline,
+        nproc_per_node=1 if pipeline is not None or slot is None or slot.role != Role.WORKER
+        else trained_gpus(spec, load_catalog(), slot.machine_type),
     )
 
 

@@ -71,6 +71,7 @@ class TorchSection:
     resplit_every: int = 0  # the built-in job re-splits its batch from measured compute every N steps (0: off)
     slowdowns: tuple[tuple[int, float], ...] = ()  # local emulation: this node's GPU slows (at step, factor)
     pipeline: PipelineSection | None = None  # a pipeline job's stages; None: data parallel
+    nproc_per_node: int = 1  # data-parallel ranks on this node: one per GPU of a multi-GPU machine type
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class TaskConfig:
                             "run": None if p.run is None else list(p.run),
                             "setup": None if p.setup is None else list(p.setup), "env": dict(p.env),
                             "resplit_every": p.resplit_every, "slowdowns": [list(r) for r in p.slowdowns],
+                            "nproc_per_node": p.nproc_per_node,
                             "pipeline": None if p.pipeline is None else {
                                 "stage_slots": list(p.pipeline.stage_slots),
                                 "modules": [list(m) for m in p.pipeline.modules],
@@ -177,7 +179,8 @@ def _torch(raw: Mapping[str, Any]) -> TorchSection:
         max_restarts=_get(raw, "max_restarts", int, w, 100), threads=_opt(raw, "threads", int, w),
         sleep_table=sleep, run=_argv(raw, "run"), setup=_argv(raw, "setup"),
         env={str(k): str(v) for k, v in env.items()}, resplit_every=_get(raw, "resplit_every", int, w, 0),
-        slowdowns=slowdowns, pipeline=_pipeline(_opt(raw, "pipeline", dict, w)))
+        slowdowns=slowdowns, pipeline=_pipeline(_opt(raw, "pipeline", dict, w)),
+        nproc_per_node=_get(raw, "nproc_per_node", int, w, 1))
 
 
 def _pipeline(raw: Mapping[str, Any] | None) -> PipelineSection | None:

@@ -122,6 +122,7 @@ class Metric(Base):
     runtime: Mapped[str | None] = mapped_column(String(40))  # as the worker reported it (pytorch-eager+torchjob)
     precision: Mapped[str | None] = mapped_column(String(8))
     compute_s: Mapped[float | None] = mapped_column(Float)  # this worker's own compute per step, timed alone
+    gpus: Mapped[int | None] = mapped_column(Integer)  # GPUs the worker's batch ran on (a multi-GPU node); NULL: 1
 
 
 class LedgerEntry(Base):

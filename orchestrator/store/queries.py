@@ -285,25 +285,28 @@ def latest_worker_rates(session: Session, job_id: str) -> dict[int, float]:
 
 def step_time_measurements(session: Session, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
     """Measured per-worker step times of finished jobs, labelled as the workers reported them: rows with model,
-    gpu, batch (the batch each worker ran), runtime, precision, step_time_s (its own compute per step where it
-    timed it alone: in synchronous training the window's step time is the slowest rank's), emulated.
+    gpu, batch (the batch each GPU ran: a multi-GPU node's over its GPUs), runtime, precision, step_time_s (its own
+    compute per step where it timed it alone: in synchronous training the window's step time is the slowest
+    rank's), emulated.
 
     A job whose workers reported more than one runtime / precision label, or none that the payload implies, is
     left out and named in a row of its own (``refused``): its points cannot be fitted under one label."""
-    q = (select(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.runtime, Metric.precision,
+    q = (select(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.gpus, Metric.runtime, Metric.precision,
                 func.avg(func.coalesce(Metric.compute_s, Metric.step_time_s)), func.count())
          .join(Job, Job.id == Metric.job_id)
          .where(Metric.kind == "worker", Metric.step_time_s.is_not(None), Metric.gpu.is_not(None),
                 Job.status == "succeeded")
-         .group_by(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.runtime, Metric.precision))
+         .group_by(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.gpus, Metric.runtime, Metric.precision))
     if job_ids is not None:
         q = q.where(Job.id.in_(job_ids))
     by_job: dict[str, list[dict[str, Any]]] = {}
-    for job_id, spec_yaml, gpu, batch, runtime, precision, step_time, n in session.execute(q).all():
+    for job_id, spec_yaml, gpu, batch, gpus, runtime, precision, step_time, n in session.execute(q).all():
         doc = _spec_doc(spec_yaml)
         label = runtime or _implied_runtime(doc)
+        # A multi-GPU node's ranks each ran an even share of its batch, all in the step's time.
+        per_gpu = batch if batch is None or not gpus or gpus <= 1 else max(1, round(batch / gpus))
         by_job.setdefault(job_id, []).append({
-            "job_id": job_id, "model": _model_name(doc), "gpu": gpu, "batch": batch, "step_time_s": float(step_time),
+            "job_id": job_id, "model": _model_name(doc), "gpu": gpu, "batch": per_gpu, "step_time_s": float(step_time),
             "samples": int(n), "emulated": int(((doc.get("provider") or {}).get("kind") or "local") == "local"),
             "runtime": label, "precision": precision or "fp32", "source": f"results DB (job {job_id})"})
     out: list[dict[str, Any]] = []

@@ -68,9 +68,12 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: C
 
 def trained_gpus(spec: JobSpec, catalog: Catalog, machine_type: str) -> int:
     """How many of an instance's GPUs train: every GPU of an accelerator-optimized machine type (a3-highgpu-2g:
-    2) for the TensorFlow job, whose strategy mirrors over the local GPUs; one for PyTorch, whose node runs one
-    process (torchrun --nproc-per-node=1; ``plan`` warns of the idle GPUs); one on an emulated (local) GPU."""
-    if not spec.provider.is_cloud or payload_framework(spec.training) != "tensorflow":
+    2), the TensorFlow job's strategy mirroring over them and a PyTorch node running one rank per GPU
+    (torchrun --nproc-per-node); one for a pipeline stage (``plan`` warns of its idle GPUs) and on an emulated
+    (local) GPU."""
+    if not spec.provider.is_cloud:
+        return 1
+    if payload_framework(spec.training) != "tensorflow" and getattr(spec.training, "parallelism", "data") == "pipeline":
         return 1
     return catalog.gpus_per_instance(machine_type)
 

@@ -112,13 +112,14 @@ def plan_warnings(
 
 
 def idle_gpu_warnings(spec: JobSpec, cat: Catalog, c: Candidate) -> list[str]:
-    """Machine types whose GPUs the payload does not all train on (PyTorch: one process a VM), paid for idle."""
+    """Machine types whose GPUs the payload does not all train on (a pipeline stage: one process a VM), paid for
+    idle."""
     out = []
     for machine in sorted({w.machine_type for w in c.workers}):
         paid, used = cat.gpus_per_instance(machine), trained_gpus(spec, cat, machine)
         if paid > used:
-            out.append(f"{machine} carries {paid} GPUs but the PyTorch payload trains on {used} of them (one "
-                       f"process a VM; the plan counts {used}): pick a 1-GPU machine type, or the TensorFlow job")
+            out.append(f"{machine} carries {paid} GPUs but a pipeline stage trains on {used} of them (one "
+                       f"process a VM; the plan counts {used}): pick a 1-GPU machine type, or data parallelism")
     return out
 
 
