@@ -127,6 +127,9 @@ def test_a_pytorch_node_on_a_multi_gpu_machine_type_runs_a_rank_per_gpu() -> Non
     cat = load_catalog()
     chosen = plan(spec).chosen
     assert chosen is not None and idle_gpu_warnings(spec, cat, chosen) == []
+    # a synchronous VM's GPUs step together: a 2-GPU VM's rate is its GPUs' (not their sum)
+    rates = [w.steps_per_s for w in chosen.workers]
+    assert max(rates) < 1.01 * min(rates), rates
     slots = [s for s in expand(spec) if s.role.value == "worker"]
     nprocs = [torch_section(spec, slots, [], Instance(name=f"j-{s.name}-0", role="worker", slot_index=s.index,
                                                       generation=0, gpu="h100", batch=s.batch),

@@ -56,3 +56,21 @@ def test_the_planner_chooses_among_shapes() -> None:
     four_by_two = [c for c in result.candidates
                    if [w.machine_type for w in c.workers] == ["a3-highgpu-2g"] * 4]
     assert four_by_two and four_by_two[0].hourly_usd == pytest.approx(4 * 6.70753)
+
+
+def test_plan_warns_of_a_gpu_without_the_tensor_units_of_the_jobs_precision() -> None:
+    # A user's script in bf16 pinned on V100s (Volta: FP16 tensor cores, no BF16) is told so, and what to use.
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "gce-own-model.yaml").read_text())
+    doc["training"]["precision"] = "bf16"
+    doc["training"].pop("model")  # planned as the built-in profile: the model's own needs `model profile` first
+    doc.pop("search")
+    doc["cluster"] = {"workers": [{"gpu": "v100", "count": 2, "spot": True, "zone": "us-central1-a"}]}
+    warnings = plan(validate_spec(doc)).warnings
+    assert any(w.startswith("v100 (volta) has no BF16 tensor cores") and "precision: amp" in w
+               for w in warnings), warnings
+    doc["training"]["precision"] = "amp"
+    assert not any("tensor cores" in w for w in plan(validate_spec(doc)).warnings)

@@ -292,7 +292,8 @@ class Trainer:
         agreed = flags.tolist()  # one device sync per step, not one per flag
         if agreed[0] > 0:
             self._checkpoint(step, "notice")
-            leaving = [self.instances[r] for r in range(self.world) if agreed[2 + r] > 0]
+            # a multi-GPU node's ranks share its instance name: once each
+            leaving = list(dict.fromkeys(self.instances[r] for r in range(self.world) if agreed[2 + r] > 0))
             if leaving:
                 dist.barrier()
                 if self.instance in leaving:

@@ -38,6 +38,7 @@ from orchestrator.core.blocks import BlockLike
 from orchestrator.core.catalog import Catalog, Price, PriceBook
 from orchestrator.core.costmodel.batches import job_precision, job_runtime, trained_gpus
 from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration, runtime_key
+from orchestrator.core.costmodel.crossgpu import arch_gpu
 from orchestrator.core.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.core.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
 from orchestrator.core.costmodel.planner.layouts import layouts
@@ -107,8 +108,32 @@ def plan_warnings(
     deadline = spec.policy.deadline
     predicted = c.time_s if math.isfinite(c.time_s) else 0.0
     horizon, why = (deadline, "its deadline") if deadline and deadline >= predicted else (predicted, "predicted")
-    return (prices + idle_gpu_warnings(spec, cat, c)
+    return (prices + idle_gpu_warnings(spec, cat, c) + precision_warnings(spec, c)
             + lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why))
+
+
+_UNITS = {"tf32": "TF32", "amp": "FP16", "bf16": "BF16"}
+
+
+def precision_warnings(spec: JobSpec, c: Candidate) -> list[str]:
+    """GPUs that lack the tensor units of the job's ``training.precision``: they run it at FP32 speed at best (the
+    plan predicts FP32), and for bf16 the 16-bit unit they do have is named."""
+    precision = job_precision(spec.training)
+    if precision not in _UNITS:
+        return []
+    out = []
+    for gpu in sorted(set(c.gpus)):
+        try:
+            arch = arch_gpu(gpu)
+        except KeyError:
+            continue
+        if arch.tensor_peak(precision) > arch.fp32_tflops * 1e12:
+            continue
+        hint = ("; precision: amp (FP16 mixed) uses its FP16 tensor cores"
+                if precision == "bf16" and arch.fp16_tflops > arch.fp32_tflops else "")
+        out.append(f"{gpu} ({arch.arch}) has no {_UNITS[precision]} tensor cores: training.precision {precision} "
+                   f"runs at FP32 speed at best there (the plan predicts it at its FP32 peak){hint}")
+    return out
 
 
 def idle_gpu_warnings(spec: JobSpec, cat: Catalog, c: Candidate) -> list[str]:

@@ -321,15 +321,17 @@ class Evaluator:
         self, layout: Layout, machines: Sequence[str], owner: Sequence[int], batches: Sequence[int],
         est: ClusterEstimate, reasons: list[str],
     ) -> list[WorkerPlan]:
-        """One plan per worker instance: its first GPU's batch and step time, all its GPUs' rate and share."""
+        """One plan per worker instance: its first GPU's batch and step time, its rate and all its GPUs' share. A
+        synchronous instance's GPUs step together (its rate is theirs); an asynchronous one's each count."""
         plans = []
         for i, (s, m) in enumerate(zip(layout.workers, machines, strict=True)):
             copies = [j for j, o in enumerate(owner) if o == i]
             first = copies[0]
             price = self._priced(m, s.gpu, s.spot, reasons)
+            rates = [est.worker_steps_per_s[j] for j in copies]
             plans.append(WorkerPlan(
                 s.gpu, batches[first], s.spot, s.zone, m, est.compute_s[first], est.comm_s[first],
-                sum(est.worker_steps_per_s[j] for j in copies), sum(est.shares[j] for j in copies),
+                min(rates) if self.spec.mode == TrainingMode.SYNC else sum(rates), sum(est.shares[j] for j in copies),
                 self.cap(s.gpu), price, flex_start=s.flex_start,
             ))
         return plans
