@@ -135,6 +135,9 @@ def test_a_pytorch_node_on_a_multi_gpu_machine_type_runs_a_rank_per_gpu() -> Non
                                                       generation=0, gpu="h100", batch=s.batch),
                             2048, lambda gpu, batch: 0.0).nproc_per_node for s in slots]
     assert nprocs == [2, 2, 1]
+    # an inventory host's GPUs (ssh: the provider says, once placed) count where the machine type does not
+    inst = Instance(name="j-worker-2-0", role="worker", slot_index=2, generation=0, gpu="h100", batch=slots[2].batch)
+    assert torch_section(spec, slots, [], inst, 2048, lambda gpu, batch: 0.0, host_gpus=4).nproc_per_node == 4
     doc["training"]["parallelism"] = "pipeline"
     piped = validate_spec(doc)
     assert trained_gpus(piped, cat, "a3-highgpu-2g") == 1

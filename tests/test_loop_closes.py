@@ -41,47 +41,47 @@ def _worker(job_id: str, gpu: str, batch: int, step_s: float, runtime: str | Non
                   compute_s=compute_s, runtime=runtime, precision="fp32" if runtime else None, at=at)
 
 
-def test_ingest_keeps_the_batch_runtime_and_compute_a_worker_reported(tmp_path: Path) -> None:
+def _ingest_one_step(tmp_path: Path, job: Job, worker: dict[str, object], slot: Slot) -> Metric:
+    """One step line of a PyTorch worker ingested for ``job``: the worker row it became."""
     storage = LocalStorage(str(tmp_path), "s")
     line = {"kind": "step", "t": 10.0, "step": 40, "loss": 0.5, "examples_per_s": 300.0, "runtime":
-            "pytorch-eager+torchjob", "precision": "fp32",
-            "workers": {"0": {"steps": 10, "batch": 30, "examples_per_s": 100.0, "step_time_s": 0.3,
-                              "compute_s": 0.21}}}
+            "pytorch-eager+torchjob", "precision": "fp32", "workers": {"0": worker}}
     (tmp_path / "s" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
-    slot = Slot(role=Role.WORKER, index=0, gpu="v100", machine_type="n1-standard-8", zone="local", spot=False,
-                price_per_hour=1.0, batch=48)
     with open_session() as session:
-        session.add(_job("j1", "local", {"framework": "pytorch"}))
+        session.add(job)
         session.flush()
-        job = session.get(Job, "j1")
-        assert job is not None
         ingest_metrics(session, job, storage, [slot])
         session.commit()
-        row = session.query(Metric).filter_by(job_id="j1", kind="worker").one()
+        row: Metric = session.query(Metric).filter_by(job_id=job.id, kind="worker").one()
+        session.expunge(row)
+    return row
+
+
+def test_ingest_keeps_the_batch_runtime_and_compute_a_worker_reported(tmp_path: Path) -> None:
+    slot = Slot(role=Role.WORKER, index=0, gpu="v100", machine_type="n1-standard-8", zone="local", spot=False,
+                price_per_hour=1.0, batch=48)
+    row = _ingest_one_step(tmp_path, _job("j1", "local", {"framework": "pytorch"}),
+                           {"steps": 10, "batch": 30, "examples_per_s": 100.0, "step_time_s": 0.3, "compute_s": 0.21},
+                           slot)
     assert (row.batch, row.runtime, row.precision, row.compute_s) == (30, "pytorch-eager+torchjob", "fp32", 0.21)
+    assert row.gpus is None
 
 
 def test_a_multi_gpu_nodes_batch_is_fitted_per_gpu(tmp_path: Path) -> None:
     # An a3-highgpu-2g node's two ranks ran 30 + 30 in 0.3 s: the worker row keeps the node's 60 and its 2 GPUs,
     # and the calibration sees one H100 at batch 30.
-    storage = LocalStorage(str(tmp_path), "s")
-    line = {"kind": "step", "t": 10.0, "step": 40, "loss": 0.5, "examples_per_s": 200.0, "runtime":
-            "pytorch-eager+torchjob", "precision": "fp32",
-            "workers": {"0": {"steps": 10, "batch": 60, "examples_per_s": 200.0, "step_time_s": 0.3, "gpus": 2}}}
-    (tmp_path / "s" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
     slot = Slot(role=Role.WORKER, index=0, gpu="h100", machine_type="a3-highgpu-2g", zone="us-central1-a",
                 spot=True, price_per_hour=1.0, batch=60, gpu_count=2)
+    row = _ingest_one_step(tmp_path, _job("j2", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}),
+                           {"steps": 10, "batch": 60, "examples_per_s": 200.0, "step_time_s": 0.3, "gpus": 2}, slot)
     with open_session() as session:
-        session.add(_job("j2", "gce", {"framework": "pytorch", "hparam_set": "resnet_cifar_32"}))
-        session.flush()
-        job = session.get(Job, "j2")
-        assert job is not None
-        ingest_metrics(session, job, storage, [slot])
-        session.commit()
-        row = session.query(Metric).filter_by(job_id="j2", kind="worker").one()
         (measured,) = step_time_measurements(session, ["j2"])
     assert (row.batch, row.gpus) == (60, 2)
     assert (measured["gpu"], measured["batch"], measured["step_time_s"]) == ("h100", 30, 0.3)
+    # the TensorFlow job mirrors over the VM's GPUs and does not say: its machine type's count is taken
+    tf_row = _ingest_one_step(tmp_path / "tf", _job("j3", "gce", {"framework": "tensorflow"}),
+                              {"steps": 10, "batch": 60, "step_time_s": 0.3}, slot)
+    assert tf_row.gpus == 2
 
 
 def test_measurements_are_labelled_per_job_and_a_mixed_job_is_left_out() -> None:

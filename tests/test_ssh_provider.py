@@ -139,6 +139,8 @@ def test_assignment_matches_gpu_and_is_idempotent(inventory: Path, sshd: Sshd, t
 
     # The ledger bills an on-prem host at its inventory price, not a cloud price book's.
     assert (p.price_per_hour(worker.name), p.price_per_hour(ps.name), p.price_per_hour("unknown")) == (0.5, 0.0, None)
+    # A PyTorch node on the two-GPU host runs two ranks; the CPU-only host has no GPU to count.
+    assert (p.gpus_on(worker.name), p.gpus_on(ps.name), p.gpus_on("unknown")) == (2, None, None)
 
     # A second controller (another provider object) sees the same assignments.
     assert {o.name for o in SshInventoryProvider(inventory).list()} == {worker.name, ps.name}

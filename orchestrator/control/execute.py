@@ -40,6 +40,7 @@ from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, Tr
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.core.task import TaskConfig, TrainingSection
 from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
+from orchestrator.providers.base import SupportsHostGpus
 from orchestrator.store import queries
 from orchestrator.store.models import Instance
 from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
@@ -299,8 +300,11 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     batches = tuple(s.batch or DEFAULT_BATCH for s in ctx.slots if s.role == Role.WORKER)
     storage = ctx.storage.local_path()
     local = spec.provider.as_local()
+    provider = ctx.backend.provider
+    host_gpus = provider.gpus_on(inst.name) if isinstance(provider, SupportsHostGpus) else None
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
-                                      ctx.emulation_sleep, stage_loss.dropped_slots(ctx.session, ctx.job))
+                                      ctx.emulation_sleep, stage_loss.dropped_slots(ctx.session, ctx.job),
+                                      host_gpus=host_gpus)
              if is_pytorch(spec) else None)
     return TaskConfig(
         job_id=ctx.job.id, instance=inst.name, mode=spec.mode.value, role=inst.role, index=inst.slot_index,

@@ -58,9 +58,10 @@ def _current(instances: list[Instance], slot: Slot) -> Instance | None:
 
 def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], inst: Instance, global_batch: int,
                   emulation_sleep: Callable[[str | None, int], float],
-                  dropped: frozenset[str] = frozenset()) -> TorchSection:
+                  dropped: frozenset[str] = frozenset(), host_gpus: int | None = None) -> TorchSection:
     """task.json's ``torch`` section for one node (see jobs/torchjob/task.py). ``dropped``: the stages a pipeline was
-    re-partitioned without (control/stage_loss.py): its stages and its world are the other workers."""
+    re-partitioned without (control/stage_loss.py): its stages and its world are the other workers. ``host_gpus``:
+    the GPUs of the host the node was placed on where its machine type does not say (an ssh inventory host's)."""
     host_slot = rendezvous_slot(slots)
     host = _current(instances, host_slot) if host_slot is not None else None
     address = host.host if host is not None and host.host else "127.0.0.1"
@@ -90,9 +91,17 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         resplit_every=0 if run is not None or pipeline else int(getattr(training, "resplit_every", 0) or 0),
         slowdowns=slowdowns,
         pipeline=pipeline,
-        nproc_per_node=1 if pipeline is not None or slot is None or slot.role != Role.WORKER
-        else trained_gpus(spec, load_catalog(), slot.machine_type),
+        nproc_per_node=_ranks(spec, slot, pipeline, host_gpus, planned),
     )
+
+
+def _ranks(spec: JobSpec, slot: Slot | None, pipeline: PipelineSection | None, host_gpus: int | None,
+           planned: int) -> int:
+    """The node's data-parallel ranks: one per GPU it trains on (a pipeline stage and a non-worker: one), never more
+    than the examples of its batch."""
+    if pipeline is not None or slot is None or slot.role != Role.WORKER:
+        return 1
+    return max(1, min(planned, host_gpus or trained_gpus(spec, load_catalog(), slot.machine_type)))
 
 
 def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> PipelineSection | None:

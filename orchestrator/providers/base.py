@@ -66,6 +66,14 @@ class SupportsOwnPricing(abc.ABC):
     def price_per_hour(self, name: str) -> float | None: ...
 
 
+class SupportsHostGpus(abc.ABC):
+    """Optional capability: the GPUs of the host an instance was placed on (an inventory host's ``gpus``), where
+    its type does not say; a PyTorch node there runs one rank per GPU."""
+
+    @abc.abstractmethod
+    def gpus_on(self, name: str) -> int | None: ...
+
+
 class SupportsSpotCapacity(abc.ABC):
     """Optional capability: say whether a spot VM could be had now (the local provider's replayed trace)."""
 

@@ -44,7 +44,7 @@ from orchestrator.core.names import unknown_name
 from orchestrator.core.paths import user_dir
 from orchestrator.core.spec import SSH_USER_PATTERN, FieldError, SpecError
 from orchestrator.core.specfile import YamlFileError, read_yaml_file
-from orchestrator.providers.base import Provider, SupportsOwnPricing
+from orchestrator.providers.base import Provider, SupportsHostGpus, SupportsOwnPricing
 from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 from orchestrator.transport.ssh import SshTransport
 
@@ -194,7 +194,7 @@ class _State:
 # ---------------------------------------------------------------- provider
 
 
-class SshInventoryProvider(Provider, SupportsOwnPricing):
+class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
     name = "ssh"
 
     def __init__(self, inventory: str | Path, *, state_path: Path | None = None,
@@ -296,9 +296,17 @@ class SshInventoryProvider(Provider, SupportsOwnPricing):
 
     def price_per_hour(self, name: str) -> float | None:
         """The assigned host's ``price_per_hour`` from the inventory (what the ledger bills)."""
-        assignment = self._state.read()["assignments"].get(name)
-        host = self._hosts().host(assignment["host"]) if assignment else None
+        host = self._assigned(name)
         return None if host is None else host.price_per_hour
+
+    def gpus_on(self, name: str) -> int | None:
+        """The assigned host's ``gpus`` from the inventory; None for a CPU-only host or an unknown instance."""
+        host = self._assigned(name)
+        return host.gpus if host is not None and host.gpu else None
+
+    def _assigned(self, name: str) -> InventoryHost | None:
+        assignment = self._state.read()["assignments"].get(name)
+        return self._hosts().host(assignment["host"]) if assignment else None
 
     def delete(self, name: str, zone: str) -> None:
         with self._state.update() as st:
