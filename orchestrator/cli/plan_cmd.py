@@ -16,7 +16,6 @@ from orchestrator.cli.listing import Col, check_format, print_csv, print_table
 from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
-from orchestrator.core.catalog import load_catalog
 from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
 from orchestrator.core.costmodel.batches import job_precision, job_runtime
 from orchestrator.core.costmodel.interval import plan_interval
@@ -112,8 +111,7 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
                Col("zone", floor=0), Col("$/h each", right=True)]
     # PS jobs pull and push the weights each step; the others (torchrun DDP, Horovod-style sync) all-reduce them
     comm_meaning = "PS round trip" if c.ps_count else "gradient all-reduce per step"
-    cat = load_catalog()
-    per_gpu = "; batch: each GPU's" if any(cat.gpus_per_instance(w.machine_type) > 1 for w in c.workers) else ""
+    per_gpu = "; batch: each GPU's" if any(w.multi_gpu for w in c.workers) else ""
     print_table(f"chosen: {c.label}", columns, rows,
                 note=f"ms: compute time per step; comm: {comm_meaning} (ms); steps/s and $/h: each worker{per_gpu}")
     ps = (

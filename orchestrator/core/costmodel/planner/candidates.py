@@ -31,10 +31,14 @@ class WorkerPlan:
         return "flex-start" if self.flex_start and not self.spot else _billing(self.spot)
 
     @property
+    def multi_gpu(self) -> bool:
+        """A machine type with several GPUs (its batch is each GPU's)."""
+        return load_catalog().gpus_per_instance(self.machine_type) > 1
+
+    @property
     def shown(self) -> str:
         """The GPU, and a multi-GPU machine type's name: 2x h100 (a3-highgpu-4g) is 8 H100s."""
-        return f"{self.gpu} ({self.machine_type})" if load_catalog().gpus_per_instance(self.machine_type) > 1 \
-            else self.gpu
+        return f"{self.gpu} ({self.machine_type})" if self.multi_gpu else self.gpu
 
     def to_dict(self) -> dict[str, Any]:
         return {
