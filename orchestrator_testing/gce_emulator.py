@@ -72,6 +72,8 @@ def _route(
             return "projects.get", lambda: state.get_project(project)
         case "GET", ["regions", region]:
             return "regions.get", lambda: state.get_region(project, region)
+        case "POST", ["regions", region, "advice", "capacity"]:
+            return "advice.capacity", lambda: state.capacity_advice(project, region, body)
         case "GET", ["zones"]:
             return "zones.list", lambda: state.list_zones(project, query)
         case "GET", ["zones", zone]:

@@ -14,9 +14,16 @@ from orchestrator_testing.gce_emulator_model import (
     ApiError,
     EmulatorConfig,
     InstanceRecord,
+    bundled_gpus,
     gpu_quota_metric,
+    invalid,
+    last_segment,
     region_of,
 )
+
+# What the emulator answers for a spot shape it can place (GCE's bands: 0.7-1.0 high, 0.4-0.6 moderate, 0.0-0.3
+# low; estimatedUptime is one of 3600s and 600s): a stocked-out zone scores 0, any other 1.
+ADVICE_UPTIME = "3600s"
 
 
 def demand(
@@ -119,3 +126,29 @@ def admission(
             raise ApiError(403, "quotaExceeded", problem)
         return "QUOTA_EXCEEDED", problem, 403
     return stockout(config, inst_like.project, inst_like.zone, inst_like.spot, inst_like.gpu)
+
+
+def capacity_advice(config: EmulatorConfig, project: str, region: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``regions.advice.capacity``: can ``size`` VMs of the request's shape be had in the request's zones (default:
+    the region's)? The emulator's answer follows its stockouts: obtainability 1.0 when one zone that offers the GPU
+    has none for the provisioning model (ANY / ANY_SINGLE_ZONE), 0.0 when none has, in one recommendation."""
+    size = int(body.get("size") or 0)
+    if size < 1:
+        raise invalid("size", body.get("size"), "Must be at least 1.")
+    selections = sorted((body.get("instanceFlexibilityPolicy") or {}).get("instanceSelections", {}).values(),
+                        key=lambda s: int(s.get("rank", 0)))
+    if not selections or not selections[0].get("machineTypes"):
+        raise invalid("instanceFlexibilityPolicy.instanceSelections", "", "Name at least one machine type.")
+    machine = str(selections[0]["machineTypes"][0])
+    accelerators = selections[0].get("guestAccelerators") or []
+    bundled = bundled_gpus(machine)
+    gpu = bundled[0] if bundled else last_segment(accelerators[0]["acceleratorType"]) if accelerators else None
+    model = (((body.get("instanceProperties") or {}).get("scheduling") or {}).get("provisioningModel")) or "STANDARD"
+    asked = [last_segment(z["zone"]) for z in (body.get("distributionPolicy") or {}).get("zones", [])]
+    zones = [z for z in asked or config.zones if region_of(z) == region and z in config.zones]
+    placeable = [z for z in zones if (gpu is None or gpu in config.accelerators.get(z, config.default_accelerators))
+                 and stockout(config, project, z, model == "SPOT", gpu) is None]
+    shards = [{"zone": f"zones/{placeable[0]}", "machineType": machine, "instanceCount": size,
+               "provisioningModel": model}] if placeable else []
+    return {"recommendations": [{"scores": {"obtainability": 1.0 if placeable else 0.0,
+                                            "estimatedUptime": ADVICE_UPTIME}, "shards": shards}]}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.policy import NOTICE_WINDOW_S
+from orchestrator_testing import gce_emulator_capacity as capacity
 from orchestrator_testing.gce_emulator_capacity import admission, quota_items
 from orchestrator_testing.gce_emulator_instance import build_instance
 from orchestrator_testing.gce_emulator_model import (
@@ -490,6 +491,13 @@ class GceState(DiskOwners):
                 "quotas": quota_items(self.config, self._instances.values(), project, region),
                 "selfLink": link(project, f"regions/{region}"),
             }
+
+    def capacity_advice(self, project: str, region: str, body: dict[str, Any]) -> dict[str, Any]:
+        """advice.capacity: whether a shape can be had now in a region's zones (its stockouts decide)."""
+        with self.lock:
+            if not any(region_of(z) == region for z in self.config.zones):
+                raise not_found(f"projects/{project}/regions/{region}")
+            return capacity.capacity_advice(self.config, project, region, body)
 
     def get_project(self, project: str) -> dict[str, Any]:
         """projects.get: the project's global quotas (e.g. GPUS_ALL_REGIONS)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections.abc import Sequence
 from itertools import pairwise
 
 import yaml
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 from orchestrator.control.calibration_fold import newest_calibration
 from orchestrator.core import policy
 from orchestrator.core.revocation.availability import load_trace
+from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
 from orchestrator.core.state import DeadlineInputs
 from orchestrator.core.status import EndReason
@@ -126,8 +128,11 @@ def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
     return tuple((str(name), float(at)) for name, at in rows)
 
 
-def spot_available(provider: Provider, job_id: str) -> bool | None:
-    return provider.spot_capacity(job_id) if isinstance(provider, SupportsSpotCapacity) else None
+def spot_available(provider: Provider, job_id: str, slots: Sequence[Slot]) -> bool | None:
+    """The provider's answer for the job's spot slots, where it can say (replayed trace, GCE capacity advice)."""
+    if not isinstance(provider, SupportsSpotCapacity):
+        return None
+    return provider.spot_capacity(job_id, [s for s in slots if s.spot])
 
 
 def spot_market(spec: JobSpec) -> str | None:

@@ -222,7 +222,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     obs = Observation(instances=observed, procs=observe_tasks(job, backend, observed), notices=_notices(job, storage),
                       result=result.raw if result is not None else None, payload_error=result_error,
                       failed_zones=blocked_zones(session, spec, slots, ctx.blocks),
-                      spot_available=deadline.spot_available(backend.provider, job.id)
+                      spot_available=deadline.spot_available(backend.provider, job.id, slots)
                       if view.deadline_inputs is not None else None)
     actions = reconcile(view, obs, now)
     if actions:

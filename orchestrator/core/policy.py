@@ -64,6 +64,7 @@ EXTRA_RESTARTS: Final = int(_CHOICES["extra_restarts"])  # whole-cluster restart
 FLEX_START_REQUEST_VALID_S: Final = _CHOICES["flex_start_request_valid_s"]  # a Flex-start request waits this long
 EXTENDED_NOTICE_S: Final = _CLOUD["preemption_notice_extended"]  # scheduling.preemptionNoticeDuration (Preview)
 DEADLINE_TICK_S: Final = _CHOICES["deadline_tick_s"]  # cloud seconds between on_revocation: deadline decisions
+SPOT_OBTAINABLE: Final = _CHOICES["spot_obtainable"]  # GCE capacity advice's score from which spot counts as there
 
 
 def boot_s(spot: bool, base: float = BOOT_S, spot_extra: float = SPOT_EXTRA_BOOT_S) -> float:

@@ -75,10 +75,11 @@ class SupportsHostGpus(abc.ABC):
 
 
 class SupportsSpotCapacity(abc.ABC):
-    """Optional capability: say whether a spot VM could be had now (the local provider's replayed trace)."""
+    """Optional capability: say whether the job's spot VMs (its spot ``slots``) could be had now: the local
+    provider's replayed trace, GCE's capacity advice. None: not known now."""
 
     @abc.abstractmethod
-    def spot_capacity(self, job_id: str) -> bool | None: ...
+    def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None: ...
 
 
 class SupportsImages(abc.ABC):

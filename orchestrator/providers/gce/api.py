@@ -68,10 +68,11 @@ class GceApi:
         self.images = compute_v1.ImagesClient(**kwargs)
         self.regions = compute_v1.RegionsClient(**kwargs)
         self.projects = compute_v1.ProjectsClient(**kwargs)
+        self.advice = compute_v1.AdviceClient(**kwargs)
 
     def _clients(self) -> tuple[Any, ...]:
         return (self.instances, self.zone_ops, self.global_ops, self.firewalls, self.images, self.regions,
-                self.projects)
+                self.projects, self.advice)
 
     def close(self) -> None:
         for client in self._clients():

@@ -22,7 +22,9 @@ from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
 from orchestrator.core.instances import InstanceRequest, ObservedInstance
-from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages
+from orchestrator.core.slots import Slot
+from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages, SupportsSpotCapacity
+from orchestrator.providers.gce.advice import SpotAdvice
 from orchestrator.providers.gce.api import GceApi, RetrySettings
 from orchestrator.providers.gce.disk_images import DiskImages
 from orchestrator.providers.gce.errors import GceCredentialsError, GcePermissionError, GceProjectError
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 
-class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
+class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, SupportsSpotCapacity):
     """Creates, deletes and lists the orchestrator's VMs in one GCE project."""
 
     name = "gce"
@@ -86,6 +88,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
         self.images = DiskImages(self.api)
         self._background = None
         self._background_lock = threading.Lock()
+        self.advice = SpotAdvice(self.api, self.settings.bundled, accelerator_type)
 
     def __repr__(self) -> str:
         return f"GceProvider(project={self.project!r})"
@@ -100,6 +103,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
 
     def close(self) -> None:
         self.close_background()
+        self.advice.close()
         self.api.close()
 
     # ------------------------------------------------------------------ quotas (core.quotas.QuotaSource)
@@ -160,3 +164,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages):
 
     def create_image(self, name: str, source_instance: str, zone: str, family: str | None = None) -> None:
         self.images.create(name, source_instance, zone, family)
+
+    def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None:
+        """GCE's capacity advice for the job's spot VMs (never blocks: None until it has answered)."""
+        return self.advice.can_have(slots)

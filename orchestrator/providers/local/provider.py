@@ -113,7 +113,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         origin = float((self.root.parent / "availability" / job_id).read_text())
         return origin + (tick - self.start_tick) * self.availability.gap_s / self.time_scale
 
-    def spot_capacity(self, job_id: str) -> bool | None:
+    def spot_capacity(self, job_id: str, slots: Sequence[Slot] = ()) -> bool | None:
         """Whether a spot VM could be had now (the replayed trace); None without a trace (unknown)."""
         if self.availability is None:
             return None

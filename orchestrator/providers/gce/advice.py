@@ -1,0 +1,144 @@
+"""Can the job's spot VMs be had now? GCE's capacity advisor, asked for the job's spot shapes.
+
+The deadline policy (core/policy.py) decides every tick from whether spot can be had: the availability that the
+NSDI'24 traces measured by asking the cloud for spot capacity. On GCE the daemon asks the Compute API's capacity
+advisor the same question (``regions.advice.capacity``: AdviceClient.capacity in google-cloud-compute, POST
+.../regions/{region}/advice/capacity; docs.cloud.google.com/compute/docs/instances/view-vm-availability; the
+gcloud command is still beta). Its obtainability score (0-1) for the job's spot VMs of one shape in their zones
+is read as "can be had" from ``policy.SPOT_OBTAINABLE`` up, without a create that fails or a VM that boots.
+
+A pass waits for the advisor only the first time it asks of a shape, and at most ``first_wait_s`` (so a job's
+first create is already decided by it); an answer older than ``policy.DEADLINE_TICK_S`` is refreshed on this
+object's own thread while the passes read the one before. Unanswered, failed or refused (the advisor's permission
+missing, say), the answer is None (unknown): the daemon then reads spot from its creates and preemptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
+
+from google.cloud import compute_v1
+
+from orchestrator.core import policy
+from orchestrator.core.catalog import region_of
+from orchestrator.core.cloud_errors import ProviderError
+from orchestrator.core.slots import Slot
+from orchestrator.providers.gce.api import GceApi
+
+log = logging.getLogger(__name__)
+Score = float | None  # obtainability; None: not known
+
+
+@dataclass(frozen=True)
+class SpotShape:
+    """Spot VMs of one shape that the job wants in one region: its machine type, the GPUs attached to it (an N1
+    type; none for a type that bundles its GPUs, a3-highgpu-2g) and the zones the slots may use there."""
+
+    region: str
+    machine_type: str
+    accelerator: str | None
+    accelerator_count: int
+    zones: tuple[str, ...]
+
+
+def spot_shapes(slots: Iterable[Slot], bundled: Mapping[str, int], accelerator: Callable[[str], str]
+                ) -> Counter[SpotShape]:
+    """Shape -> how many of the job's spot slots want it (each in the region of its first zone)."""
+    shapes: Counter[SpotShape] = Counter()
+    for slot in (s for s in slots if s.spot):
+        zones = slot.zones or (slot.zone,)
+        region = region_of(zones[0])
+        attached = slot.gpu is not None and slot.machine_type not in bundled
+        shapes[SpotShape(region, slot.machine_type, accelerator(slot.gpu) if attached and slot.gpu else None,
+                         slot.gpu_count if attached else 0,
+                         tuple(z for z in zones if region_of(z) == region))] += 1
+    return shapes
+
+
+def advice_request(shape: SpotShape, size: int) -> compute_v1.CapacityAdviceRequest:
+    selection = compute_v1.CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection(
+        machine_types=[shape.machine_type],
+        guest_accelerators=[compute_v1.AcceleratorConfig(accelerator_type=shape.accelerator,
+                                                         accelerator_count=shape.accelerator_count)]
+        if shape.accelerator else [])
+    return compute_v1.CapacityAdviceRequest(
+        size=size,
+        instance_properties=compute_v1.CapacityAdviceRequestInstanceProperties(
+            scheduling=compute_v1.CapacityAdviceRequestInstancePropertiesScheduling(provisioning_model="SPOT")),
+        instance_flexibility_policy=compute_v1.CapacityAdviceRequestInstanceFlexibilityPolicy(
+            instance_selections={"spot": selection}),
+        distribution_policy=compute_v1.CapacityAdviceRequestDistributionPolicy(
+            target_shape="ANY", zones=[compute_v1.CapacityAdviceRequestDistributionPolicyZoneConfiguration(
+                zone=f"zones/{z}") for z in shape.zones]))
+
+
+class SpotAdvice:
+    """The newest obtainability of each (shape, size) asked for, refreshed in the background."""
+
+    def __init__(self, api: GceApi, bundled: Mapping[str, int], accelerator: Callable[[str], str], *,
+                 max_age_s: float = policy.DEADLINE_TICK_S, first_wait_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.bundled, self.accelerator = api, bundled, accelerator
+        self.max_age_s, self.first_wait_s, self.clock = max_age_s, first_wait_s, clock
+        self._scores: dict[tuple[SpotShape, int], tuple[float, Score]] = {}
+        self._asking: set[tuple[SpotShape, int]] = set()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gce-advice")
+        self._refused = False  # logged once
+
+    def can_have(self, slots: Iterable[Slot]) -> bool | None:
+        """Whether every spot shape of ``slots`` scores at least SPOT_OBTAINABLE; None while any is unknown (or
+        the job has no spot slot)."""
+        wanted = spot_shapes(slots, self.bundled, self.accelerator)
+        scores = [self._score(shape, size) for shape, size in wanted.items()]
+        if not scores or any(s is None for s in scores):
+            return None
+        return all(s is not None and s >= policy.SPOT_OBTAINABLE for s in scores)
+
+    def _score(self, shape: SpotShape, size: int) -> Score:
+        key, asked = (shape, size), None
+        with self._lock:
+            at, score = self._scores.get(key, (None, None))
+            if (at is None or self.clock() - at >= self.max_age_s) and key not in self._asking:
+                self._asking.add(key)
+                asked = self._pool.submit(self._refresh, key)
+        if asked is not None and at is None:  # never asked: the job's first decision waits a moment for it
+            wait([asked], timeout=self.first_wait_s)
+            with self._lock:
+                score = self._scores.get(key, (None, None))[1]
+        return score
+
+    def _refresh(self, key: tuple[SpotShape, int]) -> None:
+        score: Score = None
+        try:
+            score = self.ask(*key)
+        except ProviderError as e:
+            if not self._refused:
+                log.warning("GCE capacity advice unavailable (spot is then read from creates and preemptions): %s",
+                            e.message)
+                self._refused = True
+        except Exception:  # a pass must never fail on advice
+            log.exception("GCE capacity advice failed")
+        with self._lock:
+            self._scores[key] = (self.clock(), score)
+            self._asking.discard(key)
+
+    def ask(self, shape: SpotShape, size: int) -> float:
+        """One ``advice.capacity`` call (blocking): the first recommendation's obtainability (none: 0)."""
+        answer = self.api.call(
+            f"ask for spot capacity advice ({size} x {shape.machine_type} in {shape.region})",
+            partial(self.api.advice.capacity, project=self.api.project, region=shape.region,
+                    capacity_advice_request_resource=advice_request(shape, size), **self.api.kw()),
+            attempts=self.api.retry.quota_read_attempts)
+        recommendations = list(answer.recommendations)
+        return float(recommendations[0].scores.obtainability) if recommendations else 0.0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

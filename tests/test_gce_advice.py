@@ -1,0 +1,148 @@
+"""GCE's capacity advice (regions.advice.capacity) as the deadline policy's "can spot be had now", through the real
+google-cloud-compute client against the Compute API emulator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.control.deadline import spot_available
+from orchestrator.control.driver import run_pass
+from orchestrator.control.launcher import create_job
+from orchestrator.core.instances import Role
+from orchestrator.core.paths import user_dir
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import validate_spec
+from orchestrator.providers import registry as backends
+from orchestrator.providers.gce.provider import GceProvider
+from orchestrator.providers.registry import backend_for
+from orchestrator.store.db import open_session
+from orchestrator.store.models import Event
+from orchestrator_testing.gce_emulator import GceEmulator
+from tests.test_gce_provider import FAST, QUICK_RETRY
+
+P, A, B = "proj", "us-central1-a", "us-central1-b"
+H100, T4 = "nvidia-h100-80gb", "nvidia-tesla-t4"
+
+
+@pytest.fixture
+def emu(tmp_path: Path) -> Iterator[GceEmulator]:
+    emulator = GceEmulator({**FAST, "ssh_port": 2222, "workdir_root": str(tmp_path)})
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def gce(emu: GceEmulator) -> Iterator[GceProvider]:
+    provider = GceProvider(P, api_endpoint=emu.url, retry=QUICK_RETRY)
+    provider.advice.max_age_s = 0.0  # every call asks again (the daemon: once a deadline tick)
+    yield provider
+    provider.close()
+
+
+def slot(index: int = 0, gpu: str = "h100", machine: str = "a3-highgpu-1g", zones: tuple[str, ...] = (A,),
+         spot: bool = True) -> Slot:
+    return Slot(Role.WORKER, index, gpu, machine, zones[0], spot, 1.0, zones=zones)
+
+
+def answer(gce: GceProvider, slots: list[Slot], timeout_s: float = 5.0) -> bool | None:
+    """The newest answer: ask, wait for the background refresh that asking queued, ask again."""
+    gce.spot_capacity("job", slots)
+    end = time.monotonic() + timeout_s
+    while gce.advice._asking and time.monotonic() < end:
+        time.sleep(0.01)
+    return gce.advice._scores and gce.spot_capacity("job", slots)
+
+
+def test_spot_is_there_unless_every_zone_of_the_shape_is_stocked_out(emu: GceEmulator, gce: GceProvider) -> None:
+    wanted = [slot(0, zones=(A, B)), slot(1, zones=(A, B))]
+    gce.advice.first_wait_s = 0.0
+    assert gce.spot_capacity("job", wanted) is None  # unanswered: unknown, and the pass goes on
+    gce.advice.first_wait_s = 2.0
+    assert answer(gce, wanted) is True
+    assert emu.snapshot()["calls"].get("advice.capacity", 0) >= 1
+    emu.set_stockout(A, gpu=H100, provisioning="spot")
+    assert answer(gce, wanted) is True  # zone B still has it: ANY distribution
+    emu.set_stockout(B, gpu=H100, provisioning="spot")
+    assert answer(gce, wanted) is False
+    assert answer(gce, [slot(0, spot=False)]) is None  # no spot slot: nothing to ask
+    emu.set_stockout(B, gpu=H100, provisioning="spot", enabled=False)
+    assert answer(gce, wanted) is True
+
+
+def test_an_attached_gpu_is_asked_for_as_a_guest_accelerator(emu: GceEmulator, gce: GceProvider) -> None:
+    n1 = [slot(gpu="t4", machine="n1-standard-8")]
+    assert answer(gce, n1) is True
+    emu.set_stockout(A, gpu=T4, provisioning="spot")
+    assert answer(gce, n1) is False
+    assert answer(gce, [slot()]) is True  # the H100 shape is another question
+    emu.set_stockout(A, gpu=T4, provisioning="standard")  # on-demand stockouts do not count against spot
+    emu.set_stockout(A, gpu=T4, provisioning="spot", enabled=False)
+    assert answer(gce, n1) is True
+
+
+def test_a_refused_advice_call_is_unknown_and_the_pass_goes_on(emu: GceEmulator, gce: GceProvider) -> None:
+    emu.inject_fault("advice.capacity", status=403, count=None, reason="forbidden",
+                     message="Required 'compute.advice.capacity' permission")
+    assert answer(gce, [slot()]) is None  # the daemon then reads spot from creates and preemptions
+    emu.clear_faults()
+    assert answer(gce, [slot()]) is True
+    assert spot_available(gce, "job", [slot(), slot(1, spot=False)]) is True  # the control layer's question
+
+
+def test_the_daemon_reads_spot_from_the_advisor_before_any_create(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """A gce job with ``on_revocation: deadline``: while the advisor scores its spot T4 at 0, the daemon records
+    `spot-down` and its first create is on-demand (the policy's choice in an outage with no progress yet), with no
+    spot create refused first; once the advisor scores spot again, `spot-up`."""
+    monkeypatch.setattr(backends, "_cache", {})
+    user_dir()
+    with GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0}) as emulator:
+        spec = validate_spec(yaml.safe_load(f"""
+name: advised
+provider: {{kind: gce, project: advice-project, zones: [{A}, {B}], api_endpoint: "{emulator.url}"}}
+storage: {tmp_path / "runs"}
+training: {{job: command, command: "sleep 600", mode: sync, train_steps: 1000}}
+cluster:
+  parameter_servers: {{count: 0}}
+  workers: [{{gpu: t4, count: 1, spot: true}}]
+pricing: {{book: 2026-11}}
+policy: {{on_revocation: deadline, deadline: 48h}}
+"""))
+        provider = backend_for(spec).provider
+        assert isinstance(provider, GceProvider)
+        provider.retry, provider.advice.max_age_s = QUICK_RETRY, 0.0
+        for zone in (A, B):
+            emulator.set_stockout(zone, gpu=T4, provisioning="spot")
+        with open_session() as session:
+            job_id = create_job(session, spec).id
+            passes(session, job_id, lambda: bool(emulator.snapshot()["instances"]))
+            assert notes(session, job_id) == ["spot-down"]
+            assert [i["spot"] for i in emulator.snapshot()["instances"]] == [False]
+            calls = emulator.snapshot()["calls"]
+            assert calls["instances.insert"] == 1 and calls["advice.capacity"] >= 1  # no spot create refused first
+            for zone in (A, B):
+                emulator.set_stockout(zone, gpu=T4, provisioning="spot", enabled=False)
+            passes(session, job_id, lambda: notes(session, job_id)[-1] == "spot-up")
+
+
+def passes(session: Session, job_id: str, until: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < end
+        run_pass(session, "advice-test", [job_id])
+        time.sleep(0.05)
+
+
+def notes(session: Session, job_id: str) -> list[str]:
+    session.expire_all()
+    return [e.to_status for e in session.scalars(select(Event).where(
+        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(["spot-up", "spot-down"])
+    ).order_by(Event.at, Event.id))]
