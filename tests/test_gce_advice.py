@@ -15,10 +15,14 @@ from sqlalchemy.orm import Session
 from orchestrator.control.deadline import spot_available
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
+from orchestrator.core.actions import RecordSpotAvailability
 from orchestrator.core.instances import Role
 from orchestrator.core.paths import user_dir
+from orchestrator.core.reconcile import reconcile
 from orchestrator.core.slots import Slot
-from orchestrator.core.spec import validate_spec
+from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
+from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.registry import backend_for
@@ -146,3 +150,27 @@ def notes(session: Session, job_id: str) -> list[str]:
     return [e.to_status for e in session.scalars(select(Event).where(
         Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(["spot-up", "spot-down"])
     ).order_by(Event.at, Event.id))]
+
+
+def test_a_spot_create_refused_just_now_overrules_the_advisors_forecast_but_not_an_exact_probe() -> None:
+    """GCE's score is a forecast: right after the job's spot create was refused in every zone the daemon reads spot
+    as gone (and does not ask again until CREATE_RETRY_S has passed), while the local provider's replayed trace,
+    which refused that create itself, is the truth at every tick."""
+    t0 = 1_000_000.0
+    worker = Slot(Role.WORKER, 0, "t4", "n1-standard-4", A, True, 0.2, on_demand_price_per_hour=0.6, zones=(A,))
+    refused = InstanceView(id=1, name="j-worker-0-0", role=Role.WORKER, index=0, generation=0,
+                           status=InstanceStatus.FAILED, spot=True, zone=A, port=None, requested_at=t0 - 5,
+                           updated_at=t0 - 1, end_reason=EndReason.CREATE_FAILED.value)
+    inputs = DeadlineInputs(work_s=10 * 3600, done_s=0.0, overhead_s=600, tick_s=60, spot_usd_per_h=0.2,
+                            on_demand_usd_per_h=0.6, time_scale=1.0, spot_seen=((t0 - 60, True),))
+    job = JobView(id="j", status=JobStatus.PROVISIONING, outcome=None, mode=TrainingMode.SYNC, slots=(worker,),
+                  instances=(refused,), on_revocation=OnRevocation.DEADLINE, max_replacements=5, budget_usd=None,
+                  deadline_s=48 * 3600, started_at=t0 - 60, restarts=0, cost_usd=0.0, notice_s=30.0,
+                  deadline_inputs=inputs)
+
+    def seen(forecast: bool) -> list[bool]:
+        acts = reconcile(job, Observation(instances={}, procs={}, spot_available=True, spot_forecast=forecast), t0)
+        return [a.available for a in acts if isinstance(a, RecordSpotAvailability)]
+
+    assert seen(forecast=True) == [False]
+    assert seen(forecast=False) == []  # the trace says spot is there, as the job already recorded

@@ -128,6 +128,11 @@ def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
     return tuple((str(name), float(at)) for name, at in rows)
 
 
+def spot_forecast(provider: Provider) -> bool:
+    """Whether the provider's answer is a forecast that what the job's VMs meet overrules (GCE's advice)."""
+    return isinstance(provider, SupportsSpotCapacity) and provider.spot_capacity_forecast
+
+
 def spot_available(provider: Provider, job_id: str, slots: Sequence[Slot]) -> bool | None:
     """The provider's answer for the job's spot slots, where it can say (replayed trace, GCE capacity advice)."""
     if not isinstance(provider, SupportsSpotCapacity):

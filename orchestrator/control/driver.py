@@ -223,7 +223,8 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
                       result=result.raw if result is not None else None, payload_error=result_error,
                       failed_zones=blocked_zones(session, spec, slots, ctx.blocks),
                       spot_available=deadline.spot_available(backend.provider, job.id, slots)
-                      if view.deadline_inputs is not None else None)
+                      if view.deadline_inputs is not None else None,
+                      spot_forecast=deadline.spot_forecast(backend.provider))
     actions = reconcile(view, obs, now)
     if actions:
         log.debug("job %s: %s", job.id, actions)

@@ -356,11 +356,13 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
 
 
 def _spot_available(p: _Pass, slots: tuple[Slot, ...], insts: list[InstanceView]) -> bool:
-    """The provider's capacity probe when it has one; else no spot while a spot VM was just preempted and its
-    slot has no other unblocked zone to move to, its last create was refused less than ``CREATE_RETRY_S``
-    ago (a create falls through every zone), or every allowed zone is blocked."""
-    if p.obs.spot_available is not None:
-        return p.obs.spot_available
+    """The provider's capacity probe when it has one (a forecast, GCE's capacity advice, only while what the job's
+    own VMs met agrees); else no spot while a spot VM was just preempted and its slot has no other unblocked zone
+    to move to, its last create was refused less than ``CREATE_RETRY_S`` ago (a create falls through every zone),
+    or every allowed zone is blocked."""
+    probe = p.obs.spot_available
+    if probe is not None and not (probe and p.obs.spot_forecast):
+        return probe
     for slot in (s for s in slots if s.name in p.lost):
         gone = {i.zone for i in insts if i.slot == slot.name and i.name in p.ended}
         blocked = set(p.obs.failed_zones.get(slot.name, ()))

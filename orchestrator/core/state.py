@@ -108,3 +108,4 @@ class Observation:
     failed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)  # slot -> zones without capacity
     payload_error: str | None = None  # result.json exists but cannot be used (untrusted payload output)
     spot_available: bool | None = None  # a spot VM can be had now (provider's capacity probe); None: unknown
+    spot_forecast: bool = False  # the probe forecasts (GCE's capacity advice): what the job's creates met overrules it

@@ -78,6 +78,9 @@ class SupportsSpotCapacity(abc.ABC):
     """Optional capability: say whether the job's spot VMs (its spot ``slots``) could be had now: the local
     provider's replayed trace, GCE's capacity advice. None: not known now."""
 
+    # True: the answer is a forecast (GCE's advice), which a create refused or a VM preempted since overrules.
+    spot_capacity_forecast: bool = False
+
     @abc.abstractmethod
     def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None: ...
 

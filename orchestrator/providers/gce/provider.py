@@ -52,6 +52,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
     """Creates, deletes and lists the orchestrator's VMs in one GCE project."""
 
     name = "gce"
+    spot_capacity_forecast = True
 
     def __init__(
         self, project: str, *, credentials: Credentials | str | os.PathLike[str] | None = None,
