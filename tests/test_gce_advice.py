@@ -3,12 +3,16 @@ google-cloud-compute client against the Compute API emulator."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -24,6 +28,7 @@ from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
 from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
+from orchestrator.providers.gce.dry_run import gce_dry_run
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
@@ -174,3 +179,26 @@ def test_a_spot_create_refused_just_now_overrules_the_advisors_forecast_but_not_
 
     assert seen(forecast=True) == [False]
     assert seen(forecast=False) == []  # the trace says spot is there, as the job already recorded
+
+
+def test_the_dry_run_lists_the_advice_calls_a_deadline_job_makes_and_gce_answers_them(emu: GceEmulator) -> None:
+    """`launch --dry-run` shows the read-only advice.capacity calls the daemon makes for a deadline job (one per
+    spot shape: an N1 type with its attached T4, a g2 and an a2 that bundle theirs); the emulator answers them."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "gce-mixed-t4-l4-a100.yaml"
+    data = yaml.safe_load(example.read_text())
+    assert gce_dry_run(validate_spec(data))["advice.capacity"] == []  # on_revocation: replace asks nothing
+    data["policy"].update(on_revocation="deadline", deadline=data["policy"].get("deadline") or "24h")
+    calls = gce_dry_run(validate_spec(data))["advice.capacity"]
+    machines = {c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["machineTypes"][0]: c
+                for c in calls}
+    assert len(machines) == len(calls) >= 2 and all(c["every_s"] == 60 for c in calls)
+    n1 = [c for m, c in machines.items() if m.startswith("n1-")]
+    assert all(c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["guestAccelerators"] for c in n1)
+    client = compute_v1.AdviceClient(credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+                                     client_options=ClientOptions(api_endpoint=emu.url))
+    for call in calls:
+        project, _, region = call["path"].split("/")[1:4]
+        answer = client.capacity(project=project, region=region, capacity_advice_request_resource=(
+            compute_v1.CapacityAdviceRequest.from_json(json.dumps(call["body"]))))
+        assert answer.recommendations[0].scores.obtainability == 1.0
+    client.transport.close()  # type: ignore[no-untyped-call]

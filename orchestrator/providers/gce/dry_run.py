@@ -16,11 +16,12 @@ from orchestrator.core.gce_rules import load_gce_rules
 from orchestrator.core.instances import InstanceRequest, instance_name
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.slots import Slot
-from orchestrator.core.spec import GceProvider, JobSpec
+from orchestrator.core.spec import GceProvider, JobSpec, OnRevocation
 from orchestrator.core.torch_spec import payload_framework
+from orchestrator.providers.gce.advice import advice_request, spot_shapes
 from orchestrator.providers.gce.backend import firewall_ports, instance_metadata, request_settings
 from orchestrator.providers.gce.network import address_learner, job_rules
-from orchestrator.providers.gce.requests import cloud_max_run_s, instance_resource
+from orchestrator.providers.gce.requests import accelerator_type, cloud_max_run_s, instance_resource
 
 GB_MONTH_HOURS = 730.0  # GCE bills disks per GB-month; one month = 730 h
 
@@ -89,6 +90,11 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
             "after_preemption_or_time_limit": "kept and billed until the controller deletes the VM" if kept
             else "deleted with the VM",
         })
+    advice = [{"method": "POST", "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
+               "every_s": timings.DEADLINE_TICK_S, "spot_when_obtainability_at_least": timings.SPOT_OBTAINABLE,
+               "body": _json(advice_request(shape, size))}
+              for shape, size in spot_shapes(slots, settings.bundled, accelerator_type).items()
+              ] if policy.on_revocation == OnRevocation.DEADLINE else []
     firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": _json(rule)}
                  for rule in job_rules(settings.network, job_id, firewall_ports(provider), _ssh_ranges(provider))]
     return {
@@ -97,5 +103,7 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
         "price_book": plan.price_book, "cluster_usd_per_hour": round(hourly, 6),
         "termination_action": settings.termination_action,
         "firewalls.insert": firewalls, "instances.insert": inserts, "disks": disks,
+        # read-only, by the daemon during the run (on_revocation: deadline): can the spot VMs be had now?
+        "advice.capacity": advice,
     }
 
