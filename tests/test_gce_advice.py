@@ -42,10 +42,8 @@ H100, T4 = "nvidia-h100-80gb", "nvidia-tesla-t4"
 
 @pytest.fixture
 def emu(tmp_path: Path) -> Iterator[GceEmulator]:
-    emulator = GceEmulator({**FAST, "ssh_port": 2222, "workdir_root": str(tmp_path)})
-    emulator.start()
-    yield emulator
-    emulator.stop()
+    with GceEmulator({**FAST, "ssh_port": 2222, "workdir_root": str(tmp_path)}) as emulator:
+        yield emulator
 
 
 @pytest.fixture

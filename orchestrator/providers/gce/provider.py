@@ -167,5 +167,5 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
         self.images.create(name, source_instance, zone, family)
 
     def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None:
-        """GCE's capacity advice for the job's spot VMs (never blocks: None until it has answered)."""
+        """GCE's capacity advice for the job's spot VMs (providers/gce/advice.py; None: not known now)."""
         return self.advice.can_have(slots)
