@@ -96,7 +96,8 @@ def progress_line(p: Progress, now: float | None = None) -> str:
     share = f" ({100 * p.step / p.total:.0f}%)" if p.total else ""
     parts = [f"{_hms(time.time() if now is None else now)} progress {p.job_id} {p.status}: "
              f"step {p.step}/{p.total}{share}"]
-    parts.append(f"{p.examples_per_s:.1f} examples/s" if p.examples_per_s is not None else "— examples/s")
+    parts.append(f"{p.examples_per_s:.1f} examples/s (last {RATE_WINDOW_S:.0f} s)" if p.examples_per_s is not None
+                 else "— examples/s")
     if p.loss is not None:
         parts.append(f"loss {p.loss:.4f}")
     eta = p.eta_s

@@ -65,7 +65,7 @@ def print_job(ref: str, fmt: str) -> None:
                         "to": e.to_status, "reason": e.reason})
         step, eps = queries.latest_step(session, found.id)
         head = (f"{found.id} {found.status}" + (f" ({found.status_reason})" if found.status_reason else "")
-                + f": step {step}/{found.train_steps}, {eps or 0:.1f} examples/s, cost so far "
+                + f": step {step}/{found.train_steps}, {eps or 0:.1f} examples/s at its last log, cost so far "
                 f"{money(summary['cost_usd'])}" + (f", accuracy {pct(found.accuracy)}" if found.accuracy else ""))
     if fmt == "json":
         print_json({"summary": summary, "instances": instances, "events": evs})

@@ -99,7 +99,7 @@ def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         rate = f"{eps:.1f}" if eps is not None else "—"
         # Two short lines, so the report still fits 80 columns.
         lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}")
-        lines.append(f"  {rate} examples/s; accuracy {acc}; cost {cost}")
+        lines.append(f"  {rate} examples/s (mean of its step logs); accuracy {acc}; cost {cost}")
         for d in stage_losses(session, job.id):  # a pipeline's lost stages, wrapped to fit 80 columns
             lines += textwrap.wrap(d["reason"] or "", 76, initial_indent="  ", subsequent_indent="    ",
                                    break_on_hyphens=False)
