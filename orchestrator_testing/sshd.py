@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from orchestrator.providers.ports import free_port
 from orchestrator.transport.base import Endpoint
 from orchestrator.transport.keys import generate_keypair, write_private
 
@@ -41,12 +42,6 @@ def find_sshd() -> str:
         raise SshdMissing("sshd is not installed; install it (Debian/Ubuntu: "
                           "apt-get install -y openssh-server openssh-client) - .ci/run does this")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -92,7 +87,7 @@ class Sshd:
         last = ""
         for attempt in range(3):  # the free port may be taken between probing and sshd binding it
             # A restarted server keeps its port: the "host" comes back at the same address.
-            self.port = self.port if self.port and attempt == 0 else _free_port()
+            self.port = self.port if self.port and attempt == 0 else free_port()
             config = self.root / "sshd_config"
             config.write_text("\n".join([
                 f"ListenAddress {self.host}", f"Port {self.port}", f"HostKey {host_key}",

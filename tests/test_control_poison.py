@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from orchestrator.control.launcher import create_job
 from orchestrator.core.paths import user_dir
 from orchestrator.core.spec import validate_spec
 from orchestrator.core.status import FINAL_JOB
+from orchestrator.providers.ports import free_port
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
 from orchestrator_testing.processes import stop
@@ -57,9 +57,7 @@ def broken_cloud() -> Iterator[str]:
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # nothing listens there once the socket is closed
+    return free_port()  # nothing listens there
 
 
 def local_spec(name: str, storage: Path, command: str) -> str:

@@ -14,7 +14,6 @@ runs the payload, and whether a replacement keeps its slot's network address.
 from __future__ import annotations
 
 import abc
-import socket
 import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from orchestrator.core.instances import InstanceRequest, ObservedInstance
 from orchestrator.core.plan import LaunchPlan
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec
+from orchestrator.providers.ports import free_port
 from orchestrator.storage.base import JobStorage
 from orchestrator.transport.base import Endpoint, Transport
 
@@ -159,9 +159,7 @@ class Backend:
             return previous  # a replacement takes over its slot's address
         if self.fixed_task_port is not None:
             return self.fixed_task_port
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return free_port()
 
     def ensure_network(self) -> None:
         if self.prepare_network is not None and not self.network_ready:

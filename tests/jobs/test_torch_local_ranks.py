@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +17,14 @@ from typing import Any
 
 import pytest
 
+from orchestrator.providers.ports import free_port
+
 pytest.importorskip("torch")
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 sys.path.insert(0, str(JOBS))
 
 from torchjob.task import TaskError, parse  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _task(storage: Path, index: int, batches: list[int], nproc: int, nodes: int, port: int, steps: int,
@@ -62,7 +57,7 @@ def _finish(procs: list[subprocess.Popen[str]]) -> None:
 
 
 def test_a_two_gpu_node_trains_two_ranks_that_share_its_batch(tmp_path: Path) -> None:
-    storage, port, batches = tmp_path / "storage", _free_port(), [24, 8]
+    storage, port, batches = tmp_path / "storage", free_port(), [24, 8]
     _finish([_start(tmp_path, _task(storage, 0, batches, 2, 2, port, 10)),
              _start(tmp_path, _task(storage, 1, batches, 1, 2, port, 10))])
 
@@ -77,7 +72,7 @@ def test_a_two_gpu_node_trains_two_ranks_that_share_its_batch(tmp_path: Path) ->
 
 
 def test_a_users_command_gets_each_local_ranks_share_of_the_node_batch(tmp_path: Path) -> None:
-    storage, port = tmp_path / "storage", _free_port()
+    storage, port = tmp_path / "storage", free_port()
     storage.mkdir()
     show = ("import os, pathlib; e = os.environ; pathlib.Path(e['ORCHESTRATOR_STORAGE_DIR'], 'rank' + e['RANK'])"
             ".write_text(e['ORCHESTRATOR_LOCAL_BATCH_SIZE'] + ' ' + e['ORCHESTRATOR_NODE_BATCH_SIZE'])")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.providers.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_PY = REPO / "jobs" / "train.py"
 if str(REPO / "jobs") not in sys.path:  # make the payload package `tfjob` importable by the unit tests
@@ -21,14 +22,11 @@ if str(REPO / "jobs") not in sys.path:  # make the payload package `tfjob` impor
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
     return ports
 
 
