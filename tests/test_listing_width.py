@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main as cli_main
-from orchestrator.cli.listing import Col, cut, fit_widths, unwrap, wrap
+from orchestrator.cli.listing import Col, cut, cut_words, fit_widths, unwrap, wrap
 from orchestrator.store.db import open_session
 from tests.cli_inproc import run_cli, run_cli_subprocess
 from tests.obs_helpers import finished_job
@@ -136,6 +136,11 @@ def test_fit_cuts_text_never_ids_or_numbers() -> None:
     widths = fit_widths(cols, rows, 40)
     assert widths[:2] == [17, 5] and sum(widths) + 4 == 40
     assert cut("abcdefgh", 5) == "abcd…" and cut("abc", 5) == "abc"
+    # A list of names is cut between names: "g2-standard-4…" would read as another machine type.
+    names = "2x l4 (g2-standard-48), 1x a100"
+    assert cut_words(names, 20) == "2x l4…" and cut_words(names, 22) == "2x l4 (g2-standard-48…"
+    assert cut_words(names, 26) == "2x l4 (g2-standard-48)…" and cut_words(names, 40) == names
+    assert cut_words("g2-standard-48", 6) == "g2-st…"  # one word: cut as any text
     wrapped = wrap("12:00:00 worker-1 (local-demo-23dc25-worker-1-0): training -> revoked: preemption notice", 30)
     assert all(len(ln) <= 30 for ln in wrapped if " " in ln.strip())
     assert any("local-demo-23dc25-worker-1-0" in ln for ln in wrapped)  # never split at its hyphens

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,7 @@ class Col:
     whole: bool = False
     right: bool = False
     floor: int | None = None  # cut no narrower than this (default: MIN_CUT, or the header up to 8)
+    words: bool = False  # cut only between words: a cell of names, where "g2-standard-4…" would read as another name
 
 
 def format_option(what: str = "") -> Any:
@@ -55,6 +57,18 @@ def cut(text: str, width: int) -> str:
     if cell_len(text) <= width:
         return text
     return set_cell_size(text, max(width - 1, 0)) + "…" if width > 0 else ""
+
+
+def cut_words(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, cut after its last whole word (words end at a space, comma or
+    bracket) and ending in "…"; a first word too long for ``width`` is cut like ``cut``."""
+    if cell_len(text) <= width:
+        return text
+    head = set_cell_size(text, max(width - 1, 0))
+    if text[len(head):len(head) + 1] in (" ", ",", ")"):  # head ends at a word's end
+        return head.rstrip(" ,(") + "…"
+    ends = [m.start() for m in re.finditer(r"[ ,(]", head)]
+    return head[:ends[-1]].rstrip(" ,(") + "…" if ends and ends[-1] > 0 else cut(text, width)
 
 
 def fit_widths(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> list[int]:
@@ -84,7 +98,7 @@ def _line(cells: Sequence[str], cols: Sequence[Col], widths: Sequence[int]) -> s
     for text, col, w in zip(cells, cols, widths, strict=True):
         if w == 0:  # a column cut away entirely (floor 0): its data is in --format json/csv
             continue
-        text = cut(text, w)
+        text = cut_words(text, w) if col.words else cut(text, w)
         pad = " " * (w - cell_len(text))
         parts.append(pad + text if col.right else text + pad)
     return (" " * GAP).join(parts).rstrip()

@@ -71,9 +71,9 @@ def _billing(c: Candidate) -> str:
 
 
 # The table's columns; step times, PS load and zones are in --format json / csv.
-_COLUMNS = [Col("#", whole=True), Col("workers (GPU, batch)"), Col("PS", right=True), Col("steps/s", right=True),
-            Col("time", right=True), Col("cost", right=True), Col("risk", right=True), Col("bill"),
-            Col("why not", floor=0)]
+_COLUMNS = [Col("#", whole=True), Col("workers (GPU, batch)", words=True), Col("PS", right=True),
+            Col("steps/s", right=True), Col("time", right=True), Col("cost", right=True), Col("risk", right=True),
+            Col("bill"), Col("why not", floor=0)]
 
 
 def _csv_row(rank: str, c: Candidate, front: set[int]) -> dict[str, Any]:
