@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,21 @@ def chief_address(cluster: dict[str, list[str]]) -> str:
     hosts = [a.rpartition(":")[0] for addresses in cluster.values() for a in addresses]
     if hosts.count(host) == 1:
         return f"{host}:{int(port) + 1}"
+    return f"{host}:{_free_port()}"
+
+
+def _free_port() -> int:
+    """A free port below the kernel's ephemeral range (32768 up), where no outgoing connection takes its source
+    port between this pick and the chief's bind (the controller's orchestrator.providers.ports, which this payload,
+    shipped alone to the VMs, cannot import); the kernel's pick where none binds."""
+    pick = random.SystemRandom()
+    for _ in range(64):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", pick.randrange(20000, 32768)))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
     with socket.socket() as probe:
         probe.bind(("", 0))
-        return f"{host}:{probe.getsockname()[1]}"
+        return int(probe.getsockname()[1])
