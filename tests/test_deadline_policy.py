@@ -28,7 +28,7 @@ from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
 from orchestrator.core.spec.base import SpecError
 from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
 from orchestrator.core.status import InstanceStatus, JobStatus
-from orchestrator.sim.availability import Job, load_trace, optimal_choices, run_policy, study
+from orchestrator.sim.availability import Job, load_trace, optimal_choices, restart, run_policy, study
 
 TRACE = data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json"
 
@@ -132,10 +132,13 @@ def test_availability_log_matches_the_stretches() -> None:
 
 
 @pytest.mark.parametrize("start", [100, 1500, 3000])
-@pytest.mark.parametrize(("deadline_h", "overhead_min"), [(52, 3), (70, 12)])
-def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int, overhead_min: int) -> None:
+@pytest.mark.parametrize(("deadline_h", "overhead_min", "hop_min"), [(52, 3, None), (70, 12, None), (52, 12, 3)])
+def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int, overhead_min: int,
+                                                    hop_min: int | None) -> None:
+    """hop_min: the what-if of make-before-break hops (bench/deadline_policy.py --overlap-hops), which the
+    optimum and every policy share."""
     trace = load_trace(TRACE)
-    job = Job(48 * 60, deadline_h * 60, overhead_min, 0.918, 3.06)
+    job = Job(48 * 60, deadline_h * 60, overhead_min, 0.918, 3.06, hop_min)
     avail = trace.available()[start:]
     opt = optimal_choices(job, avail, trace.tick_min)
     assert opt is not None
@@ -145,6 +148,19 @@ def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int,
     for o in study(job, trace, start):
         assert o.deadline_met, o.policy
         assert o.cost_usd >= opt[0] - 1e-6, o.policy
+
+
+def test_a_make_before_break_hop_loses_its_own_overhead_and_bills_the_spot_boot() -> None:
+    job = Job(600, 700, 12, 0.6, 3.0, hop_overhead_min=3)
+    assert restart(job, Mode.ON_DEMAND, Mode.SPOT) == (3, pytest.approx(0.6 / 60 * 9))  # 9 min of spot boot
+    assert restart(job, Mode.IDLE, Mode.SPOT) == (12, 0.0)  # from nothing, or after a preemption: the whole start
+    assert restart(job, Mode.SPOT, Mode.ON_DEMAND) == (12, 0.0)
+    assert restart(replace(job, hop_overhead_min=None), Mode.ON_DEMAND, Mode.SPOT) == (12, 0.0)
+    # The policy's slack for a hop counts the hop's start, not a whole overhead.
+    tight = progress(mode=Mode.ON_DEMAND, spot_available=True, elapsed_h=20.0, work_done_h=16.35, overhead_h=0.2)
+    assert tight.slack_h == pytest.approx(0.35)  # under two overheads, over a 3-minute hop and one overhead
+    assert policy._safe(tight, Mode.SPOT) == Mode.ON_DEMAND
+    assert policy._safe(replace(tight, hop_overhead_h=0.05), Mode.SPOT) == Mode.SPOT
 
 
 # ---------------------------------------------------------------- the daemon makes the simulator's decisions

@@ -250,6 +250,12 @@ class Progress:
     spot_up_h: float = 0.0  # how long spot has been available (0 when it cannot be had)
     spot_usd_per_h: float = 0.3
     on_demand_usd_per_h: float = 1.0
+    hop_overhead_h: float | None = None  # a what-if: a make-before-break hop's overhead (sim.availability.Job)
+
+    @property
+    def hop_h(self) -> float:
+        """The slack a hop from on-demand to spot costs: the whole overhead, unless the spot VM boots alongside."""
+        return self.overhead_h if self.hop_overhead_h is None else self.hop_overhead_h
 
     @property
     def slack_h(self) -> float:
@@ -372,7 +378,8 @@ def _safe(p: Progress, choice: Mode) -> Mode:
     """The safety net every deadline-aware policy shares: a choice that could leave no time to start an
     on-demand VM (after a preemption, or after waiting this tick) becomes on-demand now."""
     s, d = p.slack_h, p.overhead_h
-    if choice == Mode.SPOT and s < (d if p.mode == Mode.SPOT else 2 * d):
+    start = p.hop_h if p.mode == Mode.ON_DEMAND else d  # the spot VM's start, if it is not running yet
+    if choice == Mode.SPOT and s < (d if p.mode == Mode.SPOT else start + d):
         return Mode.ON_DEMAND
     if choice == Mode.IDLE and s - p.tick_h < d:
         return Mode.ON_DEMAND
@@ -405,12 +412,12 @@ def ahead_h(p: Progress) -> float:
 
 def hop_age_h(p: Progress, seen: Availability) -> float:
     """The age a spot stretch must have reached before the job leaves on-demand for it. A hop that fails
-    spends about two overheads of slack (the spot VM's start and the on-demand one's after it), so the slack
-    left pays for HOP_BUDGET x slack / (2 overheads) hops; when more spot stretches than that are expected
+    spends the spot VM's start and the on-demand one's after it (two overheads of slack), so the slack
+    left pays for HOP_BUDGET x slack / (those two) hops; when more spot stretches than that are expected
     before the deadline (time left / (mean up + mean down)), only the longest of them are worth one, and
     the stretches seen say which age only those reach. 0: the slack pays for every stretch."""
     chances = (p.deadline_h - p.elapsed_h) / max(1e-9, seen.up_h + seen.down_h)
-    budget = HOP_BUDGET * max(0.0, p.slack_h) / (2 * p.overhead_h)
+    budget = HOP_BUDGET * max(0.0, p.slack_h) / (p.hop_h + p.overhead_h)
     if not seen.ups or chances <= budget:
         return 0.0
     longest = sorted(seen.ups, reverse=True)
@@ -455,7 +462,7 @@ def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> M
     if p.spot_available:
         if p.mode != Mode.ON_DEMAND:
             return _safe(p, Mode.SPOT)
-        if p.slack_h < 2 * d:
+        if p.slack_h < d + p.hop_h:
             return Mode.ON_DEMAND
         return Mode.SPOT if hop_pays(p, seen) else Mode.ON_DEMAND
     if p.mode == Mode.ON_DEMAND:

@@ -44,6 +44,19 @@ class Job:
     overhead_min: int
     spot_usd_per_h: float
     on_demand_usd_per_h: float
+    # A what-if (bench/deadline_policy.py --overlap-hops): a hop from on-demand to spot whose spot VM boots while
+    # the on-demand one trains (make-before-break) loses only this much time (restore and checkpoint), the boot
+    # billed at the spot price alongside. None: a hop costs the whole overhead, as the daemon's hops do today.
+    hop_overhead_min: int | None = None
+
+
+def restart(job: Job, mode: Mode, c: Mode) -> tuple[int, float]:
+    """The overhead (minutes) of starting ``c`` where ``mode`` runs, and what it bills beside that overhead: a
+    make-before-break hop's spot boot (``Job.hop_overhead_min``)."""
+    if mode == Mode.ON_DEMAND and c == Mode.SPOT and job.hop_overhead_min is not None:
+        h = job.hop_overhead_min
+        return h, price_per_min(job, Mode.SPOT) * (job.overhead_min - h)
+    return job.overhead_min, 0.0
 
 
 @dataclass
@@ -108,14 +121,17 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
                          spot_available=a, tick_h=tick / 60, overhead_left_h=r / 60,
                          outage_h=max(0, down - 1) * tick / 60, spot_up_h=max(0, up - 1) * tick / 60,
                          spot_usd_per_h=job.spot_usd_per_h,
-                         on_demand_usd_per_h=job.on_demand_usd_per_h)
+                         on_demand_usd_per_h=job.on_demand_usd_per_h,
+                         hop_overhead_h=None if job.hop_overhead_min is None else job.hop_overhead_min / 60)
             c = _decide(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
         log.add(a)
         if not out.timeline or out.timeline[-1][1] != c.value:  # a preemption into waiting shows too
             out.timeline.append((t, c.value))
-        r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
+        if c != mode:
+            r, extra = restart(job, mode, c) if c != Mode.IDLE else (0, 0.0)
+            cost += extra
         mode = c
         out.work_at.append((t, w))
         t, w, r, cost, done = step_tick(job, c, tick, t, w, r, cost)
@@ -140,7 +156,9 @@ def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float
     done in minutes, what runs, overhead still to run), vectorised over the work done."""
     W, D, d = job.work_min, job.deadline_min, job.overhead_min
     n = math.ceil(D / tick)
-    rs = sorted({0, *(d - k * tick for k in range(1, d // tick + 1) if d - k * tick > 0)})
+    hop = job.hop_overhead_min
+    starts_ = {d} if hop is None else {d, hop}
+    rs = sorted({0, *starts_, *(x - k * tick for x in starts_ for k in range(1, x // tick + 1) if x - k * tick > 0)})
     r_idx = {r: k for k, r in enumerate(rs)}
     w = np.arange(W + 1)
     nxt = np.full((3, len(rs), W + 1), math.inf)
@@ -171,7 +189,11 @@ def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float
                     continue
                 v, k = nxt[0, 0].copy(), np.zeros(W + 1, dtype=np.int8)  # wait
                 for ci in ((1, 2) if a else (2,)):
-                    cand = run[ci, r if ci == mi else d]
+                    if ci == mi:
+                        cand = run[ci, r]
+                    else:
+                        rc, extra = restart(job, _MODES[mi], _MODES[ci])
+                        cand = run[ci, rc] + extra
                     better = cand < v
                     v[better], k[better] = cand[better], ci
                 cur[mi, ri], arg[mi, ri] = v, k
@@ -196,7 +218,8 @@ def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[np.ndarray
             mode, r = Mode.IDLE, 0
         c = _MODES[int(arg[_MODES.index(mode), r_idx[r], w])]
         out.append(c)
-        r = r if c == mode else (job.overhead_min if c != Mode.IDLE else 0)
+        if c != mode:
+            r = restart(job, mode, c)[0] if c != Mode.IDLE else 0
         if c != Mode.IDLE:
             if r + job.work_min - w <= tick:
                 break
