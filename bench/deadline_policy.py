@@ -21,7 +21,9 @@ those 5 either: per cell, the goal needs information these policies do not have,
 ``--overlap-hops F`` is a what-if the daemon does not do yet: a hop from on-demand to spot boots the spot VM while
 the on-demand one trains (make-before-break) and loses only F x the overhead (the product's own overheads of GCE
 jobs are 97-99% boot: sim.from_spec). Every policy and the optimum get it alike; the zones columns do not model it.
-At F = 0.1 and 0.25 (2026-11-29): 4 cells under 80% (the 4 h / 12 min setting 89% and 88% of the saving), at 0.5: 5.
+It is optimistic: the boot is billed but takes no time (a real hop trains on on-demand while the spot VM boots, and
+loses that boot when spot goes meanwhile). At F = 0.1 and 0.25 (2026-11-29): 4 cells under 80% (the 4 h / 12 min
+setting 89% and 88% of the saving), at 0.5: 5; so even such hops leave the per-cell goal unmet.
 ``--mpc`` adds the model-predictive trial policy ``deadline-mpc`` (core/deadline_mpc.py: a semi-Markov
 availability model fitted to the stretches seen, the MDP to the deadline solved by backward dynamic
 programming; its settings were also chosen on the even start points), with its own goal line (~15x slower). The
@@ -311,8 +313,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--overlap-hops", type=float, metavar="F",
-                    help="what-if: hops from on-demand to spot boot the spot VM alongside and lose only F x the "
-                         "overhead (every policy and the optimum alike; the zones columns do not model it)")
+                    help="optimistic what-if: hops from on-demand to spot boot the spot VM alongside (in no time) and "
+                         "lose only F x the overhead (every policy and the optimum alike; not the zones columns)")
     ap.add_argument("--ceiling", action="store_true",
                     help="each cell's best share over the tuning grid on the held-out points (tuning on test data)")
     ap.add_argument("--mpc", action="store_true", help="also the model-predictive trial policy deadline-mpc")
@@ -326,8 +328,8 @@ def main() -> None:
             ap.error("--overlap-hops: a share of the overhead, 0 to 1")
         OVERLAP_HOPS = args.overlap_hops
         print(f"WHAT-IF: a hop from on-demand to spot boots the spot VM while the on-demand one trains and loses "
-              f"{args.overlap_hops:.2f} x the overhead (the boot billed at the spot price beside it); every policy and "
-              "the optimum alike. The daemon does not hop this way today.")
+              f"{args.overlap_hops:.2f} x the overhead (the boot billed at the spot price beside it, optimistically "
+              "in no time); every policy and the optimum alike. The daemon does not hop this way today.")
     if args.ceiling:
         ceiling(args.book)
     else:

@@ -46,7 +46,9 @@ class Job:
     on_demand_usd_per_h: float
     # A what-if (bench/deadline_policy.py --overlap-hops): a hop from on-demand to spot whose spot VM boots while
     # the on-demand one trains (make-before-break) loses only this much time (restore and checkpoint), the boot
-    # billed at the spot price alongside. None: a hop costs the whole overhead, as the daemon's hops do today.
+    # billed at the spot price alongside. Optimistic: the boot takes no time here, as if the VM had booted in the
+    # ticks before (a real hop would train on on-demand meanwhile, and lose the boot when spot goes in it).
+    # None: a hop costs the whole overhead, as the daemon's hops do today.
     hop_overhead_min: int | None = None
 
 
