@@ -28,7 +28,15 @@ from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
 from orchestrator.core.spec.base import SpecError
 from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
 from orchestrator.core.status import InstanceStatus, JobStatus
-from orchestrator.sim.availability import Job, load_trace, optimal_choices, restart, run_policy, study
+from orchestrator.sim.availability import (
+    Job,
+    boot_bill,
+    boot_ticks,
+    load_trace,
+    optimal_choices,
+    run_policy,
+    study,
+)
 
 TRACE = data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json"
 
@@ -150,12 +158,27 @@ def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int,
         assert o.cost_usd >= opt[0] - 1e-6, o.policy
 
 
-def test_a_make_before_break_hop_loses_its_own_overhead_and_bills_the_spot_boot() -> None:
-    job = Job(600, 700, 12, 0.6, 3.0, hop_overhead_min=3)
-    assert restart(job, Mode.ON_DEMAND, Mode.SPOT) == (3, pytest.approx(0.6 / 60 * 9))  # 9 min of spot boot
-    assert restart(job, Mode.IDLE, Mode.SPOT) == (12, 0.0)  # from nothing, or after a preemption: the whole start
-    assert restart(job, Mode.SPOT, Mode.ON_DEMAND) == (12, 0.0)
-    assert restart(replace(job, hop_overhead_min=None), Mode.ON_DEMAND, Mode.SPOT) == (12, 0.0)
+def test_a_make_before_break_hop_boots_a_standby_while_on_demand_trains() -> None:
+    """The what-if of bench/deadline_policy.py --overlap-hops, tick by tick (10-minute ticks)."""
+    job = Job(600, 700, 25, 0.6, 3.0, hop_overhead_min=5)  # the boot: 20 minutes, two ticks
+    assert boot_ticks(job, 10) == 2 and boot_bill(job, 10, 2) == boot_bill(job, 10, 1) == pytest.approx(0.1)
+    spot, od_ = Mode.SPOT, Mode.ON_DEMAND
+    on_demand_first = [od_] * 3  # 25 minutes of start, then trains
+    hop = run_policy("x", job, (True,) * 80, 10, choices=[*on_demand_first] + [spot] * 77)
+    # On-demand trains while the standby boots (2 ticks), then the hop costs 5 minutes.
+    assert [m for _, m in hop.timeline] == ["on-demand", "spot", "done"]
+    assert hop.timeline[1][0] == 50 and hop.finish_min == 25 + 600 + 5
+    od = 3.0 / 60 * (25 + 25)  # on-demand from 0 to the hop at minute 50
+    assert hop.cost_usd == pytest.approx(od + 0.2 + 0.6 / 60 * (hop.finish_min - 50))
+    # Spot going while the standby boots loses only its boot: on-demand never stopped.
+    gone = (True,) * 4 + (False,) + (True,) * 80
+    lost = run_policy("x", job, gone, 10, choices=[*on_demand_first, spot] + [od_] * 81)
+    assert [m for _, m in lost.timeline] == ["on-demand", "done"] and lost.finish_min == 625
+    assert lost.cost_usd == pytest.approx(3.0 / 60 * 625 + 0.1)
+    # Without the what-if, the same choices hop at once for the whole overhead.
+    plain = run_policy("x", replace(job, hop_overhead_min=None), (True,) * 80, 10,
+                       choices=[*on_demand_first] + [spot] * 77)
+    assert plain.timeline[1] == (30, "spot") and plain.finish_min == 30 + 25 + 595  # 5 min of work by the hop
     # The policy's slack for a hop counts the hop's start, not a whole overhead.
     tight = progress(mode=Mode.ON_DEMAND, spot_available=True, elapsed_h=20.0, work_done_h=16.35, overhead_h=0.2)
     assert tight.slack_h == pytest.approx(0.35)  # under two overheads, over a 3-minute hop and one overhead

@@ -44,21 +44,24 @@ class Job:
     overhead_min: int
     spot_usd_per_h: float
     on_demand_usd_per_h: float
-    # A what-if (bench/deadline_policy.py --overlap-hops): a hop from on-demand to spot whose spot VM boots while
-    # the on-demand one trains (make-before-break) loses only this much time (restore and checkpoint), the boot
-    # billed at the spot price alongside. Optimistic: the boot takes no time here, as if the VM had booted in the
-    # ticks before (a real hop would train on on-demand meanwhile, and lose the boot when spot goes in it).
-    # None: a hop costs the whole overhead, as the daemon's hops do today.
+    # A what-if (bench/deadline_policy.py --overlap-hops): make-before-break hops. From on-demand, spot means a
+    # standby spot VM boots while the on-demand one trains (the boot, overhead - this, billed at the spot price);
+    # once it is up (and spot still there) the hop costs only this much (restore). Spot going while it boots
+    # takes only the boot's money. None: a hop costs the whole overhead, as the daemon's hops do today.
     hop_overhead_min: int | None = None
 
 
-def restart(job: Job, mode: Mode, c: Mode) -> tuple[int, float]:
-    """The overhead (minutes) of starting ``c`` where ``mode`` runs, and what it bills beside that overhead: a
-    make-before-break hop's spot boot (``Job.hop_overhead_min``)."""
-    if mode == Mode.ON_DEMAND and c == Mode.SPOT and job.hop_overhead_min is not None:
-        h = job.hop_overhead_min
-        return h, price_per_min(job, Mode.SPOT) * (job.overhead_min - h)
-    return job.overhead_min, 0.0
+def boot_ticks(job: Job, tick: int) -> int:
+    """Ticks a standby spot VM boots before it can take over (``Job.hop_overhead_min``)."""
+    assert job.hop_overhead_min is not None
+    return max(1, math.ceil((job.overhead_min - job.hop_overhead_min) / tick))
+
+
+def boot_bill(job: Job, tick: int, left: int) -> float:
+    """Dollars of a standby's boot billed in a tick with ``left`` boot ticks to go, this one included."""
+    assert job.hop_overhead_min is not None
+    done = (boot_ticks(job, tick) - left) * tick
+    return price_per_min(job, Mode.SPOT) * max(0, min(tick, job.overhead_min - job.hop_overhead_min - done))
 
 
 @dataclass
@@ -103,6 +106,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     learns as ``learn=True, history=()`` does: from the ticks of the job alone."""
     t, w, r, i, cost, down, up = 0, 0, 0, 0, 0.0, 0, 0
     mode = Mode.IDLE
+    standby: int | None = None  # a standby spot VM's boot ticks to go (0: up), while on-demand trains
     log = AvailabilityLog()
     learn = learn and name in policy.LEARNING_POLICIES
     for x in history if learn else ():
@@ -112,6 +116,8 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         a = avail[i] if i < len(avail) else False
         if mode == Mode.SPOT and not a:
             mode, r = Mode.IDLE, 0  # preempted
+        if not a:
+            standby = None  # preempted while it booted (or before it took over)
         down, up = (0, up + 1) if a else (down + 1, 0)
         if choices is not None:
             c = choices[i] if i < len(choices) else Mode.ON_DEMAND
@@ -129,11 +135,16 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
         log.add(a)
+        if _boots_standby(job, mode, c, r, standby):
+            standby = boot_ticks(job, tick) if standby is None else standby
+            cost += boot_bill(job, tick, standby)
+            standby, c = standby - 1, Mode.ON_DEMAND
+        elif c != mode:
+            r, standby = _start_overhead(job, c, standby), None
+        else:
+            standby = None
         if not out.timeline or out.timeline[-1][1] != c.value:  # a preemption into waiting shows too
             out.timeline.append((t, c.value))
-        if c != mode:
-            r, extra = restart(job, mode, c) if c != Mode.IDLE else (0, 0.0)
-            cost += extra
         mode = c
         out.work_at.append((t, w))
         t, w, r, cost, done = step_tick(job, c, tick, t, w, r, cost)
@@ -146,6 +157,21 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     return out
 
 
+def _start_overhead(job: Job, c: Mode, standby: int | None) -> int:
+    """The overhead of starting ``c``: none to wait; the hop's own where a standby spot VM is up to take over."""
+    if c == Mode.IDLE:
+        return 0
+    if c == Mode.SPOT and standby == 0 and job.hop_overhead_min is not None:
+        return job.hop_overhead_min
+    return job.overhead_min
+
+
+def _boots_standby(job: Job, mode: Mode, c: Mode, r: int, standby: int | None) -> bool:
+    """Whether spot, chosen while on-demand trains, boots a standby spot VM this tick (make-before-break)."""
+    return (job.hop_overhead_min is not None and mode == Mode.ON_DEMAND and c == Mode.SPOT and standby != 0
+            and (standby is not None or r == 0))
+
+
 def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
     if name == "deadline-mpc":  # the trial policy (core.policy.TRIAL_POLICIES): the simulator only
         return deadline_mpc.mpc_policy(p, seen)
@@ -155,73 +181,92 @@ def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
 def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float, list[Mode]] | None:
     """The offline optimum: least cost to finish by the deadline knowing the whole trace, and its choice
     at each tick; None when no schedule finishes in time. Backward dynamic programming over (tick, work
-    done in minutes, what runs, overhead still to run), vectorised over the work done."""
-    W, D, d = job.work_min, job.deadline_min, job.overhead_min
+    done in minutes, what runs, overhead still to run; with make-before-break hops, also on-demand with a
+    standby spot VM booting), vectorised over the work done."""
+    W, D, d, h = job.work_min, job.deadline_min, job.overhead_min, job.hop_overhead_min
     n = math.ceil(D / tick)
-    hop = job.hop_overhead_min
-    starts_ = {d} if hop is None else {d, hop}
-    rs = sorted({0, *starts_, *(x - k * tick for x in starts_ for k in range(1, x // tick + 1) if x - k * tick > 0)})
+    kb = 0 if h is None else boot_ticks(job, tick)
+    firsts = {d} if h is None else {d, h}
+    rs = sorted({0, *firsts, *(x - k * tick for x in firsts for k in range(1, x // tick + 1) if x - k * tick > 0)})
     r_idx = {r: k for k, r in enumerate(rs)}
     w = np.arange(W + 1)
     nxt = np.full((3, len(rs), W + 1), math.inf)
-    nxt[:, :, W] = 0.0
-    best: list[np.ndarray] = []
+    nxt_sb = np.full((kb, W + 1), math.inf)  # on-demand trains, a standby has this many boot ticks to go
+    nxt[:, :, W] = nxt_sb[:, W] = 0.0
+    best: list[tuple[np.ndarray, np.ndarray]] = []
     for i in range(n - 1, -1, -1):
         a = avail[i] if i < len(avail) else False
         room = min(tick, D - i * tick)
-        # Running c with rc minutes of overhead still to run this tick: finish now, or go on to tick i + 1.
-        run: dict[tuple[int, int], np.ndarray] = {}
-        for ci in ((1, 2) if a else (2,)):
-            price = price_per_min(job, _MODES[ci])
-            for rc in {d, *rs}:
-                need = rc + W - w
-                prog = max(0, tick - rc)
-                v = np.full(W + 1, math.inf)
-                fin = need <= room
-                v[fin] = price * need[fin]
-                nw = w + prog
-                go = (~fin) & (nw < W)
-                v[go] = price * tick + nxt[ci, r_idx[max(0, rc - tick)], nw[go]]
-                run[ci, rc] = v
+
+        def into(c: Mode, rc: int, then: np.ndarray, room: int = room) -> np.ndarray:
+            """Running ``c`` with ``rc`` minutes of overhead still to run this tick: finish, or go on to ``then``."""
+            price, need = price_per_min(job, c), rc + W - w
+            v, fin = np.full(W + 1, math.inf), need <= room
+            v[fin] = price * need[fin]
+            nw = w + max(0, tick - rc)
+            go = (~fin) & (nw < W)
+            v[go] = price * tick + then[nw[go]]
+            return v
+
+        run = {(ci, rc): into(_MODES[ci], rc, nxt[ci, r_idx[max(0, rc - tick)]])
+               for ci in ((1, 2) if a else (2,)) for rc in {d, *rs}}
+        booting = [boot_bill(job, tick, j + 1) + into(Mode.ON_DEMAND, 0, nxt_sb[j]) for j in range(kb)] if a else []
         cur = np.full((3, len(rs), W + 1), math.inf)
         arg = np.zeros((3, len(rs), W + 1), dtype=np.int8)
         for mi in range(3):
             for ri, r in enumerate(rs):
                 if mi == 0 and r:
                     continue
-                v, k = nxt[0, 0].copy(), np.zeros(W + 1, dtype=np.int8)  # wait
-                for ci in ((1, 2) if a else (2,)):
-                    if ci == mi:
-                        cand = run[ci, r]
-                    else:
-                        rc, extra = restart(job, _MODES[mi], _MODES[ci])
-                        cand = run[ci, rc] + extra
-                    better = cand < v
-                    v[better], k[better] = cand[better], ci
-                cur[mi, ri], arg[mi, ri] = v, k
+                cands = [(ci, run[ci, r] if ci == mi else booting[kb - 1] if booting and mi == 2 and ci == 1 and r == 0
+                          else run[ci, d]) for ci in ((1, 2) if a else (2,))]
+                cur[mi, ri], arg[mi, ri] = _least(nxt[0, 0], cands)
+        cur_sb = np.full((kb, W + 1), math.inf)
+        arg_sb = np.zeros((kb, W + 1), dtype=np.int8)
+        for j in range(kb):  # spot: go on booting, or hop once it is up; on-demand: give the standby up
+            if a:
+                assert h is not None
+                cur_sb[j], arg_sb[j] = _least(nxt[0, 0], [(1, booting[j - 1] if j else run[1, h]), (2, run[2, 0])])
+            else:  # the standby is lost with spot: on-demand trains on as before
+                cur_sb[j], arg_sb[j] = cur[2, r_idx[0]], arg[2, r_idx[0]]
         if not a:  # a spot VM is lost at this tick: its state is that of nothing running
             cur[1], arg[1] = cur[0, 0], arg[0, 0]
-        cur[:, :, W] = 0.0
-        best.append(arg)
-        nxt = cur
+        cur[:, :, W] = cur_sb[:, W] = 0.0
+        best.append((arg, arg_sb))
+        nxt, nxt_sb = cur, cur_sb
     if not math.isfinite(nxt[0, 0, 0]):
         return None
     best.reverse()
-    return float(nxt[0, 0, 0]), _forward(job, avail, tick, best, rs, r_idx)
+    return float(nxt[0, 0, 0]), _forward(job, avail, tick, best, r_idx)
 
 
-def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[np.ndarray], rs: list[int],
+def _least(wait: np.ndarray, cands: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest of waiting (``wait``: the next tick's value of nothing running) and each (choice, value)."""
+    v, k = wait.copy(), np.zeros(len(wait), dtype=np.int8)
+    for ci, cand in cands:
+        better = cand < v
+        v[better], k[better] = cand[better], ci
+    return v, k
+
+
+def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[tuple[np.ndarray, np.ndarray]],
              r_idx: dict[int, int]) -> list[Mode]:
-    """The optimum's choice at each tick, following its argmins from the start."""
+    """The optimum's choice at each tick, following its argmins from the start (as ``run_policy`` replays them)."""
     w, r, mode, out = 0, 0, Mode.IDLE, []
-    for i, arg in enumerate(best):
+    standby: int | None = None
+    for i, (arg, arg_sb) in enumerate(best):
         a = avail[i] if i < len(avail) else False
         if mode == Mode.SPOT and not a:
             mode, r = Mode.IDLE, 0
-        c = _MODES[int(arg[_MODES.index(mode), r_idx[r], w])]
+        if not a:
+            standby = None
+        c = _MODES[int(arg_sb[standby, w] if standby is not None else arg[_MODES.index(mode), r_idx[r], w])]
         out.append(c)
-        if c != mode:
-            r = restart(job, mode, c)[0] if c != Mode.IDLE else 0
+        if _boots_standby(job, mode, c, r, standby):
+            standby, c = (boot_ticks(job, tick) if standby is None else standby) - 1, Mode.ON_DEMAND
+        elif c != mode:
+            r, standby = _start_overhead(job, c, standby), None
+        else:
+            standby = None
         if c != Mode.IDLE:
             if r + job.work_min - w <= tick:
                 break
