@@ -71,6 +71,8 @@ def launch(
 
     if (note := launch_note(spec, calibration)) is not None:  # local workers share the cores with what else runs here
         err_console.print(note, highlight=False, markup=False)
+    for note in checked.notes:  # an ssh inventory's GPUs and prices, which the plan does not count
+        err_console.print(f"note: {note}", highlight=False, markup=False)
     if problems := secret_problems(spec):  # read again when each task starts; values are never stored
         raise UserError("; ".join(problems) + "; nothing was created")
     from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer

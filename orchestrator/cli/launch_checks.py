@@ -70,6 +70,8 @@ def print_dry_run(checked: ValidatedLaunch) -> None:
                       "(cost model, with expected revocation overhead; distribution: `orchestrator simulate`)")
     for warning in checked.result.warnings:  # placeholder / unverified prices, a GPU's end of support ahead
         console.print(f"[bold red]warning:[/bold red] {escape(warning)}")
+    for note in checked.notes:  # an ssh inventory's GPUs and prices, which the plan does not count
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     limits = [f"budget {money(spec.policy.budget_usd)}" if spec.policy.budget_usd else "",
               f"deadline {duration(spec.policy.deadline)}" if spec.policy.deadline else ""]
     if any(limits):

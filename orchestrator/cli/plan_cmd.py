@@ -193,6 +193,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
         return
     if fmt == "json":
         doc = {**result.to_dict(top=top), "prediction_interval": interval}
+        if checked.notes:
+            doc["inventory_notes"] = list(checked.notes)
         if found is not None:
             doc["deadline_policies"] = outlook_dict(found)
         if load is not None:
@@ -202,6 +204,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
         print(json.dumps(doc, indent=2))
         return
     _print_plan(checked.spec.name, result, top)
+    for note in checked.notes:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if interval is not None:
         _print_interval(result, interval)
     if found is not None:

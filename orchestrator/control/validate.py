@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from orchestrator.control.inventory_plan import inventory_notes
 from orchestrator.control.launcher import KnownBlock, known_blocks
 from orchestrator.core.costmodel import SplitError, UnknownModelError
 from orchestrator.core.costmodel.planner import launch_strategy
@@ -28,7 +29,7 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import FieldError, JobSpec, SpecError, load_spec
 from orchestrator.core.specfile import short
-from orchestrator.providers.ssh.provider import load_inventory
+from orchestrator.providers.ssh.provider import Inventory, load_inventory
 from orchestrator.sim.from_spec import plan_job
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class ValidatedLaunch:
     plan: LaunchPlan  # the one expansion into slots: the dry run, the quota check and the launch all use it
     blocks: list[KnownBlock]
     searched: bool  # the planner chose the cluster
+    notes: tuple[str, ...] = ()  # where the provider's inputs say otherwise than the plan (an ssh inventory)
 
     @property
     def planned(self) -> PlanResult | None:
@@ -84,7 +86,7 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     if errors := batch_fit_errors(spec):  # the cost model's check of the spec (the spec cannot import it)
         raise SpecError(errors, short(str(spec_path), 200))
     _storage_reachable(spec, short(str(spec_path), 200))
-    inventory_hosts = _inventory_gpus(spec)  # the inventory's content, before any planning
+    inventory = _inventory(spec)  # the inventory's content, before any planning
     # PROVIDER SET-UP (issue 20 item 5): providers.registry.check_setup (credentials, project, permissions) runs
     # right after this in `launch` and its dry run (cli/jobs_cmd.py), before any row; `plan` needs no account.
     blocks = known_blocks(spec)
@@ -106,9 +108,12 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
         plan = plan_spec(spec, blocks=blocks, calibration=calibration)
     except UserError as exc:
         raise NotLaunchable(exc.message, hint=exc.hint or "", result=result) from None
-    if inventory_hosts is not None:
-        _hosts_for(plan, inventory_hosts)
-    return ValidatedLaunch(spec, result, plan, blocks, searched)
+    notes: tuple[str, ...] = ()
+    if inventory is not None:
+        _hosts_for(plan, Counter(h.gpu or "" for h in inventory.hosts))
+        hours = judged.time_s / 3600 if judged is not None and math.isfinite(judged.time_s) else None
+        notes = inventory_notes(spec, plan, inventory, hours)
+    return ValidatedLaunch(spec, result, plan, blocks, searched, notes)
 
 
 def _runnable(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> None:
@@ -163,13 +168,10 @@ def _loopback(url: str | None) -> bool:
         return False
 
 
-def _inventory_gpus(spec: JobSpec) -> Counter[str] | None:
-    """The ssh inventory's hosts by GPU type ('' for CPU-only hosts); None for providers without one."""
+def _inventory(spec: JobSpec) -> Inventory | None:
+    """The ssh inventory; None for providers without one."""
     path = spec.provider.inventory_path
-    if path is None:
-        return None
-    inventory = load_inventory(path)
-    return Counter(h.gpu or "" for h in inventory.hosts)
+    return None if path is None else load_inventory(path)
 
 
 def _hosts_for(plan: LaunchPlan, hosts: Counter[str]) -> None:
