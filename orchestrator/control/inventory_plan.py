@@ -10,17 +10,16 @@ from orchestrator.core.plan import LaunchPlan
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.torch_spec import payload_framework
-from orchestrator.providers.ssh.provider import Inventory, InventoryHost
+from orchestrator.providers.ssh.provider import Inventory, InventoryHost, pick_order
 
 
 def placement(plan: LaunchPlan, inventory: Inventory) -> list[tuple[Slot, InventoryHost]]:
-    """The host each slot would take, in the provider's order (``SshInventoryProvider.create``): the cheapest
-    fitting host, CPU roles on CPU-only hosts first; every host taken to be free and reachable."""
+    """The host each slot would take, in the order ``SshInventoryProvider.create`` takes them (``pick_order``);
+    every host taken to be free and reachable."""
     taken: set[str] = set()
     out = []
     for slot in plan.slots:
-        fit = [h for h in inventory.hosts if h.name not in taken and (slot.gpu is None or h.gpu == slot.gpu)]
-        fit.sort(key=lambda h: (h.gpu is not None and slot.gpu is None, h.price_per_hour, h.name))
+        fit = pick_order([h for h in inventory.hosts if h.name not in taken], slot.gpu, slot.gpu_count)
         if fit:
             taken.add(fit[0].name)
             out.append((slot, fit[0]))

@@ -135,14 +135,8 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
         log.add(a)
-        if _boots_standby(job, mode, c, r, standby):
-            standby = boot_ticks(job, tick) if standby is None else standby
-            cost += boot_bill(job, tick, standby)
-            standby, c = standby - 1, Mode.ON_DEMAND
-        elif c != mode:
-            r, standby = _start_overhead(job, c, standby), None
-        else:
-            standby = None
+        c, r, standby, billed = _switch(job, tick, mode, c, r, standby)
+        cost += billed
         if not out.timeline or out.timeline[-1][1] != c.value:  # a preemption into waiting shows too
             out.timeline.append((t, c.value))
         mode = c
@@ -157,19 +151,23 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     return out
 
 
-def _start_overhead(job: Job, c: Mode, standby: int | None) -> int:
-    """The overhead of starting ``c``: none to wait; the hop's own where a standby spot VM is up to take over."""
+def _switch(job: Job, tick: int, mode: Mode, c: Mode, r: int, standby: int | None
+            ) -> tuple[Mode, int, int | None, float]:
+    """Choosing ``c`` where ``mode`` runs with ``r`` minutes of its start to go: what runs this tick, its start
+    still to run, the standby spot VM's boot ticks to go (``Job.hop_overhead_min``; None: no standby) and the
+    standby's boot billed this tick. Spot chosen while on-demand trains boots (or goes on booting) a standby; any
+    other choice gives it up, and a standby that is up takes over for the hop's own overhead."""
+    boots = mode == Mode.ON_DEMAND and c == Mode.SPOT and standby != 0 and (standby is not None or r == 0)
+    if boots and job.hop_overhead_min is not None:
+        left = boot_ticks(job, tick) if standby is None else standby
+        return Mode.ON_DEMAND, r, left - 1, boot_bill(job, tick, left)
+    if c == mode:
+        return c, r, None, 0.0
     if c == Mode.IDLE:
-        return 0
+        return c, 0, None, 0.0
     if c == Mode.SPOT and standby == 0 and job.hop_overhead_min is not None:
-        return job.hop_overhead_min
-    return job.overhead_min
-
-
-def _boots_standby(job: Job, mode: Mode, c: Mode, r: int, standby: int | None) -> bool:
-    """Whether spot, chosen while on-demand trains, boots a standby spot VM this tick (make-before-break)."""
-    return (job.hop_overhead_min is not None and mode == Mode.ON_DEMAND and c == Mode.SPOT and standby != 0
-            and (standby is not None or r == 0))
+        return c, job.hop_overhead_min, None, 0.0
+    return c, job.overhead_min, None, 0.0
 
 
 def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
@@ -261,12 +259,7 @@ def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[tuple[np.n
             standby = None
         c = _MODES[int(arg_sb[standby, w] if standby is not None else arg[_MODES.index(mode), r_idx[r], w])]
         out.append(c)
-        if _boots_standby(job, mode, c, r, standby):
-            standby, c = (boot_ticks(job, tick) if standby is None else standby) - 1, Mode.ON_DEMAND
-        elif c != mode:
-            r, standby = _start_overhead(job, c, standby), None
-        else:
-            standby = None
+        c, r, standby, _ = _switch(job, tick, mode, c, r, standby)
         if c != Mode.IDLE:
             if r + job.work_min - w <= tick:
                 break

@@ -274,9 +274,7 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
             if request.name in st["assignments"]:
                 return  # deterministic name: assigned already
             busy = {a["host"] for a in st["assignments"].values() if a["inventory"] == self._inv_key}
-            free = [h for h in inv.hosts if h.name not in busy and _fits(h, request)]
-            # GPU roles: the cheapest matching host. CPU roles: CPU-only hosts first (GPUs are for workers).
-            free.sort(key=lambda h: (h.gpu is not None and request.gpu is None, h.price_per_hour, h.name))
+            free = pick_order([h for h in inv.hosts if h.name not in busy], request.gpu, request.gpu_count)
             up = self._probe_all(free)
             host = next((h for h in free if up[h.name]), None)
             if host is None:
@@ -369,7 +367,8 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
         self.transport.close()
 
 
-def _fits(host: InventoryHost, request: InstanceRequest) -> bool:
-    if request.gpu is None:
-        return True
-    return host.gpu == request.gpu.lower() and host.gpus >= max(1, request.gpu_count)
+def pick_order(hosts: list[InventoryHost], gpu: str | None, gpu_count: int = 1) -> list[InventoryHost]:
+    """The hosts that fit a request for ``gpu`` (None: a CPU role), in the order ``create`` takes them: GPU roles
+    the cheapest matching host; CPU roles CPU-only hosts first (GPUs are for workers), then the cheapest."""
+    fit = [h for h in hosts if gpu is None or (h.gpu == gpu.lower() and h.gpus >= max(1, gpu_count))]
+    return sorted(fit, key=lambda h: (h.gpu is not None and gpu is None, h.price_per_hour, h.name))
