@@ -18,6 +18,10 @@ the 12-minute overhead captures 77% (76% in-job) there, so that setting's held-o
 test data) still leaves 5 of the 8 cells under 80% (2026-11-29: 37, 57, 67, 70 and 73%, all with the 12-minute
 overhead, four of them on the K80 traces, where the optimum saves $1-7 on $35), and ``--mpc`` reaches none of
 those 5 either: per cell, the goal needs information these policies do not have, not other constants.
+``--oracle-stats`` bounds what learning the market can add: the learning policies start from the stretches of the
+WHOLE trace (the 26 days after the start included), so they know how long spot stays and stays away there, only
+not when. It does not help (2026-11-29, with ``--mpc``): the deadline rule leaves 9 cells under 80% (8 without),
+deadline-mpc 7. What the optimum knows and they lack is the path itself: which blip is a blip.
 ``--overlap-hops F`` is a what-if the daemon does not do: make-before-break hops. From on-demand, spot boots a
 standby spot VM while the on-demand one trains (billed at the spot price; lost, with only its boot's money, when
 spot goes meanwhile), and once it is up the hop loses only F x the overhead (the product's own overheads of GCE
@@ -42,6 +46,7 @@ optimum over the same zones. The 16-node traces are read as "at least one VM cou
     python bench/deadline_policy.py             # the held-out table
     python bench/deadline_policy.py --tune      # the grid search on the tuning start points
     python bench/deadline_policy.py --ceiling   # each cell's best grid point on the held-out points (a bound)
+    python bench/deadline_policy.py --oracle-stats --mpc   # a bound: knowing the trace's stretch statistics ahead
     python bench/deadline_policy.py --overlap-hops 0.25   # what-if: make-before-break hops (they do not pay here)
     python bench/deadline_timeline.py TRACE --slack 4 --overhead 12 --start 5   # one run's timeline vs the optimum
 """
@@ -73,6 +78,7 @@ START_POINTS = 8
 NAMES = policy.DEADLINE_POLICIES
 NO_HISTORY = "deadline-in-job"  # as the daemon decides: the stretches seen during the job, none before
 OVERLAP_HOPS: float | None = None  # --overlap-hops: a hop's share of the overhead when its spot VM boots alongside
+ORACLE_STATS = False  # --oracle-stats: the learning policies' history is the WHOLE trace, future included (a bound)
 ZONES = ("deadline-zones", "optimal-zones")  # the deadline policy moving between a group's zones; their optimum
 
 
@@ -125,6 +131,9 @@ def run_all(parity: int, book: str, zones: bool = False, names: tuple[str, ...] 
                 job = Job(WORK_H * 60, (WORK_H + slack) * 60, ovh, spot, od,
                           None if OVERLAP_HOPS is None else round(OVERLAP_HOPS * ovh))
                 run = {o.policy: o for o in study(job, tr, start, NAMES if names is None else names)}
+                if ORACLE_STATS:  # the same policies, knowing the trace's stretches (not their order) in advance
+                    for name in (n for n in (NAMES if names is None else names) if n in policy.LEARNING_POLICIES):
+                        run[name] = run_policy(name, job, tr.available()[start:], tr.tick_min, history=tr.available())
                 if zones or no_history:  # as the daemon decides: only the stretches seen during the job
                     run[NO_HISTORY] = run_policy("deadline", job, tr.available()[start:], tr.tick_min, history=())
                 if group:
@@ -320,9 +329,16 @@ def main() -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="each cell's best share over the tuning grid on the held-out points (tuning on test data)")
     ap.add_argument("--mpc", action="store_true", help="also the model-predictive trial policy deadline-mpc")
+    ap.add_argument("--oracle-stats", action="store_true",
+                    help="a bound: the learning policies read the whole trace's stretches, its future included")
     ap.add_argument("--book", default="2019-02", help="price book (data/price_books.csv)")
     args = ap.parse_args()
-    global OVERLAP_HOPS
+    global OVERLAP_HOPS, ORACLE_STATS
+    ORACLE_STATS = args.oracle_stats
+    if ORACLE_STATS:
+        print("BOUND: the learning policies (deadline, deadline-mpc) start from the stretches of the WHOLE trace, the "
+              "26 days after the start included (the job's own ticks then counted twice): they know how long spot "
+              "stays and stays away there, not when. No online policy can know this; it bounds what learning can add.")
     if args.mpc:
         NAMES = (*NAMES, *policy.TRIAL_POLICIES)
     if args.overlap_hops is not None:
