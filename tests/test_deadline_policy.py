@@ -19,6 +19,7 @@ from orchestrator.core.actions import (
     RecordSpotAvailability,
     SetInstanceStatus,
 )
+from orchestrator.core.errors import UserError
 from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
 from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import Availability, Mode, Progress
@@ -335,6 +336,25 @@ def test_simulate_availability_trace_json(tmp_path: Path) -> None:
                          timeout=120)
     assert bad.returncode == 2 and "cannot read the availability trace" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_simulate_history_h_replays_as_a_first_jobs_daemon() -> None:
+    """--history-h 0: the deadline policy learns from the job's own ticks alone, as a launch's daemon does when no
+    earlier job in its spot market recorded the stretches before it (``run_policy(..., history=())``)."""
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "local-deadline.yaml"
+    args = ["simulate", str(example), "--availability-trace", str(TRACE), "--start-tick", "2243", "--work-h", "12",
+            "--deadline-h", "14", "--restart-overhead-min", "3", "--policy", "deadline", "--json"]
+    docs = {h: json.loads(CliRunner().invoke(app, [*args, "--history-h", h]).output) for h in ("0", "24")}
+    assert docs["0"]["history_h"] == 0 and docs["24"]["history_h"] == 24
+    trace = load_trace(TRACE)
+    first = run_policy("deadline", Job(12 * 60, 14 * 60, 3, 0.861, 2.144), trace.available()[2243:], trace.tick_min)
+    assert docs["0"]["policies"][0]["timeline"] == first.as_dict()["timeline"]
+    bad = CliRunner().invoke(app, [*args, "--history-h", "-1"])  # the CLI's entry point makes a UserError exit 2
+    assert isinstance(bad.exception, UserError) and "--history-h" in str(bad.exception)
 
 
 def test_report_segments_show_spot_on_demand_and_waiting() -> None:

@@ -32,7 +32,7 @@ from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 
 def availability_command(specs: list[Path], trace_path: Path, start_tick: int, policy_name: str, json_out: bool,
                          work_h: float | None, deadline_h: float | None, overhead_min: float | None,
-                         price_book: str | None) -> None:
+                         price_book: str | None, history_h: float | None = None) -> None:
     if len(specs) != 1:
         raise UserError("--availability-trace takes exactly one job spec",
                         hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
@@ -40,7 +40,8 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     known = (*policy.DEADLINE_POLICIES, *policy.TRIAL_POLICIES, "elastic")
     if policy_name != "all" and policy_name not in known:
         raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, {', '.join(known)}")
-    for flag, v in (("--work-h", work_h), ("--deadline-h", deadline_h), ("--restart-overhead-min", overhead_min)):
+    for flag, v in (("--work-h", work_h), ("--deadline-h", deadline_h), ("--restart-overhead-min", overhead_min),
+                    ("--history-h", history_h)):
         if v is not None and not 0 <= v < 1e6:
             raise UserError(f"{flag} must be a number of hours/minutes between 0 and 1e6, not {v}")
     spec = load_spec(specs[0])
@@ -61,6 +62,7 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     if work < 1 or dl < 1:
         raise UserError(f"work ({work} min) and deadline ({dl} min) must be at least a minute of cloud time")
     job = Job(work, dl, ovh, fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+    seen_h = HISTORY_H if history_h is None else history_h
     workers = 1
     try:
         if policy_name == "elastic":  # the cluster's workers shrink onto the spot VMs there are (sim.elastic)
@@ -69,7 +71,7 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
                              on_demand_usd_per_h=job.on_demand_usd_per_h / workers)
             outcomes = [run_elastic(per_vm, workers, trace, start_tick, ("elastic",))["elastic"]]
         else:
-            outcomes = study(job, trace, start_tick, names)
+            outcomes = study(job, trace, start_tick, names, history_h=seen_h)
     except AvailabilityTraceError as exc:
         raise UserError(str(exc)) from None
     costs = {o.policy: o.cost_usd for o in outcomes}
@@ -78,8 +80,9 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         "work_h": work / 60, "deadline_h": dl / 60, "restart_overhead_h": ovh / 60,
         "spot_usd_per_h": fig.spot_usd_per_h, "on_demand_usd_per_h": fig.on_demand_usd_per_h,
         "policies": [o.as_dict() for o in outcomes],
-        # the trace before start_tick the learning policies read (the daemon has none: plan's outlook reads none)
-        "history_h": min(start_tick * trace.tick_min / 60, HISTORY_H),
+        # the trace before start_tick the learning policies read (a launch's daemon reads only what earlier jobs in
+        # its spot market recorded; plan's outlook reads none)
+        "history_h": min(start_tick * trace.tick_min / 60, seen_h),
     }
     if policy_name == "elastic":
         doc["workers"] = workers  # the prices above stay the whole cluster's; the timeline's modes: "<spot>s+<od>od"
@@ -94,8 +97,16 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     console.print(table(
         f"{spec.name}: {work / 60:.2f} h of work, deadline {dl / 60:.2f} h, restart overhead {ovh} min, on "
         f"{trace.name} from tick {start_tick} ({money(fig.spot_usd_per_h)}/h spot, "
-        f"{money(fig.on_demand_usd_per_h)}/h on-demand)",
+        f"{money(fig.on_demand_usd_per_h)}/h on-demand; the deadline policy has seen "
+        f"{doc['history_h']:.4g} h of the trace before it{_history_hint(doc['history_h'])})",
         ["policy", "cost", "finish", "deadline", "share of saving", "timeline"], rows))
+
+
+def _history_hint(seen_h: float) -> str:
+    if seen_h <= 0:
+        return ", as a launch's daemon that no earlier job in its spot market told anything"
+    return ("; a launch's daemon sees only what earlier jobs in its spot market recorded: --history-h 0 replays a "
+            "first job")
 
 
 def _share(x: float | None) -> str:

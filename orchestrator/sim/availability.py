@@ -270,16 +270,16 @@ def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[tuple[np.n
 
 
 def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policy.DEADLINE_POLICIES,
-          need: int = 1, prior: bool = True) -> list[Outcome]:
-    """Every named policy on ``trace`` from ``start_tick``; the ``deadline`` policy has seen the
-    ``HISTORY_H`` hours before it (the others need no history), or with ``prior=False`` only the ticks of the
-    job, as the daemon, which has no record of spot before the job, decides."""
+          need: int = 1, prior: bool = True, history_h: float = HISTORY_H) -> list[Outcome]:
+    """Every named policy on ``trace`` from ``start_tick``; the learning policies have seen the ``history_h``
+    hours before it (the others need no history), or with ``prior=False`` only the ticks of the job, as the
+    daemon decides when no earlier job in its spot market recorded the stretches before it."""
     if not 0 <= start_tick < len(trace.counts):
         raise AvailabilityTraceError(f"--start-tick {start_tick} is outside the trace (0..{len(trace.counts) - 1})")
     tick = trace.tick_min
     full = trace.available(need)
     avail = full[start_tick:]
-    history = full[max(0, start_tick - round(HISTORY_H * 60 / tick)):start_tick] if prior else ()
+    history = full[max(0, start_tick - round(history_h * 60 / tick)):start_tick] if prior and history_h > 0 else ()
     out = []
     for name in names:
         if name == "optimal":
