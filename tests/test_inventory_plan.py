@@ -1,6 +1,6 @@
-"""`plan` and `launch` of an ssh spec say where the inventory differs from the plan: the cost model counts one GPU
-a host at the price book's price, the run trains on every GPU of a PyTorch node's host and the ledger bills the
-inventory's price_per_hour."""
+"""`plan` and `launch` of an ssh spec price the hosts as the ledger bills them (the inventory's price_per_hour, not
+the price book's) and say where the inventory differs from the plan: the cost model counts one GPU a host, the run
+trains on every GPU of a PyTorch node's host."""
 
 from __future__ import annotations
 
@@ -70,3 +70,24 @@ def test_plan_prints_the_notes(tmp_path: Path, fmt: str) -> None:
         assert len(notes) == 2 and notes[0].startswith("ssh inventory: the workers would get box1 (4x v100)")
     else:
         assert "note: ssh inventory: the workers would get box1 (4x v100), box2 (4x v100)" in out.stdout
+
+
+def test_the_budget_check_and_the_plan_use_the_inventorys_prices(tmp_path: Path) -> None:
+    """2 V100 hosts at $0.50/h: the price book's $2.67/h each would refuse a budget the inventory's prices meet."""
+    from orchestrator.core.errors import UserError
+
+    spec = _spec(tmp_path, LAB)
+    free = validate_launch(spec)
+    judged = free.result.chosen
+    assert judged is not None and judged.hourly_usd == pytest.approx(1.0)
+    assert [w.price_per_hour for w in judged.workers] == [0.5, 0.5]
+    assert judged.cost_usd == pytest.approx(judged.time_s / 3600 * 1.0)
+    book = free.plan.cluster_usd_per_hour * judged.time_s / 3600  # what the price book's prices would cost
+    assert book > 4 * judged.cost_usd
+    text = spec.read_text()
+    spec.write_text(text.replace("cluster:", f"policy: {{budget_usd: {(judged.cost_usd + book) / 2:.4f}}}\ncluster:"))
+    met = validate_launch(spec)
+    assert met.result.feasible and met.estimate is not None and met.estimate.cost_usd == pytest.approx(judged.cost_usd)
+    spec.write_text(text.replace("cluster:", f"policy: {{budget_usd: {judged.cost_usd / 2:.4f}}}\ncluster:"))
+    with pytest.raises(UserError, match=rf"cost \${judged.cost_usd:.4f} is over the budget"):
+        validate_launch(spec)

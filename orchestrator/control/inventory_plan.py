@@ -1,10 +1,16 @@
-"""Where an ssh inventory says otherwise than the plan: the plan prices each host at the price book's rate and
-counts one GPU a host (the cost model has no inventory), while the ledger bills each host its ``price_per_hour``
-and a PyTorch node trains on every GPU of its host (``control.torch_task``). `plan` and `launch` print these
-notes beside the plan, so its figures are not taken for the inventory's."""
+"""An ssh inventory in the plan. The cost model prices each instance from the price book and counts one GPU a
+host (it has no inventory), while the ledger bills each host its ``price_per_hour`` and a PyTorch node trains on
+every GPU of its host (``control.torch_task``). So the plan's figures are repriced at the hosts the provider would
+pick (``inventory_priced``: the budget check and `plan` use them), and `plan` and `launch` print notes where the
+inventory differs from the price book and where a host has GPUs the plan does not count."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+from orchestrator.core.costmodel import Candidate
+from orchestrator.core.costmodel.planner.scoring import repriced
 from orchestrator.core.instances import Role
 from orchestrator.core.plan import LaunchPlan
 from orchestrator.core.slots import Slot
@@ -26,6 +32,35 @@ def placement(plan: LaunchPlan, inventory: Inventory) -> list[tuple[Slot, Invent
     return out
 
 
+def inventory_rates(plan: LaunchPlan, inventory: Inventory) -> tuple[float, float]:
+    """USD per hour of the slots the provider would place: at the price book's prices (as the plan has them) and at
+    their hosts' ``price_per_hour`` (as the ledger bills them)."""
+    placed = placement(plan, inventory)
+    return sum(s.price_per_hour for s, _ in placed), sum(h.price_per_hour for _, h in placed)
+
+
+def inventory_priced(judged: Candidate, plan: LaunchPlan, inventory: Inventory, budget_usd: float | None
+                     ) -> Candidate:
+    """The planner's figures for ``judged`` with each placed host at its ``price_per_hour``, its budget judged
+    again (the cost model's cost is the cluster's hourly price x the predicted time, so it scales with the
+    hourly price)."""
+    book, billed = inventory_rates(plan, inventory)
+    if abs(book - billed) <= 1e-9:
+        return judged
+    host_of = {id(s): h for s, h in placement(plan, inventory)}
+    slots = [s for s in plan.slots if s.role == Role.WORKER]
+    workers = judged.workers
+    if len(slots) == len(workers):  # the plan expands the candidate's workers in order
+        workers = tuple(replace(w, price_per_hour=host_of[id(s)].price_per_hour) if id(s) in host_of else w
+                        for w, s in zip(workers, slots, strict=True))
+    hourly = max(0.0, judged.hourly_usd - book + billed)
+    if judged.hourly_usd > 0 and math.isfinite(judged.cost_usd):
+        cost = judged.cost_usd * hourly / judged.hourly_usd
+    else:
+        cost = hourly * judged.time_s / 3600 if math.isfinite(judged.time_s) else judged.cost_usd
+    return repriced(judged, workers, hourly, cost, budget_usd)
+
+
 def inventory_notes(spec: JobSpec, plan: LaunchPlan, inventory: Inventory, hours: float | None) -> tuple[str, ...]:
     """One line for the GPUs the plan does not count (PyTorch), one for the prices it does not use; none where
     the inventory agrees with the plan. ``hours``: the plan's predicted time."""
@@ -37,13 +72,13 @@ def inventory_notes(spec: JobSpec, plan: LaunchPlan, inventory: Inventory, hours
         notes.append(f"ssh inventory: the workers would get {hosts}; a PyTorch node trains on every GPU of its "
                      "host (one rank each, its batch split between them) where the plan counts one a host, so "
                      "expect the job faster than planned")
-    planned = sum(s.price_per_hour for s, _ in placed)
-    billed = sum(h.price_per_hour for _, h in placed)
-    if abs(planned - billed) > 1e-6:
+    book, billed = inventory_rates(plan, inventory)
+    if abs(book - billed) > 1e-6:
         cost = ""
         if hours:
             span = f"{hours * 60:.1f} min" if hours < 1 else f"{hours:.2f} h"
-            cost = f" (${billed * hours:.4f} against ${planned * hours:.4f} for the planned {span})"
-        notes.append(f"ssh inventory: the ledger bills each host its price_per_hour, ${billed:.4f}/h for these "
-                     f"{len(placed)} hosts, where the plan prices them at the price book's ${planned:.4f}/h{cost}")
+            cost = f" (${billed * hours:.4f} against ${book * hours:.4f} for the planned {span})"
+        notes.append(f"ssh inventory: the plan and its budget check price each host at its price_per_hour, as the "
+                     f"ledger bills it: ${billed:.4f}/h for these {len(placed)} hosts, where the price book "
+                     f"({plan.price_book}) says ${book:.4f}/h{cost}")
     return tuple(notes)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from orchestrator.control.inventory_plan import inventory_notes
+from orchestrator.control.inventory_plan import inventory_notes, inventory_priced
 from orchestrator.control.launcher import KnownBlock, known_blocks
 from orchestrator.core.costmodel import SplitError, UnknownModelError
 from orchestrator.core.costmodel.planner import launch_strategy
@@ -102,18 +102,31 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
         judged = plan_job(spec, calibration=calibration, blocks=blocks).chosen  # as the launch will run it
     else:
         judged = result.chosen
+    plan, unlaunchable = _expand(spec, blocks, calibration)  # the policy's verdict comes first
+    if inventory is not None and plan is not None and judged is not None:
+        # The ledger bills each host its price_per_hour: the budget check and the plan's figures use those prices.
+        judged = inventory_priced(judged, plan, inventory, spec.policy.budget_usd)
+        result = replace(result, chosen=judged, feasible=judged.feasible)
     _within_policy(spec, judged, result)
     _runnable(spec, judged, result)
-    try:
-        plan = plan_spec(spec, blocks=blocks, calibration=calibration)
-    except UserError as exc:
-        raise NotLaunchable(exc.message, hint=exc.hint or "", result=result) from None
+    if plan is None:
+        assert unlaunchable is not None
+        raise NotLaunchable(unlaunchable.message, hint=unlaunchable.hint or "", result=result)
     notes: tuple[str, ...] = ()
     if inventory is not None:
         _hosts_for(plan, Counter(h.gpu or "" for h in inventory.hosts))
         hours = judged.time_s / 3600 if judged is not None and math.isfinite(judged.time_s) else None
         notes = inventory_notes(spec, plan, inventory, hours)
     return ValidatedLaunch(spec, result, plan, blocks, searched, notes)
+
+
+def _expand(spec: JobSpec, blocks: list[KnownBlock], calibration: Calibration | None
+            ) -> tuple[LaunchPlan | None, UserError | None]:
+    """The plan's one expansion into slots, or why this build cannot run it."""
+    try:
+        return plan_spec(spec, blocks=blocks, calibration=calibration), None
+    except UserError as exc:
+        return None, exc
 
 
 def _runnable(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> None:

@@ -18,7 +18,7 @@ from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.core.costmodel.accounting import run_accounting
 from orchestrator.core.costmodel.batches import price_book_for
 from orchestrator.core.costmodel.compute import Calibration
-from orchestrator.core.costmodel.planner.candidates import Candidate
+from orchestrator.core.costmodel.planner.candidates import Candidate, WorkerPlan
 from orchestrator.core.costmodel.risk import RevocationRates, load_revocation_rates
 from orchestrator.core.spec import JobSpec
 
@@ -124,8 +124,8 @@ def score_candidates(
         reasons = list(c.reasons)
         if not math.isfinite(s.time_s):
             reasons.append("no progress: zero throughput, or revocations outpace training")
-        if budget_usd is not None and s.cost_usd > budget_usd:
-            reasons.append(f"cost ${s.cost_usd:,.2f} is over the budget ${budget_usd:,.2f}")
+        if over := over_budget(s.cost_usd, budget_usd):
+            reasons.append(over)
         if deadline_s is not None and s.time_s > deadline_s:
             reasons.append(f"time {s.time_s / 3600:.2f} h is past the deadline {deadline_s / 3600:.2f} h")
         out.append(
@@ -141,6 +141,25 @@ def score_candidates(
             )
         )
     return out
+
+
+def over_budget(cost_usd: float, budget_usd: float | None) -> str | None:
+    """Why a cost breaks the budget, or None."""
+    if budget_usd is not None and cost_usd > budget_usd:
+        d = 2 if budget_usd >= 1 else 4  # cents alone would show $0.0246 over $0.02 as "$0.02 over $0.02"
+        return f"cost ${cost_usd:,.{d}f} is over the budget ${budget_usd:,.{d}f}"
+    return None
+
+
+def repriced(c: Candidate, workers: tuple[WorkerPlan, ...], hourly_usd: float, cost_usd: float,
+             budget_usd: float | None) -> Candidate:
+    """A scored candidate at other prices (an ssh inventory's, which the price book does not know): its budget
+    judged again at the new cost; every other reason stands."""
+    reasons = [r for r in c.reasons if r != over_budget(c.cost_usd, budget_usd)]
+    if over := over_budget(cost_usd, budget_usd):
+        reasons.append(over)
+    return replace(c, workers=workers, hourly_usd=hourly_usd, cost_usd=cost_usd, feasible=not reasons,
+                   reasons=tuple(reasons))
 
 
 def plan_context(
