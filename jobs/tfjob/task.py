@@ -140,15 +140,24 @@ def chief_address(cluster: dict[str, list[str]]) -> str:
     return f"{host}:{_free_port()}"
 
 
+def _ephemeral_low() -> int:
+    """The first port of this host's ephemeral range (Linux default 32768; IANA's 49152 where unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def _free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768 up), where no outgoing connection takes its source
-    port between this pick and the chief's bind (the controller's orchestrator.providers.ports, which this payload,
-    shipped alone to the VMs, cannot import); the kernel's pick where none binds."""
-    pick = random.SystemRandom()
-    for _ in range(64):
+    """A free port below the kernel's ephemeral range, where no outgoing connection takes its source port between
+    this pick and the chief's bind (the rule of the controller's orchestrator.providers.ports, which this payload,
+    shipped alone to the VMs, cannot import); the kernel's pick where none binds or the range leaves no room."""
+    pick, low = random.SystemRandom(), _ephemeral_low()
+    for _ in range(64 if low - 20000 >= 1024 else 0):
         with socket.socket() as probe:
             try:
-                probe.bind(("", pick.randrange(20000, 32768)))
+                probe.bind(("", pick.randrange(20000, low)))
             except OSError:
                 continue
             return int(probe.getsockname()[1])
