@@ -32,10 +32,9 @@ def placement(plan: LaunchPlan, inventory: Inventory) -> list[tuple[Slot, Invent
     return out
 
 
-def inventory_rates(plan: LaunchPlan, inventory: Inventory) -> tuple[float, float]:
-    """USD per hour of the slots the provider would place: at the price book's prices (as the plan has them) and at
-    their hosts' ``price_per_hour`` (as the ledger bills them)."""
-    placed = placement(plan, inventory)
+def inventory_rates(placed: list[tuple[Slot, InventoryHost]]) -> tuple[float, float]:
+    """USD per hour of the placed slots: at the price book's prices (as the plan has them) and at their hosts'
+    ``price_per_hour`` (as the ledger bills them)."""
     return sum(s.price_per_hour for s, _ in placed), sum(h.price_per_hour for _, h in placed)
 
 
@@ -44,10 +43,11 @@ def inventory_priced(judged: Candidate, plan: LaunchPlan, inventory: Inventory, 
     """The planner's figures for ``judged`` with each placed host at its ``price_per_hour``, its budget judged
     again (the cost model's cost is the cluster's hourly price x the predicted time, so it scales with the
     hourly price)."""
-    book, billed = inventory_rates(plan, inventory)
+    placed = placement(plan, inventory)
+    book, billed = inventory_rates(placed)
     if abs(book - billed) <= 1e-9:
         return judged
-    host_of = {id(s): h for s, h in placement(plan, inventory)}
+    host_of = {id(s): h for s, h in placed}
     slots = [s for s in plan.slots if s.role == Role.WORKER]
     workers = judged.workers
     if len(slots) == len(workers):  # the plan expands the candidate's workers in order
@@ -72,7 +72,7 @@ def inventory_notes(spec: JobSpec, plan: LaunchPlan, inventory: Inventory, hours
         notes.append(f"ssh inventory: the workers would get {hosts}; a PyTorch node trains on every GPU of its "
                      "host (one rank each, its batch split between them) where the plan counts one a host, so "
                      "expect the job faster than planned")
-    book, billed = inventory_rates(plan, inventory)
+    book, billed = inventory_rates(placed)
     if abs(book - billed) > 1e-6:
         cost = ""
         if hours:
