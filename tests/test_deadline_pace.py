@@ -67,7 +67,7 @@ def test_report_says_which_work_the_daemon_planned_with(tmp_path: Path) -> None:
         predicted = deadline.deadline_inputs(session, job, spec, T0)
         assert predicted is not None
         session.commit()
-        assert deadline_section(session, [{"job_id": job.id}])[-1].endswith("(too few progress reports to measure "
+        assert deadline_section(session, [{"job_id": job.id}])[-2].endswith("(too few progress reports to measure "
                                                                            "the pace)")
         pace = 0.5 * predicted.work_s / job.train_steps
         for k in range(1, 8):
@@ -75,5 +75,8 @@ def test_report_says_which_work_the_daemon_planned_with(tmp_path: Path) -> None:
         session.commit()
         lines = deadline_section(session, [{"job_id": job.id}])
     assert lines[0].startswith(f"{job.id}: deadline 600s running")
-    assert lines[-1] == (f"  work: predicted {predicted.work_s:.0f}s, at the pace the job measured "
+    assert lines[-2] == (f"  work: predicted {predicted.work_s:.0f}s, at the pace the job measured "
                          f"{0.5 * predicted.work_s:.0f}s (-50%; the daemon plans with the measured pace)")
+    # No instance yet, so no restart measured: the daemon plans with the planned overhead (control/deadline.py).
+    assert lines[-1] == (f"  restart overhead: planned {predicted.overhead_s:.1f}s, the longest restart the job "
+                         "measured 0.0s (request to first step; the daemon plans with the planned one)")

@@ -79,28 +79,36 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
             "missed" if job.status in ("succeeded", "failed") else "running")
         lines.append(f"{job.id}: deadline {deadline:.0f}s {met} (ran {data.end:.0f}s)")
         lines += [f"  {p}" for p in parts]
-        work = _work_line(session, job)
+        work = _work_line(session, job, data.end)
         if work:
-            lines.append(f"  {work}")
+            lines += [f"  {w}" for w in work]
     return lines
 
 
-def _work_line(session: Session, job: Job) -> str | None:
-    """The training time the daemon planned with: predicted, and at the pace the job measured (which replaces the
-    prediction once the job has reported enough steps: control/deadline.measured_step_s)."""
-    from orchestrator.control.deadline import measured_step_s, planned_figures  # lazy: only for deadline jobs
+def _work_line(session: Session, job: Job, end: float) -> list[str]:
+    """The training time and restart overhead the daemon planned with: predicted, and as the job measured them (the
+    pace replaces the prediction once the job has reported enough steps, control/deadline.measured_step_s; the
+    longest restart seen counts where it is longer, measured_overhead_s). These are why a launch's decisions can
+    differ from `simulate --availability-trace --history-h 0`, which plans with the predictions."""
+    from orchestrator.control.deadline import measured_overhead_s, measured_step_s, planned_figures  # lazy
     from orchestrator.sim.from_spec import SimSpecError
 
     try:
-        predicted = planned_figures(session, job, job_spec(job.spec_yaml)).work_s
+        planned = planned_figures(session, job, job_spec(job.spec_yaml))
     except SimSpecError:
-        return None
+        return []
+    predicted = planned.work_s
     pace = measured_step_s(session, job.id)
     if pace is None:
-        return f"work: predicted {predicted:.0f}s (too few progress reports to measure the pace)"
-    measured = pace * job.train_steps
-    return (f"work: predicted {predicted:.0f}s, at the pace the job measured {measured:.0f}s "
-            f"({measured / predicted - 1:+.0%}; the daemon plans with the measured pace)")
+        work = f"work: predicted {predicted:.0f}s (too few progress reports to measure the pace)"
+    else:
+        measured = pace * job.train_steps
+        work = (f"work: predicted {predicted:.0f}s, at the pace the job measured {measured:.0f}s "
+                f"({measured / predicted - 1:+.0%}; the daemon plans with the measured pace)")
+    seen = measured_overhead_s(session, job, (job.started_at or 0.0) + end)
+    kept = "keeps slack for the longer one" if seen > planned.overhead_s else "plans with the planned one"
+    return [work, f"restart overhead: planned {planned.overhead_s:.1f}s, the longest restart the job measured "
+                  f"{seen:.1f}s (request to first step; the daemon {kept})"]
 
 
 def draw_deadline_panel(ax: Axes, session: Session, job: Job, bars: Sequence[Bar], end: float, scale: float) -> None:
