@@ -102,13 +102,17 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
         judged = plan_job(spec, calibration=calibration, blocks=blocks).chosen  # as the launch will run it
     else:
         judged = result.chosen
-    plan, unlaunchable = _expand(spec, blocks, calibration)  # the policy's verdict comes first
-    if inventory is not None and plan is not None and judged is not None:
+    plan, unlaunchable = None, None
+    if inventory is not None and judged is not None:
         # The ledger bills each host its price_per_hour: the budget check and the plan's figures use those prices.
-        judged = inventory_priced(judged, plan, inventory, spec.policy.budget_usd)
-        result = replace(result, chosen=judged, feasible=judged.feasible)
+        plan, unlaunchable = _expand(spec, blocks, calibration)  # the policy's verdict still comes first
+        if plan is not None:
+            judged = inventory_priced(judged, plan, inventory, spec.policy.budget_usd)
+            result = replace(result, chosen=judged, feasible=judged.feasible)
     _within_policy(spec, judged, result)
     _runnable(spec, judged, result)
+    if plan is None and unlaunchable is None:
+        plan, unlaunchable = _expand(spec, blocks, calibration)
     if plan is None:
         assert unlaunchable is not None
         raise NotLaunchable(unlaunchable.message, hint=unlaunchable.hint or "", result=result)
