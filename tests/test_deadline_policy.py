@@ -346,13 +346,17 @@ def test_simulate_history_h_replays_as_a_first_jobs_daemon() -> None:
     from orchestrator.cli.main import app
 
     example = Path(__file__).resolve().parent.parent / "examples" / "local-deadline.yaml"
-    args = ["simulate", str(example), "--availability-trace", str(TRACE), "--start-tick", "2243", "--work-h", "12",
-            "--deadline-h", "14", "--restart-overhead-min", "3", "--policy", "deadline", "--json"]
+    # The example's own job (88 min of work, 4 h, 15 min overheads), where 24 h of history changes the decisions:
+    # it waits 50 min for spot with the history, 10 min without (at 12 h / 14 h / 3 min both agree, and this test
+    # could not tell the flag from no flag).
+    args = ["simulate", str(example), "--availability-trace", str(TRACE), "--start-tick", "2243", "--work-h", "1.4667",
+            "--deadline-h", "4", "--restart-overhead-min", "15", "--policy", "deadline", "--json"]
     docs = {h: json.loads(CliRunner().invoke(app, [*args, "--history-h", h]).output) for h in ("0", "24")}
     assert docs["0"]["history_h"] == 0 and docs["24"]["history_h"] == 24
     trace = load_trace(TRACE)
-    first = run_policy("deadline", Job(12 * 60, 14 * 60, 3, 0.861, 2.144), trace.available()[2243:], trace.tick_min)
+    first = run_policy("deadline", Job(88, 4 * 60, 15, 0.861, 2.144), trace.available()[2243:], trace.tick_min)
     assert docs["0"]["policies"][0]["timeline"] == first.as_dict()["timeline"]
+    assert docs["24"]["policies"][0]["timeline"] != first.as_dict()["timeline"]
     bad = CliRunner().invoke(app, [*args, "--history-h", "-1"])  # the CLI's entry point makes a UserError exit 2
     assert isinstance(bad.exception, UserError) and "--history-h" in str(bad.exception)
 

@@ -79,13 +79,11 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
             "missed" if job.status in ("succeeded", "failed") else "running")
         lines.append(f"{job.id}: deadline {deadline:.0f}s {met} (ran {data.end:.0f}s)")
         lines += [f"  {p}" for p in parts]
-        work = _work_line(session, job, data.end)
-        if work:
-            lines += [f"  {w}" for w in work]
+        lines += [f"  {w}" for w in _planned_lines(session, job, data.end)]
     return lines
 
 
-def _work_line(session: Session, job: Job, end: float) -> list[str]:
+def _planned_lines(session: Session, job: Job, end: float) -> list[str]:
     """The training time and restart overhead the daemon planned with: predicted, and as the job measured them (the
     pace replaces the prediction once the job has reported enough steps, control/deadline.measured_step_s; the
     longest restart seen counts where it is longer, measured_overhead_s). These are why a launch's decisions can
