@@ -140,6 +140,41 @@ policy: {{on_revocation: deadline, deadline: 48h}}
             passes(session, job_id, lambda: notes(session, job_id)[-1] == "spot-up")
 
 
+def test_the_daemon_asks_for_spot_in_the_zone_the_advisor_says_has_it(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """A gce deadline job that may run in two zones, spot out in the first: the advisor, asked zone by zone, says
+    the second has it, and the daemon's first create is spot there (no create refused in the first), with each
+    zone's capacity recorded for the passes after it."""
+    monkeypatch.setattr(backends, "_cache", {})
+    user_dir()
+    with GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0}) as emulator:
+        spec = validate_spec(yaml.safe_load(f"""
+name: zoned
+provider: {{kind: gce, project: advice-project, zones: [{A}, {B}], api_endpoint: "{emulator.url}"}}
+storage: {tmp_path / "runs"}
+training: {{job: command, command: "sleep 600", mode: sync, train_steps: 1000}}
+cluster:
+  parameter_servers: {{count: 0}}
+  workers: [{{gpu: t4, count: 1, spot: true}}]
+pricing: {{book: 2026-11}}
+policy: {{on_revocation: deadline, deadline: 48h}}
+"""))
+        provider = backend_for(spec).provider
+        assert isinstance(provider, GceProvider)
+        provider.retry, provider.advice.max_age_s = QUICK_RETRY, 0.0
+        emulator.set_stockout(A, gpu=T4, provisioning="spot")
+        with open_session() as session:
+            job_id = create_job(session, spec).id
+            passes(session, job_id, lambda: bool(emulator.snapshot()["instances"]))
+            made = emulator.snapshot()
+            assert [(i["spot"], i["zone"].rsplit("/", 1)[-1]) for i in made["instances"]] == [(True, B)]
+            assert made["calls"]["instances.insert"] == 1  # none refused in A first
+            session.expire_all()
+            zones = {e.reason for e in session.scalars(select(Event).where(
+                Event.job_id == job_id, Event.entity == "note", Event.to_status.like("zone-spot-%")))}
+            assert zones == {f"{A}: spot capacity none", f"{B}: spot capacity there"}
+
+
 def passes(session: Session, job_id: str, until: Callable[[], bool], timeout_s: float = 30.0) -> None:
     end = time.monotonic() + timeout_s
     while not until():
@@ -181,16 +216,24 @@ def test_a_spot_create_refused_just_now_overrules_the_advisors_forecast_but_not_
 
 def test_the_dry_run_lists_the_advice_calls_a_deadline_job_makes_and_gce_answers_them(emu: GceEmulator) -> None:
     """`launch --dry-run` shows the read-only advice.capacity calls the daemon makes for a deadline job (one per
-    spot shape: an N1 type with its attached T4, a g2 and an a2 that bundle theirs); the emulator answers them."""
+    spot shape: an N1 type with its attached T4, a g2 and an a2 that bundle theirs; and where a shape may run in
+    several zones, one for each of them alone); the emulator answers them."""
     example = Path(__file__).resolve().parent.parent / "examples" / "gce-mixed-t4-l4-a100.yaml"
     data = yaml.safe_load(example.read_text())
     assert gce_dry_run(validate_spec(data))["advice.capacity"] == []  # on_revocation: replace asks nothing
     data["policy"].update(on_revocation="deadline", deadline=data["policy"].get("deadline") or "24h")
     calls = gce_dry_run(validate_spec(data))["advice.capacity"]
-    machines = {c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["machineTypes"][0]: c
-                for c in calls}
-    assert len(machines) == len(calls) >= 2 and all(c["every_s"] == 60 for c in calls)
-    n1 = [c for m, c in machines.items() if m.startswith("n1-")]
+    machines: dict[str, list[tuple[str, ...]]] = {}
+    for c in calls:
+        zones = tuple(z["zone"] for z in c["body"]["distributionPolicy"]["zones"])
+        machines.setdefault(c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["machineTypes"][0],
+                            []).append(zones)
+    assert len(machines) >= 2 and all(c["every_s"] == 60 for c in calls)
+    for asked in machines.values():  # every zone it may use, then each alone where there are several
+        assert asked == [asked[0]] + ([(z,) for z in asked[0]] if len(asked[0]) > 1 else [])
+    assert any(len(asked) > 1 for asked in machines.values())
+    n1 = [c for c in calls if c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["machineTypes"][0]
+          .startswith("n1-")]
     assert all(c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["guestAccelerators"] for c in n1)
     client = compute_v1.AdviceClient(credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
                                      client_options=ClientOptions(api_endpoint=emu.url))

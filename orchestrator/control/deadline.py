@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.control.calibration_fold import newest_calibration
-from orchestrator.core import policy
+from orchestrator.core import deadline_zones, policy
 from orchestrator.core.revocation.availability import load_trace
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
@@ -106,7 +106,8 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     return DeadlineInputs(work_s=work_s, done_s=work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
-                          spot_seen=spot_seen(session, job.id), drains=drains(session, job.id),
+                          spot_seen=spot_seen(session, job.id), zone_spot_seen=zone_spot_seen(session, job.id),
+                          drains=drains(session, job.id),
                           spot_before=spot_before(session, job, spec, now),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
                               Metric.job_id == job.id, Metric.kind == "checkpoint")))
@@ -118,6 +119,18 @@ def spot_seen(session: Session, job_id: str) -> tuple[tuple[float, bool], ...]:
     rows = session.execute(select(Event.at, Event.to_status).where(
         Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(list(kinds))).order_by(Event.at, Event.id))
     return tuple((float(at), kinds[what]) for at, what in rows)
+
+
+def zone_spot_seen(session: Session, job_id: str) -> tuple[tuple[str, tuple[tuple[float, bool], ...]], ...]:
+    """Each zone's changes of spot capacity the daemon recorded for the job (``RecordSpotAvailability`` with a
+    zone, where the provider says by zone), oldest first."""
+    kinds = {v: k for k, v in policy.ZONE_SEEN_EVENTS.items()}
+    rows = session.execute(select(Event.at, Event.to_status, Event.reason).where(
+        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(list(kinds))).order_by(Event.at, Event.id))
+    by_zone: dict[str, list[tuple[float, bool]]] = {}
+    for at, what, reason in rows:
+        by_zone.setdefault(deadline_zones.zone_of_reason(reason or ""), []).append((float(at), kinds[what]))
+    return tuple((zone, tuple(changes)) for zone, changes in sorted(by_zone.items()))
 
 
 def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
@@ -138,6 +151,13 @@ def spot_available(provider: Provider, job_id: str, slots: Sequence[Slot]) -> bo
     if not isinstance(provider, SupportsSpotCapacity):
         return None
     return provider.spot_capacity(job_id, [s for s in slots if s.spot])
+
+
+def spot_available_by_zone(provider: Provider, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:
+    """The provider's answer zone by zone for the job's spot slots, where it can say (GCE's advice per zone)."""
+    if not isinstance(provider, SupportsSpotCapacity):
+        return None
+    return provider.spot_capacity_by_zone(job_id, [s for s in slots if s.spot])
 
 
 def spot_market(spec: JobSpec) -> str | None:

@@ -224,6 +224,8 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
                       failed_zones=blocked_zones(session, spec, slots, ctx.blocks),
                       spot_available=deadline.spot_available(backend.provider, job.id, slots)
                       if view.deadline_inputs is not None else None,
+                      spot_by_zone=deadline.spot_available_by_zone(backend.provider, job.id, slots)
+                      if view.deadline_inputs is not None else None,
                       spot_forecast=deadline.spot_forecast(backend.provider))
     actions = reconcile(view, obs, now)
     if actions:

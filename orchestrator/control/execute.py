@@ -34,7 +34,7 @@ from orchestrator.core.actions import (
 from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
-from orchestrator.core.policy import DRAIN_EVENT, SPOT_SEEN_EVENTS
+from orchestrator.core.policy import DRAIN_EVENT, SPOT_SEEN_EVENTS, ZONE_SEEN_EVENTS
 from orchestrator.core.slots import DEFAULT_BATCH
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
@@ -109,8 +109,8 @@ def _one(ctx: JobContext, action: Action) -> None:
             _record_log_tail(ctx, name, reason)
         case RecordStageLoss(name=name, action=what, reason=reason):
             stage_loss.record(s, ctx.job, name, what, reason)
-        case RecordSpotAvailability(available=available, reason=reason):
-            queries.note(s, ctx.job.id, SPOT_SEEN_EVENTS[available], reason)
+        case RecordSpotAvailability(available=available, reason=reason, zone=zone):
+            queries.note(s, ctx.job.id, (SPOT_SEEN_EVENTS if zone is None else ZONE_SEEN_EVENTS)[available], reason)
             s.commit()
         case DrainInstance(name=name, reason=reason):
             _drain(ctx, name, reason)

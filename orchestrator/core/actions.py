@@ -88,6 +88,7 @@ class RecordSpotAvailability:
 
     available: bool
     reason: str
+    zone: str | None = None  # one zone's capacity (the provider says by zone); None: spot in any zone the job may use
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,8 @@ class AvailabilityLog:
 
 # The note events (``events.to_status``) that record each change of spot capacity the daemon saw.
 SPOT_SEEN_EVENTS: Final = {True: "spot-up", False: "spot-down"}
+# ... and of each zone's, where the provider says by zone (GCE's advice for each zone): the zone leads the reason.
+ZONE_SEEN_EVENTS: Final = {True: "zone-spot-up", False: "zone-spot-down"}
 DRAIN_EVENT: Final = "drain"  # the note event of an instance drained before a deadline hop (its notice written)
 
 
@@ -512,3 +514,11 @@ def choose_zone(current: str | None, up_ages_h: dict[str, float], seen: dict[str
     if not up_ages_h:
         return None
     return max(sorted(up_ages_h), key=lambda z: seen.get(z, DEFAULT_AVAILABILITY).up_left(up_ages_h[z]))
+
+
+def zone_availability(here: Availability | None, anywhere: Availability) -> Availability:
+    """What the deadline policy reads when the job holds several zones (the simulator's ``sim.multizone`` and the
+    daemon's ``core.deadline_zones``): the up stretches of the zone ``choose_zone`` picked (``here``; None: no zone
+    has spot), and the outages of spot in every zone at once (``anywhere``)."""
+    up = here if here is not None else anywhere
+    return Availability(up.up_h, anywhere.down_h, up.ups, anywhere.downs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from orchestrator.core import policy, stage_loss_step
+from orchestrator.core import deadline_zones, policy, stage_loss_step
 from orchestrator.core.actions import (
     Action,
     CreateInstance,
@@ -277,7 +277,7 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
     this pass (spot, on-demand, or nothing while waiting for spot), the simulator's very decision
     (``sim.availability``); a change of pricing replaces the VM and training restarts from its checkpoint.
     The deadline bounds the run, so ``max_replacements`` does not apply to these hops."""
-    progress, seen = _deadline_progress(p, slots, by_slot)
+    progress, seen, zone = _deadline_progress(p, slots, by_slot)
     choice = policy.decide_deadline("deadline", progress, seen)
     for slot in slots:
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
@@ -299,12 +299,16 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         if choice == policy.Mode.IDLE:
             continue
         last = insts[-1] if insts else None
+        chosen = zone.zone if zone is not None and choice == policy.Mode.SPOT else None
+        why += f" in {chosen}, where spot is expected to last longest" if chosen is not None else ""
         if last is None:
-            p.create(slot, 0, choice == policy.Mode.SPOT, slot.zones, None, why)
+            p.create(slot, 0, choice == policy.Mode.SPOT, deadline_zones.zones_from(chosen, slot.zones)
+                     if chosen is not None else slot.zones, None, why)
             continue
         # spot again after a preemption: the other zones first (move rather than wait where the spot went)
         moved = choice == policy.Mode.SPOT and p.end_reason(last) == EndReason.PREEMPTED and len(slot.zones) > 1
         zones = policy.replacement_zones(last.zone, slot.zones, rotate=moved)
+        zones = deadline_zones.zones_from(chosen, zones) if chosen is not None else zones
         p.create(slot, last.generation + 1, choice == policy.Mode.SPOT, zones, last.port,
                  why + (f", moved from {last.zone} where spot was preempted" if moved else ""))
 
@@ -327,9 +331,10 @@ def _drained(p: _Pass, inst: InstanceView, why: str) -> bool:
 
 
 def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]
-                       ) -> tuple[policy.Progress, policy.Availability]:
+                       ) -> tuple[policy.Progress, policy.Availability, deadline_zones.ZoneChoice | None]:
     """Where the job stands, and the spot stretches seen during it (a change of capacity is recorded for the
-    next passes: they learn as the simulator's replay does, tick by tick)."""
+    next passes: they learn as the simulator's replay does, tick by tick); where the provider says which of the
+    job's zones have spot, the zone spot runs in next and that zone's stretches (``core.deadline_zones``)."""
     job, di = p.job, p.job.deadline_inputs
     assert di is not None and job.deadline_s is not None
     insts = [i for s in slots for i in by_slot.get(s.name, [])]
@@ -343,16 +348,27 @@ def _deadline_progress(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, lis
     booting = [i for i in live if p.status[i.name] != S.TRAINING]
     left_s = max((max(0.0, di.overhead_s - (p.now - i.requested_at)) for i in booting), default=0.0)
     h = 3600.0 / di.time_scale  # hours of cloud time, the clock of the availability the policy has in mind
+    # A zone that refused a create lately, or preempted a spot VM of the job in this pass, has no spot whatever
+    # the advisor's forecast says.
+    blocked = {z for s in slots for z in p.obs.failed_zones.get(s.name, ())}
+    blocked |= {i.zone for i in insts if i.spot and p.ended.get(i.name) == EndReason.PREEMPTED}
+    current = next((i.zone for i in live if i.spot), None)
+    zone = deadline_zones.choose(slots, p.obs.spot_by_zone, blocked, current, di, started, p.now, h)
+    if zone is not None:  # spot can be had where the job may run it, in the zone chosen
+        p.acts += zone.records
+        available = available and zone.zone is not None
     changes = di.spot_seen
     if not changes or changes[-1][1] != available:
         p.acts.append(RecordSpotAvailability(available, "spot capacity " + ("there" if available else "none")))
         changes = (*changes, (p.now, available))
     seen, up_h = policy.seen_during_job(changes, started, p.now, di.tick_s, h, di.spot_before)
+    if zone is not None:
+        seen, up_h = zone.view(seen), zone.up_age_h
     return policy.Progress(
         elapsed_h=(p.now - started) / h, work_done_h=di.done_s / h, work_h=di.work_s / h,
         deadline_h=job.deadline_s / h, overhead_h=di.overhead_s / h, mode=mode, spot_available=available,
         tick_h=di.tick_s / h, overhead_left_h=left_s / h, outage_h=0.0 if available else (p.now - outage_since) / h,
-        spot_up_h=up_h, spot_usd_per_h=di.spot_usd_per_h, on_demand_usd_per_h=di.on_demand_usd_per_h), seen
+        spot_up_h=up_h, spot_usd_per_h=di.spot_usd_per_h, on_demand_usd_per_h=di.on_demand_usd_per_h), seen, zone
 
 
 def _spot_available(p: _Pass, slots: tuple[Slot, ...], insts: list[InstanceView]) -> bool:

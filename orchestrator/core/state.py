@@ -27,6 +27,8 @@ class DeadlineInputs:
     # Before the job: the finished stretches of spot capacity that earlier jobs in the same spot market saw in the
     # policy.HISTORY_H hours before it started, (available, seconds) each (control/deadline.spot_before).
     spot_before: tuple[tuple[bool, float], ...] = ()
+    # Each zone's changes of capacity, where the provider says by zone: (zone, its (time, available) changes).
+    zone_spot_seen: tuple[tuple[str, tuple[tuple[float, bool], ...]], ...] = ()
     # Instances the daemon drained before a hop (``DrainInstance``): (name, when their notice was written).
     drains: tuple[tuple[str, float], ...] = ()
     checkpoint_at: float | None = None  # the newest checkpoint the job reported (worker clock)
@@ -108,4 +110,6 @@ class Observation:
     failed_zones: dict[str, tuple[str, ...]] = field(default_factory=dict)  # slot -> zones without capacity
     payload_error: str | None = None  # result.json exists but cannot be used (untrusted payload output)
     spot_available: bool | None = None  # a spot VM can be had now (provider's capacity probe); None: unknown
+    # ... in each zone the job may use, where the provider says by zone (GCE's advice); None: it does not say.
+    spot_by_zone: dict[str, bool] | None = None
     spot_forecast: bool = False  # the probe forecasts (GCE's capacity advice): what the job's creates met overrules it

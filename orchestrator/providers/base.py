@@ -84,6 +84,11 @@ class SupportsSpotCapacity(abc.ABC):
     @abc.abstractmethod
     def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None: ...
 
+    def spot_capacity_by_zone(self, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:
+        """The same answer for each zone the slots may use, where the provider can say by zone (the deadline
+        policy then picks the zone, ``core.deadline_zones``); None: it cannot."""
+        return None
+
 
 class SupportsImages(abc.ABC):
     """Optional capability: make a boot image from an instance's disk (``orchestrator image bake``)."""

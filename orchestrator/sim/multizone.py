@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from orchestrator.core import policy
-from orchestrator.core.policy import Availability, AvailabilityLog, Mode, Progress
+from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 from orchestrator.sim.availability import Job, Outcome, price_per_min, step_tick
 
 
@@ -82,13 +82,11 @@ def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, 
     seen = {names[z]: logs[z].seen(tick / 60) for z in range(len(a))}
     up_ages = {names[z]: (ups[z] - 1) * tick / 60 for z in range(len(a)) if a[z]}
     where = policy.choose_zone(names[zone] if mode == Mode.SPOT else None, up_ages, seen)
-    both = any_log.seen(tick / 60)
-    here = seen[where] if where is not None else both
-    view = Availability(here.up_h, both.down_h, here.ups, both.downs)
+    view = policy.zone_availability(seen[where] if where is not None else None, any_log.seen(tick / 60))
     p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
                  overhead_h=job.overhead_min / 60, mode=mode, spot_available=where is not None, tick_h=tick / 60,
                  overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
-                 spot_up_h=up_ages.get(where, 0.0) if where is not None else 0.0,
+                 spot_up_h=up_ages[where] if where is not None else 0.0,
                  spot_usd_per_h=job.spot_usd_per_h, on_demand_usd_per_h=job.on_demand_usd_per_h)
     c = policy.decide_deadline("deadline", p, view)
     return (c, names.index(where)) if c == Mode.SPOT and where is not None else (c, -1)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from google.cloud import compute_v1
@@ -62,6 +62,11 @@ def spot_shapes(slots: Iterable[Slot], bundled: Mapping[str, int], accelerator: 
     return shapes
 
 
+def zone_shapes(shape: SpotShape) -> list[SpotShape]:
+    """The shape in each of its zones alone: what the daemon asks where the job may run spot in several zones."""
+    return [replace(shape, zones=(zone,)) for zone in shape.zones]
+
+
 def advice_request(shape: SpotShape, size: int) -> compute_v1.CapacityAdviceRequest:
     selection = compute_v1.CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection(
         machine_types=[shape.machine_type],
@@ -96,24 +101,42 @@ class SpotAdvice:
     def can_have(self, slots: Iterable[Slot]) -> bool | None:
         """Whether every spot shape of ``slots`` scores at least SPOT_OBTAINABLE; None while any is unknown (or
         the job has no spot slot)."""
-        wanted = spot_shapes(slots, self.bundled, self.accelerator)
-        scores = [self._score(shape, size) for shape, size in wanted.items()]
+        scores = self._score(list(spot_shapes(slots, self.bundled, self.accelerator).items()))
         if not scores or any(s is None for s in scores):
             return None
         return all(s is not None and s >= policy.SPOT_OBTAINABLE for s in scores)
 
-    def _score(self, shape: SpotShape, size: int) -> Score:
-        key, asked = (shape, size), None
+    def by_zone(self, slots: Iterable[Slot]) -> dict[str, bool] | None:
+        """For each zone of a spot shape that may use two or more, whether every such shape scores at least
+        SPOT_OBTAINABLE in that zone alone (the zone the deadline policy runs spot in, ``core.deadline_zones``);
+        None while any is unknown, or where no shape has a choice of zone."""
+        keys = [(per_zone, size) for shape, size in spot_shapes(slots, self.bundled, self.accelerator).items()
+                if len(shape.zones) > 1 for per_zone in zone_shapes(shape)]
+        scores = self._score(keys)
+        if not keys or any(s is None for s in scores):
+            return None
+        answer: dict[str, bool] = {}
+        for (shape, _), score in zip(keys, scores, strict=True):
+            zone = shape.zones[0]
+            answer[zone] = answer.get(zone, True) and score is not None and score >= policy.SPOT_OBTAINABLE
+        return answer
+
+    def _score(self, keys: list[tuple[SpotShape, int]]) -> list[Score]:
+        """The newest score of each (shape, size); one never asked before is asked now, and the pass waits a
+        moment (``first_wait_s``, once for them all) so the job's first decision already has it."""
+        first = []
         with self._lock:
-            at, score = self._scores.get(key, (None, None))
-            if (at is None or self.clock() - at >= self.max_age_s) and key not in self._asking:
-                self._asking.add(key)
-                asked = self._pool.submit(self._refresh, key)
-        if asked is not None and at is None:  # never asked: the job's first decision waits a moment for it
-            wait([asked], timeout=self.first_wait_s)
-            with self._lock:
-                score = self._scores.get(key, (None, None))[1]
-        return score
+            for key in keys:
+                at, _ = self._scores.get(key, (None, None))
+                if (at is None or self.clock() - at >= self.max_age_s) and key not in self._asking:
+                    self._asking.add(key)
+                    asked = self._pool.submit(self._refresh, key)
+                    if at is None:
+                        first.append(asked)
+        if first:
+            wait(first, timeout=self.first_wait_s)
+        with self._lock:
+            return [self._scores.get(key, (None, None))[1] for key in keys]
 
     def _refresh(self, key: tuple[SpotShape, int]) -> None:
         score: Score = None

@@ -18,7 +18,7 @@ from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import GceProvider, JobSpec, OnRevocation
 from orchestrator.core.torch_spec import payload_framework
-from orchestrator.providers.gce.advice import advice_request, spot_shapes
+from orchestrator.providers.gce.advice import advice_request, spot_shapes, zone_shapes
 from orchestrator.providers.gce.backend import firewall_ports, instance_metadata, request_settings
 from orchestrator.providers.gce.network import address_learner, job_rules
 from orchestrator.providers.gce.requests import accelerator_type, cloud_max_run_s, instance_resource
@@ -90,10 +90,13 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
             "after_preemption_or_time_limit": "kept and billed until the controller deletes the VM" if kept
             else "deleted with the VM",
         })
+    # One call per spot shape (can spot be had anywhere it may run), and one per zone of a shape that may run in
+    # several (which zone: core.deadline_zones).
     advice = [{"method": "POST", "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
                "every_s": timings.DEADLINE_TICK_S, "spot_when_obtainability_at_least": timings.SPOT_OBTAINABLE,
-               "body": _json(advice_request(shape, size))}
+               "body": _json(advice_request(asked, size))}
               for shape, size in spot_shapes(slots, settings.bundled, accelerator_type).items()
+              for asked in (shape, *(zone_shapes(shape) if len(shape.zones) > 1 else ()))
               ] if policy.on_revocation == OnRevocation.DEADLINE else []
     firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": _json(rule)}
                  for rule in job_rules(settings.network, job_id, firewall_ports(provider), _ssh_ranges(provider))]

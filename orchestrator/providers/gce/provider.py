@@ -169,3 +169,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
     def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None:
         """GCE's capacity advice for the job's spot VMs (providers/gce/advice.py; None: not known now)."""
         return self.advice.can_have(slots)
+
+    def spot_capacity_by_zone(self, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:
+        """GCE's capacity advice asked zone by zone, where the job's spot VMs may use several zones."""
+        return self.advice.by_zone(slots)

@@ -1,0 +1,236 @@
+"""The deadline policy holding several zones (issue 23, item 2): where the provider says which zones have spot
+(GCE's advice asked zone by zone), the daemon runs spot in ``core.policy.choose_zone``'s zone and decides from that
+zone's stretches, as the simulator's ``deadline-zones`` does (``sim.multizone``), pass for tick; and a daemon
+started later reads each zone's stretches back from the note events."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.core import deadline_zones
+from orchestrator.core.actions import (
+    CreateInstance,
+    DeleteInstance,
+    DrainInstance,
+    RecordSpotAvailability,
+    SetInstanceStatus,
+)
+from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.core.paths import data_dir
+from orchestrator.core.policy import Mode
+from orchestrator.core.reconcile import reconcile
+from orchestrator.core.slots import Slot
+from orchestrator.core.spec import OnRevocation, TrainingMode
+from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.sim.availability import Job, load_trace
+from orchestrator.sim.multizone import run_multi
+
+TRACE = data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json"
+T0 = 1_000_000.0
+K = 1.0  # the daemon's seconds per cloud minute (time_scale 60)
+ZONES = ("z0", "z1")
+
+
+class _Daemon:
+    """``core.reconcile`` one pass per tick over the zones' traces: a spot VM is preempted where its zone's trace
+    drops, a create starts at once in its first zone, progress as the simulator counts it, a drained VM
+    checkpoints at once and the next pass follows within the tick. The note events the daemon would record are
+    kept as the DB keeps them, and read back as ``control.deadline`` does."""
+
+    def __init__(self, job: Job, tick: int) -> None:
+        self.job, self.tick = job, tick
+        self.slot = Slot(Role.WORKER, 0, "v100", "gce", "z0", True, job.spot_usd_per_h,
+                         on_demand_price_per_hour=job.on_demand_usd_per_h, zones=ZONES)
+        self.insts: dict[str, InstanceView] = {}
+        self.spot_seen: list[tuple[float, bool]] = []
+        self.zone_seen: dict[str, list[tuple[float, bool]]] = {}
+        self.drains: list[tuple[str, float]] = []
+        self.checkpoint_at: float | None = None
+
+    def inputs(self, w: int) -> DeadlineInputs:
+        job = self.job
+        return DeadlineInputs(work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
+                              tick_s=K * self.tick, spot_usd_per_h=job.spot_usd_per_h,
+                              on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=60.0 / K,
+                              spot_seen=tuple(self.spot_seen), drains=tuple(self.drains),
+                              checkpoint_at=self.checkpoint_at,
+                              zone_spot_seen=tuple((z, tuple(c)) for z, c in sorted(self.zone_seen.items())))
+
+    def pass_(self, now: float, w: int, up: dict[str, bool]) -> bool:
+        """One pass; True when it drained a VM (the next pass follows within the tick)."""
+        live = [v for v in self.insts.values() if v.status == InstanceStatus.TRAINING]
+        gone = {v.name for v in live if v.spot and not up[v.zone]}
+        seen = {v.name: ObservedInstance(v.name, "j", v.role, v.index, v.generation, v.zone,
+                                         ObservedState.TERMINATED if v.name in gone else ObservedState.RUNNING,
+                                         preempted=v.name in gone) for v in live}
+        view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(self.slot,),
+                       instances=tuple(self.insts.values()), on_revocation=OnRevocation.DEADLINE,
+                       max_replacements=5, budget_usd=None, deadline_s=K * self.job.deadline_min, started_at=T0,
+                       restarts=0, cost_usd=0.0, deadline_inputs=self.inputs(w), zones=ZONES)
+        obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen},
+                          spot_available=any(up.values()), spot_by_zone=dict(up), spot_forecast=True)
+        drained = False
+        for act in reconcile(view, obs, now):
+            drained |= self._apply(act, now)
+        return drained
+
+    def _apply(self, act: object, now: float) -> bool:
+        if isinstance(act, DrainInstance):
+            self.drains.append((act.name, now))
+            self.checkpoint_at = now + 0.5
+            return True
+        if isinstance(act, RecordSpotAvailability):
+            changes = self.spot_seen if act.zone is None else self.zone_seen.setdefault(act.zone, [])
+            changes.append((now, act.available))
+            if act.zone is not None:  # the note's reason names the zone, as control.deadline reads it back
+                assert deadline_zones.zone_of_reason(act.reason) == act.zone
+        elif isinstance(act, SetInstanceStatus):
+            v = self.insts[act.name]
+            self.insts[act.name] = InstanceView(**{**v.__dict__, "status": act.status, "updated_at": now,
+                                                   "end_reason": act.end_reason or v.end_reason,
+                                                   "revoked_at": now if act.status == InstanceStatus.REVOKED
+                                                   else v.revoked_at})
+        elif isinstance(act, DeleteInstance):
+            self.insts[act.name] = InstanceView(**{**self.insts[act.name].__dict__, "status": InstanceStatus.DELETED})
+        elif isinstance(act, CreateInstance):
+            name = f"j-worker-0-{act.generation}"
+            self.insts[name] = InstanceView(id=len(self.insts), name=name, role=Role.WORKER, index=0,
+                                            generation=act.generation, status=InstanceStatus.TRAINING,
+                                            spot=act.spot, zone=act.zones[0], port=None, requested_at=now,
+                                            updated_at=now)
+        return False
+
+    def running(self) -> str:
+        on = [v for v in self.insts.values() if v.status == InstanceStatus.TRAINING]
+        if not on:
+            return Mode.IDLE.value
+        return f"spot@{ZONES.index(on[0].zone)}" if on[0].spot else Mode.ON_DEMAND.value
+
+
+def _daemon_timeline(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int) -> list[tuple[float, str]]:
+    daemon = _Daemon(job, tick)
+    t, w, r, i, shown = 0, 0, 0, 0, Mode.IDLE.value
+    timeline: list[tuple[float, str]] = []
+    while True:
+        up = {z: i < len(a) and a[i] for z, a in zip(ZONES, avails, strict=True)}
+        if daemon.pass_(T0 + K * t, w, up):
+            daemon.pass_(T0 + K * t + 1.0, w, up)
+        label = daemon.running()
+        if not timeline or timeline[-1][1] != label:
+            timeline.append((t, label))
+        r = r if label == shown else (job.overhead_min if label != Mode.IDLE.value else 0)
+        shown = label
+        if label != Mode.IDLE.value and r + job.work_min - w <= tick:
+            timeline.append((t + r + job.work_min - w, "done"))
+            return timeline
+        if label != Mode.IDLE.value:
+            w, r = w + max(0, tick - r), max(0, r - tick)
+        t, i = t + tick, i + 1
+
+
+@pytest.mark.parametrize("start", [300, 1990, 2243])
+@pytest.mark.parametrize(("work_h", "deadline_h", "overhead_min"), [(12, 14, 3), (12, 20, 8)])
+def test_the_daemon_makes_the_zones_simulators_decisions(start: int, work_h: int, deadline_h: int,
+                                                         overhead_min: int) -> None:
+    """Two zones: the shipped trace, and the same trace 500 ticks on (its real stretches, at another phase)."""
+    trace = load_trace(TRACE)
+    a = trace.available()
+    avails = (a[start:], a[start + 500:])
+    job = Job(work_h * 60, deadline_h * 60, overhead_min, 0.861, 2.144)
+    sim = run_multi(job, avails, trace.tick_min)
+    assert sim.deadline_met
+    daemon = _daemon_timeline(job, avails, trace.tick_min)
+    assert daemon == sim.timeline
+    assert {label for _, label in daemon} >= {"spot@0", "spot@1"}  # it moved between the zones
+
+
+def test_a_fresh_start_takes_the_zone_whose_stretch_is_expected_to_last_longest() -> None:
+    """40 h into the job both zones have spot again, for the last 30 minutes; z1's stretches have lasted 10 h
+    where z0's lasted 1 h: the spot VM is asked for in z1 first (z0 after it, should the create be refused),
+    though the spec lists z0 first."""
+    slot = Slot(Role.WORKER, 0, "v100", "gce", "z0", True, 0.9, on_demand_price_per_hour=2.5, zones=ZONES)
+    hour = 3600.0
+
+    def stretches(up_h: float) -> tuple[tuple[float, bool], ...]:
+        """Up ``up_h`` hours, then out for one, over and over, and up again since 30 minutes ago."""
+        changes, at = [(T0 - 0.5 * hour, True)], T0 - 0.5 * hour
+        while at - 1 * hour - up_h * hour > T0 - 40 * hour:
+            at -= 1 * hour
+            changes.append((at, False))
+            at -= up_h * hour
+            changes.append((at, True))
+        return tuple(reversed(changes))
+
+    inputs = DeadlineInputs(work_s=48 * hour, done_s=30 * hour, overhead_s=600, tick_s=600, spot_usd_per_h=0.9,
+                            on_demand_usd_per_h=2.5, spot_seen=((T0 - 40 * hour, True),),
+                            zone_spot_seen=(("z0", stretches(1.0)), ("z1", stretches(10.0))))
+    swapped = replace(inputs, zone_spot_seen=(("z0", stretches(10.0)), ("z1", stretches(1.0))))
+    view = JobView(id="j", status=JobStatus.PROVISIONING, outcome=None, mode=TrainingMode.SYNC, slots=(slot,),
+                   instances=(), on_revocation=OnRevocation.DEADLINE, max_replacements=5, budget_usd=None,
+                   deadline_s=80 * hour, started_at=T0 - 40 * hour, restarts=0, cost_usd=0.0,
+                   deadline_inputs=inputs, zones=ZONES)
+    obs = Observation(instances={}, procs={}, spot_available=True, spot_by_zone={"z0": True, "z1": True},
+                      spot_forecast=True)
+    creates = [a for a in reconcile(view, obs, T0) if isinstance(a, CreateInstance)]
+    assert [(c.spot, c.zones) for c in creates] == [(True, ("z1", "z0"))]
+    assert "in z1" in creates[0].reason
+    view_swapped = replace(view, deadline_inputs=swapped)  # the stretches decide, not the zones' names
+    assert [c.zones for c in reconcile(view_swapped, obs, T0) if isinstance(c, CreateInstance)] == [ZONES]
+    # the provider does not say by zone: the spec's order, as before
+    plain = Observation(instances={}, procs={}, spot_available=True, spot_forecast=True)
+    assert [c.zones for c in reconcile(view, plain, T0) if isinstance(c, CreateInstance)] == [ZONES]
+
+
+def test_zone_notes_read_back_as_each_zones_changes_through_deadline_inputs() -> None:
+    """What a daemon started later reads (real SQLite): the job's zone notes, zone by zone, oldest first, and the
+    any-zone notes apart from them, as ``control.deadline`` puts them in the policy's inputs."""
+    from test_deadline_history import gce_spec
+
+    from orchestrator.control.deadline import deadline_inputs
+    from orchestrator.control.launcher import create_job
+    from orchestrator.core.paths import user_dir
+    from orchestrator.core.policy import SPOT_SEEN_EVENTS, ZONE_SEEN_EVENTS
+    from orchestrator.store import queries
+    from orchestrator.store.db import open_session
+
+    user_dir()
+    spec = gce_spec("zones", ["us-central1-a", "us-central1-b"])
+    with open_session() as session:
+        job = create_job(session, spec)
+        job.started_at = T0
+        for at, zone, up in ((1.0, "us-central1-b", True), (1.0, "us-central1-a", False), (2.0, None, True),
+                             (3.0, "us-central1-b", False)):
+            kind = (SPOT_SEEN_EVENTS if zone is None else ZONE_SEEN_EVENTS)[up]
+            reason = "spot capacity there" if zone is None else deadline_zones.zone_reason(zone, up)
+            queries.note(session, job.id, kind, reason, now=T0 + at)
+        session.commit()
+        inputs = deadline_inputs(session, job, spec, T0 + 60)
+    assert inputs is not None
+    assert inputs.zone_spot_seen == (("us-central1-a", ((T0 + 1, False),)),
+                                     ("us-central1-b", ((T0 + 1, True), (T0 + 3, False))))
+    assert inputs.spot_seen == ((T0 + 2, True),)
+
+
+def test_a_zone_that_just_preempted_the_vm_is_not_chosen_whatever_the_forecast_says() -> None:
+    """The advisor's score is a forecast: a spot VM preempted in z0 this pass means z0 has no spot now, so the
+    replacement is asked for in z1 first although the advisor still scores z0 as there."""
+    slot = Slot(Role.WORKER, 0, "v100", "gce", "z0", True, 0.9, on_demand_price_per_hour=2.5, zones=ZONES)
+    vm = InstanceView(id=1, name="j-worker-0-0", role=Role.WORKER, index=0, generation=0,
+                      status=InstanceStatus.TRAINING, spot=True, zone="z0", port=None, requested_at=T0 - 3600,
+                      updated_at=T0 - 3000)
+    inputs = DeadlineInputs(work_s=48 * 3600, done_s=3.9 * 3600, overhead_s=600, tick_s=600, spot_usd_per_h=0.9,
+                            on_demand_usd_per_h=2.5, spot_seen=((T0 - 4 * 3600, True),),
+                            zone_spot_seen=(("z0", ((T0 - 4 * 3600, True),)), ("z1", ((T0 - 4 * 3600, True),))))
+    view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(slot,),
+                   instances=(vm,), on_revocation=OnRevocation.DEADLINE, max_replacements=5, budget_usd=None,
+                   deadline_s=60 * 3600, started_at=T0 - 4 * 3600, restarts=0, cost_usd=0.0,
+                   deadline_inputs=inputs, zones=ZONES)
+    obs = Observation(instances={vm.name: ObservedInstance(vm.name, "j", vm.role, 0, 0, "z0",
+                                                           ObservedState.TERMINATED, "/w", preempted=True)},
+                      procs={vm.name: ProcStatus(ProcState.RUNNING)}, spot_available=True,
+                      spot_by_zone={"z0": True, "z1": True}, spot_forecast=True)
+    creates = [a for a in reconcile(view, obs, T0) if isinstance(a, CreateInstance)]
+    assert [(c.spot, c.zones) for c in creates] == [(True, ("z1", "z0"))]
