@@ -65,7 +65,7 @@ def test_the_decision_is_a_pure_function_of_its_inputs() -> None:
 @pytest.mark.parametrize("start", [150, 1200, 2600])
 @pytest.mark.parametrize(("slack_h", "overhead_min"), [(1, 12), (4, 3)])
 def test_no_deadline_missed_on_a_measured_trace(start: int, slack_h: int, overhead_min: int) -> None:
-    trace = load_trace(sorted(TRACE.glob("*.json"))[0])
+    trace = load_trace(TRACE / "aws-10-26-2022_us-west-2b_v100_1.json")
     job = Job(12 * 60, (12 + slack_h) * 60, overhead_min, 0.861, 2.144)
     full = trace.available()
     out = run_policy("deadline-mpc", job, full[start:], trace.tick_min, history=full[start - 144:start])

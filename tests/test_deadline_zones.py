@@ -6,8 +6,10 @@ started later reads each zone's stretches back from the note events."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.core import deadline_zones
 from orchestrator.core.actions import (
@@ -234,3 +236,51 @@ def test_a_zone_that_just_preempted_the_vm_is_not_chosen_whatever_the_forecast_s
                       spot_by_zone={"z0": True, "z1": True}, spot_forecast=True)
     creates = [a for a in reconcile(view, obs, T0) if isinstance(a, CreateInstance)]
     assert [(c.spot, c.zones) for c in creates] == [(True, ("z1", "z0"))]
+
+
+TRACES = data_dir() / "spot-availability"
+
+
+@pytest.mark.parametrize(("provider", "problem"), [
+    ({"availability_trace": "a.json", "zone_availability_traces": {"x": "a.json", "y": "b.json"}},
+     "not both"),
+    ({"zone_availability_traces": {"x": "a.json"}}, "names one zone"),
+    ({"zone_availability_traces": {"x": "a.json", "y": "missing.json"}}, "provider.zone_availability_traces.y"),
+    ({"zone_availability_traces": {"x": "a.json", "y": "slow.json"}}, "one tick length"),
+    ({"zone_availability_traces": {"x": "a.json", "y": "b.json"}, "availability_start_tick": 5000},
+     "past the end of provider.zone_availability_traces.x"),
+    ({"zone_availability_traces": {"x": "a.json", "y": "b.json"}, "revocations": "model"}, "revocations: none"),
+    ({"zone_availability_traces": {"X:": "a.json", "y": "b.json"}}, "zone_availability_traces"),
+])
+def test_zone_traces_are_checked_before_anything_runs(tmp_path: Path, provider: dict[str, object],
+                                                     problem: str) -> None:
+    import json
+
+    from orchestrator.core.spec import load_spec
+    from orchestrator.core.spec.base import SpecError
+
+    for name, src in (("a.json", "aws-10-26-2022_us-west-2b_v100_1.json"),
+                      ("b.json", "aws-10-26-2022_us-west-2a_v100_1.json")):
+        (tmp_path / name).write_text((TRACES / src).read_text())
+    slow = json.loads((TRACES / "aws-10-26-2022_us-west-2a_v100_1.json").read_text())
+    slow["metadata"]["gap_seconds"] = 1200
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    spec = {"name": "z", "provider": {"kind": "local", "revocations": "none", **provider},
+            "cluster": {"workers": [{"gpu": "v100", "count": 1, "spot": True}]},
+            "policy": {"on_revocation": "deadline", "deadline": "10m"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError) as err:
+        load_spec(tmp_path / "job.yaml")
+    assert problem in str(err.value)
+
+
+def test_zone_traces_give_the_slots_their_zones(tmp_path: Path) -> None:
+    from orchestrator.core.slots import expand
+    from orchestrator.core.spec import load_spec
+
+    spec = {"name": "z", "provider": {"kind": "local", "revocations": "none", "zone_availability_traces": {
+        "zone-a": str(TRACES / "aws-10-26-2022_us-west-2b_v100_1.json"),
+        "zone-b": str(TRACES / "aws-10-26-2022_us-west-2a_v100_1.json")}},
+        "cluster": {"workers": [{"gpu": "v100", "count": 2, "spot": True}]}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    assert {s.zones for s in expand(load_spec(tmp_path / "job.yaml")) if s.gpu} == {("zone-a", "zone-b")}

@@ -140,8 +140,7 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     if spec.policy.on_revocation != OnRevocation.DEADLINE or spec.policy.deadline is None:
         return None
     local = spec.provider.as_local()
-    paths = [local.availability_trace] if local is not None and local.availability_trace is not None \
-        else bundled_traces()
+    paths = list(local.traces.values()) if local is not None and local.traces else bundled_traces()
     fig = deadline_figures(spec, calibration=calibration)
     scale = fig.time_scale / 60.0
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),

@@ -43,8 +43,8 @@ def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures
         launched_with = newest_calibration(session, real=not spec.provider.emulates_gpus, before=job.created_at)
         fig = deadline_figures(spec, calibration=launched_with)
         local = spec.provider.as_local()
-        if local is not None and local.availability_trace is not None:
-            tick = load_trace(local.availability_trace).gap_s / local.time_scale  # the replayed trace's pace
+        if local is not None and local.traces:  # the replayed traces' pace (one tick length: spec validation)
+            tick = load_trace(next(iter(local.traces.values()))).gap_s / local.time_scale
         else:
             tick = policy.DEADLINE_TICK_S / fig.time_scale
         if len(_FIGURES) >= _MAX_CACHED:

@@ -55,7 +55,9 @@ class Slot:
 def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -> tuple[str, ...]:
     """The slot's zone first, then the other allowed zones that offer its GPU (stockout fallbacks)."""
     if not spec.provider.is_cloud:
-        return (zone or LOCAL_ZONE,)
+        local = spec.provider.as_local()
+        replayed = list(local.zone_availability_traces) if local is not None else []
+        return tuple([zone] if zone else []) + tuple(z for z in replayed if z != zone) or (zone or LOCAL_ZONE,)
     allowed = spec.provider.allowed_zones
     offered = set(catalog.zones_for(gpu)) if gpu else set(catalog.all_zones())
     others = [z for z in allowed if z in offered and z != zone]

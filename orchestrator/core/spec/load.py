@@ -14,9 +14,10 @@ from pydantic import ValidationError
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.revocation.availability import AvailabilityTraceError, load_trace
-from orchestrator.core.spec.base import FieldError, FieldValueError, SpecError
+from orchestrator.core.spec.base import LOCAL_ZONE, FieldError, FieldValueError, SpecError
 from orchestrator.core.spec.checks import check_against_catalog, search_too_big
 from orchestrator.core.spec.job import JobSpec
+from orchestrator.core.spec.provider import LocalProvider
 from orchestrator.core.spec.training import CommandTraining, RunTraining
 from orchestrator.core.specfile import (
     YamlFileError,
@@ -65,6 +66,32 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
             msg = "say which kind: " + str((err.get("ctx") or {}).get("discriminator", ""))
         out.append(FieldError(path=_loc_to_path(loc), message=msg))
     return out
+
+
+def _replayed_traces(local: LocalProvider, base: Path, errors: list[FieldError]) -> LocalProvider:
+    """The local provider's availability traces resolved and read: each must load, reach past the start tick, and
+    (several zones) share one tick length, since they are replayed together."""
+    one = local.availability_trace is not None
+    resolved, gaps = {}, {}
+    for zone, path in local.traces.items():
+        field = "provider.availability_trace" if one else f"provider.zone_availability_traces.{zone}"
+        resolved[zone] = resolve_under(base, path)
+        try:
+            trace = load_trace(resolved[zone])
+        except AvailabilityTraceError as exc:
+            errors.append(FieldError(path=field, message=str(exc)))
+            continue
+        gaps[zone] = trace.gap_s
+        if local.availability_start_tick >= len(trace.counts):
+            errors.append(FieldError(path="provider.availability_start_tick", message=(
+                f"{local.availability_start_tick} is past the end of {field}; give a tick below {len(trace.counts)}")))
+    if len(set(gaps.values())) > 1:
+        errors.append(FieldError(path="provider.zone_availability_traces", message=(
+            "the traces are replayed tick for tick, so they need one tick length; these have "
+            + ", ".join(f"{z}: {g:g} s" for z, g in gaps.items()))))
+    if one:
+        return local.model_copy(update={"availability_trace": resolved[LOCAL_ZONE]})
+    return local.model_copy(update={"zone_availability_traces": resolved})
 
 
 def validate_spec(data: Any, catalog: Catalog | None = None, source: str = "") -> JobSpec:
@@ -117,16 +144,8 @@ def _local_paths(spec: JobSpec, base: Path) -> tuple[JobSpec, list[FieldError]]:
             errors.append(FieldError(path="provider.inventory", message=str(exc)))
         update["provider"] = spec.provider.model_copy(update={"inventory": inventory})
     local = spec.provider.as_local()
-    if local is not None and local.availability_trace is not None:
-        trace = resolve_under(base, local.availability_trace)
-        try:
-            n = len(load_trace(trace).counts)
-            if local.availability_start_tick >= n:
-                errors.append(FieldError(path="provider.availability_start_tick", message=(
-                    f"{local.availability_start_tick} is past the trace's end; give a tick below {n}")))
-        except AvailabilityTraceError as exc:
-            errors.append(FieldError(path="provider.availability_trace", message=str(exc)))
-        update["provider"] = local.model_copy(update={"availability_trace": trace})
+    if local is not None and local.traces:
+        update["provider"] = _replayed_traces(local, base, errors)
     if isinstance(spec.training, CommandTraining | RunTraining):
         names: dict[str, int] = {}
         for i, f in enumerate(spec.training.files):

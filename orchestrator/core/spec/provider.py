@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.core.spec.base import StrictModel
+from orchestrator.core.spec.base import LOCAL_ZONE, StrictModel
 from orchestrator.core.spec.fields import CidrRange, GceImage, GceNetwork, GceProjectId, UserPort
 from orchestrator.core.specfile import short
 
@@ -103,6 +103,10 @@ class _RealTime(_ProviderBase):
         return 1.0
 
 
+# A local provider's zone: a name of the user's choice (lowercase letters, digits, hyphens).
+ZoneName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")]
+
+
 class LocalProvider(_ProviderBase):
     kind: Literal["local"] = "local"
     emulates_gpus: ClassVar[bool] = True
@@ -120,15 +124,32 @@ class LocalProvider(_ProviderBase):
     # time_scale: a spot create is refused (stockout) while it reads 0, a spot VM is revoked when it drops to 0.
     availability_trace: Path | None = Field(default=None, description="spot availability trace (JSON) to replay")
     availability_start_tick: int = Field(default=0, ge=0, le=10_000_000)
+    # One trace per zone, replayed from the same tick: a job that may run spot in any of these zones (the deadline
+    # policy picks the zone, core/deadline_zones.py). Instead of availability_trace.
+    zone_availability_traces: dict[ZoneName, Path] = Field(
+        default_factory=dict, description="zone -> spot availability trace (JSON), two or more")
     slowdowns: list[Slowdown] = Field(default_factory=list, description="emulated GPUs that slow mid-run")
 
     @model_validator(mode="after")
     def _schedule_needs_mode(self) -> LocalProvider:
         if self.schedule and self.revocations != RevocationMode.SCHEDULE:
             raise ValueError("a revocation schedule is given, so set revocations: schedule")
-        if self.availability_trace is not None and self.revocations != RevocationMode.NONE:
-            raise ValueError("availability_trace revokes spot VMs where the trace drops to 0; set revocations: none")
+        traced = "availability_trace" if self.availability_trace is not None else "zone_availability_traces" \
+            if self.zone_availability_traces else None
+        if traced is not None and self.revocations != RevocationMode.NONE:
+            raise ValueError(f"{traced} revokes spot VMs where the trace drops to 0; set revocations: none")
+        if self.availability_trace is not None and self.zone_availability_traces:
+            raise ValueError("give availability_trace (one zone) or zone_availability_traces (several), not both")
+        if len(self.zone_availability_traces) == 1:
+            raise ValueError("zone_availability_traces names one zone; give two or more, or use availability_trace")
         return self
+
+    @property
+    def traces(self) -> dict[str, Path]:
+        """The replayed availability traces by zone (one trace: the local zone's); {} without any."""
+        if self.availability_trace is not None:
+            return {LOCAL_ZONE: self.availability_trace}
+        return dict(self.zone_availability_traces)
 
     def as_local(self) -> LocalProvider:
         return self

@@ -12,13 +12,15 @@ from orchestrator.transport.local import LocalTransport
 
 def cache_key(spec: LocalSpec, framework: str = "") -> str:
     # ``framework`` does not matter here: the payload runs with this machine's own libraries.
-    return f"local:{user_dir()}:{spec.time_scale}:{spec.availability_trace}:{spec.availability_start_tick}"
+    traces = ",".join(f"{zone}={path}" for zone, path in sorted(spec.traces.items()))
+    return f"local:{user_dir()}:{spec.time_scale}:{traces}:{spec.availability_start_tick}"
 
 
 def build(key: str, spec: LocalSpec, framework: str = "") -> Backend:
     # Every instance is this machine: one free port per slot, and a replacement keeps its slot's address.
     trace = None if spec.availability_trace is None else load_trace(spec.availability_trace)
+    zones = {zone: load_trace(path) for zone, path in spec.zone_availability_traces.items()}
     provider = LocalProvider(user_dir() / "local", time_scale=spec.time_scale, availability=trace,
-                             start_tick=spec.availability_start_tick)
+                             start_tick=spec.availability_start_tick, zone_availability=zones)
     return Backend(key, provider, LocalTransport(),
                    fixed_task_port=None, request_metadata=progress_clock_for)

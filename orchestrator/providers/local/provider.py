@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +56,14 @@ class LocalProvider(Provider, SupportsSpotCapacity):
 
     def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = policy.BOOT_S,
                  notice_window_cloud_s: float = policy.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
-                 start_tick: int = 0) -> None:
+                 start_tick: int = 0, zone_availability: Mapping[str, AvailabilityTrace] | None = None) -> None:
         self.root = root / "instances"
         self.root.mkdir(parents=True, exist_ok=True)
         self.time_scale = time_scale
-        self.availability = availability  # replayed spot capacity: stockouts and revocations at its ticks
+        # Replayed spot capacity, by zone (one trace: every zone's): stockouts and revocations at its ticks. The
+        # traces share one tick length (spec validation), so the first one's is the replay's pace.
+        self.traces = dict(zone_availability or {})
+        self.availability = availability or next(iter(self.traces.values()), None)
         self.start_tick = start_tick
         self.boot_delay_s = boot_delay_cloud_s / time_scale
         self.notice_window_s = max(NOTICE_MIN_S, notice_window_cloud_s / time_scale)
@@ -113,22 +116,39 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         origin = float((self.root.parent / "availability" / job_id).read_text())
         return origin + (tick - self.start_tick) * self.availability.gap_s / self.time_scale
 
+    def _trace(self, zone: str) -> AvailabilityTrace | None:
+        """The trace replayed in ``zone``: its own where each zone has one, else the one trace."""
+        return self.traces.get(zone) if self.traces else self.availability
+
     def spot_capacity(self, job_id: str, slots: Sequence[Slot] = ()) -> bool | None:
-        """Whether a spot VM could be had now (the replayed trace); None without a trace (unknown)."""
+        """Whether a spot VM could be had now (in any zone, where each replays its own trace); None without a
+        trace (unknown)."""
+        by_zone = self.spot_capacity_by_zone(job_id, slots)
+        if by_zone is not None:
+            return any(by_zone.values())
         if self.availability is None:
             return None
         return self.availability.count_at(self._tick(job_id, time.time())) >= 1
 
+    def spot_capacity_by_zone(self, job_id: str, slots: Sequence[Slot] = ()) -> dict[str, bool] | None:
+        """Each zone's replayed trace now (``provider.zone_availability_traces``); None with one trace or none."""
+        if not self.traces:
+            return None
+        tick = self._tick(job_id, time.time())
+        return {zone: trace.count_at(tick) >= 1 for zone, trace in self.traces.items()}
+
     def _trace_revoke_at(self, request: InstanceRequest, now: float) -> float | None:
-        """A spot create in a stockout of the replayed trace is refused; else when the trace revokes it."""
-        if self.availability is None or not request.spot:
+        """A spot create in a stockout of the replayed trace (of its zone) is refused; else when the trace revokes
+        it."""
+        trace = self._trace(request.zone)
+        if trace is None or not request.spot:
             return None
         tick = self._tick(request.job_id, now)
-        if self.availability.count_at(tick) < 1:
-            raise CapacityError(f"no spot capacity (availability trace {self.availability.name}, tick {tick})",
+        if trace.count_at(tick) < 1:
+            raise CapacityError(f"no spot capacity (availability trace {trace.name}, tick {tick})",
                                 zone=request.zone, resource=request.gpu or "cpu")
-        drop = self.availability.next_drop(tick)
-        return self._tick_at(request.job_id, drop if drop is not None else len(self.availability.counts))
+        drop = trace.next_drop(tick)
+        return self._tick_at(request.job_id, drop if drop is not None else len(trace.counts))
 
     def _progress_clock(self, request: InstanceRequest) -> dict[str, Any]:
         """The step at which to revoke (see the module doc), or {} to stay on the wall clock."""
