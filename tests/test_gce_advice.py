@@ -24,7 +24,7 @@ from orchestrator.core.instances import Role
 from orchestrator.core.paths import user_dir
 from orchestrator.core.reconcile import reconcile
 from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
+from orchestrator.core.spec import JobSpec, OnRevocation, TrainingMode, validate_spec
 from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
@@ -104,15 +104,10 @@ def test_a_refused_advice_call_is_unknown_and_the_pass_goes_on(emu: GceEmulator,
     assert spot_available(gce, "job", [slot(), slot(1, spot=False)]) is True  # the control layer's question
 
 
-def test_the_daemon_reads_spot_from_the_advisor_before_any_create(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
-    """A gce job with ``on_revocation: deadline``: while the advisor scores its spot T4 at 0, the daemon records
-    `spot-down` and its first create is on-demand (the policy's choice in an outage with no progress yet), with no
-    spot create refused first; once the advisor scores spot again, `spot-up`."""
-    monkeypatch.setattr(backends, "_cache", {})
-    user_dir()
-    with GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0}) as emulator:
-        spec = validate_spec(yaml.safe_load(f"""
+def _deadline_t4_job(emulator: GceEmulator, tmp_path: Path) -> JobSpec:
+    """A gce deadline job (one spot T4 that may run in A or B) on the emulator, its provider asking the advisor
+    at every pass."""
+    spec = validate_spec(yaml.safe_load(f"""
 name: advised
 provider: {{kind: gce, project: advice-project, zones: [{A}, {B}], api_endpoint: "{emulator.url}"}}
 storage: {tmp_path / "runs"}
@@ -123,9 +118,21 @@ cluster:
 pricing: {{book: 2026-11}}
 policy: {{on_revocation: deadline, deadline: 48h}}
 """))
-        provider = backend_for(spec).provider
-        assert isinstance(provider, GceProvider)
-        provider.retry, provider.advice.max_age_s = QUICK_RETRY, 0.0
+    provider = backend_for(spec).provider
+    assert isinstance(provider, GceProvider)
+    provider.retry, provider.advice.max_age_s = QUICK_RETRY, 0.0
+    return spec
+
+
+def test_the_daemon_reads_spot_from_the_advisor_before_any_create(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """A gce job with ``on_revocation: deadline``: while the advisor scores its spot T4 at 0, the daemon records
+    `spot-down` and its first create is on-demand (the policy's choice in an outage with no progress yet), with no
+    spot create refused first; once the advisor scores spot again, `spot-up`."""
+    monkeypatch.setattr(backends, "_cache", {})
+    user_dir()
+    with GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0}) as emulator:
+        spec = _deadline_t4_job(emulator, tmp_path)
         for zone in (A, B):
             emulator.set_stockout(zone, gpu=T4, provisioning="spot")
         with open_session() as session:
@@ -148,20 +155,7 @@ def test_the_daemon_asks_for_spot_in_the_zone_the_advisor_says_has_it(monkeypatc
     monkeypatch.setattr(backends, "_cache", {})
     user_dir()
     with GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0}) as emulator:
-        spec = validate_spec(yaml.safe_load(f"""
-name: zoned
-provider: {{kind: gce, project: advice-project, zones: [{A}, {B}], api_endpoint: "{emulator.url}"}}
-storage: {tmp_path / "runs"}
-training: {{job: command, command: "sleep 600", mode: sync, train_steps: 1000}}
-cluster:
-  parameter_servers: {{count: 0}}
-  workers: [{{gpu: t4, count: 1, spot: true}}]
-pricing: {{book: 2026-11}}
-policy: {{on_revocation: deadline, deadline: 48h}}
-"""))
-        provider = backend_for(spec).provider
-        assert isinstance(provider, GceProvider)
-        provider.retry, provider.advice.max_age_s = QUICK_RETRY, 0.0
+        spec = _deadline_t4_job(emulator, tmp_path)
         emulator.set_stockout(A, gpu=T4, provisioning="spot")
         with open_session() as session:
             job_id = create_job(session, spec).id
