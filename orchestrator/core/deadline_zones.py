@@ -1,6 +1,7 @@
 """Where ``on_revocation: deadline`` runs spot when the job may use several zones and the provider says which of
-them have spot (GCE's capacity advice asked zone by zone): ``core.policy.zone_view``, the simulator's choice
-(``sim.multizone``), from the capacity of each zone the daemon has recorded during the job.
+them have spot (GCE's capacity advice asked zone by zone, the local provider's trace per zone): the simulator's
+choice (``sim.multizone``: ``core.policy.choose_zone`` and ``core.policy.zone_availability``), from the capacity
+of each zone the daemon has recorded during the job.
 
 Pure: reconcile calls it once a pass. Each zone's changes of capacity are recorded as note events
 (``policy.ZONE_SEEN_EVENTS``, the zone leading the reason), so a daemon started later reads the same stretches.
@@ -49,7 +50,7 @@ def shared_zones(slots: Iterable[Slot]) -> tuple[str, ...]:
 def choose(slots: Iterable[Slot], by_zone: Mapping[str, bool] | None, blocked: Iterable[str],
            current: str | None, di: DeadlineInputs, started: float, now: float, hour_s: float
            ) -> ZoneChoice | None:
-    """``policy.zone_view`` over the zones the spot slots share. None where there is no choice to make: the
+    """``policy.choose_zone`` over the zones the spot slots share. None where there is no choice to make: the
     provider does not say by zone, or the slots share fewer than two zones it answered for. ``blocked``: zones a
     create was refused in lately (the advice is a forecast; the refusal overrules it). ``current``: the zone of
     the spot VM that runs now, if one does."""
