@@ -39,4 +39,6 @@ def test_a_spot_vm_lost_in_one_zone_moves_to_the_other_zones_spot(tmp_path: Path
     moved = [r for what, r in notes if what == "requested" and "in zone-b" in r]
     assert moved and "moved from zone-a" in moved[0], timeline
     assert not any(what == "spot-down" for what, _ in notes), timeline  # spot could be had all along: in zone-b
+    report = cli("report", env=env).stdout  # the timeline says where spot ran
+    assert "spot in zone-a 0-" in report and "spot in zone-b " in report, report
     assert processes_under(tmp_path) == []

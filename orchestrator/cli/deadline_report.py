@@ -71,10 +71,14 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         deadline = float(job.deadline_s or 0.0)
         points = progress_points(session, job)
         parts = []
+        workers = [b for b in data.bars if b.slot.startswith("worker")]
+        zoned = len({b.zone for b in workers if b.spot}) > 1  # the job moved spot between zones: say where
         for start, stop, mode in segments(data.bars, data.end):
             done = max((p for t, p in points if t <= start), default=0.0)
             line = 100 * start / deadline
-            parts.append(f"{mode} {start:.0f}-{stop:.0f}s (done {100 * done:.0f}% / uniform line {line:.0f}%)")
+            where = next((f" in {b.zone}" for b in workers if b.spot and b.start <= start < (b.revoked or b.end)),
+                         "") if zoned and mode == "spot" else ""
+            parts.append(f"{mode}{where} {start:.0f}-{stop:.0f}s (done {100 * done:.0f}% / uniform line {line:.0f}%)")
         met = "met" if job.status == "succeeded" and data.end <= deadline else (
             "missed" if job.status in ("succeeded", "failed") else "running")
         lines.append(f"{job.id}: deadline {deadline:.0f}s {met} (ran {data.end:.0f}s)")

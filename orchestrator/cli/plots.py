@@ -47,6 +47,7 @@ class Bar:
     revoked: float | None
     notice: bool
     replacement: bool
+    zone: str = ""
 
 
 @dataclass
@@ -103,7 +104,7 @@ def gather(session: Session, job_id: str, now: float | None = None) -> PlotData:
                              end=max(stop, i.requested_at - t0), price_per_hour=i.price_per_hour,
                              on_demand_per_hour=on_demand.get(i.slot, i.price_per_hour),
                              revoked=None if i.revoked_at is None else i.revoked_at - t0,
-                             notice=i.id in noticed, replacement=i.generation > 0))
+                             notice=i.id in noticed, replacement=i.generation > 0, zone=i.zone or ""))
     for m in session.scalars(select(Metric).where(Metric.job_id == job_id).order_by(Metric.at)):
         t = m.at - t0
         if m.kind == "checkpoint":
