@@ -284,3 +284,36 @@ def test_zone_traces_give_the_slots_their_zones(tmp_path: Path) -> None:
         "cluster": {"workers": [{"gpu": "v100", "count": 2, "spot": True}]}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     assert {s.zones for s in expand(load_spec(tmp_path / "job.yaml")) if s.gpu} == {("zone-a", "zone-b")}
+
+
+def test_plans_zones_row_is_the_one_zone_deadline_row_when_the_zones_are_one_trace() -> None:
+    """``plan``'s deadline-zones row (``sim.multizone.zones_outlook``) replays the same start ticks as the other
+    rows; with both zones replaying the same trace it is the one-zone deadline row, run for run."""
+    from orchestrator.sim.availability import outlook
+    from orchestrator.sim.multizone import zones_outlook
+
+    trace = load_trace(TRACE)
+    job = Job(12 * 60, 16 * 60, 12, 0.861, 2.144)
+    one = {o.policy: o for o in outlook(job, [trace], starts=6)}["deadline"]
+    both = zones_outlook(job, [trace, trace], starts=6)
+    assert (both.policy, both.runs) == ("deadline-zones", one.runs)
+    assert both.mean_cost_usd == pytest.approx(one.mean_cost_usd)
+    assert both.p_deadline_met == one.p_deadline_met
+
+
+def test_plan_shows_the_zones_row_for_a_spec_that_replays_several_zones(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "local-deadline-zones.yaml"
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "plan", str(example), "--json"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+                              "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/r.db"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["policy"]: r for r in json.loads(out.stdout)["deadline_policies"]["policies"]}
+    assert set(rows) == {"on-demand", "greedy", "uniform-progress", "deadline", "deadline-zones"}
+    assert rows["deadline-zones"]["runs"] * 2 == rows["deadline"]["runs"]  # both zones at once, from each start
+    assert rows["deadline-zones"]["p_deadline_met"] == 1.0

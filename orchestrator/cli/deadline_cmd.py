@@ -28,6 +28,7 @@ from orchestrator.sim.availability import (
 )
 from orchestrator.sim.elastic import run_elastic
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
+from orchestrator.sim.multizone import zones_outlook
 
 
 def availability_command(specs: list[Path], trace_path: Path, start_tick: int, policy_name: str, json_out: bool,
@@ -146,11 +147,17 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
               round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)
     traces = [load_trace(p) for p in paths]
-    found = DeadlineOutlook(job, outlook(job, traces), [p.name for p in paths])
+    # Zones replayed together (zone_availability_traces): also the policy that moves between them, as the daemon.
+    zoned = local is not None and bool(local.zone_availability_traces)
+
+    def rows(j: Job) -> list[Outlook]:
+        return outlook(j, traces) + ([zones_outlook(j, traces)] if zoned else [])
+
+    found = DeadlineOutlook(job, rows(job), [p.name for p in paths])
     if slow_by is None or slow_by <= 0:
         return found
     slow = replace(job, work_min=max(1, round(job.work_min * (1 + slow_by))))
-    return replace(found, slow_by=slow_by, slow_rows=outlook(slow, traces))
+    return replace(found, slow_by=slow_by, slow_rows=rows(slow))
 
 
 def print_outlook(found: DeadlineOutlook) -> None:
@@ -165,7 +172,9 @@ def print_outlook(found: DeadlineOutlook) -> None:
         f"{job.overhead_min} min (cloud time); deadline as the daemon runs a first job, learning spot only during "
         f"it (on gce, a later job in the same zones also learns from what earlier ones saw in the 24 h before it)"
         + (f"; the last two columns: the work at the prediction interval's slow end (+{found.slow_by:.0%}), as the "
-           "daemon plans once the job has measured its pace" if slow else ""),
+           "daemon plans once the job has measured its pace" if slow else "")
+        + "".join(f"; deadline-zones: every zone's trace at once from the {o.runs} start ticks, moving spot between "
+                  "the zones as the daemon does" for o in rows if o.policy == "deadline-zones"),
         head,
         [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"]
          + ([money(slow[o.policy].mean_cost_usd), f"{100 * slow[o.policy].p_deadline_met:.0f}%"] if slow else [])

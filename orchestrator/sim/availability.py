@@ -349,11 +349,19 @@ def outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STA
     the job's own ticks, as the daemon that will run it does."""
     runs: dict[str, list[Outcome]] = {n: [] for n in names}
     for tr in traces:
-        first = min(len(tr.counts) - 1, round(HISTORY_H * 60 / tr.tick_min))
-        last = max(first, len(tr.counts) - 1 - math.ceil(job.deadline_min / tr.tick_min))
-        for k in range(starts):
-            start = first + (last - first) * k // max(1, starts - 1)
+        for start in outlook_starts(job, tr, starts):
             for o in study(job, tr, start, names, prior=False):
                 runs[o.policy].append(o)
-    return [Outlook(n, sum(o.cost_usd for o in rs) / len(rs), sum(o.deadline_met for o in rs) / len(rs), len(rs))
-            for n, rs in runs.items() if rs]
+    return [summed(n, rs) for n, rs in runs.items() if rs]
+
+
+def outlook_starts(job: Job, trace: AvailabilityTrace, starts: int = OUTLOOK_STARTS) -> list[int]:
+    """``starts`` start ticks spread over the trace, each after HISTORY_H of it and a deadline before its end."""
+    first = min(len(trace.counts) - 1, round(HISTORY_H * 60 / trace.tick_min))
+    last = max(first, len(trace.counts) - 1 - math.ceil(job.deadline_min / trace.tick_min))
+    return [first + (last - first) * k // max(1, starts - 1) for k in range(starts)]
+
+
+def summed(name: str, runs: list[Outcome]) -> Outlook:
+    return Outlook(name, sum(o.cost_usd for o in runs) / len(runs), sum(o.deadline_met for o in runs) / len(runs),
+                   len(runs))

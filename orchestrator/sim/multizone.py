@@ -17,7 +17,17 @@ import numpy as np
 
 from orchestrator.core import policy
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
-from orchestrator.sim.availability import Job, Outcome, price_per_min, step_tick
+from orchestrator.core.revocation.availability import AvailabilityTrace
+from orchestrator.sim.availability import (
+    OUTLOOK_STARTS,
+    Job,
+    Outcome,
+    Outlook,
+    outlook_starts,
+    price_per_min,
+    step_tick,
+    summed,
+)
 
 
 def _aligned(avails: tuple[tuple[bool, ...], ...], i: int) -> tuple[bool, ...]:
@@ -167,6 +177,15 @@ def _forward_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, be
             r = max(0, r - tick)
         m = c
     return out
+
+
+def zones_outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS) -> Outlook:
+    """``plan``'s row for a job holding the traces' zones at once (replayed tick for tick from the same start
+    ticks as ``outlook``'s): the deadline policy with zone moves, learning each zone only during the job, as the
+    daemon does (``core.deadline_zones``)."""
+    avails = tuple(t.available() for t in traces)
+    return summed("deadline-zones", [run_multi(job, tuple(a[start:] for a in avails), traces[0].tick_min)
+                                     for start in outlook_starts(job, traces[0], starts)])
 
 
 def study_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, start: int,
