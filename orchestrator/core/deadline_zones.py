@@ -54,9 +54,12 @@ def choose(slots: Iterable[Slot], by_zone: Mapping[str, bool] | None, blocked: I
     provider does not say by zone, or the slots share fewer than two zones it answered for. ``blocked``: zones a
     create was refused in lately (the advice is a forecast; the refusal overrules it). ``current``: the zone of
     the spot VM that runs now, if one does."""
-    zones = [z for z in shared_zones(slots) if by_zone is not None and z in by_zone]
-    if by_zone is None or len(zones) < 2:
+    if by_zone is None:
         return None
+    zones = [z for z in shared_zones(slots) if z in by_zone]
+    if len(zones) < 2:
+        return None
+    blocked = set(blocked)
     recorded = dict(di.zone_spot_seen)
     records = tuple(RecordSpotAvailability(by_zone[z], zone_reason(z, by_zone[z]), zone=z) for z in zones
                     if not recorded.get(z) or recorded[z][-1][1] != by_zone[z])
@@ -65,7 +68,7 @@ def choose(slots: Iterable[Slot], by_zone: Mapping[str, bool] | None, blocked: I
     up_ages: dict[str, float] = {}
     for z in zones:
         seen[z], age = policy.seen_during_job(changes[z], started, now, di.tick_s, hour_s)
-        if by_zone[z] and z not in set(blocked):
+        if by_zone[z] and z not in blocked:
             up_ages[z] = age
     where = policy.choose_zone(current if current in zones else None, up_ages, seen)
     if where is None:
@@ -73,6 +76,7 @@ def choose(slots: Iterable[Slot], by_zone: Mapping[str, bool] | None, blocked: I
     return ZoneChoice(where, seen[where], up_ages[where], records)
 
 
-def zones_from(chosen: str, order: tuple[str, ...]) -> tuple[str, ...]:
-    """The chosen zone first, then the rest in ``order`` (a create falls through them if it is refused)."""
+def zones_from(chosen: str | None, order: tuple[str, ...]) -> tuple[str, ...]:
+    """The chosen zone first, then the rest in ``order`` (a create falls through them if it is refused); ``order``
+    as it is without a choice."""
     return (chosen, *(z for z in order if z != chosen)) if chosen in order else order

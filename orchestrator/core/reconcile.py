@@ -302,13 +302,11 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         chosen = zone.zone if zone is not None and choice == policy.Mode.SPOT else None
         why += f" in {chosen}, where spot is expected to last longest" if chosen is not None else ""
         if last is None:
-            p.create(slot, 0, choice == policy.Mode.SPOT, deadline_zones.zones_from(chosen, slot.zones)
-                     if chosen is not None else slot.zones, None, why)
+            p.create(slot, 0, choice == policy.Mode.SPOT, deadline_zones.zones_from(chosen, slot.zones), None, why)
             continue
         # spot again after a preemption: the other zones first (move rather than wait where the spot went)
         moved = choice == policy.Mode.SPOT and p.end_reason(last) == EndReason.PREEMPTED and len(slot.zones) > 1
-        zones = policy.replacement_zones(last.zone, slot.zones, rotate=moved)
-        zones = deadline_zones.zones_from(chosen, zones) if chosen is not None else zones
+        zones = deadline_zones.zones_from(chosen, policy.replacement_zones(last.zone, slot.zones, rotate=moved))
         p.create(slot, last.generation + 1, choice == policy.Mode.SPOT, zones, last.port,
                  why + (f", moved from {last.zone} where spot was preempted" if moved else ""))
 

@@ -56,8 +56,10 @@ def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -
     """The slot's zone first, then the other allowed zones that offer its GPU (stockout fallbacks)."""
     if not spec.provider.is_cloud:
         local = spec.provider.as_local()
-        replayed = list(local.zone_availability_traces) if local is not None else []
-        return tuple([zone] if zone else []) + tuple(z for z in replayed if z != zone) or (zone or LOCAL_ZONE,)
+        replayed = tuple(local.zone_availability_traces) if local is not None else ()
+        if not replayed:
+            return (zone or LOCAL_ZONE,)
+        return (zone, *(z for z in replayed if z != zone)) if zone else replayed
     allowed = spec.provider.allowed_zones
     offered = set(catalog.zones_for(gpu)) if gpu else set(catalog.all_zones())
     others = [z for z in allowed if z in offered and z != zone]
