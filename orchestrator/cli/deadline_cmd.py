@@ -11,13 +11,17 @@ from typing import Any
 from orchestrator.cli.model_impl import planning_calibration
 from orchestrator.cli.render import console, money, table
 from orchestrator.core import policy
+from orchestrator.core.catalog import load_catalog
 from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
+from orchestrator.core.names import unknown_name
 from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
 from orchestrator.sim.availability import (
     HISTORY_H,
+    AvailabilityTrace,
     AvailabilityTraceError,
     Job,
+    Outcome,
     Outlook,
     bundled_traces,
     deadline_figures,
@@ -28,12 +32,13 @@ from orchestrator.sim.availability import (
 )
 from orchestrator.sim.elastic import run_elastic
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
-from orchestrator.sim.multizone import zones_outlook
+from orchestrator.sim.multizone import Market, study_multi, zones_outlook
 
 
 def availability_command(specs: list[Path], trace_path: Path, start_tick: int, policy_name: str, json_out: bool,
                          work_h: float | None, deadline_h: float | None, overhead_min: float | None,
-                         price_book: str | None, history_h: float | None = None) -> None:
+                         price_book: str | None, history_h: float | None = None,
+                         also: list[str] | None = None) -> None:
     if len(specs) != 1:
         raise UserError("--availability-trace takes exactly one job spec",
                         hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
@@ -73,6 +78,9 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
             outcomes = [run_elastic(per_vm, workers, trace, start_tick, ("elastic",))["elastic"]]
         else:
             outcomes = study(job, trace, start_tick, names, history_h=seen_h)
+        markets = _also_markets(spec, also or [], trace, fig.work_s, price_book) if also else []
+        if markets and policy_name in ("all", "deadline"):
+            outcomes += _market_outcomes(job, trace, markets, start_tick, round(seen_h * 60 / trace.tick_min))
     except AvailabilityTraceError as exc:
         raise UserError(str(exc)) from None
     costs = {o.policy: o.cost_usd for o in outcomes}
@@ -87,9 +95,13 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     }
     if policy_name == "elastic":
         doc["workers"] = workers  # the prices above stay the whole cluster's; the timeline's modes: "<spot>s+<od>od"
+    if markets:  # each other market: its GPU, trace, speed (the job's work there) and spot price
+        doc["markets"] = [{"gpu": g, "trace": str(p), "speed": m.speed, "spot_usd_per_h": m.spot_usd_per_h}
+                          for g, p, _, m in markets]
     if "on-demand" in costs and "optimal" in costs:
         for d in doc["policies"]:
-            d["saving_share"] = saving_share(d["cost_usd"], costs["on-demand"], costs["optimal"])
+            best = costs.get(MARKET_POLICIES[1], 0.0) if d["policy"] in MARKET_POLICIES else costs["optimal"]
+            d["saving_share"] = saving_share(d["cost_usd"], costs["on-demand"], best)
     if json_out:
         print(json.dumps(doc, indent=2))
         return
@@ -101,6 +113,55 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         f"{money(fig.on_demand_usd_per_h)}/h on-demand; the deadline policy has seen "
         f"{doc['history_h']:.4g} h of the trace before it{_history_hint(doc['history_h'])})",
         ["policy", "cost", "finish", "deadline", "share of saving", "timeline"], rows))
+    if markets:
+        console.print("deadline-markets / optimal-markets hold these at once (spot@0 the job's own, share against "
+                      "optimal-markets): " + "; ".join(
+                          f"spot@{k + 1} {g} {p.name} ({m.speed:.2f}x the work rate, {money(m.spot_usd_per_h or 0.0)}"
+                          f"/h spot)" for k, (g, p, _, m) in enumerate(markets)), highlight=False)
+
+
+MARKET_POLICIES = ("deadline-markets", "optimal-markets")  # rows of --also-trace: the job holding every market at once
+
+
+def _also_markets(spec: JobSpec, also: list[str], trace: AvailabilityTrace, work_s: float,
+                  price_book: str | None) -> list[tuple[str, Path, AvailabilityTrace, Market]]:
+    """Each ``--also-trace GPU=FILE``: another market's trace, and the job there as the planner predicts it (its
+    whole cluster on that GPU type): the speed (the job's predicted work on its own GPU over the work there) and
+    the spot price. GPU may be the spec's own (another zone)."""
+    if spec.cluster is None:
+        raise UserError("--also-trace needs a spec with a cluster (its workers move to the other GPU type); this one "
+                        "has a search", hint="pin the cluster, or drop --also-trace")
+    out = []
+    for item in also:
+        gpu, sep, path = item.partition("=")
+        if not sep or not gpu.strip() or not path:
+            raise UserError(f"--also-trace '{item}': give GPU=FILE.json, e.g. k80=us-west-2a_k80_1.json")
+        gpu = gpu.strip().lower()
+        if gpu not in (known := load_catalog().gpus):
+            raise UserError(f"--also-trace {item}: {unknown_name(gpu, 'a GPU type', known)}")
+        other = load_trace(Path(path))
+        if other.tick_min != trace.tick_min:
+            raise UserError(f"--also-trace {item}: ticks of {other.tick_min} min, the main trace's are "
+                            f"{trace.tick_min} min; the traces are replayed tick for tick")
+        moved = spec.model_copy(update={"cluster": spec.cluster.model_copy(
+            update={"workers": [w.model_copy(update={"gpu": gpu}) for w in spec.cluster.workers]})})
+        try:
+            there = deadline_figures(moved, price_book, planning_calibration(moved))
+        except (SimSpecError, UserError, KeyError, ValueError) as exc:
+            raise UserError(f"--also-trace {item}: the job cannot be planned on GPU '{gpu}' ({exc})") from None
+        out.append((gpu, Path(path), other, Market(work_s / there.work_s, there.spot_usd_per_h)))
+    return out
+
+
+def _market_outcomes(job: Job, trace: AvailabilityTrace,
+                     markets: list[tuple[str, Path, AvailabilityTrace, Market]], start: int,
+                     history_ticks: int) -> list[Outcome]:
+    """The deadline policy holding the job's own market and every ``--also-trace`` one at once, and the optimum over
+    the same (``sim.multizone``), from the same start tick of every trace."""
+    avails = (trace.available(), *(t.available() for _, _, t, _ in markets))
+    online, best = study_multi(job, avails, trace.tick_min, start, history_ticks,
+                               markets=(Market(), *(m for _, _, _, m in markets)))
+    return [replace(online, policy=MARKET_POLICIES[0]), replace(best, policy=MARKET_POLICIES[1])]
 
 
 def _history_hint(seen_h: float) -> str:
@@ -117,7 +178,8 @@ def _share(x: float | None) -> str:
 def _mix(d: dict[str, Any]) -> str:
     """The timeline in short: s(pot) o(n-demand) .(waiting) e(lastic membership), one letter per change."""
     letters = {"spot": "s", "on-demand": "o", "idle": ".", "done": "|"}
-    return "".join(letters.get(c["mode"], "e") for c in d["timeline"])[:40]  # e: an elastic membership
+    # e: an elastic membership; spot@N: spot in another market (--also-trace)
+    return "".join(letters.get(c["mode"].split("@")[0], "e") for c in d["timeline"])[:40]
 
 
 @dataclass(frozen=True)

@@ -103,17 +103,21 @@ def simulate(
         None, "--history-h", callback=finite,
         help="with --availability-trace: hours of the trace before the start the deadline policy has seen "
              "(default 24; 0: as a launch's daemon that no earlier job in its spot market told anything)"),
+    also_trace: list[str] = typer.Option(
+        [], "--also-trace", metavar="GPU=FILE",
+        help="with --availability-trace: another market the job may move to, its GPU type (or the spec's own: another "
+             "zone) and its trace over the same days (repeatable); adds the deadline-markets and optimal-markets rows"),
 ) -> None:
     """What would this cluster cost and how long would it take, under real revocation traces?"""
     if availability_trace is not None:
         from orchestrator.cli.deadline_cmd import availability_command  # lazy: the simulator loads only here
 
         availability_command(list(specs or []), availability_trace, start_tick, policy_name, json_out, work_h,
-                             deadline_h, overhead_min, price_book, history_h)
+                             deadline_h, overhead_min, price_book, history_h, also_trace)
         return
     trace_only = {"--policy": policy_name != "all", "--start-tick": start_tick != 0, "--work-h": work_h is not None,
                   "--deadline-h": deadline_h is not None, "--restart-overhead-min": overhead_min is not None,
-                  "--history-h": history_h is not None}
+                  "--history-h": history_h is not None, "--also-trace": bool(also_trace)}
     if given := [flag for flag, used in trace_only.items() if used]:
         raise UserError(f"{', '.join(given)}: only with --availability-trace FILE.json (the deadline policies' "
                         "replay); drop it, or add the trace")

@@ -12,6 +12,7 @@ the modes idle, on-demand and spot in each zone; with one zone both give the sam
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,9 +26,57 @@ from orchestrator.sim.availability import (
     Outlook,
     outlook_starts,
     price_per_min,
-    step_tick,
     summed,
 )
+
+
+@dataclass(frozen=True)
+class Market:
+    """Where a spot VM may run besides the job's own zone: another zone, or another GPU type. ``speed``: work
+    per minute there, relative to the GPU the job's work is measured on (its step time / this GPU's, measured);
+    ``spot_usd_per_h``: its spot price (None: the job's). On-demand always runs the job's own GPU."""
+
+    speed: float = 1.0
+    spot_usd_per_h: float | None = None
+
+
+def _markets(job: Job, k: int, markets: tuple[Market, ...] | None, tick: int) -> tuple[Market, ...]:
+    """One market per trace, each with its price, and its speed rounded to whole minutes of work per tick (so a
+    tick's work and the minutes to finish are exact inverses, ``work_in`` and ``minutes_for``)."""
+    ms = markets or (Market(),) * k
+    assert len(ms) == k, "one market per trace"
+    return tuple(Market(max(1, round(m.speed * tick)) / tick,
+                        job.spot_usd_per_h if m.spot_usd_per_h is None else m.spot_usd_per_h) for m in ms)
+
+
+def work_in(speed: float, minutes: int) -> int:
+    """Whole minutes of the job's work done in ``minutes`` of training on a GPU of ``speed``."""
+    return minutes if speed == 1.0 else math.floor(speed * minutes + 1e-9)
+
+
+def minutes_for(speed: float, work: int) -> int:
+    """Minutes of training a GPU of ``speed`` needs for ``work`` minutes of the job's work (``work_in``'s inverse)."""
+    return work if speed == 1.0 else math.ceil(work / speed - 1e-9)
+
+
+def minutes_for_each(speed: float, work: np.ndarray) -> np.ndarray:
+    """``minutes_for`` of each element of ``work``."""
+    return work if speed == 1.0 else np.ceil(work / speed - 1e-9).astype(int)
+
+
+def _step(job: Job, c: Mode, m: Market, tick: int, t: int, w: int, r: int, cost: float
+          ) -> tuple[int, int, int, float, bool]:
+    """``sim.availability.step_tick`` on market ``m`` (spot) or the job's own GPU (on-demand)."""
+    speed = m.speed if c == Mode.SPOT else 1.0
+    price = (m.spot_usd_per_h or 0.0) / 60 if c == Mode.SPOT else price_per_min(job, c)
+    need = r + minutes_for(speed, job.work_min - w)
+    if c != Mode.IDLE and need <= tick:
+        return t + need, w, r, cost + price * need, True
+    if c != Mode.IDLE:
+        w += work_in(speed, max(0, tick - r))
+        r = max(0, r - tick)
+        cost += price * tick
+    return t + tick, w, r, cost, False
 
 
 def _aligned(avails: tuple[tuple[bool, ...], ...], i: int) -> tuple[bool, ...]:
@@ -37,18 +86,21 @@ def _aligned(avails: tuple[tuple[bool, ...], ...], i: int) -> tuple[bool, ...]:
 
 def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
               history: tuple[tuple[bool, ...], ...] = (), choices: list[tuple[Mode, int]] | None = None,
-              name: str = "deadline-zones") -> Outcome:
+              name: str = "deadline-zones", markets: tuple[Market, ...] | None = None) -> Outcome:
     """Replay the zones' availability (one tuple per zone, from the job's start) under the deadline policy
     with zone moves (or the given ``choices``: (mode, zone) per tick). ``history``: each zone's ticks
-    before the start, which the policy has seen."""
+    before the start, which the policy has seen. ``markets``: each trace's GPU speed and spot price (default:
+    the job's GPU and price in every zone)."""
     k = len(avails)
+    ms = _markets(job, k, markets, tick)
     logs = [AvailabilityLog() for _ in range(k)]
     any_log = AvailabilityLog()
     for z, h in enumerate(history):
         for x in h:
             logs[z].add(x)
+    fast = [z for z in range(k) if ms[z].speed >= 1.0]  # the outages the rule reads: of spot as fast as its own
     for xs in zip(*history, strict=True) if history else ():
-        any_log.add(any(xs))
+        any_log.add(any(xs[z] for z in fast))
     t, w, r, i, cost, down = 0, 0, 0, 0, 0.0, 0
     ups = [0] * k
     mode, zone = Mode.IDLE, -1
@@ -58,25 +110,25 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
         if mode == Mode.SPOT and not a[zone]:
             mode, r = Mode.IDLE, 0  # preempted
         ups = [u + 1 if x else 0 for u, x in zip(ups, a, strict=True)]
-        down = 0 if any(a) else down + 1
+        down = 0 if any(a[z] for z in fast) else down + 1
         if choices is not None:
             c, cz = choices[i] if i < len(choices) else (Mode.ON_DEMAND, -1)
         elif t >= job.deadline_min:
             c, cz = Mode.ON_DEMAND, -1
         else:
-            c, cz = _decide(job, tick, t, w, r, mode, zone, a, ups, down, logs, any_log)
+            c, cz = _decide(job, tick, t, w, r, mode, zone, a, ups, down, logs, any_log, ms)
         if c == Mode.SPOT and not a[cz]:
             raise AssertionError(f"{name} chose spot in zone {cz} at tick {i}, when none could be had")
         for z in range(k):
             logs[z].add(a[z])
-        any_log.add(any(a))
+        any_log.add(any(a[z] for z in fast))
         label = c.value if c != Mode.SPOT else f"spot@{cz}"
         if not out.timeline or out.timeline[-1][1] != label:
             out.timeline.append((t, label))
         same = c == mode and (c != Mode.SPOT or cz == zone)
         r = r if same else (job.overhead_min if c != Mode.IDLE else 0)
         mode, zone = c, cz if c == Mode.SPOT else -1
-        t, w, r, cost, done = step_tick(job, c, tick, t, w, r, cost)
+        t, w, r, cost, done = _step(job, c, ms[cz] if c == Mode.SPOT else Market(), tick, t, w, r, cost)
         if done:
             break
         i += 1
@@ -86,30 +138,47 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
 
 
 def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, a: tuple[bool, ...],
-            ups: list[int], down: int, logs: list[AvailabilityLog], any_log: AvailabilityLog) -> tuple[Mode, int]:
-    """The deadline policy's choice, then ``choose_zone``'s zone for spot."""
+            ups: list[int], down: int, logs: list[AvailabilityLog], any_log: AvailabilityLog,
+            ms: tuple[Market, ...]) -> tuple[Mode, int]:
+    """The deadline policy over the markets at least as fast as the job's GPU, each priced per hour of the job's
+    work (``choose_zone`` picks among them); where the rule waits, a slower GPU's spot if
+    ``policy.choose_slower_spot`` finds it pays."""
     names = [str(z) for z in range(len(a))]
+    fast = {names[z] for z in range(len(a)) if ms[z].speed >= 1.0}
     seen = {names[z]: logs[z].seen(tick / 60) for z in range(len(a))}
     up_ages = {names[z]: (ups[z] - 1) * tick / 60 for z in range(len(a)) if a[z]}
-    where = policy.choose_zone(names[zone] if mode == Mode.SPOT else None, up_ages, seen)
-    view = policy.zone_availability(seen[where] if where is not None else None, any_log.seen(tick / 60))
+    here = names[zone] if mode == Mode.SPOT else None
+    on_fast = here in fast
+    where = policy.choose_zone(here if on_fast else None, {z: x for z, x in up_ages.items() if z in fast}, seen)
+    anywhere = any_log.seen(tick / 60)
+    m = ms[names.index(where)] if where is not None else Market(1.0, job.spot_usd_per_h)
     p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
-                 overhead_h=job.overhead_min / 60, mode=mode, spot_available=where is not None, tick_h=tick / 60,
-                 overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
+                 overhead_h=job.overhead_min / 60, mode=mode if mode != Mode.SPOT or on_fast else Mode.IDLE,
+                 spot_available=where is not None, tick_h=tick / 60,
+                 overhead_left_h=r / 60 if mode != Mode.SPOT or on_fast else 0.0, outage_h=max(0, down - 1) * tick / 60,
                  spot_up_h=up_ages[where] if where is not None else 0.0,
-                 spot_usd_per_h=job.spot_usd_per_h, on_demand_usd_per_h=job.on_demand_usd_per_h)
-    c = policy.decide_deadline("deadline", p, view)
-    return (c, names.index(where)) if c == Mode.SPOT and where is not None else (c, -1)
+                 spot_usd_per_h=(m.spot_usd_per_h or 0.0) / m.speed, on_demand_usd_per_h=job.on_demand_usd_per_h)
+    c = policy.decide_deadline("deadline", p, policy.zone_availability(seen[where] if where else None, anywhere))
+    if c == Mode.SPOT and where is not None:
+        return c, names.index(where)
+    if c != Mode.IDLE:
+        return c, -1
+    slower = {z: policy.SlowerSpot(ms[int(z)].speed, ms[int(z)].spot_usd_per_h or 0.0, seen[z].up_left(x))
+              for z, x in up_ages.items() if z not in fast}
+    pick = policy.choose_slower_spot(p, anywhere, slower, here if here in slower else None)
+    return (Mode.SPOT, names.index(pick)) if pick is not None else (Mode.IDLE, -1)
 
 
 Choices = list[tuple[Mode, int]]  # (mode, zone index; -1 unless spot) per tick
 
 
-def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int) -> tuple[float, Choices] | None:
-    """The offline optimum over the zones: least cost to finish by the deadline knowing every trace, and its
-    (mode, zone) at each tick; None when no schedule finishes in time. Modes: 0 idle, 1..K spot in zone
-    k-1, K+1 on-demand."""
+def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int,
+                  markets: tuple[Market, ...] | None = None) -> tuple[float, Choices] | None:
+    """The offline optimum over the zones (``markets``: as ``run_multi``'s): least cost to finish by the deadline
+    knowing every trace, and its (mode, zone) at each tick; None when no schedule finishes in time. Modes: 0 idle,
+    1..K spot in zone k-1, K+1 on-demand."""
     k = len(avails)
+    ms = _markets(job, k, markets, tick)
     od = k + 1
     W, D, d = job.work_min, job.deadline_min, job.overhead_min
     n = math.ceil(D / tick)
@@ -125,13 +194,14 @@ def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int) -> 
         opts = [z + 1 for z in range(k) if a[z]] + [od]
         run: dict[tuple[int, int], np.ndarray] = {}
         for ci in opts:
-            price = price_per_min(job, Mode.ON_DEMAND if ci == od else Mode.SPOT)
+            speed = 1.0 if ci == od else ms[ci - 1].speed
+            price = price_per_min(job, Mode.ON_DEMAND) if ci == od else (ms[ci - 1].spot_usd_per_h or 0.0) / 60
             for rc in {d, *rs}:
-                need = rc + W - w
+                need = rc + minutes_for_each(speed, W - w)
                 v = np.full(W + 1, math.inf)
                 fin = need <= room
                 v[fin] = price * need[fin]
-                nw = w + max(0, tick - rc)
+                nw = w + work_in(speed, max(0, tick - rc))
                 go = (~fin) & (nw < W)
                 v[go] = price * tick + nxt[ci, r_idx[max(0, rc - tick)], nw[go]]
                 run[ci, rc] = v
@@ -156,11 +226,11 @@ def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int) -> 
     if not math.isfinite(nxt[0, 0, 0]):
         return None
     best.reverse()
-    return float(nxt[0, 0, 0]), _forward_multi(job, avails, tick, best, r_idx)
+    return float(nxt[0, 0, 0]), _forward_multi(job, avails, tick, best, r_idx, ms)
 
 
 def _forward_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, best: list[np.ndarray],
-                   r_idx: dict[int, int]) -> Choices:
+                   r_idx: dict[int, int], ms: tuple[Market, ...]) -> Choices:
     k = len(avails)
     w, r, m, out = 0, 0, 0, []
     for i, arg in enumerate(best):
@@ -171,9 +241,10 @@ def _forward_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, be
         out.append((Mode.IDLE, -1) if c == 0 else (Mode.ON_DEMAND, -1) if c == k + 1 else (Mode.SPOT, c - 1))
         r = r if c == m else (job.overhead_min if c != 0 else 0)
         if c != 0:
-            if r + job.work_min - w <= tick:
+            speed = ms[c - 1].speed if c <= k else 1.0
+            if r + minutes_for(speed, job.work_min - w) <= tick:
                 break
-            w += max(0, tick - r)
+            w += work_in(speed, max(0, tick - r))
             r = max(0, r - tick)
         m = c
     return out
@@ -189,16 +260,16 @@ def zones_outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLO
 
 
 def study_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, start: int,
-                history_ticks: int) -> tuple[Outcome, Outcome]:
-    """The deadline policy with zone moves and the optimum over the same zones, from tick ``start`` (the
-    policy has seen ``history_ticks`` before it)."""
+                history_ticks: int, markets: tuple[Market, ...] | None = None) -> tuple[Outcome, Outcome]:
+    """The deadline policy with zone moves and the optimum over the same zones (``markets``: as ``run_multi``'s),
+    from tick ``start`` (the policy has seen ``history_ticks`` before it)."""
     now = tuple(a[start:] for a in avails)
     hist = tuple(a[max(0, start - history_ticks):start] for a in avails)
-    online = run_multi(job, now, tick, history=hist)
-    opt = optimal_multi(job, now, tick)
+    online = run_multi(job, now, tick, history=hist, markets=markets)
+    opt = optimal_multi(job, now, tick, markets=markets)
     if opt is None:
-        best = run_multi(job, now, tick, choices=[(Mode.ON_DEMAND, -1)], name="optimal-zones")
+        best = run_multi(job, now, tick, choices=[(Mode.ON_DEMAND, -1)], name="optimal-zones", markets=markets)
         best.deadline_met = False
     else:
-        best = run_multi(job, now, tick, choices=opt[1], name="optimal-zones")
+        best = run_multi(job, now, tick, choices=opt[1], name="optimal-zones", markets=markets)
     return online, best
