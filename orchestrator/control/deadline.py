@@ -103,34 +103,36 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
     pace = measured_step_s(session, job.id)
     work_s = fig.work_s if pace is None else pace * job.train_steps
+    anywhere, by_zone = seen_changes(session, job.id)
     return DeadlineInputs(work_s=work_s, done_s=work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
-                          spot_seen=spot_seen(session, job.id), zone_spot_seen=zone_spot_seen(session, job.id),
+                          spot_seen=anywhere, zone_spot_seen=by_zone,
                           drains=drains(session, job.id),
                           spot_before=spot_before(session, job, spec, now),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
                               Metric.job_id == job.id, Metric.kind == "checkpoint")))
 
 
-def spot_seen(session: Session, job_id: str) -> tuple[tuple[float, bool], ...]:
-    """The changes of spot capacity the daemon recorded for the job (``RecordSpotAvailability``), oldest first."""
-    kinds = {v: k for k, v in policy.SPOT_SEEN_EVENTS.items()}
-    rows = session.execute(select(Event.at, Event.to_status).where(
-        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(list(kinds))).order_by(Event.at, Event.id))
-    return tuple((float(at), kinds[what]) for at, what in rows)
+ZoneChanges = tuple[tuple[str, tuple[tuple[float, bool], ...]], ...]
 
 
-def zone_spot_seen(session: Session, job_id: str) -> tuple[tuple[str, tuple[tuple[float, bool], ...]], ...]:
-    """Each zone's changes of spot capacity the daemon recorded for the job (``RecordSpotAvailability`` with a
-    zone, where the provider says by zone), oldest first."""
-    kinds = {v: k for k, v in policy.ZONE_SEEN_EVENTS.items()}
+def seen_changes(session: Session, job_id: str) -> tuple[tuple[tuple[float, bool], ...], ZoneChanges]:
+    """The changes of spot capacity the daemon recorded for the job (``RecordSpotAvailability``), oldest first: in
+    any zone, and each zone's (with a zone, where the provider says by zone). One query for both, once a pass."""
+    any_kinds = {v: k for k, v in policy.SPOT_SEEN_EVENTS.items()}
+    zone_kinds = {v: k for k, v in policy.ZONE_SEEN_EVENTS.items()}
     rows = session.execute(select(Event.at, Event.to_status, Event.reason).where(
-        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(list(kinds))).order_by(Event.at, Event.id))
+        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_([*any_kinds, *zone_kinds])
+    ).order_by(Event.at, Event.id))
+    anywhere: list[tuple[float, bool]] = []
     by_zone: dict[str, list[tuple[float, bool]]] = {}
     for at, what, reason in rows:
-        by_zone.setdefault(deadline_zones.zone_of_reason(reason or ""), []).append((float(at), kinds[what]))
-    return tuple((zone, tuple(changes)) for zone, changes in sorted(by_zone.items()))
+        if what in any_kinds:
+            anywhere.append((float(at), any_kinds[what]))
+        else:
+            by_zone.setdefault(deadline_zones.zone_of_reason(reason or ""), []).append((float(at), zone_kinds[what]))
+    return tuple(anywhere), tuple((zone, tuple(changes)) for zone, changes in sorted(by_zone.items()))
 
 
 def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
