@@ -7,6 +7,11 @@ nothing, after a preemption, on another zone or switching pricing) costs the res
 in any zone", and ``core.policy.choose_zone`` for where: after a preemption it moves to a zone that has
 spot instead of waiting. The offline optimum is the same dynamic program as ``sim.availability``'s, over
 the modes idle, on-demand and spot in each zone; with one zone both give the same cost (tests).
+
+A trace may also be another GPU type's (a ``Market``: its speed and spot price; on-demand runs the job's own GPU).
+The rule then reads the markets at least as fast as the job's GPU as its spot, priced per hour of the job's work;
+while it waits, a slower GPU's spot is taken where ``core.policy.choose_slower_spot`` finds it pays. The optimum
+covers every market (``simulate --also-trace``, the bench's ``deadline-markets``).
 """
 
 from __future__ import annotations
@@ -158,7 +163,8 @@ def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, 
                  overhead_left_h=r / 60 if mode != Mode.SPOT or on_fast else 0.0, outage_h=max(0, down - 1) * tick / 60,
                  spot_up_h=up_ages[where] if where is not None else 0.0,
                  spot_usd_per_h=(m.spot_usd_per_h or 0.0) / m.speed, on_demand_usd_per_h=job.on_demand_usd_per_h)
-    c = policy.decide_deadline("deadline", p, policy.zone_availability(seen[where] if where else None, anywhere))
+    view = policy.zone_availability(seen[where] if where is not None else None, anywhere)
+    c = policy.decide_deadline("deadline", p, view)
     if c == Mode.SPOT and where is not None:
         return c, names.index(where)
     if c != Mode.IDLE:
