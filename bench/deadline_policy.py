@@ -374,6 +374,11 @@ def _markets_line(cells: Cells) -> None:
           f"none before); mean cost ${sum(r[MARKETS_IN_JOB].cost_usd for r in every) / len(every):.1f}; "
           f"{sum(not r[MARKETS_IN_JOB].deadline_met for r in every)} deadlines missed; under 80% in "
           f"{sum((x := share(v, MARKETS_IN_JOB, MARKETS[1])) is not None and x < 0.8 for v in held.values())} cells")
+    for slack, ovh in sorted({(sl, ov) for _, sl, ov in held}):
+        runs = [r for k, v in held.items() if k[1:] == (slack, ovh) for r in v]
+        got, in_job = share(runs, *MARKETS) or 0.0, share(runs, MARKETS_IN_JOB, MARKETS[1]) or 0.0
+        print(f"    per setting, slack {slack:>2}h overhead {ovh:>2}m: {100 * got:.0f}% of the markets' optimum's "
+              f"saving over {len(runs)} runs (in-job {100 * in_job:.0f}%)")
     groups = sorted({" + ".join(p.stem for p in market_group(p)) for p in TRACES.glob("*/*/*.json")} - {""})
     print("  market groups (same VM size, region and collection; every GPU type): " + "; ".join(groups))
 
