@@ -50,10 +50,10 @@ either GPU type (us-west-2a/b x K80/V100, measured over the same days), each wit
 measured step time over that GPU's: data/measurements/icac19-gce-resnet32-tf.csv, ResNet-32, 64.6 ms on a V100,
 216 ms on a K80) and spot price (the same book); on-demand runs the job's own GPU (sim/multizone.py Market). Its
 share is against "optimal-markets", the offline optimum over the same markets; "deadline-markets-in-job" learns
-each market's stretches during the job only. core/policy.py SLOWER_VALUE (a slower GPU's work is worth the spot
-price plus this share of on-demand's premium) was set on the EVEN start points (0.25, 0.5 and 1 gave 83.5% of the
-markets' optimum there, 0 gave 82.6%; 10 of 32 cells under 80% for each, the 8-GPU traces' cells); the table's are
-the odd ones (2026-11-29: 94%, no cell under 80%, 2 cells dearer than uniform-progress by $0.1-0.2): the
+each market's stretches during the job only. core/deadline_markets.py SLOWER_VALUE (a slower GPU's work is worth
+the spot price plus this share of on-demand's premium) was set on the EVEN start points (0.25, 0.5 and 1 gave 83.5%
+of the markets' optimum there, 0 gave 82.6%; 10 of 32 cells under 80% for each, the 8-GPU traces' cells); the
+table's are the odd ones (2026-11-29: 94%, no cell under 80%, 2 cells dearer than uniform-progress by $0.1-0.2): the
 difference between the halves says the per-cell result is not robust.
 
     python bench/deadline_policy.py             # the held-out table

@@ -1,6 +1,6 @@
 """The deadline policy holding zones and GPU types at once (issue 23, item 2: "several zones and GPU types at once,
 move instead of waiting"): ``sim.multizone`` with markets of other speeds and prices, its offline optimum, and
-``core.policy.choose_slower_spot``."""
+``core.deadline_markets``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from orchestrator.core import policy
-from orchestrator.core.policy import Availability, Mode, Progress, SlowerSpot
+from orchestrator.core.deadline_markets import SlowerSpot, choose_slower_spot
+from orchestrator.core.policy import Availability, Mode, Progress
 from orchestrator.sim.availability import Job, bundled_traces, load_trace
 from orchestrator.sim.multizone import Market, minutes_for, optimal_multi, run_multi, work_in
 
@@ -88,11 +88,11 @@ def _progress(**kw: float) -> Progress:
 def test_choose_slower_spot() -> None:
     outages = Availability(2.0, 3.0, (), (3.0, 4.0))
     cheap, dear = SlowerSpot(0.3, 0.2, 5.0), SlowerSpot(0.3, 1.5, 5.0)
-    assert policy.choose_slower_spot(_progress(), outages, {"k80": cheap, "x": dear}, None) == "k80"
-    assert policy.choose_slower_spot(_progress(), outages, {"x": dear}, None) is None  # billed more than it is worth
-    assert policy.choose_slower_spot(_progress(), outages, {"x": dear}, "x") == "x"  # already there: stay
+    assert choose_slower_spot(_progress(), outages, {"k80": cheap, "x": dear}, None) == "k80"
+    assert choose_slower_spot(_progress(), outages, {"x": dear}, None) is None  # billed more than it is worth
+    assert choose_slower_spot(_progress(), outages, {"x": dear}, "x") == "x"  # already there: stay
     short = Availability(2.0, 0.1, (), (0.1,))  # the outage is expected to end before the start is paid off
-    assert policy.choose_slower_spot(_progress(outage_h=0.0), short, {"k80": cheap}, None) is None
+    assert choose_slower_spot(_progress(outage_h=0.0), short, {"k80": cheap}, None) is None
 
 
 def test_simulate_also_trace_adds_the_markets_rows() -> None:

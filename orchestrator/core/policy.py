@@ -523,36 +523,3 @@ def zone_availability(here: Availability | None, anywhere: Availability) -> Avai
     up = here if here is not None else anywhere
     return Availability(up.up_h, anywhere.down_h, up.ups, anywhere.downs)
 
-
-@dataclass(frozen=True)
-class SlowerSpot:
-    """Spot on a slower GPU type than the job's (another market the job may move to while its own is out)."""
-
-    speed: float  # work per hour there, in hours of the job's own GPU (< 1)
-    spot_usd_per_h: float
-    up_left_h: float  # how much longer its spot stretch is expected to last, at its age
-
-
-# While the deadline rule waits out an outage of the job's own spot, work done on a slower GPU's spot is worth the
-# job's spot price plus this share of on-demand's premium: the work it takes off the end of the job, some of
-# which the deadline would have put on on-demand.
-SLOWER_VALUE: Final = 0.5
-
-
-def choose_slower_spot(p: Progress, outages: Availability, slower: dict[str, SlowerSpot],
-                       current: str | None) -> str | None:
-    """Where to train while the deadline rule waits for the job's own spot (it chose IDLE): stay on the slower
-    GPU it runs on (``current``), or move to the one whose expected gain is largest and positive: the work done
-    before the outage (``outages``, at its age) or that GPU's spot stretch ends, less its start, valued at the
-    job's spot price plus SLOWER_VALUE of on-demand's premium, minus what it is billed. None: wait."""
-    if current is not None and current in slower:
-        return current
-    outage_left = outages.down_left(p.outage_h)
-    value = p.spot_usd_per_h + SLOWER_VALUE * max(0.0, p.on_demand_usd_per_h - p.spot_usd_per_h)
-
-    def gain(s: SlowerSpot) -> float:
-        run = min(outage_left, s.up_left_h)
-        return s.speed * max(0.0, run - p.overhead_h) * value - s.spot_usd_per_h * run
-
-    best = max(sorted(slower), key=lambda z: gain(slower[z]), default=None)
-    return best if best is not None and gain(slower[best]) > 0 else None

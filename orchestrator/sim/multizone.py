@@ -10,8 +10,8 @@ the modes idle, on-demand and spot in each zone; with one zone both give the sam
 
 A trace may also be another GPU type's (a ``Market``: its speed and spot price; on-demand runs the job's own GPU).
 The rule then reads the markets at least as fast as the job's GPU as its spot, priced per hour of the job's work;
-while it waits, a slower GPU's spot is taken where ``core.policy.choose_slower_spot`` finds it pays. The optimum
-covers every market (``simulate --also-trace``, the bench's ``deadline-markets``).
+while it waits, a slower GPU's spot is taken where it pays (``core.deadline_markets``). The optimum covers every
+market (``simulate --also-trace``, the bench's ``deadline-markets``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.core import policy
+from orchestrator.core import deadline_markets
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 from orchestrator.core.revocation.availability import AvailabilityTrace
 from orchestrator.sim.availability import (
@@ -145,34 +145,15 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
 def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, a: tuple[bool, ...],
             ups: list[int], down: int, logs: list[AvailabilityLog], any_log: AvailabilityLog,
             ms: tuple[Market, ...]) -> tuple[Mode, int]:
-    """The deadline policy over the markets at least as fast as the job's GPU, each priced per hour of the job's
-    work (``choose_zone`` picks among them); where the rule waits, a slower GPU's spot if
-    ``policy.choose_slower_spot`` finds it pays."""
-    names = [str(z) for z in range(len(a))]
-    fast = {names[z] for z in range(len(a)) if ms[z].speed >= 1.0}
-    seen = {names[z]: logs[z].seen(tick / 60) for z in range(len(a))}
-    up_ages = {names[z]: (ups[z] - 1) * tick / 60 for z in range(len(a)) if a[z]}
-    here = names[zone] if mode == Mode.SPOT else None
-    on_fast = here in fast
-    where = policy.choose_zone(here if on_fast else None, {z: x for z, x in up_ages.items() if z in fast}, seen)
-    anywhere = any_log.seen(tick / 60)
-    m = ms[names.index(where)] if where is not None else Market(1.0, job.spot_usd_per_h)
-    p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
-                 overhead_h=job.overhead_min / 60, mode=mode if mode != Mode.SPOT or on_fast else Mode.IDLE,
-                 spot_available=where is not None, tick_h=tick / 60,
-                 overhead_left_h=r / 60 if mode != Mode.SPOT or on_fast else 0.0, outage_h=max(0, down - 1) * tick / 60,
-                 spot_up_h=up_ages[where] if where is not None else 0.0,
-                 spot_usd_per_h=(m.spot_usd_per_h or 0.0) / m.speed, on_demand_usd_per_h=job.on_demand_usd_per_h)
-    view = policy.zone_availability(seen[where] if where is not None else None, anywhere)
-    c = policy.decide_deadline("deadline", p, view)
-    if c == Mode.SPOT and where is not None:
-        return c, names.index(where)
-    if c != Mode.IDLE:
-        return c, -1
-    slower = {z: policy.SlowerSpot(ms[int(z)].speed, ms[int(z)].spot_usd_per_h or 0.0, seen[z].up_left(x))
-              for z, x in up_ages.items() if z not in fast}
-    pick = policy.choose_slower_spot(p, anywhere, slower, here if here in slower else None)
-    return (Mode.SPOT, names.index(pick)) if pick is not None else (Mode.IDLE, -1)
+    """``core.deadline_markets.decide`` over the markets (with one GPU type: ``choose_zone`` over the zones)."""
+    views = {str(z): deadline_markets.MarketView(ms[z].speed, ms[z].spot_usd_per_h or 0.0, logs[z].seen(tick / 60),
+                                                 (ups[z] - 1) * tick / 60 if a[z] else None) for z in range(len(a))}
+    base = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
+                    overhead_h=job.overhead_min / 60, mode=mode, spot_available=False, tick_h=tick / 60,
+                    overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
+                    spot_usd_per_h=job.spot_usd_per_h, on_demand_usd_per_h=job.on_demand_usd_per_h)
+    c, where = deadline_markets.decide(base, views, str(zone) if mode == Mode.SPOT else None, any_log.seen(tick / 60))
+    return c, int(where) if where is not None else -1
 
 
 Choices = list[tuple[Mode, int]]  # (mode, zone index; -1 unless spot) per tick
