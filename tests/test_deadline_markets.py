@@ -119,7 +119,8 @@ def test_simulate_also_trace_adds_the_markets_rows() -> None:
     assert m["gpu"] == "k80" and 0 < m["speed"] < 1 and m["spot_usd_per_h"] < doc["spot_usd_per_h"]
     for bad, says in ((["--also-trace", "k80"], "give GPU=FILE.json"),
                       (["--also-trace", "nope=" + other], "'nope' is not a GPU type"),
-                      (["--also-trace", "k80=/nonexistent.json"], "cannot read the availability trace")):
+                      (["--also-trace", "k80=/nonexistent.json"], "cannot read the availability trace"),
+                      (["--also-trace", f"k80={other}", "--policy", "greedy"], "goes with --policy all or deadline")):
         got = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *base, *bad], capture_output=True,
                              text=True, timeout=120)
         assert got.returncode == 2 and says in got.stderr and "Traceback" not in got.stderr, got.stderr

@@ -46,6 +46,9 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
     known = (*policy.DEADLINE_POLICIES, *policy.TRIAL_POLICIES, "elastic")
     if policy_name != "all" and policy_name not in known:
         raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, {', '.join(known)}")
+    if also and policy_name not in ("all", "deadline"):
+        raise UserError(f"--also-trace adds the deadline policy's markets rows; it goes with --policy all or deadline, "
+                        f"not {policy_name}")
     for flag, v in (("--work-h", work_h), ("--deadline-h", deadline_h), ("--restart-overhead-min", overhead_min),
                     ("--history-h", history_h)):
         if v is not None and not 0 <= v < 1e6:
@@ -79,7 +82,7 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         else:
             outcomes = study(job, trace, start_tick, names, history_h=seen_h)
         markets = _also_markets(spec, also or [], trace, fig.work_s, price_book) if also else []
-        if markets and policy_name in ("all", "deadline"):
+        if markets:
             outcomes += _market_outcomes(job, trace, markets, start_tick, round(seen_h * 60 / trace.tick_min))
     except AvailabilityTraceError as exc:
         raise UserError(str(exc)) from None
