@@ -522,4 +522,3 @@ def zone_availability(here: Availability | None, anywhere: Availability) -> Avai
     has spot), and the outages of spot in every zone at once (``anywhere``)."""
     up = here if here is not None else anywhere
     return Availability(up.up_h, anywhere.down_h, up.ups, anywhere.downs)
-
