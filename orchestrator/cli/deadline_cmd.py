@@ -28,6 +28,7 @@ from orchestrator.sim.availability import (
     load_trace,
     outlook,
     saving_share,
+    spot_on_gpu,
     study,
 )
 from orchestrator.sim.elastic import run_elastic
@@ -129,8 +130,8 @@ MARKET_POLICIES = ("deadline-markets", "optimal-markets")  # rows of --also-trac
 def _also_markets(spec: JobSpec, also: list[str], trace: AvailabilityTrace, work_s: float,
                   price_book: str | None) -> list[tuple[str, Path, AvailabilityTrace, Market]]:
     """Each ``--also-trace GPU=FILE``: another market's trace, and the job there as the planner predicts it (its
-    whole cluster on that GPU type): the speed (the job's predicted work on its own GPU over the work there) and
-    the spot price. GPU may be the spec's own (another zone)."""
+    spot workers on that GPU type: ``sim.availability.spot_on_gpu``): the speed (the job's predicted work on its
+    own GPU over the work there) and the spot price. GPU may be the spec's own (another zone)."""
     if spec.cluster is None:
         raise UserError("--also-trace needs a spec with a cluster (its workers move to the other GPU type); this one "
                         "has a search", hint="pin the cluster, or drop --also-trace")
@@ -146,8 +147,7 @@ def _also_markets(spec: JobSpec, also: list[str], trace: AvailabilityTrace, work
         if other.tick_min != trace.tick_min:
             raise UserError(f"--also-trace {item}: ticks of {other.tick_min} min, the main trace's are "
                             f"{trace.tick_min} min; the traces are replayed tick for tick")
-        moved = spec.model_copy(update={"cluster": spec.cluster.model_copy(
-            update={"workers": [w.model_copy(update={"gpu": gpu}) for w in spec.cluster.workers]})})
+        moved = spot_on_gpu(spec, gpu)
         try:
             there = deadline_figures(moved, price_book, planning_calibration(moved))
         except (SimSpecError, UserError, KeyError, ValueError) as exc:

@@ -73,11 +73,13 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         parts = []
         workers = [b for b in data.bars if b.slot.startswith("worker")]
         zoned = len({b.zone for b in workers if b.spot}) > 1  # the job moved spot between zones: say where
+        typed = len({b.gpu for b in workers if b.spot}) > 1  # ... or between GPU types (policy.also_gpus)
         for start, stop, mode in segments(data.bars, data.end):
             done = max((p for t, p in points if t <= start), default=0.0)
             line = 100 * start / deadline
-            where = next((f" in {b.zone}" for b in workers if b.spot and b.start <= start < (b.revoked or b.end)),
-                         "") if zoned and mode == "spot" else ""
+            bar = next((b for b in workers if b.spot and b.start <= start < (b.revoked or b.end)), None)
+            where = "" if bar is None or mode != "spot" else (
+                (f" on {bar.gpu}" if typed else "") + (f" in {bar.zone}" if zoned else ""))
             parts.append(f"{mode}{where} {start:.0f}-{stop:.0f}s (done {100 * done:.0f}% / uniform line {line:.0f}%)")
         met = "met" if job.status == "succeeded" and data.end <= deadline else (
             "missed" if job.status in ("succeeded", "failed") else "running")
@@ -92,15 +94,16 @@ def _planned_lines(session: Session, job: Job, end: float) -> list[str]:
     pace replaces the prediction once the job has reported enough steps, control/deadline.measured_step_s; the
     longest restart seen counts where it is longer, measured_overhead_s). These are why a launch's decisions can
     differ from `simulate --availability-trace --history-h 0`, which plans with the predictions."""
-    from orchestrator.control.deadline import measured_overhead_s, measured_step_s, planned_figures  # lazy
+    from orchestrator.control.deadline import measured_overhead_s, own_pace_s, planned_figures  # lazy
     from orchestrator.sim.from_spec import SimSpecError
 
+    spec = job_spec(job.spec_yaml)
     try:
-        planned = planned_figures(session, job, job_spec(job.spec_yaml))
+        planned = planned_figures(session, job, spec)
     except SimSpecError:
         return []
     predicted = planned.work_s
-    pace = measured_step_s(session, job.id)
+    pace = own_pace_s(session, job, spec, (job.started_at or 0.0) + end)
     if pace is None:
         work = f"work: predicted {predicted:.0f}s (too few progress reports to measure the pace)"
     else:

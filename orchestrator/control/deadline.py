@@ -17,17 +17,19 @@ from sqlalchemy.orm import Session
 
 from orchestrator.control.calibration_fold import newest_calibration
 from orchestrator.core import deadline_zones, policy
+from orchestrator.core.instances import Role
 from orchestrator.core.revocation.availability import load_trace
-from orchestrator.core.slots import Slot
+from orchestrator.core.slots import Slot, on_gpu
 from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
-from orchestrator.core.state import DeadlineInputs
+from orchestrator.core.state import DeadlineInputs, GpuMarket
 from orchestrator.core.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
-from orchestrator.sim.availability import DeadlineFigures, deadline_figures
+from orchestrator.sim.availability import DeadlineFigures, deadline_figures, spot_on_gpu
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job, Metric
 
 _FIGURES: dict[tuple[str, float], tuple[DeadlineFigures, float]] = {}  # (job id, created) -> figures, tick (s)
+_GPU_MARKETS: dict[tuple[str, float], tuple[GpuMarket, ...]] = {}  # (job id, created) -> policy.also_gpus planned
 _MARKETS: dict[str, str | None] = {}  # job id -> its spot market (a job's spec never changes)
 _BEFORE: dict[str, tuple[tuple[bool, float], ...]] = {}  # started job id -> spot_before (fixed once it started)
 _MAX_CACHED = 256
@@ -50,6 +52,27 @@ def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures
         if len(_FIGURES) >= _MAX_CACHED:
             _FIGURES.clear()
         found = _FIGURES[key] = (fig, tick)
+    return found
+
+
+def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot]) -> tuple[GpuMarket, ...]:
+    """The GPU types of ``policy.also_gpus`` as the job was planned: its spot workers moved there, planned with the
+    calibration it launched with, give the speed (its predicted work over the work there) and the spot price."""
+    if not spec.policy.also_gpus:
+        return ()
+    key = (job.id, job.created_at)
+    found = _GPU_MARKETS.get(key)
+    if found is None:
+        fig = _figures(session, job, spec)[0]
+        launched_with = newest_calibration(session, real=not spec.provider.emulates_gpus, before=job.created_at)
+        out = []
+        for gpu in spec.policy.also_gpus:
+            there = deadline_figures(spot_on_gpu(spec, gpu), calibration=launched_with)
+            out.append(GpuMarket(gpu, fig.work_s / there.work_s, there.spot_usd_per_h,
+                                 tuple(on_gpu(spec, s, gpu) for s in slots if s.spot and s.role == Role.WORKER)))
+        if len(_GPU_MARKETS) >= _MAX_CACHED:
+            _GPU_MARKETS.clear()
+        found = _GPU_MARKETS[key] = tuple(out)
     return found
 
 
@@ -81,18 +104,32 @@ PACE_WINDOWS = 5  # the job's own reports of progress before its measured pace r
 PACE_RECENT = 20  # ... of which the newest count (a shrunk world, a slowed host: the pace now)
 
 
-def measured_step_s(session: Session, job_id: str) -> float | None:
+def measured_step_s(session: Session, job_id: str, moved: Sequence[tuple[float, float]] = ()) -> float | None:
     """Seconds per training step at the pace the job has reported lately: the median over its newest cluster
     step reports of (time between two reports) / (steps between them). A restart, a wait for spot and a rollback
-    to a checkpoint fall in single intervals that the median leaves out. None until PACE_WINDOWS intervals."""
+    to a checkpoint fall in single intervals that the median leaves out. None until PACE_WINDOWS intervals.
+    ``moved``: (from, to) spans the job trained on another GPU type (policy.also_gpus), whose pace is not its own
+    GPU's: their reports are left out."""
     rows = session.execute(select(Metric.step, Metric.at).where(
         Metric.job_id == job_id, Metric.kind == "step", Metric.worker == -1
-    ).order_by(Metric.at.desc()).limit(PACE_RECENT + 1)).all()
+    ).order_by(Metric.at.desc()).limit(PACE_RECENT + 1 + (PACE_RECENT if moved else 0))).all()
+    if moved:
+        rows = [r for r in rows if not any(a <= r[1] <= b for a, b in moved)][:PACE_RECENT + 1]
     per_step = [(b_at - a_at) / (b - a) for (b, b_at), (a, a_at) in pairwise(rows) if b > a and b_at > a_at]
     return statistics.median(per_step) if len(per_step) >= PACE_WINDOWS else None
 
 
-def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> DeadlineInputs | None:
+def own_pace_s(session: Session, job: Job, spec: JobSpec, now: float) -> float | None:
+    """``measured_step_s`` on the job's planned GPU types: the spans its workers ran another type (moved there by
+    the deadline policy, policy.also_gpus) are left out."""
+    planned = {w.gpu for w in spec.cluster.workers} if spec.cluster is not None else set()
+    moved = tuple((i.requested_at, i.deleted_at or i.revoked_at or now) for i in job.instances
+                  if i.role == Role.WORKER.value and i.gpu is not None and i.gpu not in planned)
+    return measured_step_s(session, job.id, moved)
+
+
+def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots: Sequence[Slot] = ()
+                    ) -> DeadlineInputs | None:
     """The work is the predicted no-revocation time until the job has measured its own pace, then the steps at
     that pace: a prediction off by its interval (+-20% and more) would otherwise spend slack the job has not got,
     or keep on-demand it does not need."""
@@ -101,7 +138,8 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
     fig, tick = _figures(session, job, spec)
     step, _ = queries.latest_step(session, job.id)
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
-    pace = measured_step_s(session, job.id)
+    markets = gpu_markets(session, job, spec, slots)
+    pace = own_pace_s(session, job, spec, now)
     work_s = fig.work_s if pace is None else pace * job.train_steps
     anywhere, by_zone = seen_changes(session, job.id)
     return DeadlineInputs(work_s=work_s, done_s=work_s * min(1.0, step / max(1, job.train_steps)),
@@ -111,7 +149,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float) -> De
                           drains=drains(session, job.id),
                           spot_before=spot_before(session, job, spec, now),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
-                              Metric.job_id == job.id, Metric.kind == "checkpoint")))
+                              Metric.job_id == job.id, Metric.kind == "checkpoint")), markets=markets)
 
 
 ZoneChanges = tuple[tuple[str, tuple[tuple[float, bool], ...]], ...]
@@ -153,6 +191,14 @@ def spot_available(provider: Provider, job_id: str, slots: Sequence[Slot]) -> bo
     if not isinstance(provider, SupportsSpotCapacity):
         return None
     return provider.spot_capacity(job_id, [s for s in slots if s.spot])
+
+
+def spot_available_by_gpu(provider: Provider, job_id: str, di: DeadlineInputs | None) -> dict[str, bool] | None:
+    """The provider's answer for each GPU type of ``policy.also_gpus`` (its spot slots there), where it can say."""
+    if di is None or not di.markets or not isinstance(provider, SupportsSpotCapacity):
+        return None
+    answers = {m.gpu: provider.spot_capacity(job_id, list(m.slots)) for m in di.markets}
+    return {gpu: up for gpu, up in answers.items() if up is not None}
 
 
 def spot_available_by_zone(provider: Provider, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:

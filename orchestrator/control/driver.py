@@ -226,7 +226,8 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
                       if view.deadline_inputs is not None else None,
                       spot_by_zone=deadline.spot_available_by_zone(backend.provider, job.id, slots)
                       if view.deadline_inputs is not None else None,
-                      spot_forecast=deadline.spot_forecast(backend.provider))
+                      spot_forecast=deadline.spot_forecast(backend.provider),
+                      spot_by_gpu=deadline.spot_available_by_gpu(backend.provider, job.id, view.deadline_inputs))
     actions = reconcile(view, obs, now)
     if actions:
         log.debug("job %s: %s", job.id, actions)
@@ -317,7 +318,7 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
         InstanceView(id=i.id, name=i.name, role=Role(i.role), index=i.slot_index, generation=i.generation,
                      status=InstanceStatus(i.status), spot=i.spot, zone=i.zone, port=i.port,
                      requested_at=i.requested_at, updated_at=i.updated_at, revoked_at=i.revoked_at,
-                     end_reason=i.end_reason)
+                     end_reason=i.end_reason, gpu=i.gpu)
         for i in job.instances
     )
     zones = tuple(getattr(spec.provider, "zones", ()) or ())
@@ -326,7 +327,8 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    max_replacements=spec.policy.max_replacements, budget_usd=job.budget_usd,
                    deadline_s=job.deadline_s, started_at=job.started_at, restarts=job.restarts, cost_usd=cost,
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
-                   fatal_exits=job.fatal_exits, deadline_inputs=deadline.deadline_inputs(session, job, spec, now),
+                   fatal_exits=job.fatal_exits,
+                   deadline_inputs=deadline.deadline_inputs(session, job, spec, now, slots),
                    notice_s=policy.notice_window_s(spec.provider),
                    **torch_view(spec, slots), **_stage_loss_view(session, job, spec, slots))
 

@@ -146,6 +146,14 @@ def _worker_gpus(w: dict[str, Any], index: int, slot: Slot | None, emulated: boo
     return slot.gpu_count if not emulated and slot is not None and slot.gpu and slot.gpu_count > 1 else None
 
 
+def _gpu_at(job: Job, index: int, at: float, slot: Slot | None) -> str | None:
+    """The GPU type worker ``index`` ran at ``at``: its newest instance training by then (the deadline policy may
+    have moved it to another type: policy.also_gpus), else the planned one."""
+    gpus = [(i.training_at, i.gpu) for i in job.instances if i.role == Role.WORKER.value and i.slot_index == index
+            and i.training_at is not None and i.training_at <= at and i.gpu is not None]
+    return max(gpus)[1] if gpus else slot.gpu if slot else None
+
+
 def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: bytes) -> list[Metric]:
     rec = json.loads(line.decode("utf-8"))
     if not isinstance(rec, dict):
@@ -169,7 +177,7 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
             slot = workers.get(index)
             # The batch the worker ran (elastic changes and re-splits move it), else the planned one.
             ran = _int(w["batch"], f"worker {index} batch") if w.get("batch") is not None else None
-            rows.append(Metric(job_id=job.id, kind="worker", worker=index, gpu=slot.gpu if slot else None,
+            rows.append(Metric(job_id=job.id, kind="worker", worker=index, gpu=_gpu_at(job, index, at, slot),
                                batch=ran or (slot.batch if slot else None), step=step,
                                examples_per_s=_float(w.get("examples_per_s"), "examples_per_s"),
                                step_time_s=_float(w.get("step_time_s"), "step_time_s"), at=at,

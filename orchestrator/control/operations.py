@@ -40,7 +40,7 @@ from orchestrator.core.cloud_errors import (
 )
 from orchestrator.core.instances import REVOKE_AT_STEP, InstanceRequest, instance_name
 from orchestrator.core.policy import revoke_after_s, revoke_at_step
-from orchestrator.core.slots import Slot
+from orchestrator.core.slots import Slot, on_gpu
 from orchestrator.core.status import FINAL_JOB, EndReason, InstanceStatus
 from orchestrator.providers.base import SupportsOwnPricing
 from orchestrator.providers.operations import OpKind, OpPhase, OpRef, OpState, SupportsOperations, operations_of
@@ -163,9 +163,13 @@ def _insert(ctx: JobContext, inst: Instance, zones: list[str], why: list[str]) -
 
 
 def _slot(ctx: JobContext, inst: Instance) -> Slot:
+    """The instance's slot in the job's plan; on the GPU type it was created on, where the deadline policy moved
+    it to another (policy.also_gpus: that type's machine type and GPU count)."""
     found = next((s for s in ctx.slots if s.role.value == inst.role and s.index == inst.slot_index), None)
     if found is None:
         raise LookupError(f"{inst.name}: no slot {inst.slot} in the job's plan")
+    if found.gpu is not None and inst.gpu is not None and inst.gpu != found.gpu:
+        return on_gpu(ctx.spec, found, inst.gpu, book=ctx.job.price_book)
     return found
 
 

@@ -1,6 +1,6 @@
 """Where ``on_revocation: deadline`` trains when the job may run spot in several markets: zones, and GPU types of
-other speeds and prices (issue 23, item 2). Pure: the simulator (``sim.multizone``) calls it each tick; the daemon
-moves between zones with ``core.deadline_zones`` and does not move between GPU types yet.
+other speeds and prices (issue 23, item 2). Pure: the simulator (``sim.multizone``) calls it each tick, the daemon
+each pass where the job may move its spot workers to other GPU types (``core.deadline_gpus``, ``policy.also_gpus``).
 
 The deadline rule (``policy.decide_deadline``) reads the markets at least as fast as the job's GPU as its spot,
 each priced per hour of the job's work, and ``policy.choose_zone`` picks among them. Where the rule waits out an

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from orchestrator.core import deadline_zones, policy, stage_loss_step
+from orchestrator.core import deadline_gpus, deadline_zones, policy, stage_loss_step
 from orchestrator.core.actions import (
     Action,
     CreateInstance,
@@ -278,14 +278,18 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
     (``sim.availability``); a change of pricing replaces the VM and training restarts from its checkpoint.
     The deadline bounds the run, so ``max_replacements`` does not apply to these hops."""
     progress, seen, zone = _deadline_progress(p, slots, by_slot)
-    choice = policy.decide_deadline("deadline", progress, seen)
+    gpus = _deadline_gpus(p, slots, by_slot, progress, seen)
+    choice = policy.decide_deadline("deadline", progress, seen) if gpus is None else gpus.mode
+    on_other = {s.name: s for s in gpus.market.slots} if gpus is not None and gpus.market is not None else {}
     for slot in slots:
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)
         cur = next((i for i in reversed(insts) if p.status[i.name] in LIVE_INSTANCE), None)
+        target = on_other.get(slot.name, slot)
         keep = cur is not None and choice != policy.Mode.IDLE and cur.spot == (choice == policy.Mode.SPOT)
+        keep = keep and (gpus is None or cur is None or cur.gpu == target.gpu)
         if keep and (cur is None or cur.name not in p.drains):
             continue
-        why = f"deadline policy: {choice.value}"
+        why = f"deadline policy: {choice.value}" + (f" on {target.gpu}" if target is not slot else "")
         if keep:
             # A drain is never called off: its notice has made the job checkpoint (a PyTorch rank has left), and a
             # VM kept with an old drain would later be deleted on that drain's checkpoint, losing the steps since.
@@ -299,6 +303,10 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         if choice == policy.Mode.IDLE:
             continue
         last = insts[-1] if insts else None
+        if target is not slot:  # another GPU type's spot (policy.also_gpus): in its own zones
+            p.create(target, 0 if last is None else last.generation + 1, True, target.zones,
+                     None if last is None else last.port, why)
+            continue
         chosen = zone.zone if zone is not None and choice == policy.Mode.SPOT else None
         why += f" in {chosen}, where spot is expected to last longest" if chosen is not None else ""
         if last is None:
@@ -309,6 +317,15 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
         zones = deadline_zones.zones_from(chosen, policy.replacement_zones(last.zone, slot.zones, rotate=moved))
         p.create(slot, last.generation + 1, choice == policy.Mode.SPOT, zones, last.port,
                  why + (f", moved from {last.zone} where spot was preempted" if moved else ""))
+
+
+def _deadline_gpus(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]],
+                   progress: policy.Progress, seen: policy.Availability) -> deadline_gpus.GpuChoice | None:
+    """Where the spot workers run when the job may move them to other GPU types (``core.deadline_gpus``)."""
+    live = [i for s in slots for i in by_slot.get(s.name, []) if i.spot and p.status[i.name] in LIVE_INSTANCE]
+    gpus = deadline_gpus.choose(progress, seen, p.job, p.obs.spot_by_gpu, live, p.now)
+    p.acts += gpus.records if gpus is not None else ()
+    return gpus
 
 
 def _drained(p: _Pass, inst: InstanceView, why: str) -> bool:

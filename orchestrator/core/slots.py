@@ -6,7 +6,7 @@ with the next generation, so names stay deterministic: ``<job>-worker-2-1``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.core.catalog import Catalog, load_catalog
 from orchestrator.core.costmodel.batches import DEFAULT_BATCH as DEFAULT_BATCH  # re-exported: callers import them here
@@ -115,6 +115,21 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
             )
             index += 1
     return slots
+
+
+def on_gpu(spec: JobSpec, slot: Slot, gpu: str, catalog: Catalog | None = None, book: str | None = None) -> Slot:
+    """``slot`` (a spot worker) on another GPU type (``policy.also_gpus``): that type's usual machine type, its
+    prices, and the allowed zones that offer it; the batch as planned."""
+    cat = catalog or load_catalog()
+    prices = price_book_for(spec, cat, book)
+    key = cat.gpu(gpu).key
+    machine = cat.gpu(key).default_machine_type if spec.provider.is_cloud else "local"
+    disk = stopped_disk_usd_per_hour(spec, cat)
+    zones = _zones(spec, None, key, cat)
+    return replace(slot, gpu=key, machine_type=machine, zone=zones[0], zones=zones,
+                   price_per_hour=prices.instance_price(machine, key, 1, slot.spot) + disk,
+                   on_demand_price_per_hour=prices.instance_price(machine, key, 1, False) + disk,
+                   gpu_count=cat.gpus_per_instance(machine), flex_start=False)
 
 
 BOOT_DISK_GB = 50  # GceProvider's default boot disk (pd-balanced)

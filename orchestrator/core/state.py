@@ -12,6 +12,16 @@ from orchestrator.core.status import InstanceStatus, JobStatus
 
 
 @dataclass(frozen=True)
+class GpuMarket:
+    """Another GPU type the deadline policy may move the job's spot workers to (``policy.also_gpus``), as planned."""
+
+    gpu: str
+    speed: float  # the job's work per hour there, in hours of its work on its own GPU types
+    spot_usd_per_h: float  # the job's cluster per hour with its spot workers there
+    slots: tuple[Slot, ...]  # the job's spot slots on this GPU type (core.slots.on_gpu)
+
+
+@dataclass(frozen=True)
 class DeadlineInputs:
     """What ``on_revocation: deadline`` decides from, besides the instances (seconds of the job's clock)."""
 
@@ -32,6 +42,7 @@ class DeadlineInputs:
     # Instances the daemon drained before a hop (``DrainInstance``): (name, when their notice was written).
     drains: tuple[tuple[str, float], ...] = ()
     checkpoint_at: float | None = None  # the newest checkpoint the job reported (worker clock)
+    markets: tuple[GpuMarket, ...] = ()  # policy.also_gpus
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class InstanceView:
     updated_at: float  # when the status last changed
     revoked_at: float | None = None
     end_reason: str | None = None
+    gpu: str | None = None  # as created: a spot worker moved by the deadline policy runs another type than planned
 
     @property
     def slot(self) -> str:
@@ -113,3 +125,4 @@ class Observation:
     # ... in each zone the job may use, where the provider says by zone (GCE's advice); None: it does not say.
     spot_by_zone: dict[str, bool] | None = None
     spot_forecast: bool = False  # the probe forecasts (GCE's capacity advice): what the job's creates met overrules it
+    spot_by_gpu: dict[str, bool] | None = None  # ... for each of policy.also_gpus the provider answered for

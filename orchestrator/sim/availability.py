@@ -329,6 +329,14 @@ def deadline_figures(spec: JobSpec, price_book: str | None = None,
         time_scale=cluster.time_scale)
 
 
+def spot_on_gpu(spec: JobSpec, gpu: str) -> JobSpec:
+    """``spec`` with its spot worker groups on another GPU type, on that type's usual machine type: where the
+    deadline policy moves them (``policy.also_gpus``, ``simulate --also-trace``). On-demand groups stay."""
+    assert spec.cluster is not None
+    workers = [w.model_copy(update={"gpu": gpu, "machine_type": None}) if w.spot else w for w in spec.cluster.workers]
+    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"workers": workers})})
+
+
 @dataclass(frozen=True)
 class Outlook:
     policy: str

@@ -43,6 +43,7 @@ class _CatalogCheck:
             for i, group in enumerate(cluster.workers):
                 self._worker_group(f"cluster.workers[{i}]", group)
             self._ps_count(cluster)
+            self._also_gpus(cluster)
             self._local_schedule()
             self._global_batch()
         self._gce_image()
@@ -156,6 +157,32 @@ class _CatalogCheck:
         self._worker_zone_offers(path, group, gpu)
         if machine_known:  # an unknown machine type is already reported: no second error for its price
             self._priced(f"{path}.gpu", machine, gpu.key, group.spot)
+
+    def _also_gpus(self, cluster: Cluster) -> None:
+        """policy.also_gpus: GPU types the spot workers can be created on there (known, sold, priced, on spot;
+        on a cloud, in an allowed zone), each differing from a spot group's own."""
+        spot = [g for g in cluster.workers if g.spot]
+        if self.spec.policy.also_gpus and not spot:
+            self._error("policy.also_gpus", "no worker group is spot, so none moves; drop also_gpus or make a "
+                        "group spot: true")
+        for i, key in enumerate(self.spec.policy.also_gpus):
+            path = f"policy.also_gpus[{i}]"
+            if self._unknown_gpu(path, key):
+                continue
+            if gone := self._retired(key):
+                self._error(path, gone)
+                continue
+            if any(g.gpu == key for g in spot):
+                self._error(path, f"'{key}' is a spot worker group's own GPU type; list only the types it may "
+                                  "move to (its other zones go in provider.zones)")
+                continue
+            machine = self.catalog.gpus[key].default_machine_type
+            offered = set(self.catalog.zones_for(key))
+            if self.cloud and self.allowed_zones and not offered & set(self.allowed_zones):
+                self._error(path, f"no zone in provider.zones offers {key}; add one that does, or drop it")
+                continue
+            self._priced(path, machine, key, True)
+            self._gce_rules(path, machine, key, SPOT)
 
     def _gce_rules(self, path: str, machine: str, gpu: str | None, model: str) -> None:
         """Google's provisioning rules (data/gce_rules.csv) and image routes (data/gce_images.csv): what

@@ -115,6 +115,15 @@ class Policy(StrictModel):
     # A pipeline job's lost stage: re-partition over the survivors or wait for the replacement, whichever
     # core.costmodel.stage_loss predicts cheaper (auto), or always one of them.
     stage_loss: Literal["auto", "wait", "repartition"] = "auto"
+    # on_revocation: deadline: GPU types the spot workers may move to, all together, while their own GPU type's
+    # spot is out or dearer per hour of the job's work (core.deadline_markets; their batch stays as planned).
+    also_gpus: list[str] = Field(default_factory=list, max_length=8,
+                                 description="GPU types the deadline policy may move the spot workers to")
+
+    @field_validator("also_gpus")
+    @classmethod
+    def _gpus_lower(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(g.strip().lower() for g in v))
 
     @field_validator("deadline", mode="before")
     @classmethod
@@ -131,6 +140,9 @@ class Policy(StrictModel):
     def _deadline_given(self) -> Policy:
         if self.on_revocation == OnRevocation.DEADLINE and self.deadline is None:
             raise ValueError("on_revocation: deadline needs policy.deadline (e.g. deadline: 6h)")
+        if self.also_gpus and self.on_revocation != OnRevocation.DEADLINE:
+            raise ValueError("also_gpus is where on_revocation: deadline moves spot workers; set on_revocation: "
+                             "deadline, or drop also_gpus")
         return self
 
 

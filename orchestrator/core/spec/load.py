@@ -70,28 +70,33 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
 
 def _replayed_traces(local: LocalProvider, base: Path, errors: list[FieldError]) -> LocalProvider:
     """The local provider's availability traces resolved and read: each must load, reach past the start tick, and
-    (several zones) share one tick length, since they are replayed together."""
+    (several zones or GPU types) share one tick length, since they are replayed together."""
     one = local.availability_trace is not None
+    fields = {("zone", zone): ("provider.availability_trace" if one else f"provider.zone_availability_traces.{zone}",
+                               path) for zone, path in local.traces.items()}
+    fields |= {("gpu", gpu): (f"provider.gpu_availability_traces.{gpu}", path)
+               for gpu, path in local.gpu_availability_traces.items()}
     resolved, gaps = {}, {}
-    for zone, path in local.traces.items():
-        field = "provider.availability_trace" if one else f"provider.zone_availability_traces.{zone}"
-        resolved[zone] = resolve_under(base, path)
+    for key, (field, path) in fields.items():
+        resolved[key] = resolve_under(base, path)
         try:
-            trace = load_trace(resolved[zone])
+            trace = load_trace(resolved[key])
         except AvailabilityTraceError as exc:
             errors.append(FieldError(path=field, message=str(exc)))
             continue
-        gaps[zone] = trace.gap_s
+        gaps[field] = trace.gap_s
         if local.availability_start_tick >= len(trace.counts):
             errors.append(FieldError(path="provider.availability_start_tick", message=(
                 f"{local.availability_start_tick} is past the end of {field}; give a tick below {len(trace.counts)}")))
     if len(set(gaps.values())) > 1:
-        errors.append(FieldError(path="provider.zone_availability_traces", message=(
+        errors.append(FieldError(path=next(iter(gaps)), message=(
             "the traces are replayed tick for tick, so they need one tick length; these have "
-            + ", ".join(f"{z}: {g:g} s" for z, g in gaps.items()))))
+            + ", ".join(f"{f.removeprefix('provider.')}: {g:g} s" for f, g in gaps.items()))))
+    gpus = {gpu: resolved["gpu", gpu] for gpu in local.gpu_availability_traces}
     if one:
-        return local.model_copy(update={"availability_trace": resolved[LOCAL_ZONE]})
-    return local.model_copy(update={"zone_availability_traces": resolved})
+        return local.model_copy(update={"availability_trace": resolved["zone", LOCAL_ZONE],
+                                        "gpu_availability_traces": gpus})
+    return local.model_copy(update={"zone_availability_traces": {z: resolved["zone", z] for z in local.traces}})
 
 
 def validate_spec(data: Any, catalog: Catalog | None = None, source: str = "") -> JobSpec:

@@ -128,7 +128,16 @@ class LocalProvider(_ProviderBase):
     # policy picks the zone, core/deadline_zones.py). Instead of availability_trace.
     zone_availability_traces: dict[ZoneName, Path] = Field(
         default_factory=dict, description="zone -> spot availability trace (JSON), two or more")
+    # Another GPU type's trace, replayed from the same tick for the instances of that type (policy.also_gpus);
+    # the others replay availability_trace. With availability_trace only.
+    gpu_availability_traces: dict[str, Path] = Field(
+        default_factory=dict, description="GPU type -> spot availability trace (JSON) of its instances")
     slowdowns: list[Slowdown] = Field(default_factory=list, description="emulated GPUs that slow mid-run")
+
+    @field_validator("gpu_availability_traces")
+    @classmethod
+    def _gpus_lower(cls, v: dict[str, Path]) -> dict[str, Path]:
+        return {g.strip().lower(): path for g, path in v.items()}
 
     @model_validator(mode="after")
     def _schedule_needs_mode(self) -> LocalProvider:
@@ -140,6 +149,8 @@ class LocalProvider(_ProviderBase):
             raise ValueError(f"{traced} revokes spot VMs where the trace drops to 0; set revocations: none")
         if self.availability_trace is not None and self.zone_availability_traces:
             raise ValueError("give availability_trace (one zone) or zone_availability_traces (several), not both")
+        if self.gpu_availability_traces and self.availability_trace is None:
+            raise ValueError("gpu_availability_traces goes with availability_trace (the job's own GPU type's trace)")
         if len(self.zone_availability_traces) == 1:
             raise ValueError("zone_availability_traces names one zone; give two or more, or use availability_trace")
         return self

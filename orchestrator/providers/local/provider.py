@@ -56,7 +56,8 @@ class LocalProvider(Provider, SupportsSpotCapacity):
 
     def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = policy.BOOT_S,
                  notice_window_cloud_s: float = policy.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
-                 start_tick: int = 0, zone_availability: Mapping[str, AvailabilityTrace] | None = None) -> None:
+                 start_tick: int = 0, zone_availability: Mapping[str, AvailabilityTrace] | None = None,
+                 gpu_availability: Mapping[str, AvailabilityTrace] | None = None) -> None:
         self.root = root / "instances"
         self.root.mkdir(parents=True, exist_ok=True)
         self.time_scale = time_scale
@@ -64,6 +65,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         # traces share one tick length (spec validation), so the first one's is the replay's pace.
         self.traces = dict(zone_availability or {})
         self.availability = availability or next(iter(self.traces.values()), None)
+        self.gpu_traces = dict(gpu_availability or {})  # another GPU type's instances replay its own (also_gpus)
         self.start_tick = start_tick
         self.boot_delay_s = boot_delay_cloud_s / time_scale
         self.notice_window_s = max(NOTICE_MIN_S, notice_window_cloud_s / time_scale)
@@ -116,13 +118,19 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         origin = float((self.root.parent / "availability" / job_id).read_text())
         return origin + (tick - self.start_tick) * self.availability.gap_s / self.time_scale
 
-    def _trace(self, zone: str) -> AvailabilityTrace | None:
-        """The trace replayed in ``zone``: its own where each zone has one, else the one trace."""
+    def _trace(self, zone: str, gpu: str | None) -> AvailabilityTrace | None:
+        """The trace replayed for ``gpu`` in ``zone``: the GPU type's own where it has one, else the zone's where
+        each zone has one, else the one trace."""
+        if gpu is not None and gpu in self.gpu_traces:
+            return self.gpu_traces[gpu]
         return self.traces.get(zone) if self.traces else self.availability
 
     def spot_capacity(self, job_id: str, slots: Sequence[Slot] = ()) -> bool | None:
-        """Whether a spot VM could be had now (in any zone, where each replays its own trace); None without a
-        trace (unknown)."""
+        """Whether a spot VM of ``slots`` could be had now (in any zone, where each replays its own trace; the
+        trace of their GPU type where it has one); None without a trace (unknown)."""
+        gpu = next((s.gpu for s in slots if s.gpu in self.gpu_traces), None)
+        if gpu is not None:
+            return self.gpu_traces[gpu].count_at(self._tick(job_id, time.time())) >= 1
         by_zone = self.spot_capacity_by_zone(job_id, slots)
         if by_zone is not None:
             return any(by_zone.values())
@@ -140,7 +148,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
     def _trace_revoke_at(self, request: InstanceRequest, now: float) -> float | None:
         """A spot create in a stockout of the replayed trace (of its zone) is refused; else when the trace revokes
         it."""
-        trace = self._trace(request.zone)
+        trace = self._trace(request.zone, request.gpu)
         if trace is None or not request.spot:
             return None
         tick = self._tick(request.job_id, now)

@@ -1,0 +1,48 @@
+"""The deadline policy holding two GPU types end to end on one machine (issue 23): ``examples/local-deadline-gpus.yaml``
+replays a measured trace for each type; the job's K80 spot VM is revoked where its trace drops, and the daemon
+moves the worker to the V100's spot (``policy.also_gpus``) instead of waiting or paying on-demand. The V100 VM is
+created, billed and measured as a V100, and the job meets its deadline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import cli, processes_under
+from sqlalchemy import create_engine, text
+
+pytestmark = pytest.mark.slow
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local-deadline-gpus.yaml"
+
+
+def test_a_spot_vm_lost_on_one_gpu_type_moves_to_the_other_types_spot(tmp_path: Path) -> None:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["storage"] = str(tmp_path / "runs")
+    local = raw["provider"]
+    local["availability_trace"] = str((EXAMPLE.parent / local["availability_trace"]).resolve())
+    local["gpu_availability_traces"] = {g: str((EXAMPLE.parent / p).resolve())
+                                       for g, p in local["gpu_availability_traces"].items()}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+    out = cli("launch", str(spec), "--quiet", env=env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+        vms = conn.execute(text("SELECT gpu, spot, price_per_hour, end_reason FROM instances ORDER BY generation")
+                           ).all()
+        notes = conn.execute(text("SELECT to_status, reason FROM events WHERE entity = 'note' ORDER BY at, id")).all()
+        measured = dict(conn.execute(text("SELECT gpu, count(*) FROM metrics WHERE kind = 'worker' GROUP BY gpu"))
+                        .all())
+    timeline = "\n".join(map(str, notes))
+    assert summary["status"] == "succeeded", summary
+    # K80 spot, revoked where its trace drops, then V100 spot at the V100's price (2019-02 book): never on-demand
+    assert [(v.gpu, bool(v.spot), v.price_per_hour) for v in vms] == [("k80", True, 0.256), ("v100", True, 0.861)]
+    assert vms[0].end_reason == "preempted"
+    assert ("zone-spot-up", "gpu v100: spot capacity there") in notes, timeline
+    assert any(what == "requested" and "on v100" in r for what, r in notes), timeline
+    assert set(measured) == {"k80", "v100"}, measured  # each worker step report is labelled with the GPU it ran on
+    report = cli("report", env=env).stdout
+    assert "spot on k80 0-" in report and "spot on v100 " in report and "met" in report, report
+    assert processes_under(tmp_path) == []
