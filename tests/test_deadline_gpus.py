@@ -297,7 +297,8 @@ policy: {{on_revocation: deadline, deadline: 48h, also_gpus: [a100]}}
             job_id = create_job(session, spec).id
             passes(session, job_id, lambda: bool(emulator.snapshot()["instances"]))
             made = emulator.snapshot()
-            assert [(i["spot"], i["gpu"], i["gpu_count"]) for i in made["instances"]] == [(True, "nvidia-tesla-a100", 1)]
+            assert [(i["spot"], i["gpu"], i["gpu_count"]) for i in made["instances"]] == [
+                (True, "nvidia-tesla-a100", 1)]
             assert made["calls"]["instances.insert"] == 1  # no T4 create refused first
             session.expire_all()
             row = session.scalars(select(Instance).where(Instance.job_id == job_id)).one()
