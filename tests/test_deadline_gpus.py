@@ -303,3 +303,32 @@ policy: {{on_revocation: deadline, deadline: 48h, also_gpus: [a100]}}
             session.expire_all()
             row = session.scalars(select(Instance).where(Instance.job_id == job_id)).one()
             assert (row.gpu, row.machine_type, row.spot) == ("a100", "a2-highgpu-1g", True)
+
+
+def test_plan_shows_the_markets_row_for_a_spec_that_may_move_gpu_types(tmp_path: Path) -> None:
+    """``plan --json`` of ``examples/local-deadline-gpus.yaml`` (with more time): a ``deadline-markets`` row (both GPU types' traces
+    at once from the same start ticks, ``sim.multizone.zones_outlook`` with the planned markets), as the daemon
+    runs it; never dearer than on-demand."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "local-deadline-gpus.yaml"
+    raw = yaml.safe_load(example.read_text())
+    local = raw["provider"]
+    local["availability_trace"] = str((example.parent / local["availability_trace"]).resolve())
+    local["gpu_availability_traces"] = {g: str((example.parent / p).resolve())
+                                       for g, p in local["gpu_availability_traces"].items()}
+    raw["policy"]["deadline"] = "600s"  # room for a loaded host's slower steps: plan refuses a spec it predicts late
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "plan", str(spec), "--json"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+                              "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/r.db"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["policy"]: r for r in json.loads(out.stdout)["deadline_policies"]["policies"]}
+    assert set(rows) == {"on-demand", "greedy", "uniform-progress", "deadline", "deadline-markets"}
+    assert rows["deadline-markets"]["runs"] == rows["deadline"]["runs"]
+    assert rows["deadline-markets"]["mean_cost_usd"] <= rows["on-demand"]["mean_cost_usd"] + 1e-9

@@ -26,6 +26,7 @@ from orchestrator.sim.availability import (
     bundled_traces,
     deadline_figures,
     load_trace,
+    on_gpu_figures,
     outlook,
     saving_share,
     spot_on_gpu,
@@ -147,12 +148,11 @@ def _also_markets(spec: JobSpec, also: list[str], trace: AvailabilityTrace, work
         if other.tick_min != trace.tick_min:
             raise UserError(f"--also-trace {item}: ticks of {other.tick_min} min, the main trace's are "
                             f"{trace.tick_min} min; the traces are replayed tick for tick")
-        moved = spot_on_gpu(spec, gpu)
         try:
-            there = deadline_figures(moved, price_book, planning_calibration(moved))
+            speed, price = on_gpu_figures(spec, gpu, work_s, price_book, planning_calibration(spot_on_gpu(spec, gpu)))
         except (SimSpecError, UserError, KeyError, ValueError) as exc:
             raise UserError(f"--also-trace {item}: the job cannot be planned on GPU '{gpu}' ({exc})") from None
-        out.append((gpu, Path(path), other, Market(work_s / there.work_s, there.spot_usd_per_h)))
+        out.append((gpu, Path(path), other, Market(speed, price)))
     return out
 
 
@@ -212,11 +212,16 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
               round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)
     traces = [load_trace(p) for p in paths]
-    # Zones replayed together (zone_availability_traces): also the policy that moves between them, as the daemon.
+    # Zones replayed together (zone_availability_traces): also the policy that moves between them, as the daemon;
+    # GPU types replayed with the job's own (gpu_availability_traces, policy.also_gpus): the one moving between them.
     zoned = local is not None and bool(local.zone_availability_traces)
+    typed = [g for g in spec.policy.also_gpus if local is not None and g in local.gpu_availability_traces]
+    markets = (Market(), *(Market(*on_gpu_figures(spec, g, fig.work_s, calibration=calibration)) for g in typed))
+    typed_traces = [*traces, *(load_trace(local.gpu_availability_traces[g]) for g in typed if local is not None)]
 
     def rows(j: Job) -> list[Outlook]:
-        return outlook(j, traces) + ([zones_outlook(j, traces)] if zoned else [])
+        return outlook(j, traces) + ([zones_outlook(j, traces)] if zoned else []) + (
+            [zones_outlook(j, typed_traces, markets=markets, name="deadline-markets")] if typed else [])
 
     found = DeadlineOutlook(job, rows(job), [p.name for p in paths])
     if slow_by is None or slow_by <= 0:
@@ -239,7 +244,10 @@ def print_outlook(found: DeadlineOutlook) -> None:
         + (f"; the last two columns: the work at the prediction interval's slow end (+{found.slow_by:.0%}), as the "
            "daemon plans once the job has measured its pace" if slow else "")
         + "".join(f"; deadline-zones: every zone's trace at once from the {o.runs} start ticks, moving spot between "
-                  "the zones as the daemon does" for o in rows if o.policy == "deadline-zones"),
+                  "the zones as the daemon does" for o in rows if o.policy == "deadline-zones")
+        + "".join(f"; deadline-markets: every GPU type's trace at once from the {o.runs} start ticks, moving the spot "
+                  "workers between the types (policy.also_gpus) as the daemon does" for o in rows
+                  if o.policy == "deadline-markets"),
         head,
         [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"]
          + ([money(slow[o.policy].mean_cost_usd), f"{100 * slow[o.policy].p_deadline_met:.0f}%"] if slow else [])

@@ -24,7 +24,7 @@ from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_sp
 from orchestrator.core.state import DeadlineInputs, GpuMarket
 from orchestrator.core.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
-from orchestrator.sim.availability import DeadlineFigures, deadline_figures, spot_on_gpu
+from orchestrator.sim.availability import DeadlineFigures, deadline_figures, on_gpu_figures
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job, Metric
 
@@ -67,8 +67,8 @@ def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot]
         launched_with = newest_calibration(session, real=not spec.provider.emulates_gpus, before=job.created_at)
         out = []
         for gpu in spec.policy.also_gpus:
-            there = deadline_figures(spot_on_gpu(spec, gpu), calibration=launched_with)
-            out.append(GpuMarket(gpu, fig.work_s / there.work_s, there.spot_usd_per_h,
+            speed, price = on_gpu_figures(spec, gpu, fig.work_s, calibration=launched_with)
+            out.append(GpuMarket(gpu, speed, price,
                                  tuple(on_gpu(spec, s, gpu) for s in slots if s.spot and s.role == Role.WORKER)))
         if len(_GPU_MARKETS) >= _MAX_CACHED:
             _GPU_MARKETS.clear()

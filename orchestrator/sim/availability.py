@@ -337,6 +337,14 @@ def spot_on_gpu(spec: JobSpec, gpu: str) -> JobSpec:
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"workers": workers})})
 
 
+def on_gpu_figures(spec: JobSpec, gpu: str, work_s: float, price_book: str | None = None,
+                   calibration: Calibration | None = None) -> tuple[float, float]:
+    """The job with its spot workers on ``gpu`` (``spot_on_gpu``), as planned: its speed there (``work_s``, its
+    work on its own GPU types, over the work there) and its cluster's spot price per hour there."""
+    there = deadline_figures(spot_on_gpu(spec, gpu), price_book, calibration)
+    return work_s / there.work_s, there.spot_usd_per_h
+
+
 @dataclass(frozen=True)
 class Outlook:
     policy: str

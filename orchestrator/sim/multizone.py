@@ -237,13 +237,14 @@ def _forward_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, be
     return out
 
 
-def zones_outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS) -> Outlook:
-    """``plan``'s row for a job holding the traces' zones at once (replayed tick for tick from the same start
-    ticks as ``outlook``'s): the deadline policy with zone moves, learning each zone only during the job, as the
-    daemon does (``core.deadline_zones``)."""
+def zones_outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,
+                  markets: tuple[Market, ...] | None = None, name: str = "deadline-zones") -> Outlook:
+    """``plan``'s row for a job holding the traces' zones (or ``markets``: GPU types) at once (replayed tick for
+    tick from the same start ticks as ``outlook``'s): the deadline policy with moves, learning each market only
+    during the job, as the daemon does (``core.deadline_zones``, ``core.deadline_gpus``)."""
     avails = tuple(t.available() for t in traces)
-    return summed("deadline-zones", [run_multi(job, tuple(a[start:] for a in avails), traces[0].tick_min)
-                                     for start in outlook_starts(job, traces[0], starts)])
+    return summed(name, [run_multi(job, tuple(a[start:] for a in avails), traces[0].tick_min, markets=markets)
+                         for start in outlook_starts(job, traces[0], starts)])
 
 
 def study_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, start: int,
