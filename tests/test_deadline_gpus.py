@@ -5,6 +5,7 @@ provider's per-GPU traces are checked before anything runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,15 @@ def test_a_job_whose_own_spot_is_out_trains_on_the_other_gpu_types_spot() -> Non
     # without the provider's answer for the V100 the job waits for its own spot, as before also_gpus
     plain = Observation(instances={}, procs={}, spot_available=False)
     assert not [a for a in reconcile(view, plain, T0) if isinstance(a, CreateInstance) and a.spot]
+    # a V100 spot create refused just now (under CREATE_RETRY_S) overrules the forecast: no V100 create this pass
+    refused = InstanceView(id=1, name="j-worker-0-0", role=Role.WORKER, index=0, generation=0,
+                           status=InstanceStatus.FAILED, spot=True, zone="z1", port=None, requested_at=T0 - 9,
+                           updated_at=T0 - 5, end_reason="create_failed", gpu="v100")
+    after = reconcile(replace(view, instances=(refused,)), obs, T0)
+    assert not [a for a in after if isinstance(a, CreateInstance) and a.slot.gpu == "v100"]
+    # the advice itself is recorded as it is (the refusal decides this pass; it is no change of capacity)
+    assert [(r.zone, r.available) for r in after if isinstance(r, RecordSpotAvailability) and r.zone] == [
+        (deadline_gpus.market_key("v100"), True)]
 
 
 def test_union_is_spot_in_any_market() -> None:
@@ -306,9 +316,9 @@ policy: {{on_revocation: deadline, deadline: 48h, also_gpus: [a100]}}
 
 
 def test_plan_shows_the_markets_row_for_a_spec_that_may_move_gpu_types(tmp_path: Path) -> None:
-    """``plan --json`` of ``examples/local-deadline-gpus.yaml`` (with more time): a ``deadline-markets`` row (both GPU types' traces
-    at once from the same start ticks, ``sim.multizone.zones_outlook`` with the planned markets), as the daemon
-    runs it; never dearer than on-demand."""
+    """``plan --json`` of ``examples/local-deadline-gpus.yaml`` (with more time): a ``deadline-markets`` row (both
+    GPU types' traces at once from the same start ticks, ``sim.multizone.zones_outlook`` with the planned markets),
+    as the daemon runs it; never dearer than on-demand."""
     import json
     import os
     import subprocess

@@ -45,10 +45,11 @@ def union(changes: Iterable[tuple[tuple[float, bool], ...]]) -> tuple[tuple[floa
 
 
 def choose(base: Progress, own_seen: Availability, job: JobView, by_gpu: Mapping[str, bool] | None,
-           live_spot: Iterable[InstanceView], now: float) -> GpuChoice | None:
+           live_spot: Iterable[InstanceView], now: float, blocked: Iterable[str | None] = ()) -> GpuChoice | None:
     """``deadline_markets.decide`` over the job's own spot (``base`` and ``own_seen``, as the deadline policy reads
     them without other GPU types) and each GPU type the provider answered for (``by_gpu``). None without such a
-    type. ``live_spot``: the job's spot VMs that run now (on its own GPU types or another)."""
+    type. ``live_spot``: the job's spot VMs that run now (on its own GPU types or another). ``blocked``: types
+    that refused a create lately or preempted a VM just now (the advice is a forecast; that overrules it)."""
     di = job.deadline_inputs
     markets = [m for m in di.markets if by_gpu is not None and m.gpu in by_gpu] if di is not None else []
     if di is None or not markets or by_gpu is None:
@@ -57,7 +58,7 @@ def choose(base: Progress, own_seen: Availability, job: JobView, by_gpu: Mapping
     running = next((i.gpu for i in live_spot if i.gpu not in planned), None)
     started = job.started_at if job.started_at is not None else now
     hour_s = 3600.0 / di.time_scale
-    recorded = dict(di.zone_spot_seen)
+    recorded, gone = dict(di.zone_spot_seen), set(blocked)
     records, views, fast = [], {}, []
     for m in markets:
         key, up = market_key(m.gpu), by_gpu[m.gpu]
@@ -66,7 +67,8 @@ def choose(base: Progress, own_seen: Availability, job: JobView, by_gpu: Mapping
             records.append(RecordSpotAvailability(up, deadline_zones.zone_reason(key, up), zone=key))
             changes = (*changes, (now, up))
         seen, age = policy.seen_during_job(changes, started, now, di.tick_s, hour_s)
-        views[m.gpu] = deadline_markets.MarketView(m.speed, m.spot_usd_per_h, seen, age if up else None)
+        views[m.gpu] = deadline_markets.MarketView(m.speed, m.spot_usd_per_h, seen,
+                                                   age if up and m.gpu not in gone else None)
         if m.speed >= 1.0:
             fast.append(changes)
     views[OWN] = deadline_markets.MarketView(1.0, base.spot_usd_per_h, own_seen,

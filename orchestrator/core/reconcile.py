@@ -321,9 +321,13 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
 
 def _deadline_gpus(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]],
                    progress: policy.Progress, seen: policy.Availability) -> deadline_gpus.GpuChoice | None:
-    """Where the spot workers run when the job may move them to other GPU types (``core.deadline_gpus``)."""
-    live = [i for s in slots for i in by_slot.get(s.name, []) if i.spot and p.status[i.name] in LIVE_INSTANCE]
-    gpus = deadline_gpus.choose(progress, seen, p.job, p.obs.spot_by_gpu, live, p.now)
+    """Where the spot workers run when they may move to other GPU types (``core.deadline_gpus``); a type that refused
+    a spot create lately, or preempted one this pass, has no spot whatever the advisor's forecast says."""
+    spot = [i for s in slots for i in by_slot.get(s.name, []) if i.spot]
+    gone = {i.gpu for i in spot if p.ended.get(i.name) == EndReason.PREEMPTED or (
+        i.end_reason == EndReason.CREATE_FAILED and p.now - i.updated_at < policy.CREATE_RETRY_S)}
+    live = [i for i in spot if p.status[i.name] in LIVE_INSTANCE]
+    gpus = deadline_gpus.choose(progress, seen, p.job, p.obs.spot_by_gpu, live, p.now, gone)
     p.acts += gpus.records if gpus is not None else ()
     return gpus
 
