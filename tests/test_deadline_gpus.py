@@ -342,3 +342,20 @@ def test_plan_shows_the_markets_row_for_a_spec_that_may_move_gpu_types(tmp_path:
     assert set(rows) == {"on-demand", "greedy", "uniform-progress", "deadline", "deadline-markets"}
     assert rows["deadline-markets"]["runs"] == rows["deadline"]["runs"]
     assert rows["deadline-markets"]["mean_cost_usd"] <= rows["on-demand"]["mean_cost_usd"] + 1e-9
+
+
+def test_a_moved_slots_plot_row_names_each_gpu_type_and_colours_each_bar_by_its_own() -> None:
+    """``report --plot``: a worker that ran a K80 and then a V100 is one row, "worker-0 (K80, V100)", each bar in
+    its GPU type's colour; a slot that ran one type keeps its slot colour."""
+    from orchestrator.cli.plots import GPU_COLOURS, Bar, PlotData, _bar_colour, slot_colours, slot_gpus
+
+    def bar(slot: str, gpu: str, start: float) -> Bar:
+        return Bar(slot=slot, name=f"{slot}-{start:g}", gpu=gpu, spot=True, start=start, end=start + 50,
+                   price_per_hour=1.0, on_demand_per_hour=2.0, revoked=None, notice=False, replacement=start > 0)
+
+    bars = [bar("worker-0", "k80", 0), bar("worker-0", "v100", 50), bar("worker-1", "k80", 0)]
+    data = PlotData("j", "succeeded", 0.0, 100.0, bars=bars)
+    assert slot_gpus(data) == {"worker-0": ["k80", "v100"], "worker-1": ["k80"]}
+    colour = slot_colours(data)
+    assert [_bar_colour(b, colour, slot_gpus(data)) for b in bars[:2]] == [GPU_COLOURS["k80"], GPU_COLOURS["v100"]]
+    assert _bar_colour(bars[2], colour, slot_gpus(data)) == colour["worker-1"]

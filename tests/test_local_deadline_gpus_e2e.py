@@ -45,4 +45,6 @@ def test_a_spot_vm_lost_on_one_gpu_type_moves_to_the_other_types_spot(tmp_path: 
     assert set(measured) == {"k80", "v100"}, measured  # each worker step report is labelled with the GPU it ran on
     report = cli("report", env=env).stdout
     assert "spot on k80 0-" in report and "spot on v100 " in report and "met" in report, report
+    plot = cli("report", summary["job_id"], "--plot", str(tmp_path / "timeline.png"), env=env)
+    assert plot.returncode == 0 and (tmp_path / "timeline.png").stat().st_size > 0, plot.stderr[-2000:]
     assert processes_under(tmp_path) == []

@@ -181,14 +181,31 @@ def slot_colours(data: PlotData) -> dict[str, str]:
     return colours
 
 
+def slot_gpus(data: PlotData) -> dict[str, list[str]]:
+    """The GPU types each slot's instances ran, in order (more than one where the deadline policy moved it:
+    policy.also_gpus)."""
+    out: dict[str, list[str]] = {}
+    for b in sorted(data.bars, key=lambda b: b.start):
+        if b.gpu and b.gpu not in out.setdefault(b.slot, []):
+            out[b.slot].append(b.gpu)
+    return {s: g for s, g in out.items() if g}
+
+
+def _bar_colour(b: Bar, colour: dict[str, str], gpus: dict[str, list[str]]) -> str:
+    """The slot's colour; where the slot ran several GPU types, each instance's type's own."""
+    if b.gpu and len(gpus.get(b.slot, ())) > 1:
+        return GPU_COLOURS.get(b.gpu.lower(), colour.get(b.slot, CPU_COLOUR))
+    return colour.get(b.slot, CPU_COLOUR)
+
+
 def _draw_timeline(ax: Axes, data: PlotData, scale: float, colour: dict[str, str]) -> None:
     """A bar per instance on its slot's row (hatched: spot), revocations, replacements and checkpoints."""
-    slots = data.slots
+    slots, gpus = data.slots, slot_gpus(data)
     for b in data.bars:
         y = slots.index(b.slot)
         alive_end = b.end if b.revoked is None else b.revoked
         ax.barh(y, (alive_end - b.start) / scale, left=b.start / scale, height=0.6,
-                color=colour.get(b.slot, CPU_COLOUR), alpha=0.55 if b.spot else 0.95,
+                color=_bar_colour(b, colour, gpus), alpha=0.55 if b.spot else 0.95,
                 hatch="///" if b.spot else None, edgecolor="black", linewidth=0.6)
         if b.revoked is not None and b.end > b.revoked:  # billed until the delete is confirmed
             ax.barh(y, (b.end - b.revoked) / scale, left=b.revoked / scale, height=0.25, color="#bdbdbd",
@@ -204,8 +221,8 @@ def _draw_timeline(ax: Axes, data: PlotData, scale: float, colour: dict[str, str
         ax.axvline(t / scale, color="#607d8b", linewidth=0.7, linestyle=":", zorder=1)
     for t in data.notice_checkpoints:
         ax.axvline(t / scale, color="#ef6c00", linewidth=1.4, linestyle="--", zorder=2)
-    gpu_of = {b.slot: b.gpu for b in data.bars if b.gpu}
-    ax.set_yticks(range(len(slots)), [f"{s} ({gpu_of[s].upper()})" if s in gpu_of else s for s in slots])
+    ax.set_yticks(range(len(slots)), [f"{s} ({', '.join(g.upper() for g in gpus[s])})" if s in gpus else s
+                                      for s in slots])
     ax.set_ylim(len(slots) - 0.35, -0.65)
     ax.set_title(f"{data.job_id} ({data.status}): instances by slot")
     _timeline_legend(ax, data, colour)
@@ -216,9 +233,11 @@ def _timeline_legend(ax: Axes, data: PlotData, colour: dict[str, str]) -> None:
     from matplotlib.lines import Line2D  # lazy: matplotlib, as in render
     from matplotlib.patches import Patch  # lazy: matplotlib, as in render
 
-    gpu_of = {b.slot: b.gpu for b in data.bars if b.gpu}
-    handles: list[Patch | Line2D] = [Patch(facecolor=colour[s], edgecolor="black", label=f"{s} ({g.upper()})")
-                                     for s, g in gpu_of.items() if s in colour]
+    handles: list[Patch | Line2D] = []
+    for s, gpus in slot_gpus(data).items():
+        if s in colour:
+            handles += [Patch(facecolor=colour[s] if len(gpus) == 1 else GPU_COLOURS.get(g.lower(), colour[s]),
+                              edgecolor="black", label=f"{s} ({g.upper()})") for g in gpus]
     if any(b.gpu is None for b in data.bars):
         handles.append(Patch(facecolor=CPU_COLOUR, edgecolor="black", label="CPU (ps, chief)"))
     handles += [Patch(facecolor="white", edgecolor="black", hatch="///", label="spot"),
