@@ -9,12 +9,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
                           env={**os.environ, **env, "COLUMNS": "200"}, timeout=timeout, cwd=REPO)
+
+
+def example_in(example: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A local example spec written under ``tmp_path`` (its storage there, its traces' paths made absolute) and the
+    environment of a CLI run with its own home and results database there."""
+    raw = yaml.safe_load(example.read_text())
+    raw["storage"] = str(tmp_path / "runs")
+    local = raw["provider"]
+    if "availability_trace" in local:
+        local["availability_trace"] = str((example.parent / local["availability_trace"]).resolve())
+    for key in ("zone_availability_traces", "gpu_availability_traces"):
+        if key in local:
+            local[key] = {k: str((example.parent / p).resolve()) for k, p in local[key].items()}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    return spec, {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
 
 
 def processes_under(root: Path) -> list[str]:

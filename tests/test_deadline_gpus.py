@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deadline_replay import ReplayedDaemon
 
 from orchestrator.core import deadline_gpus
 from orchestrator.core.actions import (
     CreateInstance,
-    DeleteInstance,
-    DrainInstance,
     RecordSpotAvailability,
-    SetInstanceStatus,
 )
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.core.instances import Role
 from orchestrator.core.paths import data_dir
 from orchestrator.core.policy import Mode
 from orchestrator.core.reconcile import reconcile
@@ -37,80 +35,41 @@ T0 = 1_000_000.0
 K = 1.0  # the daemon's seconds per cloud minute (time_scale 60)
 
 
-class _Daemon:
+class _Daemon(ReplayedDaemon):
     """``core.reconcile`` one pass per tick: the job's own GPU type in one zone (its spot probe) and another GPU
     type (the probe of its slots there). A spot VM is preempted when its market's trace drops; a create starts at
     once; a drained VM checkpoints at once and the next pass follows within the tick. The note events the daemon
     would record are kept as the DB keeps them, and read back as ``control.deadline`` does."""
 
     def __init__(self, job: Job, tick: int, own: str, other: Market, other_gpu: str) -> None:
+        super().__init__()
         self.job, self.tick, self.own, self.other_gpu = job, tick, own, other_gpu
         self.slot = Slot(Role.WORKER, 0, own, "local", "local", True, job.spot_usd_per_h,
                          on_demand_price_per_hour=job.on_demand_usd_per_h, zones=("local",))
         moved = Slot(Role.WORKER, 0, other_gpu, "local", "local", True, other.spot_usd_per_h or 0.0,
                      on_demand_price_per_hour=9.9, zones=("local",))
         self.market = GpuMarket(other_gpu, other.speed, other.spot_usd_per_h or 0.0, (moved,))
-        self.insts: dict[str, InstanceView] = {}
-        self.spot_seen: list[tuple[float, bool]] = []
-        self.gpu_seen: dict[str, list[tuple[float, bool]]] = {}
-        self.drains: list[tuple[str, float]] = []
-        self.checkpoint_at: float | None = None
-
     def inputs(self, w: int) -> DeadlineInputs:
         job = self.job
         return DeadlineInputs(work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
                               tick_s=K * self.tick, spot_usd_per_h=job.spot_usd_per_h,
                               on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=60.0 / K,
-                              spot_seen=tuple(self.spot_seen), drains=tuple(self.drains),
-                              checkpoint_at=self.checkpoint_at, markets=(self.market,),
-                              zone_spot_seen=tuple((z, tuple(c)) for z, c in sorted(self.gpu_seen.items())))
+                              markets=(self.market,), **self.seen())
 
     def pass_(self, now: float, w: int, own_up: bool, other_up: bool) -> bool:
         """One pass; True when it drained a VM (the next pass follows within the tick)."""
-        live = [v for v in self.insts.values() if v.status == InstanceStatus.TRAINING]
-        gone = {v.name for v in live if v.spot and not (own_up if v.gpu == self.own else other_up)}
-        seen = {v.name: ObservedInstance(v.name, "j", v.role, v.index, v.generation, v.zone,
-                                         ObservedState.TERMINATED if v.name in gone else ObservedState.RUNNING,
-                                         preempted=v.name in gone) for v in live}
-        view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(self.slot,),
-                       instances=tuple(self.insts.values()), on_revocation=OnRevocation.DEADLINE,
-                       max_replacements=5, budget_usd=None, deadline_s=K * self.job.deadline_min, started_at=T0,
-                       restarts=0, cost_usd=0.0, deadline_inputs=self.inputs(w))
-        obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen},
-                          spot_available=own_up, spot_by_gpu={self.other_gpu: other_up})
-        drained = False
-        for act in reconcile(view, obs, now):
-            drained |= self._apply(act, now)
-        return drained
+        return self.pass_over(self.slot, K * self.job.deadline_min, T0, self.inputs(w),
+                              lambda v: not (own_up if v.gpu == self.own else other_up), now,
+                              spot_available=own_up, spot_by_gpu={self.other_gpu: other_up})
 
-    def _apply(self, act: object, now: float) -> bool:
-        if isinstance(act, DrainInstance):
-            self.drains.append((act.name, now))
-            self.checkpoint_at = now + 0.5
-            return True
-        if isinstance(act, RecordSpotAvailability):
-            changes = self.spot_seen if act.zone is None else self.gpu_seen.setdefault(act.zone, [])
-            changes.append((now, act.available))
-        elif isinstance(act, SetInstanceStatus):
-            v = self.insts[act.name]
-            self.insts[act.name] = InstanceView(**{**v.__dict__, "status": act.status, "updated_at": now,
-                                                   "end_reason": act.end_reason or v.end_reason,
-                                                   "revoked_at": now if act.status == InstanceStatus.REVOKED
-                                                   else v.revoked_at})
-        elif isinstance(act, DeleteInstance):
-            self.insts[act.name] = InstanceView(**{**self.insts[act.name].__dict__, "status": InstanceStatus.DELETED})
-        elif isinstance(act, CreateInstance):
-            name = f"j-worker-0-{act.generation}"
+    def apply(self, act: object, now: float) -> bool:
+        if isinstance(act, CreateInstance):
             assert act.spot or act.slot.gpu == self.own, "on-demand runs the job's own GPU type"
-            self.insts[name] = InstanceView(id=len(self.insts), name=name, role=Role.WORKER, index=0,
-                                            generation=act.generation, status=InstanceStatus.TRAINING,
-                                            spot=act.spot, zone=act.zones[0], port=None, requested_at=now,
-                                            updated_at=now, gpu=act.slot.gpu)
-        return False
+        return super().apply(act, now)
 
     def running(self) -> tuple[str, float]:
         """What runs, labelled as the simulator labels it, and its speed."""
-        on = [v for v in self.insts.values() if v.status == InstanceStatus.TRAINING]
+        on = self.training()
         if not on:
             return Mode.IDLE.value, 0.0
         if not on[0].spot:
@@ -320,23 +279,14 @@ def test_plan_shows_the_markets_row_for_a_spec_that_may_move_gpu_types(tmp_path:
     GPU types' traces at once from the same start ticks, ``sim.multizone.zones_outlook`` with the planned markets),
     as the daemon runs it; never dearer than on-demand."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "local-deadline-gpus.yaml"
-    raw = yaml.safe_load(example.read_text())
-    local = raw["provider"]
-    local["availability_trace"] = str((example.parent / local["availability_trace"]).resolve())
-    local["gpu_availability_traces"] = {g: str((example.parent / p).resolve())
-                                       for g, p in local["gpu_availability_traces"].items()}
+    from e2e_helpers import cli, example_in
+
+    spec, env = example_in(Path(__file__).resolve().parent.parent / "examples" / "local-deadline-gpus.yaml", tmp_path)
+    raw = yaml.safe_load(spec.read_text())
     raw["policy"]["deadline"] = "600s"  # room for a loaded host's slower steps: plan refuses a spec it predicts late
-    spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(raw))
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "plan", str(spec), "--json"],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"),
-                              "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/r.db"})
+    out = cli("plan", str(spec), "--json", env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {r["policy"]: r for r in json.loads(out.stdout)["deadline_policies"]["policies"]}
     assert set(rows) == {"on-demand", "greedy", "uniform-progress", "deadline", "deadline-markets"}

@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deadline_replay import ReplayedDaemon
 
 from orchestrator.core import deadline_zones
 from orchestrator.core.actions import (
     CreateInstance,
-    DeleteInstance,
-    DrainInstance,
-    RecordSpotAvailability,
-    SetInstanceStatus,
 )
 from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
 from orchestrator.core.paths import data_dir
@@ -36,77 +33,31 @@ K = 1.0  # the daemon's seconds per cloud minute (time_scale 60)
 ZONES = ("z0", "z1")
 
 
-class _Daemon:
+class _Daemon(ReplayedDaemon):
     """``core.reconcile`` one pass per tick over the zones' traces: a spot VM is preempted where its zone's trace
     drops, a create starts at once in its first zone, progress as the simulator counts it, a drained VM
     checkpoints at once and the next pass follows within the tick. The note events the daemon would record are
     kept as the DB keeps them, and read back as ``control.deadline`` does."""
 
     def __init__(self, job: Job, tick: int) -> None:
+        super().__init__()
         self.job, self.tick = job, tick
         self.slot = Slot(Role.WORKER, 0, "v100", "gce", "z0", True, job.spot_usd_per_h,
                          on_demand_price_per_hour=job.on_demand_usd_per_h, zones=ZONES)
-        self.insts: dict[str, InstanceView] = {}
-        self.spot_seen: list[tuple[float, bool]] = []
-        self.zone_seen: dict[str, list[tuple[float, bool]]] = {}
-        self.drains: list[tuple[str, float]] = []
-        self.checkpoint_at: float | None = None
 
     def inputs(self, w: int) -> DeadlineInputs:
         job = self.job
         return DeadlineInputs(work_s=K * job.work_min, done_s=K * w, overhead_s=K * job.overhead_min,
                               tick_s=K * self.tick, spot_usd_per_h=job.spot_usd_per_h,
-                              on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=60.0 / K,
-                              spot_seen=tuple(self.spot_seen), drains=tuple(self.drains),
-                              checkpoint_at=self.checkpoint_at,
-                              zone_spot_seen=tuple((z, tuple(c)) for z, c in sorted(self.zone_seen.items())))
+                              on_demand_usd_per_h=job.on_demand_usd_per_h, time_scale=60.0 / K, **self.seen())
 
     def pass_(self, now: float, w: int, up: dict[str, bool]) -> bool:
         """One pass; True when it drained a VM (the next pass follows within the tick)."""
-        live = [v for v in self.insts.values() if v.status == InstanceStatus.TRAINING]
-        gone = {v.name for v in live if v.spot and not up[v.zone]}
-        seen = {v.name: ObservedInstance(v.name, "j", v.role, v.index, v.generation, v.zone,
-                                         ObservedState.TERMINATED if v.name in gone else ObservedState.RUNNING,
-                                         preempted=v.name in gone) for v in live}
-        view = JobView(id="j", status=JobStatus.RUNNING, outcome=None, mode=TrainingMode.SYNC, slots=(self.slot,),
-                       instances=tuple(self.insts.values()), on_revocation=OnRevocation.DEADLINE,
-                       max_replacements=5, budget_usd=None, deadline_s=K * self.job.deadline_min, started_at=T0,
-                       restarts=0, cost_usd=0.0, deadline_inputs=self.inputs(w), zones=ZONES)
-        obs = Observation(instances=seen, procs={n: ProcStatus(ProcState.RUNNING) for n in seen},
-                          spot_available=any(up.values()), spot_by_zone=dict(up), spot_forecast=True)
-        drained = False
-        for act in reconcile(view, obs, now):
-            drained |= self._apply(act, now)
-        return drained
-
-    def _apply(self, act: object, now: float) -> bool:
-        if isinstance(act, DrainInstance):
-            self.drains.append((act.name, now))
-            self.checkpoint_at = now + 0.5
-            return True
-        if isinstance(act, RecordSpotAvailability):
-            changes = self.spot_seen if act.zone is None else self.zone_seen.setdefault(act.zone, [])
-            changes.append((now, act.available))
-            if act.zone is not None:  # the note's reason names the zone, as control.deadline reads it back
-                assert deadline_zones.zone_of_reason(act.reason) == act.zone
-        elif isinstance(act, SetInstanceStatus):
-            v = self.insts[act.name]
-            self.insts[act.name] = InstanceView(**{**v.__dict__, "status": act.status, "updated_at": now,
-                                                   "end_reason": act.end_reason or v.end_reason,
-                                                   "revoked_at": now if act.status == InstanceStatus.REVOKED
-                                                   else v.revoked_at})
-        elif isinstance(act, DeleteInstance):
-            self.insts[act.name] = InstanceView(**{**self.insts[act.name].__dict__, "status": InstanceStatus.DELETED})
-        elif isinstance(act, CreateInstance):
-            name = f"j-worker-0-{act.generation}"
-            self.insts[name] = InstanceView(id=len(self.insts), name=name, role=Role.WORKER, index=0,
-                                            generation=act.generation, status=InstanceStatus.TRAINING,
-                                            spot=act.spot, zone=act.zones[0], port=None, requested_at=now,
-                                            updated_at=now)
-        return False
+        return self.pass_over(self.slot, K * self.job.deadline_min, T0, self.inputs(w), lambda v: not up[v.zone],
+                              now, ZONES, spot_available=any(up.values()), spot_by_zone=dict(up), spot_forecast=True)
 
     def running(self) -> str:
-        on = [v for v in self.insts.values() if v.status == InstanceStatus.TRAINING]
+        on = self.training()
         if not on:
             return Mode.IDLE.value
         return f"spot@{ZONES.index(on[0].zone)}" if on[0].spot else Mode.ON_DEMAND.value

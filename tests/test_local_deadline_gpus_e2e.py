@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
-from e2e_helpers import cli, processes_under
+from e2e_helpers import cli, example_in, processes_under
 from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
@@ -17,15 +16,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local-deadline-
 
 
 def test_a_spot_vm_lost_on_one_gpu_type_moves_to_the_other_types_spot(tmp_path: Path) -> None:
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    raw["storage"] = str(tmp_path / "runs")
-    local = raw["provider"]
-    local["availability_trace"] = str((EXAMPLE.parent / local["availability_trace"]).resolve())
-    local["gpu_availability_traces"] = {g: str((EXAMPLE.parent / p).resolve())
-                                       for g, p in local["gpu_availability_traces"].items()}
-    spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump(raw))
-    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+    spec, env = example_in(EXAMPLE, tmp_path)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
-from e2e_helpers import cli, processes_under
+from e2e_helpers import cli, example_in, processes_under
 from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
@@ -16,13 +15,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local-deadline-
 
 
 def test_a_spot_vm_lost_in_one_zone_moves_to_the_other_zones_spot(tmp_path: Path) -> None:
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    raw["storage"] = str(tmp_path / "runs")
-    traces = raw["provider"]["zone_availability_traces"]
-    raw["provider"]["zone_availability_traces"] = {z: str((EXAMPLE.parent / p).resolve()) for z, p in traces.items()}
-    spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump(raw))
-    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+    spec, env = example_in(EXAMPLE, tmp_path)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
