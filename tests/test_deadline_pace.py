@@ -80,3 +80,28 @@ def test_report_says_which_work_the_daemon_planned_with(tmp_path: Path) -> None:
     # No instance yet, so no restart measured: the daemon plans with the planned overhead (control/deadline.py).
     assert lines[-1] == (f"  restart overhead: planned {predicted.overhead_s:.1f}s, the longest restart the job "
                          "measured 0.0s (request to first step; the daemon plans with the planned one)")
+
+
+def test_the_pace_leaves_out_the_reports_of_a_worker_moved_to_another_gpu_type(tmp_path: Path) -> None:
+    """A deadline job's pace is its own GPU type's (``control.deadline.own_pace_s``): 50 reports while its worker ran
+    a V100 (policy.also_gpus), 3x as fast, after 8 on its own K80 -- more than the newest 20 reports the pace reads
+    -- leave the K80's pace as it was (the newest 41 alone would all be the V100's)."""
+    from orchestrator.store.models import Instance
+
+    spec = _deadline_spec("moved", tmp_path)
+    with open_session() as session:
+        job = create_job(session, spec)
+        job.started_at = T0
+        own = spec.cluster.workers[0].gpu if spec.cluster else None
+        other = "v100" if own != "v100" else "k80"
+        for s in range(8):
+            _report(session, job.id, 10 * s, T0 + 3.0 * 10 * s)
+        moved_at = T0 + 3.0 * 80
+        session.add(Instance(job_id=job.id, name=f"{job.id}-worker-0-1", role="worker", slot_index=0, generation=1,
+                             gpu=other, machine_type="local", zone="local", spot=True, price_per_hour=1.0,
+                             status="training", requested_at=moved_at, updated_at=moved_at))
+        for s in range(50):
+            _report(session, job.id, 80 + 10 * s, moved_at + 10.0 + 1.0 * 10 * s)
+        session.commit()
+        assert deadline.own_pace_s(session, job, spec, moved_at + 600) == 3.0
+        assert deadline.measured_step_s(session, job.id) == 1.0  # without leaving them out: the V100's pace

@@ -58,7 +58,7 @@ def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures
 def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot]) -> tuple[GpuMarket, ...]:
     """The GPU types of ``policy.also_gpus`` as the job was planned: its spot workers moved there, planned with the
     calibration it launched with, give the speed (its predicted work over the work there) and the spot price."""
-    if not spec.policy.also_gpus:
+    if not spec.policy.also_gpus or not slots:  # no slots to move: no other market to choose
         return ()
     key = (job.id, job.created_at)
     found = _GPU_MARKETS.get(key)
@@ -111,10 +111,9 @@ def measured_step_s(session: Session, job_id: str, moved: Sequence[tuple[float, 
     ``moved``: (from, to) spans the job trained on another GPU type (policy.also_gpus), whose pace is not its own
     GPU's: their reports are left out."""
     rows = session.execute(select(Metric.step, Metric.at).where(
-        Metric.job_id == job_id, Metric.kind == "step", Metric.worker == -1
-    ).order_by(Metric.at.desc()).limit(PACE_RECENT + 1 + (PACE_RECENT if moved else 0))).all()
-    if moved:
-        rows = [r for r in rows if not any(a <= r[1] <= b for a, b in moved)][:PACE_RECENT + 1]
+        Metric.job_id == job_id, Metric.kind == "step", Metric.worker == -1,
+        *(~Metric.at.between(a, b) for a, b in moved)
+    ).order_by(Metric.at.desc()).limit(PACE_RECENT + 1)).all()
     per_step = [(b_at - a_at) / (b - a) for (b, b_at), (a, a_at) in pairwise(rows) if b > a and b_at > a_at]
     return statistics.median(per_step) if len(per_step) >= PACE_WINDOWS else None
 

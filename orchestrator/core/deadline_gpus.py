@@ -51,8 +51,8 @@ def choose(base: Progress, own_seen: Availability, job: JobView, by_gpu: Mapping
     type. ``live_spot``: the job's spot VMs that run now (on its own GPU types or another). ``blocked``: types
     that refused a create lately or preempted a VM just now (the advice is a forecast; that overrules it)."""
     di = job.deadline_inputs
-    markets = [m for m in di.markets if by_gpu is not None and m.gpu in by_gpu] if di is not None else []
-    if di is None or not markets or by_gpu is None:
+    markets = [m for m in di.markets if m.gpu in by_gpu] if di is not None and by_gpu is not None else []
+    if di is None or by_gpu is None or not markets:
         return None
     planned = {s.gpu for s in job.slots}
     running = next((i.gpu for i in live_spot if i.gpu not in planned), None)
