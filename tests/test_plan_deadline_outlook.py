@@ -56,3 +56,23 @@ def test_a_deadline_inside_the_interval_is_said(tmp_path: Path) -> None:
                                                              "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"}, REPO)
     assert out.returncode == 0, out.stderr
     assert "the deadline is within the prediction interval" in out.stdout
+
+
+def test_plan_shows_the_elastic_row_for_a_job_the_daemon_shrinks_and_tops_up() -> None:
+    """A PyTorch job of three spot workers replaying one 16-node trace: the daemon runs it elastic
+    (``core.deadline_elastic``), so ``plan`` shows that policy's row, from the other rows' start ticks."""
+    from orchestrator.cli.deadline_cmd import elastic_workers
+
+    example = REPO / "examples" / "local-torch-deadline-elastic.yaml"
+    raw = yaml.safe_load(example.read_text())
+    raw["provider"]["availability_trace"] = str((example.parent / raw["provider"]["availability_trace"]).resolve())
+    spec = validate_spec(raw)
+    assert elastic_workers(spec) == 3
+    found = deadline_outlook(spec)
+    assert found is not None
+    rows = {o.policy: o for o in found.rows}
+    assert rows["elastic"].runs == rows["deadline"].runs
+    assert rows["elastic"].mean_cost_usd < rows["on-demand"].mean_cost_usd
+    one = yaml.safe_load(EXAMPLE.read_text())
+    one["provider"]["availability_trace"] = raw["provider"]["availability_trace"]
+    assert elastic_workers(validate_spec(one)) == 0  # one worker (and TensorFlow): all-or-nothing

@@ -16,6 +16,7 @@ from orchestrator.core.costmodel import Calibration
 from orchestrator.core.errors import UserError
 from orchestrator.core.names import unknown_name
 from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
+from orchestrator.core.torch_spec import is_pytorch
 from orchestrator.sim.availability import (
     HISTORY_H,
     AvailabilityTrace,
@@ -32,7 +33,7 @@ from orchestrator.sim.availability import (
     spot_on_gpu,
     study,
 )
-from orchestrator.sim.elastic import run_elastic
+from orchestrator.sim.elastic import elastic_outlook, run_elastic
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 from orchestrator.sim.multizone import Market, study_multi, zones_outlook
 
@@ -80,7 +81,7 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
             workers = len(cluster_from_spec(spec, price_book=price_book).slots)
             per_vm = replace(job, spot_usd_per_h=job.spot_usd_per_h / workers,
                              on_demand_usd_per_h=job.on_demand_usd_per_h / workers)
-            outcomes = [run_elastic(per_vm, workers, trace, start_tick, ("elastic",))["elastic"]]
+            outcomes = [run_elastic(per_vm, workers, trace, start_tick, ("elastic",), seen_h)["elastic"]]
         else:
             outcomes = study(job, trace, start_tick, names, history_h=seen_h)
         markets = _also_markets(spec, also or [], trace, fig.work_s, price_book) if also else []
@@ -219,15 +220,27 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     markets = (Market(), *(Market(*on_gpu_figures(spec, g, fig.work_s, calibration=calibration)) for g in typed))
     typed_traces = [*traces, *(load_trace(local.gpu_availability_traces[g]) for g in typed if local is not None)]
 
+    elastic = elastic_workers(spec)
+
     def rows(j: Job) -> list[Outlook]:
         return outlook(j, traces) + ([zones_outlook(j, traces)] if zoned else []) + (
-            [zones_outlook(j, typed_traces, markets=markets, name="deadline-markets")] if typed else [])
+            [zones_outlook(j, typed_traces, markets=markets, name="deadline-markets")] if typed else []) + (
+            [elastic_outlook(j, elastic, traces)] if elastic else [])
 
     found = DeadlineOutlook(job, rows(job), [p.name for p in paths])
     if slow_by is None or slow_by <= 0:
         return found
     slow = replace(job, work_min=max(1, round(job.work_min * (1 + slow_by))))
     return replace(found, slow_by=slow_by, slow_rows=rows(slow))
+
+
+def elastic_workers(spec: JobSpec) -> int:
+    """The spot workers the daemon shrinks and tops up (``core.deadline_elastic``): a PyTorch job's, two or more, on
+    the local provider replaying one counted trace with no other zone or GPU type; 0 where it runs all-or-nothing."""
+    local = spec.provider.as_local()
+    spot = sum(w.count for w in spec.cluster.workers if w.spot) if spec.cluster is not None else 0
+    simple = local is not None and local.availability_trace is not None and not local.gpu_availability_traces
+    return spot if simple and is_pytorch(spec) and spot >= 2 and not spec.policy.also_gpus else 0
 
 
 def print_outlook(found: DeadlineOutlook) -> None:
@@ -247,7 +260,10 @@ def print_outlook(found: DeadlineOutlook) -> None:
                   "the zones as the daemon does" for o in rows if o.policy == "deadline-zones")
         + "".join(f"; deadline-markets: every GPU type's trace at once from the {o.runs} start ticks, moving the spot "
                   "workers between the types (policy.also_gpus) as the daemon does" for o in rows
-                  if o.policy == "deadline-markets"),
+                  if o.policy == "deadline-markets")
+        + "".join(f"; elastic: the {o.runs} start ticks with the spot workers shrunk onto the spot VMs the trace "
+                  "counts and topped up with on-demand, as the daemon runs this job" for o in rows
+                  if o.policy == "elastic"),
         head,
         [[o.policy, money(o.mean_cost_usd), f"{100 * o.p_deadline_met:.0f}%"]
          + ([money(slow[o.policy].mean_cost_usd), f"{100 * slow[o.policy].p_deadline_met:.0f}%"] if slow else [])

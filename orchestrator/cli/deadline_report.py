@@ -5,6 +5,7 @@ deadline, "Can't Be Late", NSDI'24)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -21,14 +22,19 @@ if TYPE_CHECKING:
     from orchestrator.cli.plots import Bar
 
 MIN_WAIT_S = 2.0
-MODE_COLOURS = {"spot": "#66bb6a", "on-demand": "#ef6c00", "waiting": "#bdbdbd"}
+MIXED = "spot + on-demand"  # an elastic world of both (core.deadline_elastic): spot workers topped up with on-demand
+MODE_COLOURS = {"spot": "#66bb6a", MIXED: "#c0ca33", "on-demand": "#ef6c00", "waiting": "#bdbdbd"}
 
 
 def segments(bars: Sequence[Bar], end: float) -> list[tuple[float, float, str]]:
-    """(start, end, spot | on-demand | waiting) of the job's spot-planned workers, seconds since its start."""
+    """(start, end, spot | on-demand | waiting, or spot + on-demand for a world of both) of the job's workers,
+    seconds since its start."""
+    workers = [b for b in bars if b.slot.startswith("worker")]
+    if len({b.slot for b in workers}) > 1:
+        return [(a, b, _mode(spot, od)) for a, b, spot, od in memberships(workers, end)]
     out: list[tuple[float, float, str]] = []
     t = 0.0
-    for b in sorted((b for b in bars if b.slot.startswith("worker")), key=lambda b: b.start):
+    for b in sorted(workers, key=lambda b: b.start):
         stop = b.end if b.revoked is None else b.revoked
         if b.start > t:
             out.append((t, b.start, "waiting"))
@@ -39,6 +45,37 @@ def segments(bars: Sequence[Bar], end: float) -> list[tuple[float, float, str]]:
         out.append((t, end, "waiting"))
     # Gaps of a moment (the first request a beat after the start, the teardown after the last VM) are no wait.
     return [s for s in out if s[2] != "waiting" or s[1] - s[0] >= MIN_WAIT_S]
+
+
+def _mode(spot: int, on_demand: int) -> str:
+    return "waiting" if spot + on_demand == 0 else "spot" if not on_demand else "on-demand" if not spot else MIXED
+
+
+def memberships(workers: Sequence[Bar], end: float) -> list[tuple[float, float, int, int]]:
+    """(start, end, spot VMs, on-demand VMs) of a multi-worker job's workers, a new stretch at each change of
+    membership; a change of a moment (a replacement requested a beat after the loss) goes into the stretch before."""
+    cuts = sorted({0.0, end, *(b.start for b in workers), *(_stop(b) for b in workers)})
+    out: list[tuple[float, float, int, int]] = []
+    for a, b in pairwise(cuts):
+        on = [w for w in workers if w.start <= a and _stop(w) >= b]
+        spot, od = sum(w.spot for w in on), sum(not w.spot for w in on)
+        if out and (b - a < MIN_WAIT_S or out[-1][2:] == (spot, od)):
+            out[-1] = (out[-1][0], b, *out[-1][2:])
+        else:
+            out.append((a, b, spot, od))
+    if len(out) > 1 and out[0][1] < MIN_WAIT_S:  # the first request a beat after the start is no wait
+        out[:2] = [(0.0, out[1][1], *out[1][2:])]
+    return out
+
+
+def _size(spot: int, on_demand: int, workers: int) -> str:
+    if spot and on_demand:
+        return f" ({spot} spot + {on_demand} on-demand of {workers} workers)"
+    return f" ({spot + on_demand} of {workers} workers)" if spot + on_demand else ""
+
+
+def _stop(b: Bar) -> float:
+    return b.end if b.revoked is None else b.revoked
 
 
 def is_deadline_job(job: Job) -> bool:
@@ -74,12 +111,15 @@ def deadline_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         workers = [b for b in data.bars if b.slot.startswith("worker")]
         zoned = len({b.zone for b in workers if b.spot}) > 1  # the job moved spot between zones: say where
         typed = len({b.gpu for b in workers if b.spot}) > 1  # ... or between GPU types (policy.also_gpus)
+        slots = len({b.slot for b in workers})
+        sizes = {(a, b): _size(s, o, slots) for a, b, s, o in memberships(workers, data.end)} if slots > 1 else {}
         for start, stop, mode in segments(data.bars, data.end):
             done = max((p for t, p in points if t <= start), default=0.0)
             line = 100 * start / deadline
             bar = next((b for b in workers if b.spot and b.start <= start < (b.revoked or b.end)), None)
             where = "" if bar is None or mode != "spot" else (
                 (f" on {bar.gpu}" if typed else "") + (f" in {bar.zone}" if zoned else ""))
+            where += sizes.get((start, stop), "")
             parts.append(f"{mode}{where} {start:.0f}-{stop:.0f}s (done {100 * done:.0f}% / uniform line {line:.0f}%)")
         met = "met" if job.status == "succeeded" and data.end <= deadline else (
             "missed" if job.status in ("succeeded", "failed") else "running")

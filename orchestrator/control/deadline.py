@@ -140,11 +140,11 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots
     markets = gpu_markets(session, job, spec, slots)
     pace = own_pace_s(session, job, spec, now)
     work_s = fig.work_s if pace is None else pace * job.train_steps
-    anywhere, by_zone = seen_changes(session, job.id)
+    anywhere, by_zone, counts, choice = seen_changes(session, job.id)
     return DeadlineInputs(work_s=work_s, done_s=work_s * min(1.0, step / max(1, job.train_steps)),
                           overhead_s=overhead, tick_s=tick, spot_usd_per_h=fig.spot_usd_per_h,
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
-                          spot_seen=anywhere, zone_spot_seen=by_zone,
+                          spot_seen=anywhere, zone_spot_seen=by_zone, spot_counts=counts, elastic_choice=choice,
                           drains=drains(session, job.id),
                           spot_before=spot_before(session, job, spec, now),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
@@ -154,22 +154,33 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots
 ZoneChanges = tuple[tuple[str, tuple[tuple[float, bool], ...]], ...]
 
 
-def seen_changes(session: Session, job_id: str) -> tuple[tuple[tuple[float, bool], ...], ZoneChanges]:
+def seen_changes(session: Session, job_id: str) -> tuple[tuple[tuple[float, bool], ...], ZoneChanges,
+                                                         tuple[tuple[float, int], ...], tuple[float, int, int] | None]:
     """The changes of spot capacity the daemon recorded for the job (``RecordSpotAvailability``), oldest first: in
-    any zone, and each zone's (with a zone, where the provider says by zone). One query for both, once a pass."""
+    any zone, each zone's (with a zone, where the provider says by zone), and how many spot VMs could be had (where
+    the provider counts them, ``RecordSpotCount``); and the elastic policy's newest choice. One query, once a pass."""
     any_kinds = {v: k for k, v in policy.SPOT_SEEN_EVENTS.items()}
     zone_kinds = {v: k for k, v in policy.ZONE_SEEN_EVENTS.items()}
     rows = session.execute(select(Event.at, Event.to_status, Event.reason).where(
-        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_([*any_kinds, *zone_kinds])
+        Event.job_id == job_id, Event.entity == "note",
+        Event.to_status.in_([*any_kinds, *zone_kinds, policy.SPOT_COUNT_EVENT, policy.ELASTIC_CHOICE_EVENT])
     ).order_by(Event.at, Event.id))
     anywhere: list[tuple[float, bool]] = []
     by_zone: dict[str, list[tuple[float, bool]]] = {}
+    counts: list[tuple[float, int]] = []
+    choice: tuple[float, int, int] | None = None
     for at, what, reason in rows:
-        if what in any_kinds:
+        if what == policy.ELASTIC_CHOICE_EVENT:
+            members = policy.choice_of_reason(reason or "")
+            choice = choice if members is None else (float(at), *members)
+        elif what == policy.SPOT_COUNT_EVENT:
+            counts.append((float(at), policy.count_of_reason(reason or "")))
+        elif what in any_kinds:
             anywhere.append((float(at), any_kinds[what]))
         else:
             by_zone.setdefault(deadline_zones.zone_of_reason(reason or ""), []).append((float(at), zone_kinds[what]))
-    return tuple(anywhere), tuple((zone, tuple(changes)) for zone, changes in sorted(by_zone.items()))
+    zones = tuple((zone, tuple(changes)) for zone, changes in sorted(by_zone.items()))
+    return tuple(anywhere), zones, tuple(counts), choice
 
 
 def drains(session: Session, job_id: str) -> tuple[tuple[str, float], ...]:
@@ -198,6 +209,13 @@ def spot_available_by_gpu(provider: Provider, job_id: str, di: DeadlineInputs | 
         return None
     answers = {m.gpu: provider.spot_capacity(job_id, list(m.slots)) for m in di.markets}
     return {gpu: up for gpu, up in answers.items() if up is not None}
+
+
+def spot_count(provider: Provider, job_id: str, slots: Sequence[Slot]) -> int | None:
+    """How many of the job's spot VMs the provider says could be had now, where it counts them (a replayed trace)."""
+    if not isinstance(provider, SupportsSpotCapacity):
+        return None
+    return provider.spot_capacity_count(job_id, [s for s in slots if s.spot])
 
 
 def spot_available_by_zone(provider: Provider, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:

@@ -23,8 +23,10 @@ from orchestrator.core.actions import (
     DeleteInstance,
     DrainInstance,
     PrepareInstance,
+    RecordElasticChoice,
     RecordLogTail,
     RecordSpotAvailability,
+    RecordSpotCount,
     RecordStageLoss,
     RestartTraining,
     SetInstanceStatus,
@@ -34,7 +36,13 @@ from orchestrator.core.actions import (
 from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
 from orchestrator.core.instances import ProcState, Role
 from orchestrator.core.paths import jobs_dir
-from orchestrator.core.policy import DRAIN_EVENT, SPOT_SEEN_EVENTS, ZONE_SEEN_EVENTS
+from orchestrator.core.policy import (
+    DRAIN_EVENT,
+    ELASTIC_CHOICE_EVENT,
+    SPOT_COUNT_EVENT,
+    SPOT_SEEN_EVENTS,
+    ZONE_SEEN_EVENTS,
+)
 from orchestrator.core.slots import DEFAULT_BATCH
 from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
 from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
@@ -111,6 +119,12 @@ def _one(ctx: JobContext, action: Action) -> None:
             stage_loss.record(s, ctx.job, name, what, reason)
         case RecordSpotAvailability(available=available, reason=reason, zone=zone):
             queries.note(s, ctx.job.id, (SPOT_SEEN_EVENTS if zone is None else ZONE_SEEN_EVENTS)[available], reason)
+            s.commit()
+        case RecordSpotCount(reason=reason):
+            queries.note(s, ctx.job.id, SPOT_COUNT_EVENT, reason)
+            s.commit()
+        case RecordElasticChoice(reason=reason):
+            queries.note(s, ctx.job.id, ELASTIC_CHOICE_EVENT, reason)
             s.commit()
         case DrainInstance(name=name, reason=reason):
             _drain(ctx, name, reason)
@@ -206,7 +220,8 @@ def log_action(job_id: str, action: Action) -> None:
             log.info("job %s instance %s: log tail kept", job_id, name)
         case RecordStageLoss(name=name, reason=reason):
             log.info("job %s instance %s: %s", job_id, name, reason)
-        case RecordSpotAvailability(reason=reason):
+        case (RecordSpotAvailability(reason=reason) | RecordSpotCount(reason=reason)
+              | RecordElasticChoice(reason=reason)):
             log.info("job %s: %s", job_id, reason)
         case PrepareInstance(name=name):
             log.info("job %s instance %s: ready (files pushed)", job_id, name)

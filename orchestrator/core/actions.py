@@ -92,6 +92,24 @@ class RecordSpotAvailability:
 
 
 @dataclass(frozen=True)
+class RecordSpotCount:
+    """The deadline policy saw how many spot VMs can be had change (where the provider counts them)."""
+
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecordElasticChoice:
+    """The elastic deadline policy changed how many spot and on-demand workers the job runs (``core.deadline_elastic``):
+    the daemon holds a choice until the next tick, as the simulator decides once a tick."""
+
+    spot: int
+    on_demand: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetJobStatus:
     status: JobStatus
     reason: str
@@ -99,4 +117,5 @@ class SetJobStatus:
 
 
 Action = (CreateInstance | SetInstanceStatus | PrepareInstance | StartTask | DeleteInstance | RestartTraining
-          | SetJobStatus | RecordLogTail | RecordStageLoss | RecordSpotAvailability | DrainInstance)
+          | SetJobStatus | RecordLogTail | RecordStageLoss | RecordSpotAvailability | RecordSpotCount
+          | RecordElasticChoice | DrainInstance)

@@ -338,7 +338,25 @@ class AvailabilityLog:
 SPOT_SEEN_EVENTS: Final = {True: "spot-up", False: "spot-down"}
 # ... and of each zone's, where the provider says by zone (GCE's advice for each zone): the zone leads the reason.
 ZONE_SEEN_EVENTS: Final = {True: "zone-spot-up", False: "zone-spot-down"}
+# ... and of how many spot VMs can be had, where the provider counts them: the reason begins with the count.
+SPOT_COUNT_EVENT: Final = "spot-count"
+# ... and each change of the elastic policy's choice: the reason begins "<spot> spot + <on-demand> on-demand".
+ELASTIC_CHOICE_EVENT: Final = "elastic-choice"
 DRAIN_EVENT: Final = "drain"  # the note event of an instance drained before a deadline hop (its notice written)
+
+
+def count_of_reason(reason: str) -> int:
+    """The count a ``SPOT_COUNT_EVENT`` note's reason begins with (0 where it does not: a note of another version)."""
+    head = reason.split(" ", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def choice_of_reason(reason: str) -> tuple[int, int] | None:
+    """(spot, on-demand) of an ``ELASTIC_CHOICE_EVENT`` note's reason; None where it does not say."""
+    words = reason.split(" ", 5)
+    if len(words) < 5 or not (words[0].isdigit() and words[3].isdigit()):
+        return None
+    return int(words[0]), int(words[3])
 
 
 def seen_during_job(changes: tuple[tuple[float, bool], ...], started: float, now: float, tick_s: float,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from orchestrator.core import deadline_gpus, deadline_zones, policy, stage_loss_step
+from orchestrator.core import deadline_elastic, deadline_gpus, deadline_zones, job_end, policy, stage_loss_step
 from orchestrator.core.actions import (
     Action,
     CreateInstance,
@@ -92,8 +92,8 @@ def reconcile(job: JobView, obs: Observation, now: float) -> list[Action]:
     if job.status in FINAL_JOB:
         return []
     if job.status == JobStatus.TEARING_DOWN:
-        return _teardown(job, obs, now)
-    end = _decide_end(job, obs, now)
+        return job_end.teardown(job, obs, now)
+    end = job_end.decide_end(job, obs, now)
     if end is not None:
         return [end]
     p = _Pass(job, obs, now, status={i.name: i.status for i in job.instances})
@@ -190,7 +190,9 @@ def _fill_slots(p: _Pass) -> list[Action] | None:
         by_slot[inst.slot].append(inst)
     p.replacements = sum(1 for i in job.instances if i.generation > 0 and i.end_reason != EndReason.CREATE_FAILED)
     governed = _deadline_slots(job)
-    if governed:
+    if governed and deadline_elastic.applies(job, p.obs, governed):
+        _elastic_fill(p, governed, by_slot)
+    elif governed:
         _deadline_fill(p, governed, by_slot)
     dropped = {name for name, _ in job.repartitioned}  # a pipeline re-formed without them: never replaced
     p.shrunk |= dropped
@@ -319,6 +321,27 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
                  why + (f", moved from {last.zone} where spot was preempted" if moved else ""))
 
 
+def _elastic_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]]) -> None:
+    """``on_revocation: deadline`` with elastic shrink and on-demand top-up (``core.deadline_elastic``): the
+    simulator's ``core.elastic`` decision, mapped onto the slots; the slots left empty are shrunk."""
+    insts = [i for s in slots for i in by_slot.get(s.name, [])]
+    live = [i for i in insts if p.status[i.name] in LIVE_INSTANCE]
+    plan = deadline_elastic.plan(p.job, p.obs, p.now, slots, insts, live, p.ended)
+    p.acts += plan.records
+    p.shrunk |= set(plan.empty)
+    for inst in plan.drop:
+        if _drained(p, inst, plan.why):  # else it checkpoints first; a later pass deletes it
+            p.acts.append(DeleteInstance(inst.name, inst.zone, plan.why, EndReason.REPLACED))
+            p.status[inst.name] = S.DELETING
+            p.lost[inst.slot], p.lost_role[inst.slot] = f"{inst.name} {plan.why}", inst.role
+    for c in plan.create:
+        if c.after is not None and p.status[c.after] in LIVE_INSTANCE:
+            continue  # created once the slot's dropped instance is gone
+        last = max(by_slot.get(c.slot.name, []), key=lambda i: i.generation, default=None)
+        p.create(c.slot, 0 if last is None else last.generation + 1, c.spot, c.slot.zones,
+                 None if last is None else last.port, plan.why)
+
+
 def _deadline_gpus(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[InstanceView]],
                    progress: policy.Progress, seen: policy.Availability) -> deadline_gpus.GpuChoice | None:
     """Where the spot workers run when they may move to other GPU types (``core.deadline_gpus``); a type that refused
@@ -422,29 +445,6 @@ def _job_status(p: _Pass) -> list[Action]:
     if job.status == JobStatus.RECOVERING and training and not p.lost:
         return [SetJobStatus(JobStatus.RUNNING, "recovered")]
     return []
-
-
-def _decide_end(job: JobView, obs: Observation, now: float) -> SetJobStatus | None:
-    if job.cancel_requested:
-        return SetJobStatus(JobStatus.TEARING_DOWN, "cancelled by the user", JobStatus.CANCELLED)
-    if obs.payload_error is not None:
-        return SetJobStatus(JobStatus.TEARING_DOWN, f"the payload's output is unusable: {obs.payload_error}",
-                            JobStatus.FAILED)
-    if obs.result is not None:
-        acc = obs.result.get("accuracy")
-        tail = f", accuracy {acc:.4f}" if isinstance(acc, int | float) else ""
-        return SetJobStatus(JobStatus.TEARING_DOWN, f"training finished at step {obs.result.get('step')}{tail}",
-                            JobStatus.SUCCEEDED)
-    if job.budget_usd is not None and job.cost_usd >= job.budget_usd:
-        return SetJobStatus(JobStatus.TEARING_DOWN, f"policy.budget_usd exceeded: spent ${job.cost_usd:.4f} of "
-                            f"${job.budget_usd:.2f}", JobStatus.FAILED)
-    if job.deadline_s is not None and job.started_at is not None and now - job.started_at > job.deadline_s:
-        return SetJobStatus(JobStatus.TEARING_DOWN, f"policy.deadline of {job.deadline_s:.0f}s passed",
-                            JobStatus.FAILED)
-    if job.restarts > job.max_replacements + policy.EXTRA_RESTARTS:
-        return SetJobStatus(JobStatus.TEARING_DOWN, f"training restarted {job.restarts} times; giving up",
-                            JobStatus.FAILED)
-    return None
 
 
 def _live(job: JobView, status: dict[str, InstanceStatus], role: Role | None = None) -> list[InstanceView]:
@@ -574,28 +574,3 @@ def _training_now(job: JobView, status: dict[str, InstanceStatus], shrunk: set[s
     return all(
         any(i.slot == s.name and status[i.name] == S.TRAINING for i in job.instances) for s in needed
     )
-
-
-def _teardown(job: JobView, obs: Observation, now: float) -> list[Action]:
-    acts: list[Action] = []
-    end_reason = {JobStatus.SUCCEEDED.value: EndReason.JOB_FINISHED, JobStatus.CANCELLED.value: EndReason.JOB_CANCELLED
-                  }.get(job.outcome or "", EndReason.JOB_FAILED)
-    remaining = 0
-    for inst in job.instances:
-        st = inst.status
-        if st == S.DELETED:
-            continue
-        if st == S.DELETING:
-            if inst.name not in obs.instances:
-                acts.append(SetInstanceStatus(inst.name, S.DELETED, "deletion confirmed"))
-                continue
-            if now - inst.updated_at > INSTANCE_TIMEOUT_S[S.DELETING]:
-                acts.append(DeleteInstance(inst.name, inst.zone, "delete timed out; asking again"))
-        else:
-            acts.append(DeleteInstance(inst.name, inst.zone, f"job {job.outcome}: tear down",
-                                       end_reason if st in LIVE_INSTANCE else None))
-        remaining += 1
-    if remaining == 0:
-        outcome = JobStatus(job.outcome or JobStatus.FAILED.value)
-        acts.append(SetJobStatus(outcome, "every instance deleted"))
-    return acts

@@ -43,6 +43,10 @@ class DeadlineInputs:
     drains: tuple[tuple[str, float], ...] = ()
     checkpoint_at: float | None = None  # the newest checkpoint the job reported (worker clock)
     markets: tuple[GpuMarket, ...] = ()  # policy.also_gpus
+    # How many spot VMs could be had, where the provider counts them: (time, count) at each change recorded.
+    spot_counts: tuple[tuple[float, int], ...] = ()
+    # The elastic policy's newest choice, (time, spot, on-demand) workers (core.deadline_elastic); None: none yet.
+    elastic_choice: tuple[float, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,3 +130,4 @@ class Observation:
     spot_by_zone: dict[str, bool] | None = None
     spot_forecast: bool = False  # the probe forecasts (GCE's capacity advice): what the job's creates met overrules it
     spot_by_gpu: dict[str, bool] | None = None  # ... for each of policy.also_gpus the provider answered for
+    spot_count: int | None = None  # how many of the job's spot VMs could be had, where the provider counts them

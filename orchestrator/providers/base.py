@@ -89,6 +89,11 @@ class SupportsSpotCapacity(abc.ABC):
         policy then picks the zone, ``core.deadline_zones``); None: it cannot."""
         return None
 
+    def spot_capacity_count(self, job_id: str, slots: Sequence[Slot]) -> int | None:
+        """How many of the slots' spot VMs could be had now, where the provider can count them (a replayed 16-node
+        trace): the deadline policy then shrinks onto them and tops up with on-demand (``core.elastic``)."""
+        return None
+
 
 class SupportsImages(abc.ABC):
     """Optional capability: make a boot image from an instance's disk (``orchestrator image bake``)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Final
 
 import numpy as np
@@ -27,7 +28,15 @@ from orchestrator.core import policy
 from orchestrator.core.elastic import IDLE, ElasticState, Members, elastic_policy
 from orchestrator.core.policy import AvailabilityLog, Mode, Progress
 from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError
-from orchestrator.sim.availability import HISTORY_H, Job, Outcome
+from orchestrator.sim.availability import (
+    HISTORY_H,
+    OUTLOOK_STARTS,
+    Job,
+    Outcome,
+    Outlook,
+    outlook_starts,
+    summed,
+)
 
 ONLINE: Final = ("on-demand", "uniform-progress", "deadline", "elastic")
 POLICIES: Final = (*ONLINE, "optimal")
@@ -194,14 +203,14 @@ def optimal_cost(job: Job, workers: int, counts: tuple[int, ...], tick: int) -> 
 
 
 def run_elastic(job: Job, workers: int, trace: AvailabilityTrace, start_tick: int,
-                names: tuple[str, ...] = POLICIES) -> dict[str, Outcome]:
-    """Every named policy for an N-worker job on ``trace`` from ``start_tick`` (the ``deadline`` policy has
-    seen the ``HISTORY_H`` hours before it). ``optimal`` is a cost only (no timeline)."""
+                names: tuple[str, ...] = POLICIES, history_h: float = HISTORY_H) -> dict[str, Outcome]:
+    """Every named policy for an N-worker job on ``trace`` from ``start_tick`` (the ``deadline`` and ``elastic``
+    policies have seen the ``history_h`` hours before it). ``optimal`` is a cost only (no timeline)."""
     if not 0 <= start_tick < len(trace.counts):
         raise AvailabilityTraceError(f"start tick {start_tick} is outside the trace (0..{len(trace.counts) - 1})")
     tick = trace.tick_min
     counts = trace.counts[start_tick:]
-    history = trace.counts[max(0, start_tick - round(HISTORY_H * 60 / tick)):start_tick]
+    history = trace.counts[max(0, start_tick - round(history_h * 60 / tick)):start_tick]
     out: dict[str, Outcome] = {}
     for name in names:
         if name == "optimal":
@@ -214,3 +223,13 @@ def run_elastic(job: Job, workers: int, trace: AvailabilityTrace, start_tick: in
         else:
             out[name] = replay(job, workers, counts, tick, all_or_nothing(name, job, history), name)
     return out
+
+
+def elastic_outlook(job: Job, workers: int, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS) -> Outlook:
+    """``plan``'s row for the elastic policy: its mean cost and chance of meeting the deadline from the start ticks
+    of the other rows, with no history (as a launch's daemon runs it: ``core.deadline_elastic``). ``job``: the whole
+    cluster's prices, here split over its ``workers`` VMs."""
+    per_vm = replace(job, spot_usd_per_h=job.spot_usd_per_h / workers,
+                     on_demand_usd_per_h=job.on_demand_usd_per_h / workers)
+    return summed("elastic", [run_elastic(per_vm, workers, tr, start, ("elastic",), history_h=0.0)["elastic"]
+                              for tr in traces for start in outlook_starts(job, tr, starts)])

@@ -93,7 +93,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
             state.update(self._progress_clock(request))
         state.update(self._scheduled_step(request))
         if trace_revoke_at is not None:
-            state["revoke_at"] = trace_revoke_at
+            state["revoke_at"], state["spot_rank"] = trace_revoke_at
         tmp = d / ".instance.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(d / "instance.json")
@@ -145,18 +145,44 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         tick = self._tick(job_id, time.time())
         return {zone: trace.count_at(tick) >= 1 for zone, trace in self.traces.items()}
 
-    def _trace_revoke_at(self, request: InstanceRequest, now: float) -> float | None:
+    def spot_capacity_count(self, job_id: str, slots: Sequence[Slot] = ()) -> int | None:
+        """How many spot VMs could be had now, where one trace is replayed for every zone and the slots' GPU type
+        (a 16-node trace counts up to 16); None where zones or GPU types replay traces of their own."""
+        if self.availability is None or self.traces or any(s.gpu in self.gpu_traces for s in slots):
+            return None
+        return self.availability.count_at(self._tick(job_id, time.time()))
+
+    def _trace_revoke_at(self, request: InstanceRequest, now: float) -> tuple[float, int] | None:
         """A spot create in a stockout of the replayed trace (of its zone) is refused; else when the trace revokes
-        it."""
+        it, and its rank. The job's spot VMs on one trace hold ranks 1, 2, ...: a new one takes the lowest free
+        rank, is refused while the trace has fewer VMs than that, and is revoked once it has (a 16-node trace's
+        drop from 3 to 1 revokes the VMs of ranks 2 and 3)."""
         trace = self._trace(request.zone, request.gpu)
         if trace is None or not request.spot:
             return None
         tick = self._tick(request.job_id, now)
-        if trace.count_at(tick) < 1:
-            raise CapacityError(f"no spot capacity (availability trace {trace.name}, tick {tick})",
+        taken = self._ranks_taken(request.job_id, trace, now)
+        rank = next(r for r in range(1, len(taken) + 2) if r not in taken)
+        if trace.count_at(tick) < rank:
+            raise CapacityError(f"no spot capacity (availability trace {trace.name}, tick {tick}: "
+                                f"{trace.count_at(tick)} spot VMs, {len(taken)} held by the job)",
                                 zone=request.zone, resource=request.gpu or "cpu")
-        drop = trace.next_drop(tick)
-        return self._tick_at(request.job_id, drop if drop is not None else len(trace.counts))
+        drop = trace.next_drop(tick, rank)
+        return self._tick_at(request.job_id, drop if drop is not None else len(trace.counts)), rank
+
+    def _ranks_taken(self, job_id: str, trace: AvailabilityTrace, now: float) -> set[int]:
+        """The ranks of the job's spot VMs on ``trace`` that are not revoked by ``now``."""
+        taken = set()
+        for path in self.root.glob("*/instance.json"):
+            try:
+                st = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if (st["labels"].get(LABEL_JOB) == job_id and st.get("spot_rank") and not st.get("preempted")
+                    and st["state"] != "terminated" and (st["revoke_at"] is None or st["revoke_at"] > now)
+                    and self._trace(st["zone"], st.get("gpu")) is trace):
+                taken.add(int(st["spot_rank"]))
+        return taken
 
     def _progress_clock(self, request: InstanceRequest) -> dict[str, Any]:
         """The step at which to revoke (see the module doc), or {} to stay on the wall clock."""
