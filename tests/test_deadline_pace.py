@@ -105,3 +105,27 @@ def test_the_pace_leaves_out_the_reports_of_a_worker_moved_to_another_gpu_type(t
         session.commit()
         assert deadline.own_pace_s(session, job, spec, moved_at + 600) == 3.0
         assert deadline.measured_step_s(session, job.id) == 1.0  # without leaving them out: the V100's pace
+
+
+def test_report_of_a_job_whose_replayed_trace_has_moved_since(tmp_path: Path) -> None:
+    """The spec a job ran with names a trace file that is gone now (moved, or a checkout without it): ``report``
+    shows the job's timeline without the planned figures, never a traceback."""
+    import shutil
+
+    from orchestrator.cli.deadline_report import deadline_section
+    from orchestrator.core.paths import data_dir
+
+    trace = tmp_path / "trace.json"
+    shutil.copy(data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json", trace)
+    user_dir()
+    spec = validate_spec(yaml.safe_load(local_spec("moved-trace", tmp_path / "runs", "true").replace(
+        "on_revocation: replace, max_replacements: 0", "on_revocation: deadline").replace(
+        "emulation_k80_step_s: 0", f"emulation_k80_step_s: 0, availability_trace: {trace}")))
+    with open_session() as session:
+        job = create_job(session, spec)
+        job.started_at = T0
+        session.commit()
+        trace.unlink()
+        lines = deadline_section(session, [{"job_id": job.id}])
+    assert lines[0].startswith(f"{job.id}: deadline 600s running")
+    assert not any(line.strip().startswith("work:") for line in lines)

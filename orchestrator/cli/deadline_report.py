@@ -135,12 +135,13 @@ def _planned_lines(session: Session, job: Job, end: float) -> list[str]:
     longest restart seen counts where it is longer, measured_overhead_s). These are why a launch's decisions can
     differ from `simulate --availability-trace --history-h 0`, which plans with the predictions."""
     from orchestrator.control.deadline import measured_overhead_s, own_pace_s, planned_figures  # lazy
+    from orchestrator.core.revocation.availability import AvailabilityTraceError
     from orchestrator.sim.from_spec import SimSpecError
 
     spec = job_spec(job.spec_yaml)
     try:
         planned = planned_figures(session, job, spec)
-    except SimSpecError:
+    except (SimSpecError, AvailabilityTraceError):  # a trace the spec replayed has moved since: no plan to show
         return []
     predicted = planned.work_s
     pace = own_pace_s(session, job, spec, (job.started_at or 0.0) + end)
