@@ -129,3 +129,29 @@ def test_report_of_a_job_whose_replayed_trace_has_moved_since(tmp_path: Path) ->
         lines = deadline_section(session, [{"job_id": job.id}])
     assert lines[0].startswith(f"{job.id}: deadline 600s running")
     assert not any(line.strip().startswith("work:") for line in lines)
+
+
+def test_the_pace_leaves_out_the_spans_the_pytorch_world_ran_shrunk(tmp_path: Path) -> None:
+    """The elastic deadline policy counts work in hours of the whole cluster: 20 reports while the world ran on two of
+    its three ranks (1.5x slower per step) -- the newest 20 the pace reads -- leave the whole world's pace as it was."""
+    from orchestrator.store import queries
+
+    spec = _deadline_spec("pace-shrunk", tmp_path)
+    with open_session() as session:
+        job = create_job(session, spec)
+        job.started_at = T0
+        queries.note(session, job.id, "world", "world 0 -> 3 at step 0", now=T0)
+        t, step = T0, 0
+        for _ in range(8):  # the whole world: 1 s a step
+            t, step = t + 10.0, step + 10
+            _report(session, job.id, step, t)
+        queries.note(session, job.id, "shrink", "world 3 -> 2 at step 80", now=t + 0.5)
+        for _ in range(20):  # two of three ranks: 1.5 s a step
+            t, step = t + 15.0, step + 10
+            _report(session, job.id, step, t)
+        session.commit()
+        assert deadline.shrunk_spans(session, job.id, t + 1.0) == ((T0 + 80.5, t + 1.0),)
+        assert deadline.own_pace_s(session, job, spec, t + 1.0) == 1.0
+        queries.note(session, job.id, "grow", "world 2 -> 3 at step 280", now=t + 0.5)
+        session.commit()
+        assert deadline.shrunk_spans(session, job.id, t + 1.0) == ((T0 + 80.5, t + 0.5),)

@@ -7,6 +7,7 @@ capacity probe where it has one."""
 from __future__ import annotations
 
 import bisect
+import re
 import statistics
 from collections.abc import Sequence
 from itertools import pairwise
@@ -119,12 +120,36 @@ def measured_step_s(session: Session, job_id: str, moved: Sequence[tuple[float, 
 
 
 def own_pace_s(session: Session, job: Job, spec: JobSpec, now: float) -> float | None:
-    """``measured_step_s`` on the job's planned GPU types: the spans its workers ran another type (moved there by
-    the deadline policy, policy.also_gpus) are left out."""
+    """``measured_step_s`` on the job's planned GPU types and its whole world: the spans its workers ran another
+    type (moved there by the deadline policy, policy.also_gpus) and the spans its PyTorch world ran shrunk (the
+    elastic deadline policy's, or a lost worker's until its replacement joined) are left out: the work is counted
+    in hours of the whole cluster."""
     planned = {w.gpu for w in spec.cluster.workers} if spec.cluster is not None else set()
     moved = tuple((i.requested_at, i.deleted_at or i.revoked_at or now) for i in job.instances
                   if i.role == Role.WORKER.value and i.gpu is not None and i.gpu not in planned)
-    return measured_step_s(session, job.id, moved)
+    return measured_step_s(session, job.id, moved + shrunk_spans(session, job.id, now))
+
+
+_WORLD = re.compile(r"world (\d+) -> (\d+) at step")
+
+
+def shrunk_spans(session: Session, job_id: str, now: float) -> tuple[tuple[float, float], ...]:
+    """(from, to) spans in which the job's PyTorch world had fewer ranks than the most it has had (its world events,
+    control/torch_task.py); none for a job without them."""
+    rows = session.execute(select(Event.at, Event.reason).where(
+        Event.job_id == job_id, Event.entity == "note", Event.to_status.in_(("world", "shrink", "grow"))
+    ).order_by(Event.at, Event.id)).all()
+    sizes = [(float(at), int(m.group(2))) for at, reason in rows if (m := _WORLD.match(reason or "")) is not None]
+    full = max((size for _, size in sizes), default=0)
+    spans: list[tuple[float, float]] = []
+    since: float | None = None
+    for at, size in sizes:
+        if 0 < size < full and since is None:
+            since = at
+        elif size == full and since is not None:
+            spans.append((since, at))
+            since = None
+    return tuple(spans) + (((since, now),) if since is not None else ())
 
 
 def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots: Sequence[Slot] = ()
