@@ -5,6 +5,7 @@ venv's python, whose `-m pytest` exits with $STUB_RC after $STUB_SLEEP seconds):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,3 +80,23 @@ def test_removed_when_the_run_is_stopped_by_a_signal(stubs: dict[str, str]) -> N
     os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` or a CI runner's cancel does
     assert stop(proc, timeout_s=20) == 143
     assert list(tmp.iterdir()) == []
+
+
+def test_removed_when_the_signal_comes_again_during_the_cleanup(stubs: dict[str, str]) -> None:
+    """A runner's cancel may signal again at once (and ``stop`` above does): a TERM that came between the EXIT trap's
+    start and its rm ended the run with the venv left (CI 2026-11-30; 1 run in 60 with this loop before the fix)."""
+    tmp = Path(stubs["TMPDIR"])
+    for _ in range(20):
+        proc = subprocess.Popen(["bash", str(REPO / ".ci" / "run")], env={**stubs, "STUB_SLEEP": "30"},
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not list(tmp.glob("*/venv/bin/python")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        while proc.poll() is None:  # again and again until it has exited
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.0005)
+        assert proc.returncode == 143
+        assert list(tmp.iterdir()) == []
