@@ -35,7 +35,6 @@ class Create:
 class ElasticPlan:
     """What this pass does to the spot-planned slots."""
 
-    want: Members
     drop: tuple[InstanceView, ...]  # live instances to drain, then delete
     create: tuple[Create, ...]
     empty: tuple[str, ...]  # slots left without a VM while others train: the world shrinks without them
@@ -62,11 +61,12 @@ def _at_least(counts: Sequence[tuple[float, int]], level: int) -> tuple[tuple[fl
 
 
 def elastic_state(job: JobView, di: DeadlineInputs, now: float, count: int, counts: Sequence[tuple[float, int]],
-                  live: Sequence[InstanceView], insts: Sequence[InstanceView], preempted_now: bool,
-                  workers: int) -> ElasticState:
+                  live: Sequence[InstanceView], insts: Sequence[InstanceView], preempted_now: bool, workers: int,
+                  drained: Mapping[str, float]) -> ElasticState:
     """Where the job stands, as ``sim.elastic.replay`` gives it to the policy: hours of cloud time, work in
     full-cluster hours, prices per VM, the spot stretches seen at the level of VMs that can be had now and at
-    the job's full size. ``live``: the instances that run on (not drained); ``insts``: every one of the slots'."""
+    the job's full size. ``live``: the instances that run on (not drained); ``insts``: every one of the slots';
+    ``drained``: when each drained instance's notice was written."""
     assert job.deadline_s is not None
     h = 3600.0 / di.time_scale
     started = job.started_at if job.started_at is not None else now
@@ -75,7 +75,6 @@ def elastic_state(job: JobView, di: DeadlineInputs, now: float, count: int, coun
     full, _ = policy.seen_during_job(_at_least(counts, workers), started, now, di.tick_s, h)
     # Any change of membership restarts the world (as the simulator counts it): from the newest request, preemption
     # or drain; a preemption in this very pass restarts whatever runs next, from now.
-    drained = dict(di.drains)
     marks = [i.requested_at for i in live] + [i.revoked_at for i in insts if i.revoked_at is not None]
     marks += [drained[i.name] for i in insts if i.name in drained]
     left_s = 0.0 if preempted_now or not live else max(0.0, di.overhead_s - (now - max(marks)))
@@ -145,14 +144,14 @@ def plan(job: JobView, obs: Observation, now: float, slots: Sequence[Slot], inst
     if held is not None and fresh and _tick(held[0], started, di) == _tick(now, started, di):
         want = Members(held[1], held[2])
     else:
-        want = elastic_policy(elastic_state(job, di, now, count, counts, on, insts, preempted, len(slots)))
+        want = elastic_policy(elastic_state(job, di, now, count, counts, on, insts, preempted, len(slots), drained))
     why = (f"{want.spot} spot + {want.on_demand} on-demand of {len(slots)} workers "
            f"({obs.spot_count} spot VMs can be had)")
     if held is None or (held[1], held[2]) != (want.spot, want.on_demand):
         records.append(RecordElasticChoice(want.spot, want.on_demand, why))
     drop, create, empty = assign(slots, {i.slot: i for i in on}, [i for i in live if i.name in drained], want,
                                  job.rdzv_slot)
-    return ElasticPlan(want, drop, create, empty, tuple(records), "deadline policy (elastic): " + why)
+    return ElasticPlan(drop, create, empty, tuple(records), "deadline policy (elastic): " + why)
 
 
 def _tick(at: float, started: float, di: DeadlineInputs) -> int:
