@@ -391,8 +391,10 @@ class GceEmulator:
         provisioning: str = "*",
         enabled: bool = True,
         code: str = "ZONE_RESOURCE_POOL_EXHAUSTED",
+        capacity: int | None = None,
     ) -> None:
-        self.state.set_stockout(zone, gpu, provisioning, enabled, code)
+        """A stockout of such VMs in ``zone``; with ``capacity``, room for that many at once (spot counted)."""
+        self.state.set_stockout(zone, gpu, provisioning, enabled, code, capacity)
 
     def set_quota(self, region: str, metric: str, limit: float | None) -> None:
         self.state.set_quota(region, metric, limit)

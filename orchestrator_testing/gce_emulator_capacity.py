@@ -87,17 +87,29 @@ def quota_problem(
     return None
 
 
+def _matches(entry: dict[str, Any], zone: str, spot: bool, gpu: str | None) -> bool:
+    provisioning = entry.get("provisioning", "*")
+    return (entry.get("zone", "*") in ("*", zone) and entry.get("gpu", "*") in ("*", None, gpu)
+            and not (provisioning == "spot" and not spot) and not (provisioning == "standard" and spot))
+
+
 def stockout(
-    config: EmulatorConfig, project: str, zone: str, spot: bool, gpu: str | None
+    config: EmulatorConfig, project: str, zone: str, spot: bool, gpu: str | None,
+    instances: Iterable[InstanceRecord] = (), size: int = 1,
 ) -> tuple[str, str, int] | None:
+    """Whether ``size`` more VMs of the kind are refused: a stockout entry refuses every one; an entry with a
+    ``capacity`` (set_stockout(..., capacity=k)) lets the zone hold at most k of them at once (the project's VMs
+    of the kind in QUOTA_STATUSES count against it)."""
+    instances = list(instances)
     for entry in config.stockouts:
-        if entry.get("zone", "*") not in ("*", zone):
+        if not _matches(entry, zone, spot, gpu):
             continue
-        if entry.get("gpu", "*") not in ("*", None, gpu):
-            continue
-        provisioning = entry.get("provisioning", "*")
-        if (provisioning == "spot" and not spot) or (provisioning == "standard" and spot):
-            continue
+        capacity = entry.get("capacity")
+        if capacity is not None:
+            held = sum(1 for i in instances if i.project == project and i.status in QUOTA_STATUSES
+                       and i.zone == zone and _matches(entry, i.zone, i.spot, i.gpu))
+            if held + size <= int(capacity):
+                continue
         code = entry.get("code", "ZONE_RESOURCE_POOL_EXHAUSTED")
         message = (
             f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available "
@@ -125,13 +137,15 @@ def admission(
         if config.quota_errors_as_http:
             raise ApiError(403, "quotaExceeded", problem)
         return "QUOTA_EXCEEDED", problem, 403
-    return stockout(config, inst_like.project, inst_like.zone, inst_like.spot, inst_like.gpu)
+    return stockout(config, inst_like.project, inst_like.zone, inst_like.spot, inst_like.gpu, instances)
 
 
-def capacity_advice(config: EmulatorConfig, project: str, region: str, body: dict[str, Any]) -> dict[str, Any]:
-    """``regions.advice.capacity``: can ``size`` VMs of the request's shape be had in the request's zones (default:
-    the region's)? The emulator's answer follows its stockouts: obtainability 1.0 when one zone that offers the GPU
-    has none for the provisioning model (ANY / ANY_SINGLE_ZONE), 0.0 when none has, in one recommendation."""
+def capacity_advice(config: EmulatorConfig, instances: Iterable[InstanceRecord], project: str, region: str,
+                    body: dict[str, Any]) -> dict[str, Any]:
+    """``regions.advice.capacity``: can ``size`` more VMs of the request's shape be had in the request's zones
+    (default: the region's)? The emulator's answer follows its stockouts and capacities: obtainability 1.0 when one
+    zone that offers the GPU places them all for the provisioning model (ANY / ANY_SINGLE_ZONE), 0.0 when none
+    does, in one recommendation."""
     size = int(body.get("size") or 0)
     if size < 1:
         raise invalid("size", body.get("size"), "Must be at least 1.")
@@ -147,7 +161,7 @@ def capacity_advice(config: EmulatorConfig, project: str, region: str, body: dic
     asked = [last_segment(z["zone"]) for z in (body.get("distributionPolicy") or {}).get("zones", [])]
     zones = [z for z in asked or config.zones if region_of(z) == region and z in config.zones]
     placeable = [z for z in zones if (gpu is None or gpu in config.accelerators.get(z, config.default_accelerators))
-                 and stockout(config, project, z, model == "SPOT", gpu) is None]
+                 and stockout(config, project, z, model == "SPOT", gpu, instances, size) is None]
     shards = [{"zone": f"zones/{placeable[0]}", "machineType": machine, "instanceCount": size,
                "provisioningModel": model}] if placeable else []
     return {"recommendations": [{"scores": {"obtainability": 1.0 if placeable else 0.0,

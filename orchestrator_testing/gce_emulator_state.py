@@ -91,9 +91,13 @@ class GceState(DiskOwners):
         provisioning: str = "*",
         enabled: bool = True,
         code: str = "ZONE_RESOURCE_POOL_EXHAUSTED",
+        capacity: int | None = None,
     ) -> None:
+        """Refuse every such VM in ``zone`` (a stockout), or with ``capacity``, any beyond that many at once."""
         with self.lock:
-            entry = {"zone": zone, "gpu": gpu, "provisioning": provisioning, "code": code}
+            entry: dict[str, Any] = {"zone": zone, "gpu": gpu, "provisioning": provisioning, "code": code}
+            if capacity is not None:
+                entry["capacity"] = capacity
             stockouts = self.config.stockouts
             stockouts[:] = [
                 s
@@ -497,7 +501,7 @@ class GceState(DiskOwners):
         with self.lock:
             if not any(region_of(z) == region for z in self.config.zones):
                 raise not_found(f"projects/{project}/regions/{region}")
-            return capacity.capacity_advice(self.config, project, region, body)
+            return capacity.capacity_advice(self.config, list(self._instances.values()), project, region, body)
 
     def get_project(self, project: str) -> dict[str, Any]:
         """projects.get: the project's global quotas (e.g. GPUS_ALL_REGIONS)."""

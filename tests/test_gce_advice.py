@@ -1,9 +1,11 @@
-"""GCE's capacity advice (regions.advice.capacity) as the deadline policy's "can spot be had now", through the real
-google-cloud-compute client against the Compute API emulator."""
+"""GCE's capacity advice (regions.advice.capacity) as the deadline policy's "can spot be had now", and as its count of
+the spot VMs that can be had (elastic shrink with on-demand top-up), through the real google-cloud-compute client
+against the Compute API emulator."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,23 +18,23 @@ from google.cloud import compute_v1
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.control.deadline import spot_available
+from orchestrator.control.deadline import spot_available, spot_count
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
 from orchestrator.core.actions import RecordSpotAvailability
-from orchestrator.core.instances import Role
+from orchestrator.core.instances import ObservedInstance, ObservedState, Role
 from orchestrator.core.paths import user_dir
 from orchestrator.core.reconcile import reconcile
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec, OnRevocation, TrainingMode, validate_spec
 from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.core.status import LIVE_INSTANCE, EndReason, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.gce.dry_run import gce_dry_run
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
-from orchestrator.store.models import Event
+from orchestrator.store.models import Event, Instance
 from orchestrator_testing.gce_emulator import GceEmulator
 from tests.test_gce_provider import FAST, QUICK_RETRY
 
@@ -104,17 +106,18 @@ def test_a_refused_advice_call_is_unknown_and_the_pass_goes_on(emu: GceEmulator,
     assert spot_available(gce, "job", [slot(), slot(1, spot=False)]) is True  # the control layer's question
 
 
-def _deadline_t4_job(emulator: GceEmulator, tmp_path: Path) -> JobSpec:
-    """A gce deadline job (one spot T4 that may run in A or B) on the emulator, its provider asking the advisor
+def _deadline_t4_job(emulator: GceEmulator, tmp_path: Path, zones: tuple[str, ...] = (A, B), workers: int = 1,
+                     training: str = '{job: command, command: "sleep 600", mode: sync, train_steps: 1000}') -> JobSpec:
+    """A gce deadline job (spot T4 workers that may run in ``zones``) on the emulator, its provider asking the advisor
     at every pass."""
     spec = validate_spec(yaml.safe_load(f"""
 name: advised
-provider: {{kind: gce, project: advice-project, zones: [{A}, {B}], api_endpoint: "{emulator.url}"}}
+provider: {{kind: gce, project: advice-project, zones: [{", ".join(zones)}], api_endpoint: "{emulator.url}"}}
 storage: {tmp_path / "runs"}
-training: {{job: command, command: "sleep 600", mode: sync, train_steps: 1000}}
+training: {training}
 cluster:
   parameter_servers: {{count: 0}}
-  workers: [{{gpu: t4, count: 1, spot: true}}]
+  workers: [{{gpu: t4, count: {workers}, spot: true}}]
 pricing: {{book: 2026-11}}
 policy: {{on_revocation: deadline, deadline: 48h}}
 """))
@@ -237,3 +240,110 @@ def test_the_dry_run_lists_the_advice_calls_a_deadline_job_makes_and_gce_answers
             compute_v1.CapacityAdviceRequest.from_json(json.dumps(call["body"]))))
         assert answer.recommendations[0].scores.obtainability == 1.0
     client.transport.close()  # type: ignore[no-untyped-call]
+
+
+# ---------------------------------------------------------------- elastic shrink with on-demand top-up (issue 23)
+# The advisor, asked for 1, 2, ... of a job's spot VMs, counts how many more can be had, and the daemon shrinks a
+# PyTorch deadline job onto them and tops it up with on-demand (core.deadline_elastic), the same choice as on the local
+# provider's replayed 16-node trace. The emulator's zone holds only so many spot T4s (set_stockout(..., capacity=k)).
+
+
+def t4_slots(n: int, zones: tuple[str, ...] = (A,)) -> list[Slot]:
+    return [Slot(Role.WORKER, i, "t4", "n1-standard-8", zones[0], True, 1.0, zones=zones) for i in range(n)]
+
+
+def counted(gce: GceProvider, slots: list[Slot]) -> int | None:
+    """The newest count: ask until no refresh that asking queued is still running (a count may ask twice)."""
+    for _ in range(3):
+        gce.spot_capacity_count("job", slots)
+        end = time.monotonic() + 5.0
+        while gce.advice._asking and time.monotonic() < end:
+            time.sleep(0.01)
+    return gce.spot_capacity_count("job", slots)
+
+
+def test_the_advisor_counts_the_spot_vms_the_zone_has_room_for(emu: GceEmulator, gce: GceProvider) -> None:
+    slots = t4_slots(3)
+    assert counted(gce, slots) == 3
+    assert emu.snapshot()["calls"]["advice.capacity"] == 3  # room for all: only "3 of them?" asked, once a call
+    for room in (2, 1, 0):
+        emu.set_stockout(A, gpu=T4, provisioning="spot", capacity=room)
+        assert counted(gce, slots) == room
+    emu.set_stockout(A, gpu=T4, provisioning="spot", enabled=False)
+    assert counted(gce, slots) == 3
+    assert counted(gce, t4_slots(3, zones=(A, "us-central1-b"))) is None  # zones: core.deadline_zones decides
+
+
+def test_the_count_adds_the_spot_vms_the_job_holds(emu: GceEmulator, gce: GceProvider) -> None:
+    """The advisor answers for new VMs: the daemon asks it of the slots without a live spot VM (two here, room for
+    one more) and adds the one the job holds; a preempted or on-demand VM is not held spot."""
+    emu.set_stockout(A, gpu=T4, provisioning="spot", capacity=1)
+
+    def vm(index: int, spot: bool = True, preempted: bool = False) -> ObservedInstance:
+        return ObservedInstance(f"w{index}", "job", Role.WORKER, index, 0, A, ObservedState.RUNNING,
+                                preempted=preempted, gpu="t4", spot=spot)
+
+    slots = t4_slots(3)
+    counted(gce, slots[1:])
+    assert spot_count(gce, "job", slots, {"w0": vm(0)}) == 2
+    counted(gce, slots)
+    assert spot_count(gce, "job", slots, {"w0": vm(0, spot=False), "w1": vm(1, preempted=True)}) == 1
+
+
+def test_the_daemon_shrinks_a_pytorch_job_onto_the_spot_vms_gce_has_and_tops_it_up(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Three spot T4 workers, room for one: the daemon records the count and its choice (shrink to two workers, one
+    of them on-demand) and creates what the choice says, with no spot create refused first; once there is room for
+    three, it goes back to three spot VMs and drops the on-demand one."""
+    monkeypatch.setattr(backends, "_cache", {})
+    user_dir()
+    with GceEmulator({"boot_delay_s": 600.0, "delete_delay_s": 0.05, "operation_wait_max_s": 2.0}) as emulator:
+        torch = "{framework: pytorch, hparam_set: resnet_tiny, problem: image_cifar10, train_steps: 600}"
+        spec = _deadline_t4_job(emulator, tmp_path, (A,), 3, torch)
+        emulator.set_stockout(A, gpu=T4, provisioning="spot", capacity=1)
+        with open_session() as session:
+            job_id = create_job(session, spec).id
+
+            def notes() -> list[tuple[str, str]]:
+                session.expire_all()
+                return [(e.to_status, e.reason or "") for e in session.scalars(select(Event).where(
+                    Event.job_id == job_id, Event.entity == "note").order_by(Event.at, Event.id))]
+
+            def carried_out() -> bool:  # the live VMs are the newest choice's: "<s> spot + <o> on-demand of ..."
+                choices = [why.split() for status, why in notes() if status == "elastic-choice"]
+                made = sorted(i.spot for i in session.scalars(select(Instance).where(
+                    Instance.job_id == job_id, Instance.status.in_([str(s) for s in LIVE_INSTANCE]))))
+                return bool(choices) and made == sorted([True] * int(choices[-1][0]) + [False] * int(choices[-1][3]))
+
+            passes(session, job_id, carried_out)
+            assert not session.scalars(select(Instance).where(  # no spot create was refused first
+                Instance.job_id == job_id, Instance.end_reason == str(EndReason.CREATE_FAILED))).all()
+            assert ("spot-count", "1 spot VMs can be had") in notes()
+            assert [why for status, why in notes() if status == "elastic-choice"] == [
+                "1 spot + 1 on-demand of 3 workers (1 spot VMs can be had)"]  # shrunk to 2, topped up
+
+            emulator.set_stockout(A, gpu=T4, provisioning="spot", enabled=False)  # room again: back to spot
+            passes(session, job_id, lambda: ("spot-count", "3 spot VMs can be had") in notes() and sorted(
+                i["spot"] for i in emulator.snapshot()["instances"]) == [False, True, True, True])
+            assert [why for status, why in notes() if status == "elastic-choice"][-1] == (
+                "3 spot + 0 on-demand of 3 workers (3 spot VMs can be had)")
+            # The on-demand VM goes once GCE has finished creating it (a delete waits for the VM's insert): each pass
+            # asks for it again, though its slot already has a spot VM.
+            caplog.set_level(logging.DEBUG, logger="orchestrator.control.driver")
+            on_demand = next(i["name"] for i in emulator.snapshot()["instances"] if not i["spot"])
+            passes(session, job_id, lambda: f"DeleteInstance(name='{on_demand}'" in caplog.text)
+
+
+def test_the_dry_run_says_which_smaller_sizes_an_elastic_job_also_asks_for() -> None:
+    spec = validate_spec(yaml.safe_load(f"""
+name: elastic-dry
+provider: {{kind: gce, project: my-project, zones: [{A}]}}
+storage: gs://bucket/runs
+training: {{framework: pytorch, hparam_set: resnet_cifar_32, train_steps: 1000}}
+cluster:
+  workers: [{{gpu: t4, count: 4, spot: true}}]
+policy: {{on_revocation: deadline, deadline: 30h}}
+pricing: {{book: 2026-11}}
+"""))
+    calls = gce_dry_run(spec)["advice.capacity"]
+    assert [(c["body"]["size"], c["also_sizes_when_below"]) for c in calls] == [(4, [1, 2, 3])]

@@ -76,3 +76,24 @@ def test_plan_shows_the_elastic_row_for_a_job_the_daemon_shrinks_and_tops_up() -
     one = yaml.safe_load(EXAMPLE.read_text())
     one["provider"]["availability_trace"] = raw["provider"]["availability_trace"]
     assert elastic_workers(validate_spec(one)) == 0  # one worker (and TensorFlow): all-or-nothing
+
+
+def test_a_gce_job_in_one_zone_is_planned_elastic_on_the_traces_that_counted_spot_vms() -> None:
+    """On gce the daemon counts the spot VMs with the capacity advisor where every spot worker is of one shape in one
+    zone: ``plan`` then replays the bundled 16-node traces for every row, the elastic one included; with two zones
+    (the daemon moves between them, all or nothing) or two GPU types it does not."""
+    from orchestrator.cli.deadline_cmd import elastic_workers
+
+    raw = yaml.safe_load((REPO / "examples" / "gce-resnet-data-parallel.yaml").read_text())
+    raw["cluster"]["workers"] = [{"gpu": "t4", "count": 4, "spot": True}]
+    raw["policy"] = {"on_revocation": "deadline", "deadline": "30h"}
+    spec = validate_spec(raw)
+    assert elastic_workers(spec) == 4
+    found = deadline_outlook(spec)
+    assert found is not None and found.traces == ["aws-08-27-2023_us-west-2c_v100_1.json"]
+    rows = {o.policy: o for o in found.rows}
+    assert rows["elastic"].runs == rows["deadline"].runs and rows["elastic"].p_deadline_met == 1.0
+    two_zones = {**raw, "provider": {**raw["provider"], "zones": ["us-central1-a", "us-central1-b"]}}
+    assert elastic_workers(validate_spec(two_zones)) == 0
+    assert elastic_workers(validate_spec(yaml.safe_load((REPO / "examples" / "gce-resnet-data-parallel.yaml")
+                                                        .read_text()) | {"policy": raw["policy"]})) == 0

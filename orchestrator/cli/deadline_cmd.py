@@ -206,8 +206,11 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     once the job has measured its pace (control/deadline.measured_step_s)."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE or spec.policy.deadline is None:
         return None
-    local = spec.provider.as_local()
-    paths = list(local.traces.values()) if local is not None and local.traces else bundled_traces()
+    local, elastic = spec.provider.as_local(), elastic_workers(spec)
+    # A spec of its own traces replays them; a gce job the daemon runs elastic, the bundled traces that counted the
+    # spot VMs (16-node: gce's advice counts them too); any other, the bundled ones that asked for one.
+    paths = list(local.traces.values()) if local is not None and local.traces else bundled_traces(
+        counted=bool(elastic))
     fig = deadline_figures(spec, calibration=calibration)
     scale = fig.time_scale / 60.0
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
@@ -220,7 +223,6 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     markets = (Market(), *(Market(*on_gpu_figures(spec, g, fig.work_s, calibration=calibration)) for g in typed))
     typed_traces = [*traces, *(load_trace(local.gpu_availability_traces[g]) for g in typed if local is not None)]
 
-    elastic = elastic_workers(spec)
 
     def rows(j: Job) -> list[Outlook]:
         return outlook(j, traces) + ([zones_outlook(j, traces)] if zoned else []) + (
@@ -235,12 +237,17 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
 
 
 def elastic_workers(spec: JobSpec) -> int:
-    """The spot workers the daemon shrinks and tops up (``core.deadline_elastic``): a PyTorch job's, two or more, on
-    the local provider replaying one counted trace with no other zone or GPU type; 0 where it runs all-or-nothing."""
-    local = spec.provider.as_local()
-    spot = sum(w.count for w in spec.cluster.workers if w.spot) if spec.cluster is not None else 0
-    simple = local is not None and local.availability_trace is not None and not local.gpu_availability_traces
-    return spot if simple and is_pytorch(spec) and spot >= 2 and not spec.policy.also_gpus else 0
+    """The spot workers the daemon shrinks and tops up (``core.deadline_elastic``): a PyTorch job's, two or more, where
+    the provider counts the spot VMs that can be had and there is no other zone or GPU type: the local provider
+    replaying one trace, or gce in one zone with every spot worker of one GPU type (its capacity advice asked for
+    1, 2, ... of them); 0 where it runs all-or-nothing."""
+    local, gce = spec.provider.as_local(), spec.provider.as_gce()
+    spot = [w for w in spec.cluster.workers if w.spot] if spec.cluster is not None else []
+    counted = (local is not None and local.availability_trace is not None and not local.gpu_availability_traces) or (
+        gce is not None and len({z for w in spot for z in ([w.zone] if w.zone else gce.zones)}) == 1
+        and len({(w.gpu, w.machine_type) for w in spot}) == 1)
+    n = sum(w.count for w in spot)
+    return n if counted and is_pytorch(spec) and n >= 2 and not spec.policy.also_gpus else 0
 
 
 def print_outlook(found: DeadlineOutlook) -> None:

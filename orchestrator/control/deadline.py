@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 
 import yaml
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.control.calibration_fold import newest_calibration
 from orchestrator.core import deadline_zones, policy
-from orchestrator.core.instances import Role
+from orchestrator.core.instances import ObservedInstance, ObservedState, Role
 from orchestrator.core.revocation.availability import load_trace
 from orchestrator.core.slots import Slot, on_gpu
 from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
@@ -236,11 +236,20 @@ def spot_available_by_gpu(provider: Provider, job_id: str, di: DeadlineInputs | 
     return {gpu: up for gpu, up in answers.items() if up is not None}
 
 
-def spot_count(provider: Provider, job_id: str, slots: Sequence[Slot]) -> int | None:
-    """How many of the job's spot VMs the provider says could be had now, where it counts them (a replayed trace)."""
+def spot_count(provider: Provider, job_id: str, slots: Sequence[Slot],
+               observed: Mapping[str, ObservedInstance]) -> int | None:
+    """How many of the job's spot VMs the provider says could be had now, where it counts them (a replayed trace;
+    GCE's advice, asked for the spot slots that hold no live spot VM, plus those that do)."""
     if not isinstance(provider, SupportsSpotCapacity):
         return None
-    return provider.spot_capacity_count(job_id, [s for s in slots if s.spot])
+    spot = [s for s in slots if s.spot]
+    if not provider.spot_count_of_more:
+        return provider.spot_capacity_count(job_id, spot)
+    held = {(o.role, o.index) for o in observed.values()
+            if o.spot and not o.preempted and o.state in (ObservedState.PENDING, ObservedState.RUNNING)}
+    free = [s for s in spot if (s.role, s.index) not in held]
+    more = provider.spot_capacity_count(job_id, free) if free else 0
+    return None if more is None else len(spot) - len(free) + more
 
 
 def spot_available_by_zone(provider: Provider, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:

@@ -227,8 +227,8 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
                       spot_by_zone=deadline.spot_available_by_zone(backend.provider, job.id, slots)
                       if view.deadline_inputs is not None else None,
                       spot_forecast=deadline.spot_forecast(backend.provider),
-                      spot_count=deadline.spot_count(backend.provider, job.id, slots)
-                      if view.deadline_inputs is not None else None,
+                      spot_count=deadline.spot_count(backend.provider, job.id, slots, observed)
+                      if view.deadline_inputs is not None and view.elastic else None,
                       spot_by_gpu=deadline.spot_available_by_gpu(backend.provider, job.id, view.deadline_inputs))
     actions = reconcile(view, obs, now)
     if actions:

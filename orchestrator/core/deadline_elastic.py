@@ -133,7 +133,11 @@ def plan(job: JobView, obs: Observation, now: float, slots: Sequence[Slot], inst
         records.append(RecordSpotCount(count, f"{count} spot VMs can be had"))
         counts = (*counts, (now, count))
     drained = dict(di.drains)
-    on = [i for i in live if i.name not in drained]
+    newest = {i.slot: i for i in sorted(live, key=lambda i: i.generation) if i.name not in drained}
+    on = list(newest.values())
+    # An older VM of a slot that has a newer one: dropped before, its delete not started yet (on GCE it waits for
+    # the VM's own create to finish); it is dropped again until it goes.
+    superseded = [i for i in live if i.name not in drained and newest[i.slot] is not i]
     # A spot create refused lately (the count changed under it): no more spot than runs, until CREATE_RETRY_S.
     refused = [i for i in insts if i.spot and i.end_reason == EndReason.CREATE_FAILED]
     if refused and now - max(i.updated_at for i in refused) < policy.CREATE_RETRY_S:
@@ -149,7 +153,7 @@ def plan(job: JobView, obs: Observation, now: float, slots: Sequence[Slot], inst
            f"({obs.spot_count} spot VMs can be had)")
     if held is None or (held[1], held[2]) != (want.spot, want.on_demand):
         records.append(RecordElasticChoice(want.spot, want.on_demand, why))
-    drop, create, empty = assign(slots, {i.slot: i for i in on}, [i for i in live if i.name in drained], want,
+    drop, create, empty = assign(slots, newest, [*(i for i in live if i.name in drained), *superseded], want,
                                  job.rdzv_slot)
     return ElasticPlan(drop, create, empty, tuple(records), "deadline policy (elastic): " + why)
 

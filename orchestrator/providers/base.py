@@ -80,6 +80,10 @@ class SupportsSpotCapacity(abc.ABC):
 
     # True: the answer is a forecast (GCE's advice), which a create refused or a VM preempted since overrules.
     spot_capacity_forecast: bool = False
+    # True: spot_capacity_count answers for VMs more than the job holds (GCE's advice is about new VMs): the daemon
+    # asks it of the spot slots without a live spot VM and adds the ones it holds. False: the count is of all of
+    # them, held or not (a replayed trace's).
+    spot_count_of_more: bool = False
 
     @abc.abstractmethod
     def spot_capacity(self, job_id: str, slots: Sequence[Slot]) -> bool | None: ...

@@ -353,9 +353,10 @@ class Outlook:
     runs: int
 
 
-def bundled_traces() -> list[Path]:
-    """The availability traces shipped in data/spot-availability (each with its source in data/SOURCES.md)."""
-    return sorted((data_dir() / "spot-availability").glob("*.json"))
+def bundled_traces(counted: bool = False) -> list[Path]:
+    """The availability traces shipped in data/spot-availability (each with its source in data/SOURCES.md); with
+    ``counted``, those that counted up to 16 spot VMs (16-node/) instead of asking for one."""
+    return sorted((data_dir() / "spot-availability" / ("16-node" if counted else "")).glob("*.json"))
 
 
 def outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,

@@ -121,6 +121,25 @@ class SpotAdvice:
             answer[zone] = answer.get(zone, True) and score is not None and score >= policy.SPOT_OBTAINABLE
         return answer
 
+    def count(self, slots: Iterable[Slot]) -> int | None:
+        """How many more of ``slots``' spot VMs can be had now, where they are of one shape in one zone: the largest
+        k such that the advisor scores k of them, and every smaller number, at least SPOT_OBTAINABLE (the elastic
+        deadline policy shrinks onto them, ``core.deadline_elastic``). All of them is asked first, so a pass with
+        room for the lot makes one call; None while an answer needed is unknown, or for several shapes or zones."""
+        shapes = spot_shapes(slots, self.bundled, self.accelerator)
+        if len(shapes) != 1:
+            return None
+        ((shape, wanted),) = shapes.items()
+        if len(shape.zones) != 1:
+            return None
+        (whole,) = self._score([(shape, wanted)])
+        if whole is None or whole >= policy.SPOT_OBTAINABLE:
+            return None if whole is None else wanted
+        scores = self._score([(shape, size) for size in range(1, wanted)])
+        if any(s is None for s in scores):
+            return None
+        return next((k for k, s in enumerate(scores) if s is not None and s < policy.SPOT_OBTAINABLE), wanted - 1)
+
     def _score(self, keys: list[tuple[SpotShape, int]]) -> list[Score]:
         """The newest score of each (shape, size); one never asked before is asked now, and the pass waits a
         moment (``first_wait_s``, once for them all) so the job's first decision already has it."""

@@ -53,6 +53,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
 
     name = "gce"
     spot_capacity_forecast = True
+    spot_count_of_more = True
 
     def __init__(
         self, project: str, *, credentials: Credentials | str | os.PathLike[str] | None = None,
@@ -173,3 +174,8 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
     def spot_capacity_by_zone(self, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:
         """GCE's capacity advice asked zone by zone, where the job's spot VMs may use several zones."""
         return self.advice.by_zone(slots)
+
+    def spot_capacity_count(self, job_id: str, slots: Sequence[Slot]) -> int | None:
+        """GCE's capacity advice asked for 1, 2, ... of the slots' spot VMs (more than the job holds: the daemon
+        passes the slots without one, ``spot_count_of_more``), where they are of one shape in one zone."""
+        return self.advice.count(slots)
