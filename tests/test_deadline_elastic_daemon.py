@@ -101,6 +101,25 @@ def test_the_daemon_makes_the_elastic_simulators_decisions(start: int, workers: 
         "the replay never ran a shrunk or topped-up cluster"
 
 
+@pytest.mark.parametrize("forecast", [True, False])
+def test_a_preemption_overrules_a_forecast_count_in_its_pass(forecast: bool) -> None:
+    """GCE's count is the advisor's forecast: in the pass where a spot VM is preempted the daemon counts no more spot
+    VMs than run on, and takes no spot VM in their place then, as an all-or-nothing job reads no spot in that pass
+    (``reconcile._spot_available``); an exact count (a replayed trace) stands."""
+    job = Job(6 * 60, 7 * 60, 5, SPOT, OD)
+    daemon = _Daemon(job, 5, 3)
+    daemon.pass_(T0, 0.0, 3, preempt=False)
+    assert daemon.running() == Members(3, 0)
+    victim = max((v for v in daemon.training()), key=lambda v: v.index)
+    daemon.pass_over(daemon.slots, K * job.deadline_min, T0, daemon.inputs(10.0), lambda v: v.name == victim.name,
+                     T0 + K * 10, spot_available=True, spot_count=3, spot_forecast=forecast)
+    spot_now = daemon.running().spot
+    if forecast:
+        assert daemon.spot_counts[-1][1] == 2 and spot_now == 2
+    else:
+        assert daemon.spot_counts[-1][1] == 3 and spot_now == 3  # a new spot VM in the preempted slot
+
+
 def _inst(slot: int, spot: bool, status: InstanceStatus = InstanceStatus.TRAINING) -> InstanceView:
     return InstanceView(id=slot, name=f"j-worker-{slot}-0", role=Role.WORKER, index=slot, generation=0,
                         status=status, spot=spot, zone="z0", port=None, requested_at=0.0, updated_at=0.0, gpu="v100")

@@ -127,30 +127,32 @@ def plan(job: JobView, obs: Observation, now: float, slots: Sequence[Slot], inst
     carry out the choice held (a drain's second pass must not decide anew from a half-made change)."""
     di = job.deadline_inputs
     assert di is not None and obs.spot_count is not None
-    count, counts = obs.spot_count, di.spot_counts
-    records: list[RecordSpotCount | RecordElasticChoice] = []
-    if not counts or counts[-1][1] != count:
-        records.append(RecordSpotCount(count, f"{count} spot VMs can be had"))
-        counts = (*counts, (now, count))
     drained = dict(di.drains)
     newest = {i.slot: i for i in sorted(live, key=lambda i: i.generation) if i.name not in drained}
     on = list(newest.values())
     # An older VM of a slot that has a newer one: dropped before, its delete not started yet (on GCE it waits for
     # the VM's own create to finish); it is dropped again until it goes.
     superseded = [i for i in live if i.name not in drained and newest[i.slot] is not i]
+    preempted = any(ended.get(i.name) == EndReason.PREEMPTED for i in insts)
+    said = obs.spot_count
+    if obs.spot_forecast and preempted:  # a forecast (GCE's advice): a preemption now overrules it, as all or nothing
+        said = min(said, sum(i.spot for i in on))
+    count, counts = said, di.spot_counts
+    records: list[RecordSpotCount | RecordElasticChoice] = []
+    if not counts or counts[-1][1] != count:
+        records.append(RecordSpotCount(count, f"{count} spot VMs can be had"))
+        counts = (*counts, (now, count))
     # A spot create refused lately (the count changed under it): no more spot than runs, until CREATE_RETRY_S.
     refused = [i for i in insts if i.spot and i.end_reason == EndReason.CREATE_FAILED]
     if refused and now - max(i.updated_at for i in refused) < policy.CREATE_RETRY_S:
         count = min(count, sum(i.spot for i in on))
-    preempted = any(ended.get(i.name) == EndReason.PREEMPTED for i in insts)
     held, started = di.elastic_choice, job.started_at if job.started_at is not None else now
-    fresh = not preempted and not records and count == obs.spot_count  # nothing new since the choice held
+    fresh = not preempted and not records and count == said  # nothing new since the choice held
     if held is not None and fresh and _tick(held[0], started, di) == _tick(now, started, di):
         want = Members(held[1], held[2])
     else:
         want = elastic_policy(elastic_state(job, di, now, count, counts, on, insts, preempted, len(slots), drained))
-    why = (f"{want.spot} spot + {want.on_demand} on-demand of {len(slots)} workers "
-           f"({obs.spot_count} spot VMs can be had)")
+    why = f"{want.spot} spot + {want.on_demand} on-demand of {len(slots)} workers ({said} spot VMs can be had)"
     if held is None or (held[1], held[2]) != (want.spot, want.on_demand):
         records.append(RecordElasticChoice(want.spot, want.on_demand, why))
     drop, create, empty = assign(slots, newest, [*(i for i in live if i.name in drained), *superseded], want,
