@@ -227,6 +227,10 @@ class _Handler(BaseHTTPRequestHandler):
         found = None
         if len(segs) >= 4 and segs[:3] == ["compute", "v1", "projects"]:
             found = _route(self.server.state, method, segs[3], segs[4:], query, body)
+        elif method == "POST" and len(segs) == 8 and segs[:3] == ["compute", "beta", "projects"] and \
+                segs[4] == "regions" and segs[6:] == ["advice", "capacity"]:  # SPOT advice: beta only (gce/advice.py)
+            state, project, region = self.server.state, segs[3], segs[5]
+            found = "advice.capacity", lambda: state.capacity_advice(project, region, body, beta=True)
         if found is None:
             self._send(404, ApiError(404, "notFound", f"The requested URL {url.path} was not found.").body())
             return

@@ -141,11 +141,11 @@ def admission(
 
 
 def capacity_advice(config: EmulatorConfig, instances: Iterable[InstanceRecord], project: str, region: str,
-                    body: dict[str, Any]) -> dict[str, Any]:
+                    body: dict[str, Any], beta: bool = False) -> dict[str, Any]:
     """``regions.advice.capacity``: can ``size`` more VMs of the request's shape be had in the request's zones
     (default: the region's)? The emulator's answer follows its stockouts and capacities: obtainability 1.0 when one
     zone that offers the GPU places them all for the provisioning model (ANY / ANY_SINGLE_ZONE), 0.0 when none
-    does, in one recommendation."""
+    does, in one recommendation. SPOT is answered on the beta API only (``beta``), as GCE's Public Preview."""
     size = int(body.get("size") or 0)
     if size < 1:
         raise invalid("size", body.get("size"), "Must be at least 1.")
@@ -158,6 +158,8 @@ def capacity_advice(config: EmulatorConfig, instances: Iterable[InstanceRecord],
     bundled = bundled_gpus(machine)
     gpu = bundled[0] if bundled else last_segment(accelerators[0]["acceleratorType"]) if accelerators else None
     model = (((body.get("instanceProperties") or {}).get("scheduling") or {}).get("provisioningModel")) or "STANDARD"
+    if model == "SPOT" and not beta:  # the v1 backend refuses SPOT (Public Preview: beta only)
+        raise invalid("instanceProperties.scheduling.provisioningModel", model, "Use the beta API for SPOT advice.")
     asked = [last_segment(z["zone"]) for z in (body.get("distributionPolicy") or {}).get("zones", [])]
     zones = [z for z in asked or config.zones if region_of(z) == region and z in config.zones]
     placeable = [z for z in zones if (gpu is None or gpu in config.accelerators.get(z, config.default_accelerators))

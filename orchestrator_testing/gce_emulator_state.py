@@ -496,12 +496,13 @@ class GceState(DiskOwners):
                 "selfLink": link(project, f"regions/{region}"),
             }
 
-    def capacity_advice(self, project: str, region: str, body: dict[str, Any]) -> dict[str, Any]:
-        """advice.capacity: whether a shape can be had now in a region's zones (its stockouts decide)."""
+    def capacity_advice(self, project: str, region: str, body: dict[str, Any], beta: bool = False) -> dict[str, Any]:
+        """advice.capacity: whether a shape can be had now in a region's zones (its stockouts decide); SPOT only on
+        the beta API."""
         with self.lock:
             if not any(region_of(z) == region for z in self.config.zones):
                 raise not_found(f"projects/{project}/regions/{region}")
-            return capacity.capacity_advice(self.config, list(self._instances.values()), project, region, body)
+            return capacity.capacity_advice(self.config, list(self._instances.values()), project, region, body, beta)
 
     def get_project(self, project: str) -> dict[str, Any]:
         """projects.get: the project's global quotas (e.g. GPUS_ALL_REGIONS)."""

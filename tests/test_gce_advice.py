@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 from google.api_core.client_options import ClientOptions
+from google.api_core.exceptions import BadRequest
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import compute_v1
+from google.cloud import compute_v1, compute_v1beta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -232,14 +233,21 @@ def test_the_dry_run_lists_the_advice_calls_a_deadline_job_makes_and_gce_answers
     n1 = [c for c in calls if c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["machineTypes"][0]
           .startswith("n1-")]
     assert all(c["body"]["instanceFlexibilityPolicy"]["instanceSelections"]["spot"]["guestAccelerators"] for c in n1)
-    client = compute_v1.AdviceClient(credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-                                     client_options=ClientOptions(api_endpoint=emu.url))
+    assert {c["api_version"] for c in calls} == {"beta"}
+    options = {"credentials": AnonymousCredentials(),  # type: ignore[no-untyped-call]
+               "client_options": ClientOptions(api_endpoint=emu.url)}
+    client = compute_v1beta.AdviceClient(**options)
     for call in calls:
         project, _, region = call["path"].split("/")[1:4]
         answer = client.capacity(project=project, region=region, capacity_advice_request_resource=(
-            compute_v1.CapacityAdviceRequest.from_json(json.dumps(call["body"]))))
+            compute_v1beta.CapacityAdviceRequest.from_json(json.dumps(call["body"]))))
         assert answer.recommendations[0].scores.obtainability == 1.0
     client.transport.close()  # type: ignore[no-untyped-call]
+    v1 = compute_v1.AdviceClient(**options)  # the v1 API refuses SPOT advice, as GCE's (Public Preview: beta only)
+    with pytest.raises(BadRequest, match="provisioningModel"):
+        v1.capacity(project=project, region=region, capacity_advice_request_resource=(
+            compute_v1.CapacityAdviceRequest.from_json(json.dumps(calls[0]["body"]))))
+    v1.transport.close()  # type: ignore[no-untyped-call]
 
 
 # ---------------------------------------------------------------- elastic shrink with on-demand top-up (issue 23)

@@ -2,10 +2,12 @@
 
 The deadline policy (core/policy.py) decides every tick from whether spot can be had: the availability that the
 NSDI'24 traces measured by asking the cloud for spot capacity. On GCE the daemon asks the Compute API's capacity
-advisor the same question (``regions.advice.capacity``: AdviceClient.capacity in google-cloud-compute, POST
-.../regions/{region}/advice/capacity; docs.cloud.google.com/compute/docs/instances/view-vm-availability; the
-gcloud command is still beta). Its obtainability score (0-1) for the job's spot VMs of one shape in their zones
-is read as "can be had" from ``policy.SPOT_OBTAINABLE`` up, without a create that fails or a VM that boots.
+advisor the same question (``regions.advice.capacity``: AdviceClient.capacity in google-cloud-compute-v1beta, POST
+compute/beta/projects/{project}/regions/{region}/advice/capacity; docs.cloud.google.com/compute/docs/instances/
+view-vm-availability). The method is in Public Preview and answers for SPOT on the beta API: the v1 API lists it,
+but Google's own skill for it (github.com/google/skills, "compute-spot-capacity-advice") says the v1 backend
+rejects SPOT and to always use beta. Its obtainability score (0-1) for the job's spot VMs of one shape in their
+zones is read as "can be had" from ``policy.SPOT_OBTAINABLE`` up, without a create that fails or a VM that boots.
 
 A pass waits for the advisor only the first time it asks of a shape, and at most ``first_wait_s`` (so a job's
 first create is already decided by it); an answer older than ``policy.DEADLINE_TICK_S`` is refreshed on this
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from functools import partial
 
-from google.cloud import compute_v1
+from google.cloud import compute_v1beta
 
 from orchestrator.core import policy
 from orchestrator.core.catalog import region_of
@@ -67,20 +69,20 @@ def zone_shapes(shape: SpotShape) -> list[SpotShape]:
     return [replace(shape, zones=(zone,)) for zone in shape.zones]
 
 
-def advice_request(shape: SpotShape, size: int) -> compute_v1.CapacityAdviceRequest:
-    selection = compute_v1.CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection(
+def advice_request(shape: SpotShape, size: int) -> compute_v1beta.CapacityAdviceRequest:
+    selection = compute_v1beta.CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection(
         machine_types=[shape.machine_type],
-        guest_accelerators=[compute_v1.AcceleratorConfig(accelerator_type=shape.accelerator,
+        guest_accelerators=[compute_v1beta.AcceleratorConfig(accelerator_type=shape.accelerator,
                                                          accelerator_count=shape.accelerator_count)]
         if shape.accelerator else [])
-    return compute_v1.CapacityAdviceRequest(
+    return compute_v1beta.CapacityAdviceRequest(
         size=size,
-        instance_properties=compute_v1.CapacityAdviceRequestInstanceProperties(
-            scheduling=compute_v1.CapacityAdviceRequestInstancePropertiesScheduling(provisioning_model="SPOT")),
-        instance_flexibility_policy=compute_v1.CapacityAdviceRequestInstanceFlexibilityPolicy(
+        instance_properties=compute_v1beta.CapacityAdviceRequestInstanceProperties(
+            scheduling=compute_v1beta.CapacityAdviceRequestInstancePropertiesScheduling(provisioning_model="SPOT")),
+        instance_flexibility_policy=compute_v1beta.CapacityAdviceRequestInstanceFlexibilityPolicy(
             instance_selections={"spot": selection}),
-        distribution_policy=compute_v1.CapacityAdviceRequestDistributionPolicy(
-            target_shape="ANY", zones=[compute_v1.CapacityAdviceRequestDistributionPolicyZoneConfiguration(
+        distribution_policy=compute_v1beta.CapacityAdviceRequestDistributionPolicy(
+            target_shape="ANY", zones=[compute_v1beta.CapacityAdviceRequestDistributionPolicyZoneConfiguration(
                 zone=f"zones/{z}") for z in shape.zones]))
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import Credentials
-from google.cloud import compute_v1
+from google.cloud import compute_v1, compute_v1beta
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -68,7 +68,8 @@ class GceApi:
         self.images = compute_v1.ImagesClient(**kwargs)
         self.regions = compute_v1.RegionsClient(**kwargs)
         self.projects = compute_v1.ProjectsClient(**kwargs)
-        self.advice = compute_v1.AdviceClient(**kwargs)
+        # advice.capacity for SPOT answers only on the beta API (Public Preview): providers/gce/advice.py
+        self.advice = compute_v1beta.AdviceClient(**kwargs)
 
     def _clients(self) -> tuple[Any, ...]:
         return (self.instances, self.zone_ops, self.global_ops, self.firewalls, self.images, self.regions,

@@ -95,7 +95,8 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
     # A PyTorch job's shape of two or more spot VMs in one zone is also counted (core.deadline_elastic): while the
     # whole size scores below the threshold, the daemon asks for 1, 2, ... of them as well.
     elastic = framework == "pytorch"
-    advice = [{"method": "POST", "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
+    advice = [{"method": "POST", "api_version": "beta",  # SPOT advice is answered on the beta API (gce/advice.py)
+               "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
                "every_s": timings.DEADLINE_TICK_S, "spot_when_obtainability_at_least": timings.SPOT_OBTAINABLE,
                "body": _json(advice_request(asked, size)),
                **({"also_sizes_when_below": list(range(1, size))} if elastic and size > 1 and len(shape.zones) == 1
