@@ -13,10 +13,10 @@ from orchestrator.cli.render import console, money, table
 from orchestrator.core import policy
 from orchestrator.core.catalog import load_catalog
 from orchestrator.core.costmodel import Calibration
+from orchestrator.core.deadline_elastic import elastic_spot_workers
 from orchestrator.core.errors import UserError
 from orchestrator.core.names import unknown_name
 from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
-from orchestrator.core.torch_spec import is_pytorch
 from orchestrator.sim.availability import (
     HISTORY_H,
     AvailabilityTrace,
@@ -206,7 +206,7 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     once the job has measured its pace (control/deadline.measured_step_s)."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE or spec.policy.deadline is None:
         return None
-    local, elastic = spec.provider.as_local(), elastic_workers(spec)
+    local, elastic = spec.provider.as_local(), elastic_spot_workers(spec)
     # A spec of its own traces replays them; a gce job the daemon runs elastic, the bundled traces that counted the
     # spot VMs (16-node: gce's advice counts them too); any other, the bundled ones that asked for one.
     paths = list(local.traces.values()) if local is not None and local.traces else bundled_traces(
@@ -234,20 +234,6 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
         return found
     slow = replace(job, work_min=max(1, round(job.work_min * (1 + slow_by))))
     return replace(found, slow_by=slow_by, slow_rows=rows(slow))
-
-
-def elastic_workers(spec: JobSpec) -> int:
-    """The spot workers the daemon shrinks and tops up (``core.deadline_elastic``): a PyTorch job's, two or more, where
-    the provider counts the spot VMs that can be had and there is no other zone or GPU type: the local provider
-    replaying one trace, or gce in one zone with every spot worker of one GPU type (its capacity advice asked for
-    1, 2, ... of them); 0 where it runs all-or-nothing."""
-    local, gce = spec.provider.as_local(), spec.provider.as_gce()
-    spot = [w for w in spec.cluster.workers if w.spot] if spec.cluster is not None else []
-    counted = (local is not None and local.availability_trace is not None and not local.gpu_availability_traces) or (
-        gce is not None and len({z for w in spot for z in ([w.zone] if w.zone else gce.zones)}) == 1
-        and len({(w.gpu, w.machine_type) for w in spot}) == 1)
-    n = sum(w.count for w in spot)
-    return n if counted and is_pytorch(spec) and n >= 2 and not spec.policy.also_gpus else 0
 
 
 def print_outlook(found: DeadlineOutlook) -> None:

@@ -38,6 +38,7 @@ from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, relea
 from orchestrator.control.torch_task import torch_view
 from orchestrator.core import policy
 from orchestrator.core.blocks import blocked, provider_key
+from orchestrator.core.deadline_elastic import elastic_spot_workers
 from orchestrator.core.emulation import emulation_sleep
 from orchestrator.core.instances import ObservedInstance, ProcStatus, Role
 from orchestrator.core.plan import LaunchPlan
@@ -228,7 +229,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
                       if view.deadline_inputs is not None else None,
                       spot_forecast=deadline.spot_forecast(backend.provider),
                       spot_count=deadline.spot_count(backend.provider, job.id, slots, observed)
-                      if view.deadline_inputs is not None and view.elastic else None,
+                      if view.deadline_inputs is not None and elastic_spot_workers(spec) else None,
                       spot_by_gpu=deadline.spot_available_by_gpu(backend.provider, job.id, view.deadline_inputs))
     actions = reconcile(view, obs, now)
     if actions:

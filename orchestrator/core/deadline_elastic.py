@@ -17,8 +17,10 @@ from orchestrator.core import policy
 from orchestrator.core.actions import RecordElasticChoice, RecordSpotCount
 from orchestrator.core.elastic import ElasticState, Members, elastic_policy
 from orchestrator.core.slots import Slot
+from orchestrator.core.spec import JobSpec
 from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
 from orchestrator.core.status import EndReason, InstanceStatus
+from orchestrator.core.torch_spec import is_pytorch
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,24 @@ class ElasticPlan:
     drop: tuple[InstanceView, ...]  # live instances to drain, then delete
     create: tuple[Create, ...]
     empty: tuple[str, ...]  # slots left without a VM while others train: the world shrinks without them
+    superseded: frozenset[str]  # older live VMs of slots that train on a newer one: dropped, not a loss of the world
     records: tuple[RecordSpotCount | RecordElasticChoice, ...]
     why: str
+
+
+def elastic_spot_workers(spec: JobSpec) -> int:
+    """The spot workers the daemon shrinks and tops up: a PyTorch job's, two or more, where the provider counts the
+    spot VMs that can be had and there is no other zone or GPU type: the local provider replaying one trace, or gce
+    in one zone with every spot worker of one GPU type (its capacity advice asked for 1, 2, ... of them); 0 where
+    it runs all-or-nothing. The daemon asks the provider for a count only then, and ``plan`` shows the elastic row
+    only then (``applies`` is the same rule read off each pass's observation)."""
+    local, gce = spec.provider.as_local(), spec.provider.as_gce()
+    spot = [w for w in spec.cluster.workers if w.spot] if spec.cluster is not None else []
+    counted = (local is not None and local.availability_trace is not None and not local.gpu_availability_traces) or (
+        gce is not None and len({z for w in spot for z in ([w.zone] if w.zone else gce.zones)}) == 1
+        and len({(w.gpu, w.machine_type) for w in spot}) == 1)
+    n = sum(w.count for w in spot)
+    return n if counted and is_pytorch(spec) and n >= 2 and not spec.policy.also_gpus else 0
 
 
 def applies(job: JobView, obs: Observation, slots: Sequence[Slot]) -> bool:
@@ -128,11 +146,12 @@ def plan(job: JobView, obs: Observation, now: float, slots: Sequence[Slot], inst
     di = job.deadline_inputs
     assert di is not None and obs.spot_count is not None
     drained = dict(di.drains)
-    newest = {i.slot: i for i in sorted(live, key=lambda i: i.generation) if i.name not in drained}
-    on = list(newest.values())
     # An older VM of a slot that has a newer one: dropped before, its delete not started yet (on GCE it waits for
-    # the VM's own create to finish); it is dropped again until it goes.
-    superseded = [i for i in live if i.name not in drained and newest[i.slot] is not i]
+    # the VM's own create to finish); it is dropped again until it goes, and its going is no loss of the world.
+    top = {i.slot: i.generation for i in sorted(live, key=lambda i: i.generation)}
+    superseded = [i for i in live if i.generation < top[i.slot]]
+    newest = {i.slot: i for i in live if i.generation == top[i.slot] and i.name not in drained}
+    on = list(newest.values())
     preempted = any(ended.get(i.name) == EndReason.PREEMPTED for i in insts)
     said = obs.spot_count
     if obs.spot_forecast and preempted:  # a forecast (GCE's advice): a preemption now overrules it, as all or nothing
@@ -155,9 +174,10 @@ def plan(job: JobView, obs: Observation, now: float, slots: Sequence[Slot], inst
     why = f"{want.spot} spot + {want.on_demand} on-demand of {len(slots)} workers ({said} spot VMs can be had)"
     if held is None or (held[1], held[2]) != (want.spot, want.on_demand):
         records.append(RecordElasticChoice(want.spot, want.on_demand, why))
-    drop, create, empty = assign(slots, newest, [*(i for i in live if i.name in drained), *superseded], want,
-                                 job.rdzv_slot)
-    return ElasticPlan(drop, create, empty, tuple(records), "deadline policy (elastic): " + why)
+    old = frozenset(i.name for i in superseded)
+    going = [*(i for i in live if i.name in drained and i.name not in old), *superseded]
+    drop, create, empty = assign(slots, newest, going, want, job.rdzv_slot)
+    return ElasticPlan(drop, create, empty, old, tuple(records), "deadline policy (elastic): " + why)
 
 
 def _tick(at: float, started: float, di: DeadlineInputs) -> int:

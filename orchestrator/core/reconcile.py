@@ -333,7 +333,7 @@ def _elastic_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[Ins
         if _drained(p, inst, plan.why):  # else it checkpoints first; a later pass deletes it
             p.acts.append(DeleteInstance(inst.name, inst.zone, plan.why, EndReason.REPLACED))
             p.status[inst.name] = S.DELETING
-            if not any(i.slot == inst.slot and i.generation > inst.generation for i in live):  # else not its world
+            if inst.name not in plan.superseded:  # a superseded VM's slot trains on the newer one
                 p.lost[inst.slot], p.lost_role[inst.slot] = f"{inst.name} {plan.why}", inst.role
     for c in plan.create:
         if c.after is not None and p.status[c.after] in LIVE_INSTANCE:
