@@ -1,11 +1,11 @@
 """Golden outputs: `plan --format json`, `launch --dry-run` and `simulate --json` of every example, and
-`simulate --availability-trace ... --policy all --json` of every example that replays a trace, recorded before a redesign
-moves code (issue 52) and compared after it.
+`simulate --availability-trace ... --policy all --json` of every example that replays a trace, recorded
+before a redesign moves code (issue 52) and compared after it.
 
-What changes from run to run is taken out, and nothing else: the planner's own `elapsed_s`, the host's load average, the emulator's port
-and the temporary folder; `plan` runs at `--host-load 0` (an idle host) so the host's load does not move the
-local figures. Floats are kept to 9 significant digits: a move that sums the same terms in another order may
-change the last bits, not the figure.
+What changes from run to run is taken out, and nothing else: the planner's own `elapsed_s`, the host's load
+average, the emulator's port and the temporary folder; `plan` runs at `--host-load 0` (an idle host) so the
+host's load does not move the local figures. Floats are kept to 9 significant digits: a move that sums the
+same terms in another order may change the last bits, not the figure.
 
     python -m tests.golden --write     # record (or, after an intended change, re-record) tests/golden/
 """
