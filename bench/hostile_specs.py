@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import json
 import os
 import signal
 import sys
+import sysconfig
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -54,8 +56,10 @@ BASES: dict[str, dict[str, Any]] = {
             "storage": "gs://my-bucket/fz", "training": dict(_TINY, mode="sync"),
             "cluster": {"workers": [{"gpu": "t4", "count": 1}]}},
 }
-INVENTORY = {"hosts": [{"name": "a", "host": "127.0.0.1", "gpu": "t4"}, {"name": "b", "host": "127.0.0.2", "gpu": "t4"},
-                       {"name": "c", "host": "127.0.0.3"}]}
+# Priced as the ledger bills them (an unpriced host is free, and then no budget, however small, is exceeded).
+INVENTORY = {"hosts": [{"name": "a", "host": "127.0.0.1", "gpu": "t4", "price_per_hour": 0.35},
+                       {"name": "b", "host": "127.0.0.2", "gpu": "t4", "price_per_hour": 0.35},
+                       {"name": "c", "host": "127.0.0.3", "price_per_hour": 0.1}]}
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Case:
     base: str
     text: str  # the spec file
     inventory: str | None = None  # hosts.yaml, when the case is about the inventory
+    verbs: tuple[tuple[str, ...], ...] = VERBS  # the verbs that must refuse it (a secret: not `plan`)
 
 
 def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -142,6 +147,52 @@ SSH = [("provider.inventory", "/etc/passwd"), ("provider.inventory", "/dev/null"
        ("provider.inventory", "nope.yaml"), ("cluster.workers.0.gpu", "l4"), ("cluster.workers.0.count", 3)]
 
 
+# Issue 56: storage that reaches the system, the results DB or the home's own files (each case folder has
+# etc-link -> /etc, its DB is ./o.db and its home ./home); the task's environment (loader variables as PATH is
+# refused, one variable in both env: and secrets:, a secret named twice or named as a loader variable).
+STORAGE_56 = [("storage", "/etc"), ("storage", "/"), ("storage", "/usr/lib"), ("storage", "./etc-link"),
+              ("storage", "./etc-link/runs"), ("storage", "./o.db"), ("storage", "./o.db-wal"), ("storage", "./home"),
+              ("storage", "./home/keys"), ("storage", "./home/local/x"), ("storage", "/tmp"), ("storage", "/var"),
+              ("storage", "/boot/runs"), ("storage", "~")]
+ENV_56 = [("training.env", {"LD_PRELOAD": "/tmp/evil.so"}), ("training.env", {"LD_LIBRARY_PATH": "/tmp"}),
+          ("training.env", {"LD_AUDIT": "/tmp/a.so"}), ("training.env", {"DYLD_INSERT_LIBRARIES": "/tmp/x"}),
+          ("training.env", {"PYTHONHOME": "/tmp"}), ("training.env", {"PYTHONSTARTUP": "/tmp/x.py"}),
+          ("training.env", {"BASH_ENV": "/tmp/x.sh"}), ("training.secrets", ["LD_PRELOAD"]),
+          ("training.secrets", ["PATH"]), ("training.secrets", ["ORCHESTRATOR_DB_URL"]),
+          ("training.secrets", ["TOKEN", {"name": "TOKEN", "file": "train.py"}])]
+# Issue 56: a `torch:` factory that is not the user's own (standard library, builtins, the orchestrator itself,
+# a user file handing on a standard-library function: alias.py beside each case), and an api_endpoint that would
+# receive the caller's credentials somewhere other than a Google API host (or an emulator on loopback, keyless).
+MODEL_56 = ["os:system", "subprocess:getoutput", "builtins:exec", "os.path:join", "shutil:rmtree", "posix:system",
+            "code:build", "orchestrator.cli.main:main", "orchestrator.store.db:open_session", "alias.py:build"]
+ENDPOINT_56 = ["http://169.254.169.254", "http://metadata.google.internal", "https://example.com",
+               "http://compute.googleapis.com", "https://compute.googleapis.com.example.com",
+               "https://evilgoogleapis.com", "https://user@compute.googleapis.com",
+               "https://example.com\\@compute.googleapis.com", "https://compute.googleapis.com/x?y=1",
+               "http://0.0.0.0:8080", "http://127.1", "HTTPS://compute.googleapis.com", ""]
+MISSING_SECRET = "ORCH_HOSTILE_MISSING_SECRET"  # never set: `launch` refused it; its dry run must too
+
+
+def issue_56_cases() -> Iterator[Case]:
+    for path, value in STORAGE_56:
+        for base in ("local", "run"):
+            yield Case(f"{base}: {path} = {value!r:.60}", base, _dump(_set(BASES[base], path, value)))
+    for path, value in ENV_56:
+        yield Case(f"run: {path} = {value!r:.60}", "run", _dump(_set(BASES["run"], path, value)))
+    both = _set(_set(BASES["run"], "training.env", {"TOKEN": "x"}), "training.secrets", ["TOKEN"])
+    yield Case("run: TOKEN in training.env and training.secrets", "run", _dump(both))
+    for ref in MODEL_56 + [f"{sysconfig.get_paths()['stdlib']}/shutil.py:rmtree"]:
+        yield Case(f"run: training.model.torch = {ref!r:.60}", "run",
+                   _dump(_set(BASES["run"], "training.model", {"torch": ref})))
+    for url in ENDPOINT_56:
+        yield Case(f"gce: provider.api_endpoint = {url!r:.60}", "gce",
+                   _dump(_set(BASES["gce"], "provider.api_endpoint", url)))
+    keyed = _set(_set(BASES["gce"], "provider.api_endpoint", "http://127.0.0.1:9"), "provider.credentials", "train.py")
+    yield Case("gce: provider.credentials with a loopback api_endpoint", "gce", _dump(keyed))
+    missing = _set(BASES["run"], "training.secrets", [MISSING_SECRET])
+    yield Case(f"run: training.secrets = [{MISSING_SECRET}] (unset)", "run", _dump(missing), verbs=VERBS[1:])
+
+
 def _host(**extra: Any) -> str:
     hosts = copy.deepcopy(INVENTORY["hosts"])
     hosts[0].update(extra)
@@ -170,7 +221,7 @@ INVENTORIES = [  # hosts.yaml content for the ssh base
 
 
 def cases() -> Iterator[Case]:
-    """Every named hostile case (at least 220; 338 today)."""
+    """Every named hostile case (at least 220; 404 today)."""
     targets = {"local": GENERIC + LOCAL, "command": GENERIC + COMMAND, "run": GENERIC + RUN,
                "ssh": GENERIC + SSH, "gce": GENERIC + GCE}
     for base, mutations in targets.items():
@@ -184,6 +235,7 @@ def cases() -> Iterator[Case]:
     yield Case("gce: a 5-minute flex-start (policy.deadline 5m)", "gce", _dump(FLEX_5M))
     for what, inventory in INVENTORIES:
         yield Case(f"ssh inventory: {what}", "ssh", _dump(BASES["ssh"]), inventory)
+    yield from issue_56_cases()
 
 
 # ---------------------------------------------------------------- running the verbs
@@ -266,10 +318,26 @@ class VerbSuite:
     def _case_dir(self, case: Case, i: int) -> Path:
         d = self.root / f"verb-{i:04d}"
         (d / "sub").mkdir(parents=True)
+        (d / "etc-link").symlink_to("/etc")  # a storage reached through a symlink
         (d / "train.py").write_text("print('hi')\n")
+        (d / "alias.py").write_text("from os import system as build\n")  # a standard-library function, renamed
         (d / "hosts.yaml").write_text(case.inventory if case.inventory is not None else _dump(INVENTORY))
         (d / "spec.yaml").write_text(case.text)
         return d
+
+    def key_file(self) -> Path:
+        path = self.root / "service-account.json"
+        if not path.exists():
+            from cryptography.hazmat.primitives import serialization
+            from cryptography.hazmat.primitives.asymmetric import rsa
+
+            key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()).decode()
+            path.write_text(json.dumps({"type": "service_account", "project_id": "my-project-1", "private_key_id": "1",
+                                        "private_key": pem, "client_email": "fz@my-project-1.iam.gserviceaccount.com",
+                                        "client_id": "1", "token_uri": "http://127.0.0.1:9/token"}))
+        return path
 
     def note(self, kind: str, detail: str) -> None:
         bucket = self.samples.setdefault(kind, [])
@@ -278,17 +346,15 @@ class VerbSuite:
 
     def run_case(self, case: Case, i: int, *, valid: bool = False) -> None:
         d = self._case_dir(case, i)
-        verbs = VERBS[:2] if valid else VERBS
+        verbs = VERBS[:2] if valid else case.verbs
         for verb in verbs:
             label = " ".join(verb) if not valid else f"{' '.join(verb)} (valid controls)"
             c = self.counts.setdefault(label, Counter())
             before, kids = _tree(d), _children()
-            # No cloud account here: the explicit test setting stands in for gce credentials (check_setup's own
-            # tests cover their absence), so the valid gce control reaches the dry run.
-            from orchestrator.providers.gce.test_setting import TEST_EMULATOR_ENV
-
+            # No cloud account here: a key file that parses (no account behind it, its token endpoint on a closed
+            # local port) passes the credentials check, so the valid gce control reaches the dry run.
             env = {"ORCHESTRATOR_DB_URL": f"sqlite:///{d}/o.db", "ORCHESTRATOR_HOME": str(d / "home"),
-                   "COLUMNS": "100", TEST_EMULATOR_ENV: "1"}
+                   "COLUMNS": "100", "GOOGLE_APPLICATION_CREDENTIALS": str(self.key_file())}
             with _env(env):
                 code, out, err = run_verb([*verb, str(d / "spec.yaml")], d)
             c["tried"] += 1
@@ -341,10 +407,11 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def run_suite(root: Path, limit: int | None = None, every: int = 1) -> VerbSuite:
-    """Every ``every``-th named case (``limit`` at most) and every valid base through the verbs."""
+def run_suite(root: Path, limit: int | None = None, every: int = 1, match: str = "") -> VerbSuite:
+    """Every ``every``-th named case whose name contains ``match`` (``limit`` at most) and every valid base
+    through the verbs."""
     suite = VerbSuite(root)
-    chosen = list(cases())[::every][:limit]
+    chosen = [c for c in cases() if match in c.name][::every][:limit]
     for i, case in enumerate(chosen):
         suite.run_case(case, i)
     for j, (name, doc) in enumerate(BASES.items()):

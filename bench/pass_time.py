@@ -43,7 +43,6 @@ from orchestrator.control.launcher import create_job
 from orchestrator.core.spec import validate_spec
 from orchestrator.core.status import FINAL_JOB
 from orchestrator.providers.gce.provider import GceProvider
-from orchestrator.providers.gce.test_setting import TEST_EMULATOR_ENV
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Instance, Job
@@ -71,7 +70,6 @@ class Emulator:
     """The Compute API emulator in its own process (its threads never compete with the daemon's)."""
 
     def __init__(self, root: Path, latency_s: float) -> None:
-        os.environ[TEST_EMULATOR_ENV] = "1"  # the explicit test setting: anonymous credentials, VMs on 127.0.0.1
         config = root / "emulator.json"
         config.write_text(json.dumps({"boot_delay_s": BOOT_S, "delete_delay_s": 1.0, "op_delay_s": 0.5}))
         self.proc = subprocess.Popen(

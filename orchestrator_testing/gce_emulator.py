@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -38,7 +37,6 @@ from types import FrameType, TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from orchestrator.providers.gce.test_setting import TEST_EMULATOR_ENV as EMULATOR_ENV
 from orchestrator_testing import gce_emulator_guest as guest
 from orchestrator_testing.gce_emulator_model import (
     HOOK_EVENTS,
@@ -322,12 +320,10 @@ class GceEmulator:
     def start(self) -> str:
         """Serve in a background thread; returns the base URL (the client's ``api_endpoint``).
 
-        Also sets the explicit test setting (``ORCHESTRATOR_TEST_COMPUTE_EMULATOR=1``, inherited by the
-        commands a test starts): the gce provider then uses anonymous credentials and reaches the emulated VMs
-        on 127.0.0.1. The product never infers either from an endpoint."""
+        A loopback URL: the gce provider calls it with anonymous credentials and reaches the emulated VMs on
+        127.0.0.1, from the endpoint alone (core/spec/provider.py ``loopback_endpoint``)."""
         if self._server is not None:
             return self.url
-        os.environ[EMULATOR_ENV] = "1"
         self._server = _Server(self._address, self.state)
         self.state.start()
         self._thread = threading.Thread(
@@ -449,8 +445,8 @@ class GceEmulator:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator_testing.gce_emulator",
-        description="Serve an emulated Compute Engine REST API. A controller in another process that talks to it "
-                    f"needs {EMULATOR_ENV}=1 in its environment (anonymous credentials, VMs on 127.0.0.1).",
+        description="Serve an emulated Compute Engine REST API. A controller reaches it by the printed URL as "
+                    "provider.api_endpoint (a loopback endpoint: anonymous credentials, VMs on 127.0.0.1).",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")

@@ -11,6 +11,7 @@ for each call and undone after it:
 * the root logger has no handlers (a warning reaches stderr as Python's last-resort handler writes it) and the
   warning filters are a fresh interpreter's (pytest's capture of both is suspended);
 * an exception ``main`` lets through is printed as the interpreter would (a traceback, exit 1);
+* urllib's global opener (which keeps the proxies it was built with) is dropped after each call;
 * ``main`` appends its sub-command groups to the app on every call; the list is put back after each call.
 
 What it cannot see: the import of the CLI itself (one test per file still runs the real console script in a
@@ -25,6 +26,7 @@ import os
 import subprocess
 import sys
 import traceback
+import urllib.request
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -69,6 +71,9 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], cwd: Path) -> subproces
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+        # urlopen's global opener keeps the proxies of the environment it was first built in: a call's
+        # http_proxy must not outlive the call (a fresh process would not share it)
+        urllib.request.install_opener(None)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator_testing.credentials import write_key
 from orchestrator_testing.processes import SESSION_ENV, kill_all, left_behind
 
 PG_ADMIN_URL = os.environ.get("ORCHESTRATOR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -54,14 +55,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(scope="session")
+def throwaway_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A service-account key no Google project knows (orchestrator_testing/credentials.py)."""
+    return write_key(tmp_path_factory.mktemp("adc") / "key.json")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, throwaway_key: Path) -> None:
     # Never touch the developer's own DB or instances.
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ORCHESTRATOR_DB_URL", f"sqlite:///{tmp_path / 'home' / 'orchestrator.db'}")
-    # The explicit test setting: gce specs talk to the Compute API emulator with anonymous credentials and
-    # reach its VMs on 127.0.0.1 (a test of the real credential path deletes it).
-    monkeypatch.setenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR", "1")
+    # Credentials as a user's machine has them (never the developer's own): GCE itself is called with them
+    # (a dry run sends nothing); a loopback endpoint, e.g. the Compute API emulator, with none.
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(throwaway_key))
 
 
 @pytest.fixture

@@ -58,7 +58,9 @@ def test_dry_run_every_example(example: str, tmp_path: Path, monkeypatch: pytest
         # Without network the quota read of the example's project fails and is retried 5 times, 5-10 s of
         # pauses in all; what it prints ("... retrying in 0.78s") and the outcome are the same without them.
         monkeypatch.setattr(tenacity.nap, "time", SimpleNamespace(sleep=lambda _s: None))
-    out = launch("launch", "--dry-run", f"examples/{example}", env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"})
+    # The dry run reads the secrets a launch would (local-own-script.yaml names DEMO_TOKEN), as its comment says.
+    out = launch("launch", "--dry-run", f"examples/{example}", env={"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db",
+                                                                    "DEMO_TOKEN": "s3cr3t"})
     refused = {"reproduce-icac19.yaml": "past the deadline"}  # 20.6 h of emulated K80s: plan refuses it too
     if example in refused:
         assert out.returncode == 2 and refused[example] in out.stderr, out.stderr

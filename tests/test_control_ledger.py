@@ -1,8 +1,10 @@
-"""The ledger closes an instance at the provider's own deletion / preemption time, so the controller's
-downtime never changes a bill; a restarted daemon keeps its owner id (it does not wait out its own lease)."""
+"""The ledger runs from the provider's own creation of an instance (the send, whichever daemon made it) to its
+own deletion / preemption time, so the controller's downtime never changes a bill; a restarted daemon keeps
+its owner id (it does not wait out its own lease)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ from orchestrator.core.status import FINAL_JOB
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session
-from orchestrator.store.models import Instance, Job, LedgerEntry
+from orchestrator.store.models import Event, Instance, Job, LedgerEntry, Operation
 from orchestrator_testing.processes import stop
 
 DOWN_S = 3.0
@@ -86,3 +88,59 @@ def test_a_restarted_daemon_keeps_its_owner_id_and_a_second_one_gets_another(tmp
     finally:
         stop(again)
     assert three != two
+
+
+# A daemon's passes, SIGKILLed just before the create it recorded (the instance row and its operation,
+# committed) is sent: the line of operations._insert that sends it. argv: the job id.
+KILLED_BEFORE_THE_SEND = r"""
+import inspect, os, signal, sys
+from orchestrator.control import operations
+from orchestrator.control.driver import run_pass
+from orchestrator.store.db import open_session
+
+source, first = inspect.getsourcelines(operations._insert)
+send = first + next(n for n, line in enumerate(source) if "start_create(" in line)
+
+def line(frame, event, arg):
+    if event == "line" and frame.f_lineno == send:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return line
+
+sys.settrace(lambda frame, event, arg: line if frame.f_code is operations._insert.__code__ else None)
+with open_session() as session:
+    for _ in range(200):
+        run_pass(session, "ledger-test", [sys.argv[1]])
+sys.exit("the create was never sent")
+"""
+
+
+def test_a_create_a_killed_daemon_recorded_and_a_later_one_sent_is_billed_from_the_send(tmp_path: Path) -> None:
+    user_dir()
+    spec = validate_spec(yaml.safe_load(local_spec("late", tmp_path / "runs", "sleep 1")))
+    provider = backend_for(spec).provider
+    assert isinstance(provider, LocalProvider)
+    with open_session() as session:
+        job_id = create_job(session, spec).id
+    killed = subprocess.run([sys.executable, "-c", KILLED_BEFORE_THE_SEND, job_id], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    with open_session() as session:
+        (inst,) = session.query(Instance).filter(Instance.job_id == job_id).all()
+        op = session.query(Operation).filter(Operation.instance_id == inst.id).one()
+        assert inst.status == "requested" and op.status == "pending"  # recorded, never sent ...
+        assert provider.history(inst.name) is None
+        recorded = op.started_at
+        time.sleep(DOWN_S)  # ... while no daemon runs
+        job = _passes_until(session, job_id, lambda j: j.status in FINAL_JOB)  # a later daemon sends it
+        record = provider.history(inst.name)
+        assert record is not None
+        entry = session.query(LedgerEntry).filter(LedgerEntry.instance_id == inst.id).one()
+        assert entry.start_at == pytest.approx(float(record["created_at"]), abs=1e-6)  # from the send ...
+        assert entry.end_at == pytest.approx(float(record["deleted_at"]), abs=1e-6)  # ... to the provider's end
+        assert entry.seconds == pytest.approx(float(record["deleted_at"]) - float(record["created_at"]), abs=1e-6)
+        assert entry.start_at - recorded >= DOWN_S  # what the old ledger billed on top
+        requested = session.query(Event).filter(Event.instance_id == inst.id, Event.to_status == "requested").one()
+        assert requested.at <= recorded  # the record of the request itself keeps its time
+        print(f"\nbilled from the send, {entry.start_at - recorded:.2f}s after the create was recorded")
+        assert job.status == "succeeded"
+    wait_until(lambda: processes_under(tmp_path) == [], timeout=20)

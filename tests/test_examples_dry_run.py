@@ -54,8 +54,7 @@ def dry_run(example: Path, emu: GceEmulator, tmp_path: Path) -> dict[str, Any]:
         shutil.copy(example.parent / name, tmp_path / name)
     spec = tmp_path / example.name
     spec.write_text(yaml.safe_dump(data))
-    env = {"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db", "PATH": "/usr/bin:/bin",
-           "ORCHESTRATOR_TEST_COMPUTE_EMULATOR": "1"}
+    env = {"ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db", "PATH": "/usr/bin:/bin"}
     args = ["launch", "--dry-run", str(spec)]
     if example.name == CONSOLE_SCRIPT_EXAMPLE:
         out = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,

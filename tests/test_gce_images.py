@@ -79,7 +79,6 @@ def test_the_framework_comes_from_the_payload() -> None:
 
 def test_the_backend_key_and_settings_follow_the_framework(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR", "1")
     group, zone, _ = GROUPS["l4"]
     torch = validate_spec(doc(group, zone, api_endpoint="http://127.0.0.1:9"))  # clients are built lazily
     tf = validate_spec(framework_doc("tensorflow", group, zone, api_endpoint="http://127.0.0.1:9"))
@@ -113,7 +112,6 @@ def test_a_baked_image_has_no_first_boot_setup() -> None:
 
 def test_a_command_task_waits_for_the_first_boot_setup_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR", "1")
     group, zone, _ = GROUPS["l4"]
     line = "python train.py --lr 0.1 'a b'"
     command = {"job": "command", "command": line, "train_steps": 10}

@@ -244,27 +244,35 @@ def test_auth_failures(
     with pytest.raises(AuthError) as err:
         GceProvider(P, credentials=key)
     assert "SECRET" not in str(err.value) and str(key) in str(err.value)
-    monkeypatch.delenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR")  # the real credential path from here on
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))  # GCE itself: ADC
     with pytest.raises(AuthError, match="gcloud auth application-default login"):
         GceProvider(P)
 
 
-def test_a_custom_endpoint_keeps_the_users_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An api_endpoint is never a reason for anonymous credentials or loopback addresses: only the test setting is."""
+def test_the_endpoint_alone_decides_the_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An https Google API endpoint gets the user's credentials (here none: refused); a loopback one is called
+    anonymously and its VMs are reached at 127.0.0.1; any other host is refused before a client is built."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from orchestrator.core.errors import UserError
     from orchestrator.providers.gce.network import address_learner, public_address
 
-    monkeypatch.delenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR")
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no ADC file of the developer's
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # not on GCE: no metadata-server credentials
     monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
-    with pytest.raises(AuthError, match="no Google credentials found"):
-        GceProvider(P, api_endpoint="http://127.0.0.1:9")
-    assert address_learner() is public_address
-    monkeypatch.setenv("ORCHESTRATOR_TEST_COMPUTE_EMULATOR", "1")
-    assert address_learner()() == "127.0.0.1"
+    for endpoint in (None, "https://compute.googleapis.com", "compute.googleapis.com"):
+        with pytest.raises(AuthError, match="no Google credentials found"):
+            GceProvider(P, api_endpoint=endpoint)
+        assert address_learner(endpoint) is public_address
+    local = GceProvider(P, api_endpoint="http://127.0.0.1:9")
+    assert all(isinstance(c._transport._credentials, AnonymousCredentials) for c in local.api._clients())
+    local.close()
+    assert address_learner("http://127.0.0.1:9")() == "127.0.0.1" == address_learner("http://[::1]:9")()
+    for hostile in ("http://169.254.169.254", "https://example.com", "http://compute.googleapis.com"):
+        with pytest.raises(UserError, match="provider.api_endpoint"):
+            GceProvider(P, api_endpoint=hostile)
 
 
 def _setup_instance(gce: GceProvider) -> None:

@@ -98,7 +98,9 @@ def test_deploy_compose_and_grafana_dashboard_parse_and_use_real_metric_names() 
     compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
     services = compose["services"]
     assert {"postgres", "daemon", "prometheus", "grafana"} <= set(services)
-    assert "--metrics-port" in " ".join(map(str, services["daemon"]["command"]))
+    daemon = " ".join(map(str, services["daemon"]["command"]))
+    # Prometheus scrapes it from another container: the metrics listen beyond loopback there (by default not).
+    assert "--metrics-port 9100 --metrics-host 0.0.0.0" in daemon
     prom = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
     targets = [t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
     assert "daemon:9100" in targets

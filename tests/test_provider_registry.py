@@ -115,7 +115,7 @@ def test_capabilities_are_asked_of_the_registry_never_of_a_kind() -> None:
     assert registry.dry_run_for(local) is None and registry.quota_source(local) is None
     with pytest.raises(UserError, match="provider.kind: gce"):
         registry.image_builder_for(local)
-    gce = gce_spec(api_endpoint="http://127.0.0.1:9")  # the test setting: anonymous credentials
+    gce = gce_spec(api_endpoint="http://127.0.0.1:9")  # a loopback endpoint: anonymous credentials
     registry.check_setup(gce, probe=False)
     assert registry.dry_run_for(gce) is not None and registry.image_builder_for(gce).kind == "gce"
     assert registry.backend_for(gce).cloud_deadline is not None and registry.backend_for(local).cloud_deadline is None

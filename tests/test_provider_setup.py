@@ -48,28 +48,27 @@ def _jobs(url: str) -> int:
         engine.dispose()
 
 
-def _launch(tmp_path: Path, spec: str, *args: str, emulator: bool = True,
+def _launch(tmp_path: Path, spec: str, *args: str,
             verb: tuple[str, ...] = ("launch",)) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "job.yaml"
     path.write_text(spec)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "ORCHESTRATOR_TEST_COMPUTE_EMULATOR")}
+    env = {k: v for k, v in os.environ.items() if k != "GOOGLE_APPLICATION_CREDENTIALS"}
     env.update({"COLUMNS": "200", "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path / 'results.db'}",
                 "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "HOME": str(tmp_path),
                 # Not on GCE: the metadata server (a source of credentials) is an address that refuses.
                 "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"})
-    if emulator:
-        env["ORCHESTRATOR_TEST_COMPUTE_EMULATOR"] = "1"
     return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *verb, *args, str(path)],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
 
 
+@pytest.mark.parametrize("endpoint", ["", ', api_endpoint: "https://compute.googleapis.com"'])
 @pytest.mark.parametrize("args", [(), ("--dry-run",)])
-def test_a_gce_launch_without_credentials_is_refused_and_writes_no_job(tmp_path: Path, args: tuple[str, ...]) -> None:
+def test_a_gce_launch_without_credentials_is_refused_and_writes_no_job(tmp_path: Path, args: tuple[str, ...],
+                                                                      endpoint: str) -> None:
     url = _db(tmp_path)
-    # A custom endpoint does not make credentials anonymous: without the test setting, the user's are needed.
-    out = _launch(tmp_path, SPEC.format(project="setup-project", extra=', api_endpoint: "http://127.0.0.1:9"'),
-                  *args, emulator=False)
+    # GCE itself, by default or by a named Google API endpoint: the user's credentials are needed.
+    spec = SPEC.format(project="setup-project", extra=endpoint) + "storage: gs://setup-bucket/runs\n"
+    out = _launch(tmp_path, spec, *args)
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
@@ -81,7 +80,7 @@ def test_a_gce_launch_without_credentials_is_refused_and_writes_no_job(tmp_path:
 def test_an_image_bake_without_credentials_is_refused_before_anything(tmp_path: Path) -> None:
     url = _db(tmp_path)
     out = _launch(tmp_path, SPEC.format(project="setup-project", extra=""), "--gpu", "l4", "--spec",
-                  emulator=False, verb=("image", "bake"))
+                  verb=("image", "bake"))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stdout + out.stderr
     assert "no Google credentials found" in out.stderr and _jobs(url) == 0
 

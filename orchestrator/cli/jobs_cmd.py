@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 
 def launch(
-    spec_path: Path = typer.Argument(..., help="job spec (YAML)", exists=False),
+    spec_path: Path = typer.Argument(..., help="job spec (YAML); a training.model: {torch: MODULE:FACTORY} factory "
+                                     "is run, in a child process without the controller's secrets, to profile the "
+                                     "model (also with --dry-run)", exists=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the cluster and its hourly cost"),
     detach: bool = typer.Option(False, "--detach", help="record the job; a running `orchestrator daemon` drives it"),
     poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes (foreground)",
@@ -38,12 +40,19 @@ def launch(
     recorded); 1 the job failed; 2 bad input, nothing created; 3 the job was cancelled; 130 / 143 Ctrl-C /
     SIGTERM (the job is cancelled).
     """
-    from orchestrator.cli.launch_checks import check_quotas, headroom, print_dry_run, quota_problems, read_spec_quotas
+    from orchestrator.cli.launch_checks import (
+        check_quotas,
+        check_secrets,
+        headroom,
+        print_dry_run,
+        print_warnings,
+        quota_problems,
+        read_spec_quotas,
+    )
     from orchestrator.cli.model_impl import planning_calibration  # lazy: the cost model
     from orchestrator.cli.model_torch import prepare_spec
     from orchestrator.control.validate import validate_launch  # lazy: the control layer (~0.3 s) only for launch
     from orchestrator.core.spec import load_spec
-    from orchestrator.core.torch_spec import secret_problems
     from orchestrator.providers.registry import check_setup, dry_run_for  # lazy: the provider backends
 
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
@@ -54,8 +63,10 @@ def launch(
     # Credentials, project, keys, inventory: refused here, before any row exists (the dry run sends nothing).
     # Not in validate_launch: `plan` is the cost model's answer and needs no cloud account.
     check_setup(spec, probe=not dry_run)
+    check_secrets(spec)  # the dry run refuses what the launch would
     if dry_run and (provider_dry_run := dry_run_for(spec)) is not None:
         # The exact requests a launch would send to the cloud (gce: instances, firewall rules, disks), as JSON.
+        print_warnings(checked)
         out = provider_dry_run(spec, plan)
         if (found := read_spec_quotas(spec, plan)) is not None:  # regions.get / projects.get: reads, not requests
             out["quota_headroom"] = [{"scope": h.scope, "metric": h.metric, "needs": h.need, "free": h.free,
@@ -67,14 +78,13 @@ def launch(
         print_dry_run(checked)
         return
     check_quotas(spec, plan)
+    print_warnings(checked)
     from orchestrator.cli.host_load import launch_note  # lazy: the cost model, only for a launch
 
     if (note := launch_note(spec, calibration)) is not None:  # local workers share the cores with what else runs here
         err_console.print(note, highlight=False, markup=False)
     for note in checked.notes:  # an ssh inventory's GPUs and prices, which the plan does not count
         err_console.print(f"note: {note}", highlight=False, markup=False)
-    if problems := secret_problems(spec):  # read again when each task starts; values are never stored
-        raise UserError("; ".join(problems) + "; nothing was created")
     from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer
     from orchestrator.control.launcher import launch_job  # lazy: the control layer
 

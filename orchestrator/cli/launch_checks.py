@@ -1,4 +1,5 @@
-"""Checks and displays of `launch` before anything is created: the quota pre-check and the dry run's table."""
+"""Checks and displays of `launch` before anything is created: the secrets, the quota pre-check, the dry run's
+table and the warnings of the spec's check."""
 
 from __future__ import annotations
 
@@ -12,11 +13,27 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.quotas import Quotas, headroom, quota_needs, quota_problems, read_quotas
 from orchestrator.core.spec import JobSpec
+from orchestrator.core.torch_spec import secret_problems
 
 if TYPE_CHECKING:
     from orchestrator.control.validate import ValidatedLaunch
 
-__all__ = ["check_quotas", "headroom", "print_dry_run", "quota_problems", "read_spec_quotas"]
+__all__ = ["check_quotas", "check_secrets", "headroom", "print_dry_run", "print_warnings", "quota_problems",
+           "read_spec_quotas"]
+
+
+def check_secrets(spec: JobSpec) -> None:
+    """Every secret the spec names can be read here now, for `launch` and its dry run alike (a typo fails before
+    anything is created; the values are read again when each task starts, and never stored)."""
+    if problems := secret_problems(spec):
+        raise UserError("; ".join(problems) + "; nothing was created")
+
+
+def print_warnings(checked: ValidatedLaunch) -> None:
+    """What the check allows but warns about (a price not verified, ssh open to the internet), on stderr: where
+    stdout is the JSON of a dry run, or the launch's own display."""
+    for warning in checked.result.warnings:
+        err_console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
 
 
 def read_spec_quotas(spec: JobSpec, plan: LaunchPlan | None = None,

@@ -53,7 +53,8 @@ app.command("launch")(jobs_cmd.launch)
 
 @app.command("plan")
 def plan(
-    spec: Path = typer.Argument(..., help="job spec (YAML)"),
+    spec: Path = typer.Argument(..., help="job spec (YAML); a training.model: {torch: MODULE:FACTORY} factory is run, "
+                                "in a child process without the controller's secrets, to profile the model"),
     json_out: bool = typer.Option(False, "--json", help="same as --format json"),
     top: int = typer.Option(8, "--top", min=0, help="how many runner-ups to show"),
     calibration: str | None = typer.Option(None, "--calibration", help="calibration id (DB) or JSON file"),
@@ -136,11 +137,17 @@ def daemon(
     once: bool = typer.Option(False, "--once", help="run one pass and exit"),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=1, max=PORT_MAX,
                                              help="serve Prometheus metrics on this port"),
+    metrics_host: str | None = typer.Option(None, "--metrics-host",
+                                             help="address the metrics listen on (default 127.0.0.1; "
+                                                  "0.0.0.0: every interface)"),
 ) -> None:
     """Watch every active job: detect revocations, replace, resume, tear down. Survives restarts."""
+    if metrics_host is not None and metrics_port is None:
+        raise UserError("--metrics-host: only with --metrics-port P (the metrics are served only then)")
     from orchestrator.control.daemon import run_daemon  # lazy: apscheduler, prometheus (~0.3 s of start-up)
 
-    run_daemon(interval_s=interval, gc_every_s=gc_every, once=once, metrics_port=metrics_port)
+    run_daemon(interval_s=interval, gc_every_s=gc_every, once=once, metrics_port=metrics_port,
+               metrics_host=metrics_host)
 
 
 @app.command("gc")
@@ -274,7 +281,7 @@ def _print_user_error(exc: Exception) -> None:
     # One line: what is wrong, then the fix. Multi-line details (a quota table) keep their own lines.
     hint = getattr(exc, "hint", None)
     text = str(exc) + (f" — fix: {hint}" if hint else "")
-    err_console.print(f"[bold red]error:[/bold red] {escape(text)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/bold red] {escape(text)}", highlight=False, soft_wrap=True, emoji=False)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ from orchestrator.store.db import db_exists, open_session
 
 
 def load_torch_profile(ref: str, use_cache: bool = True) -> tuple[ModelProfile, bool]:
-    from orchestrator.profiler.cache import torch_profile  # lazy: imports the user's module (and torch)
-    from orchestrator.profiler.torch_profile import ProfileError  # lazy: torch is an optional extra (heavy import)
+    # a cache miss profiles the factory in a child process (profiler/sandbox.py), never in this one
+    from orchestrator.profiler.cache import torch_profile  # lazy: the profiler, only for a torch model
+    from orchestrator.profiler.factory_ref import ProfileError  # lazy: the profiler, only for a torch model
 
     try:
         return torch_profile(ref, use_cache=use_cache)
@@ -225,9 +226,10 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
 
 def prepare_spec(spec_path: Path) -> None:
     """Profile (or take from the cache) the PyTorch model a spec names in ``training.model: {torch: ...}``,
-    before the spec is loaded (its batch check and the planner need the profile)."""
-    from orchestrator.profiler.cache import prepare_spec_model  # lazy: the user's module and torch
-    from orchestrator.profiler.torch_profile import ProfileError  # lazy: torch is an optional extra (heavy import)
+    before the spec is loaded (its batch check and the planner need the profile). The factory runs in a child
+    process without the controller's secrets (profiler/sandbox.py); how that ends is one error naming the field."""
+    from orchestrator.profiler.cache import prepare_spec_model  # lazy: the profiler, only for a torch model
+    from orchestrator.profiler.factory_ref import ProfileError  # lazy: the profiler, only for a torch model
 
     try:
         prepare_spec_model(spec_path)

@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
-from orchestrator.control.metrics import pass_metrics
+from orchestrator.control.metrics import METRICS_HOST, pass_metrics
 from orchestrator.control.metrics import serve as serve_metrics
 from orchestrator.control.signals import sigterm_raises
 from orchestrator.core.errors import UserError
@@ -38,7 +38,45 @@ THREADS = 8  # providers driven at once; a slow cloud holds up only its own jobs
 
 def tick(owner: str, threads: int = THREADS) -> None:
     with open_session() as session, pass_metrics(session):  # pass duration, revocation latencies
-        run_pass(session, owner, threads=threads)
+        try:
+            run_pass(session, owner, threads=threads)
+        except BaseException:
+            session.rollback()  # the pass's latencies are then read from a clean session, not a failed one
+            raise
+
+
+_last_failure: list[str] = []  # the previous pass's failure, if it failed
+
+
+def scheduled_tick(owner: str, threads: int = THREADS) -> None:
+    """A pass of the running daemon: one that fails as a whole (the DB refuses writes, or is unreachable) is one
+    log line, and the next pass tries again. The same failure repeats every pass until the DB is fixed, so its
+    traceback would only bury the log (a read-only DB: 180 in 30 s); another error's is logged the first time."""
+    try:
+        tick(owner, threads)
+    except Exception as exc:  # noqa: BLE001 - the scheduler's next pass is the retry
+        text = _one_line(exc)
+        first = _last_failure != [text]
+        _last_failure[:] = [text]
+        log.error("pass failed, the next one tries again: %s", text,
+                  exc_info=first and not _is_db_error(exc))
+        return
+    _last_failure.clear()
+
+
+def _is_db_error(exc: BaseException) -> bool:
+    from sqlalchemy.exc import SQLAlchemyError  # loaded already: the pass opened a session
+
+    return isinstance(exc, SQLAlchemyError)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The DB driver's own message (SQLAlchemy's adds the statement and a link) or the error's, on one line."""
+    cause = getattr(exc, "orig", None) if _is_db_error(exc) else None
+    shown = cause if isinstance(cause, BaseException) else exc
+    lines = str(shown).strip().splitlines()
+    text = f"{type(shown).__name__}: {lines[0]}" if lines else type(shown).__name__
+    return (f"the results DB: {text}" if _is_db_error(exc) else text)[:480]
 
 
 def sweep() -> None:
@@ -125,7 +163,8 @@ def daemon_id() -> str:
     raise UserError(f"64 daemons already run from {home}")
 
 
-def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port: int | None = None) -> None:
+def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port: int | None = None,
+               metrics_host: str | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # no "Running job tick" every pass
     scheduler = BlockingScheduler()
@@ -133,7 +172,8 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
         # From before the lock is taken: `kill`, systemd and `timeout` stop it like Ctrl-C, with its last line
         # logged, even while it is still starting.
         with sigterm_raises():
-            _serve(scheduler, interval_s=interval_s, gc_every_s=gc_every_s, once=once, metrics_port=metrics_port)
+            _serve(scheduler, interval_s=interval_s, gc_every_s=gc_every_s, once=once, metrics_port=metrics_port,
+                   metrics_host=metrics_host)
     except (KeyboardInterrupt, SystemExit):
         if once:
             raise  # an interrupted single pass did not succeed: the exit code says so
@@ -143,16 +183,16 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
 
 
 def _serve(scheduler: BlockingScheduler, *, interval_s: float, gc_every_s: float, once: bool,
-           metrics_port: int | None) -> None:
+           metrics_port: int | None, metrics_host: str | None) -> None:
     sqlite_guard(default_url())
     if metrics_port is not None:
-        serve_metrics(metrics_port)
+        serve_metrics(metrics_port, host=metrics_host or METRICS_HOST)
     owner = daemon_id()
     if once:
         tick(owner, threads=0)  # one whole pass, waited for
         return
     # One pass at a time (max_instances=1); a late pass is merged, not queued (coalesce).
-    scheduler.add_job(tick, "interval", args=[owner], seconds=interval_s, max_instances=1, coalesce=True,
+    scheduler.add_job(scheduled_tick, "interval", args=[owner], seconds=interval_s, max_instances=1, coalesce=True,
                       next_run_time=_now(), id="reconcile")
     scheduler.add_job(sweep, "interval", seconds=gc_every_s, max_instances=1, coalesce=True, id="gc")
     log.info("daemon %s: reconcile every %.1fs, orphan sweep every %.0fs", owner, interval_s, gc_every_s)

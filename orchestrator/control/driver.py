@@ -30,13 +30,14 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from orchestrator.control import deadline, operations, stage_loss, torch_task
-from orchestrator.control.context import Budget
+from orchestrator.control.context import Budget, fail_job
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
 from orchestrator.control.torch_task import torch_view
 from orchestrator.core import policy
+from orchestrator.core.actions import Action, RestartTraining, SetJobStatus
 from orchestrator.core.blocks import blocked, provider_key
 from orchestrator.core.deadline_elastic import elastic_spot_workers
 from orchestrator.core.emulation import emulation_sleep
@@ -46,10 +47,12 @@ from orchestrator.core.reconcile import reconcile
 from orchestrator.core.slots import Slot
 from orchestrator.core.spec import JobSpec, validate_spec
 from orchestrator.core.state import InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers.operations import Snapshot, SupportsSnapshots
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.storage import JobStorage, open_storage
+from orchestrator.storage.base import StorageError, UnusableStorage
+from orchestrator.storage.gcs_endpoint import STORAGE_ENDPOINT_ENV
 from orchestrator.store import queries
 from orchestrator.store.models import Block, Job, Operation
 
@@ -211,10 +214,12 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     spec = job_spec(job.spec_yaml)
     plan = reads.plans.get(job.id) or queries.job_plan(session, job, spec)  # the desired state stored at launch
     slots = list(plan.slots)
-    storage = job_storage(job.storage_uri, job.id)
+    storage = _open_storage(job)
     result, result_error = _ingest(session, job, storage, slots)
     ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec),
                      blocks=reads.blocks(session, spec) if spec.provider.is_cloud else None, starts=reads.starts)
+    if isinstance(storage, UnusableStorage):
+        _storage_failed(ctx, storage.error)  # decided now; the teardown below deletes the instances without it
     operations.settle(ctx, reads.pending.get(job.id, []))  # what the provider answered since the last pass
     if seen_at is not None and _newer_than_view(job, observed, seen_at):
         return  # decided from the next listing
@@ -232,9 +237,40 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
                       if view.deadline_inputs is not None and elastic_spot_workers(spec) else None,
                       spot_by_gpu=deadline.spot_available_by_gpu(backend.provider, job.id, view.deadline_inputs))
     actions = reconcile(view, obs, now)
+    if any(isinstance(a, RestartTraining) for a in actions):
+        actions = _unless_storage_broken(ctx, actions)
     if actions:
         log.debug("job %s: %s", job.id, actions)
     execute(ctx, actions)
+
+
+def _open_storage(job: Job) -> JobStorage:
+    """The job's storage, or, when it cannot be opened (refused, a file in the way, no permission), one that
+    reads as empty and says why on every write: a pass never fails on it, so the job fails at once, not after
+    every pass of its backoff has failed."""
+    try:
+        return job_storage(job.storage_uri, job.id)
+    except StorageError as exc:
+        return UnusableStorage(job.storage_uri, exc)
+
+
+def _storage_failed(ctx: JobContext, exc: StorageError) -> None:
+    if ctx.job.status in (JobStatus.TEARING_DOWN, *FINAL_JOB):
+        return
+    log.warning("job %s: %s", ctx.job.id, exc.message)
+    fail_job(ctx, exc.message[:500])
+
+
+def _unless_storage_broken(ctx: JobContext, actions: list[Action]) -> list[Action]:
+    """A task that exited is restarted only if its storage can still be written: on a full disk (ENOSPC) or a
+    read-only one every restart would fail the same way until the restarts run out; the job fails now, saying
+    so."""
+    try:
+        ctx.storage.check_writable()
+    except StorageError as exc:
+        log.warning("job %s: %s", ctx.job.id, exc.message)
+        return [SetJobStatus(JobStatus.TEARING_DOWN, exc.message[:500], JobStatus.FAILED)]
+    return actions
 
 
 def _ingest(session: Session, job: Job, storage: JobStorage, slots: list[Slot]) -> tuple[Result | None, str | None]:
@@ -275,7 +311,7 @@ _gcs_lock = threading.Lock()
 
 def job_storage(uri: str, job_id: str) -> JobStorage:
     """A job's storage, made once per process (not per pass); every job on GCS shares one client."""
-    endpoint = os.environ.get("STORAGE_EMULATOR_HOST", "") if uri.startswith("gs://") else ""
+    endpoint = os.environ.get(STORAGE_ENDPOINT_ENV, "") if uri.startswith("gs://") else ""
     return _job_storage(uri, job_id, endpoint)
 
 

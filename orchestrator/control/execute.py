@@ -104,6 +104,8 @@ def _one(ctx: JobContext, action: Action) -> None:
             inst = instance_row(ctx, name)
             if end_reason is not None and inst.end_reason is None:
                 inst.end_reason = end_reason.value
+            if status in (InstanceStatus.PROVISIONING, InstanceStatus.DELETED):  # seen, or gone: its ledger's start
+                operations.bill_from_provider(ctx, inst)
             until = operations.billed_until(ctx, name) if status == InstanceStatus.DELETED else None
             queries.switch_status(s, inst, status, reason, billed_until=until)
             s.commit()

@@ -2,12 +2,15 @@
 paying for forgotten VMs — and the deletes a job closed without its provider left pending.
 
 Image builders (control/images.py) are the exception: labelled with their bake's time limit, they are
-left alone until it passes, and an abandoned bake's record is closed here (``close_abandoned_bakes``)."""
+left alone until it passes, and an abandoned bake's record is closed here (``close_abandoned_bakes``).
+What no listing shows (a provider's ``sweep_strays``: e.g. a local hypervisor whose folder is gone) is ended
+with the pending deletes (``end_strays``)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -127,6 +130,23 @@ def finish_pending_deletes(job_ids: list[str] | None = None) -> list[str]:
                 problems.append(f"{job.id}: {describe(exc)}")
     if job_ids is None:
         problems += close_abandoned_bakes()
+        problems += end_strays()
+    return problems
+
+
+def end_strays() -> list[str]:
+    """What a crash left where no listing shows it (a provider's ``sweep_strays``: e.g. a local hypervisor
+    whose instance folder is gone), ended. Logs each; returns what could not be done."""
+    problems: list[str] = []
+    for backend in _backends():
+        sweep: Callable[[], list[str]] | None = getattr(backend.provider, "sweep_strays", None)
+        if not callable(sweep):
+            continue
+        try:
+            for line in sweep():
+                log.warning("stray ended (%s): %s", backend.key, line)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next sweep
+            problems.append(f"{backend.key}: {describe(exc)}")
     return problems
 
 

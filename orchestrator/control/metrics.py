@@ -1,4 +1,7 @@
-"""Prometheus metrics of the daemon (``orchestrator daemon --metrics-port N``).
+"""Prometheus metrics of the daemon (``orchestrator daemon --metrics-port N [--metrics-host ADDR]``).
+
+Job ids, names, spend and budgets, without authentication: served on 127.0.0.1 unless ``--metrics-host``
+names a wider address (0.0.0.0: every interface, e.g. for a Prometheus in another container).
 
 Two kinds:
 
@@ -11,8 +14,10 @@ Two kinds:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -178,14 +183,28 @@ def pass_metrics(session: Session) -> Iterator[None]:
             log.exception("metrics: could not read this pass's latencies")
 
 
-def serve(port: int, registry: CollectorRegistry = REGISTRY, url: str | None = None) -> int:
-    """Start the /metrics endpoint (a daemon thread) and register the DB collector; returns the port bound."""
+METRICS_HOST = "127.0.0.1"  # this machine only, as the dashboard's --host
+
+
+def serve(port: int, registry: CollectorRegistry = REGISTRY, url: str | None = None,
+          host: str = METRICS_HOST) -> int:
+    """Start the /metrics endpoint on ``host`` (a daemon thread) and register the DB collector; returns the
+    port bound."""
     try:
-        server, _thread = start_http_server(port, addr="0.0.0.0", registry=registry)
-    except OSError as exc:  # before anything else starts: one line and exit 2, not a traceback
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except socket.gaierror as exc:  # before anything else starts: one line and exit 2, not a traceback
+        raise UserError(f"--metrics-host: '{host}' is not an address of this machine ({exc.strerror})",
+                        hint=HOST_HINT) from exc
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:  # an address, but not this machine's
+            raise UserError(f"--metrics-host: cannot listen on {host}:{port} ({exc.strerror})",
+                            hint=HOST_HINT) from exc
         raise UserError(f"--metrics-port: cannot listen on port {port} ({exc.strerror})",
                         hint="pick another --metrics-port") from exc
     registry.register(DbCollector(url))
     bound = int(server.server_port)
-    log.info("metrics on http://0.0.0.0:%d/metrics", bound)
+    log.info("metrics on http://%s:%d/metrics", host, bound)
     return bound
+
+
+HOST_HINT = "use 127.0.0.1, 0.0.0.0 or one of this machine's addresses"

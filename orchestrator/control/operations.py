@@ -26,7 +26,7 @@ import uuid
 
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator.control.billing import provider_end_time
+from orchestrator.control.billing import provider_end_time, provider_start_time
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.control.keep_logs import keep_log
 from orchestrator.core.actions import Action, CreateInstance, DeleteInstance, SetInstanceStatus, SetJobStatus
@@ -149,6 +149,7 @@ def _insert(ctx: JobContext, inst: Instance, zones: list[str], why: list[str]) -
                          f"{inst.zone}", instance_id=inst.id)
             inst.zone = zone  # where its VM will be: a delete or an adoption looks there
         inst.updated_at = now  # asked (again) now: the reconciler's REQUESTED timeouts run from here
+        inst.requested_at = now  # and billed from this send (it follows the commit), not from an earlier record
         ctx.session.add(op)
         ctx.session.commit()  # intent first: a crash from here on resends this request id
         ctx.pending[inst.name] = op
@@ -369,6 +370,7 @@ def _accepted(ctx: JobContext, inst: Instance) -> None:
         own = provider.price_per_hour(inst.name)
         if own is not None:
             inst.price_per_hour = own  # e.g. an on-prem host's price from the inventory, not a price book
+    bill_from_provider(ctx, inst)
     reason = inst.status_reason
     queries.switch_status(ctx.session, inst, InstanceStatus.PROVISIONING, "create accepted")
     log.info("job %s instance %s: %s in %s (%s)", ctx.job.id, inst.name,
@@ -384,9 +386,21 @@ def _delete_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     if error is not None:  # DELETING stays: the reconciler asks again after its timeout
         queries.note(s, ctx.job.id, "provider_error", f"{error.message} (will retry)", instance_id=inst.id)
     elif inst.status == InstanceStatus.DELETING.value:
+        bill_from_provider(ctx, inst)
         queries.switch_status(s, inst, InstanceStatus.DELETED, "deleted", billed_until=billed_until(ctx, name,
                                                                                                   state.ended_at))
         log.info("job %s instance %s: deleted", ctx.job.id, name)
+
+
+def bill_from_provider(ctx: JobContext, inst: Instance) -> None:
+    """The ledger starts where the provider made the instance, as it reports it: the send that created it,
+    which may be a later daemon's resend of a create its recorder never sent, or the first send where a resend
+    found it made. Without such a report it starts at the latest send (``_insert``)."""
+    if inst.status in (InstanceStatus.DELETED.value, InstanceStatus.FAILED.value):
+        return  # its ledger is closed (or it never ran)
+    start = provider_start_time(ctx.backend.provider, inst.name)
+    if start is not None:
+        inst.requested_at = min(start, time.time())
 
 
 def billed_until(ctx: JobContext, name: str, deleted_at: float | None = None) -> float | None:

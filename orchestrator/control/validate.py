@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from orchestrator.control.inventory_plan import inventory_notes, inventory_priced
 from orchestrator.control.launcher import KnownBlock, known_blocks
@@ -28,9 +27,11 @@ from orchestrator.core.costmodel.spec_checks import batch_fit_errors
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import LaunchPlan, plan_spec
 from orchestrator.core.spec import FieldError, JobSpec, SpecError, load_spec
+from orchestrator.core.spec.provider import loopback_endpoint
 from orchestrator.core.specfile import short
 from orchestrator.providers.ssh.provider import Inventory, load_inventory
 from orchestrator.sim.from_spec import plan_job
+from orchestrator.storage.local import storage_problem
 
 if TYPE_CHECKING:
     from orchestrator.core.costmodel import Calibration, Candidate, PlanResult
@@ -91,6 +92,8 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
     # right after this in `launch` and its dry run (cli/jobs_cmd.py), before any row; `plan` needs no account.
     blocks = known_blocks(spec)
     result = plan_job(spec, calibration=calibration, blocks=blocks)
+    if findings := spec_warnings(spec):  # printed with the plan's own warnings by every verb
+        result = replace(result, warnings=(*result.warnings, *findings))
     searched = spec.cluster is None
     if searched:
         if result.chosen is None:
@@ -167,22 +170,24 @@ def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) 
 
 def _storage_reachable(spec: JobSpec, source: str) -> None:
     """A cloud's VMs write checkpoints and metrics to storage: a folder of this machine is out of their reach,
-    except for the Compute API emulator's "VMs", which are processes of this machine."""
+    except where the Compute API is served on this machine (a loopback endpoint), whose "VMs" are its
+    processes. A local folder is never an OS folder, a shared folder itself, the results DB or the home's own
+    files (the check that opening a job's storage runs too)."""
     gce = spec.provider.as_gce()
-    if gce is not None and not spec.storage.startswith("gs://") and not _loopback(gce.api_endpoint):
+    if gce is not None and not spec.storage.startswith("gs://") and not loopback_endpoint(gce.api_endpoint):
         raise SpecError([FieldError(path="storage", message=f"'{short(spec.storage)}' is a folder of this machine, "
                                     "which GCE VMs cannot reach; use gs://bucket/prefix")], source)
+    if (problem := storage_problem(spec.storage)) is not None:
+        raise SpecError([FieldError(path="storage", message=problem)], source)
 
 
-def _loopback(url: str | None) -> bool:
-    """``url`` names this machine (the Compute API emulator's address)."""
-    host = urlsplit(url).hostname if url else None
-    if host is None:
-        return False
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def spec_warnings(spec: JobSpec) -> list[str]:
+    """What the spec may do but should hear about: a GCE firewall rule letting the whole internet try ssh."""
+    gce = spec.provider.as_gce()
+    ranges = (gce.ssh_source_ranges or []) if gce is not None else []
+    return [f"provider.ssh_source_ranges: {r} lets every address on the internet try ssh (port 22) on the VMs; "
+            "give your own range (e.g. 203.0.113.7/32), or leave it out for this controller's address"
+            for r in ranges if ipaddress.ip_network(r).prefixlen == 0]
 
 
 def _inventory(spec: JobSpec) -> Inventory | None:

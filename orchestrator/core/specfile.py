@@ -8,6 +8,7 @@ one clear message here, before anything acts on the document.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
@@ -23,7 +24,17 @@ MAX_BYTES = 1 << 20  # a job spec or an inventory is a few KB; 1 MiB is generous
 MAX_DEPTH = 32  # a spec nests ~5 deep
 MAX_VALUES = 100_000  # values after alias expansion (guards "billion laughs")
 SHORT = 60
+PATH_SHORT = 200  # a path a message names (not the value quoted back): long enough to be found
 KERNEL_FOLDERS = ("/proc", "/sys", "/dev")  # pseudo-filesystems: never a place for a job's files
+# The operating system's own trees: a job's storage is never in them (as root, `storage: /etc` would write
+# /etc/<job>/...). macOS's too (/etc is /private/etc there).
+SYSTEM_TREES = (*KERNEL_FOLDERS, "/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/run", "/sbin",
+                "/usr", "/System", "/Library", "/private/etc")
+# Folders everyone shares: a folder of one's own under them is fine (/tmp/runs, /home/me/runs, /var/tmp/x), the
+# folder itself is not (each job's files would land among everyone's, or the system's, at the top).
+SHARED_FOLDERS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/var", "/var/cache", "/var/lib",
+                  "/var/local", "/var/log", "/var/mail", "/var/opt", "/var/spool", "/var/tmp", "/Users", "/Volumes",
+                  "/private", "/private/tmp", "/private/var")
 
 
 def short(value: Any, limit: int = SHORT) -> str:
@@ -186,6 +197,54 @@ def folder_problem(path: Path) -> str | None:
     return None
 
 
+def _real(path: Path) -> Path:
+    """``path`` with every symlink resolved (``/lib`` is ``/usr/lib`` on most Linuxes); itself if it cannot be."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path
+
+
+def _under(real: Path, folder: Path) -> bool:
+    return real == folder or real.is_relative_to(folder)
+
+
+def _shown(path: Path) -> str:
+    return short(str(path), PATH_SHORT)
+
+
+def storage_folder_problem(value: str, *, db_files: tuple[Path, ...], home: Path,
+                           home_entries: tuple[str, ...]) -> str | None:
+    """Why a job's local storage must not be ``value``, or None: the operating system's trees, a shared folder
+    itself, the results DB (``db_files``: the SQLite file and its side files), the orchestrator's home itself or
+    one of its own files and folders (``home_entries``: names or glob patterns; a folder of the user's own there,
+    such as <home>/runs, is fine). Symlinks are resolved first; nothing is created."""
+    text = short(value)
+    real = _real(Path(value).expanduser().absolute())
+    system = (next((t for t in SYSTEM_TREES if _under(real, Path(t))), None)  # /usr/lib: /usr, not /lib -> /usr/lib
+              or next((t for t in SYSTEM_TREES if _under(real, _real(Path(t)))), None))
+    resolved = "" if str(real) == value else f" (it resolves to {_shown(real)})"
+    if system is not None:
+        return (f"'{text}' is in {system}, a folder of the operating system{resolved}; give a folder of your own, "
+                "e.g. ./runs")
+    if any(real in (Path(f), _real(Path(f))) for f in (*SHARED_FOLDERS, str(Path.home()))):
+        example = "./runs" if real == Path("/") else _shown(real / "runs")
+        return (f"'{text}' is the shared folder {_shown(real)} itself: each job's files would land at its top; give "
+                f"a folder of your own, e.g. {example}")
+    for db in db_files:
+        if _under(real, db_real := _real(db.expanduser().absolute())):
+            return (f"'{text}' is the results DB's file {_shown(db_real)} (the DB URL names it); give a folder of "
+                    "your own, e.g. ./runs")
+    home_real = _real(home.expanduser().absolute())
+    own = real.relative_to(home_real).parts[:1] if real.is_relative_to(home_real) else None
+    if own == () or (own and any(fnmatch.fnmatchcase(own[0], entry) for entry in home_entries)):
+        what = (f"in {_shown(home_real / own[0])}, one of the orchestrator's own files in its home" if own
+                else f"the orchestrator's home {_shown(home_real)} itself")
+        return (f"'{text}' is {what} (its DB, SSH keys, local instances); give a folder of your own, e.g. "
+                f"{_shown(home_real / 'runs')} or ./runs")
+    return None
+
+
 def pushed_file_problem(base: Path, value: Path) -> str | None:
     """Why a ``files:`` entry cannot be pushed to instances, or None.
 
@@ -236,6 +295,13 @@ RESERVED_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PYTHONPATH", "PATH", "HOME"}
 
 
+# Read by the dynamic loader or an interpreter as it starts, before (and beside) the script: they decide what code
+# every process of the task runs, the orchestrator's own node agent included, as PATH does.
+LOADER_ENV = {"GCONV_PATH", "BASH_ENV", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONUSERBASE",
+              "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE", "PYTHONBREAKPOINT"}
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_")  # LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...; macOS's DYLD_INSERT_LIBRARIES
+
+
 def command_problem(cmd: str | None) -> str | None:
     if cmd is None:
         return None
@@ -250,12 +316,22 @@ def command_problem(cmd: str | None) -> str | None:
     return None
 
 
+def env_name_problem(key: str) -> str | None:
+    """Why a spec may not set the task's environment variable ``key`` (env: or secrets:), or None."""
+    if not _ENV_NAME.match(key):
+        return f"'{key[:60]}' is not an environment variable name (letters, digits, _)"
+    if key in RESERVED_ENV or key.startswith("ORCHESTRATOR_"):
+        return f"{key} is set by torchrun / the orchestrator; pick another name"
+    if key in LOADER_ENV or key.startswith(LOADER_ENV_PREFIXES):
+        return (f"{key} is read by the loader or the interpreter as each process of the task starts (it changes "
+                "what code runs, as PATH does); pick another name")
+    return None
+
+
 def env_problem(env: dict[str, str]) -> str | None:
     for key, value in env.items():
-        if not _ENV_NAME.match(key):
-            return f"'{key[:60]}' is not an environment variable name (letters, digits, _)"
-        if key in RESERVED_ENV or key.startswith("ORCHESTRATOR_"):
-            return f"{key} is set by torchrun / the orchestrator; pick another name"
+        if problem := env_name_problem(key):
+            return problem
         if "\x00" in value:
             return f"{key}: NUL is not allowed in a value"
     return None

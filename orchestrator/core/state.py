@@ -104,7 +104,7 @@ class JobView:
     cost_usd: float
     cancel_requested: bool = False
     zones: tuple[str, ...] = ()  # allowed zones, in fallback order (cloud providers)
-    stable_addresses: bool = True  # a replacement keeps its slot's address (local, emulator)
+    stable_addresses: bool = True  # a replacement keeps its slot's address (local, a loopback Compute API)
     fatal_exits: int = 0  # task exits with the payload's "bad input" code so far (one retry, then FAILED)
     # PyTorch under torchrun: survivors re-form the world themselves (no whole-cluster restart on a lost
     # worker) and a ready replacement joins the running world at once. rdzv_slot hosts the rendezvous.

@@ -13,7 +13,6 @@ meta device only propagates shapes, so ResNet-50 profiles in about a second on a
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.costmodel.profiles.model import Layer, ModelProfile, OpWork, Variable
+from orchestrator.profiler.factory_ref import EXAMPLE, FactorySource, foreign_module, refused, resolve_factory
+from orchestrator.profiler.factory_ref import ProfileError as ProfileError  # re-exported: its users import it here
 
 PROFILER_VERSION = 5  # 3: grouped convs' weight gradient per group; 4: ties between layers broken by name;
 # 5: depthwise convolutions marked
@@ -56,10 +57,6 @@ KIND_BY_MODULE = {  # the cost model's layer kinds (compute.KERNELS) by module c
 }
 
 
-class ProfileError(ValueError):
-    """A factory that cannot be found, loaded or run; the message says what to fix."""
-
-
 Factory = Callable[[int], Any]
 
 
@@ -70,25 +67,24 @@ class FactoryRef:
     fingerprint: str  # content of what defines the model (module source, or the library's version)
 
 
-def _torchvision(name: str) -> FactoryRef:
+def _torchvision(src: FactorySource) -> FactoryRef:
     try:
         import torchvision  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise ProfileError(
-            "torchvision is not installed: install it, or use the torch.nn-only factory "
-            "examples/own-script/models.py:resnet50"
+            f"torchvision is not installed: install it, or use the torch.nn-only factory {EXAMPLE}"
         ) from None
     try:
-        builder = torchvision.models.get_model_builder(name)
+        builder = torchvision.models.get_model_builder(src.name)
     except ValueError:
-        raise ProfileError(f"torchvision has no model '{name}'") from None
+        raise ProfileError(f"torchvision has no model '{src.name}'") from None
 
     def build(batch: int) -> Any:
         import torch  # lazy: torch is an optional extra (heavy import)
 
         return builder(weights=None), (torch.randn(batch, 3, 224, 224),)
 
-    return FactoryRef(f"torchvision:{name}", build, f"torchvision {torchvision.__version__} {name}")
+    return FactoryRef(src.ref, build, src.fingerprint)
 
 
 @contextmanager
@@ -101,38 +97,50 @@ def _on_path(folder: Path) -> Iterator[None]:
 
 
 def load_factory(ref: str, base: Path | None = None) -> FactoryRef:
-    """``MODULE:FACTORY``: a file (``path/models.py:build``, relative to ``base`` or the current folder),
-    an importable module (``pkg.mod:build``, also looked up in ``base``), or ``torchvision:NAME``."""
-    module, sep, name = ref.rpartition(":")
-    if not sep or not module or not name.isidentifier():
-        raise ProfileError(f"'{ref}' is not MODULE:FACTORY (e.g. examples/own-script/models.py:resnet50)")
-    if module == "torchvision":
-        return _torchvision(name)
-    folder = base or Path.cwd()
+    """``MODULE:FACTORY`` (see ``factory_ref.resolve_factory``) imported: this runs the user's module, so only
+    the profiling child (``sandbox``) and tests call it, never the controller."""
+    return import_factory(resolve_factory(ref, base))
+
+
+def _import_module(src: FactorySource) -> Any:
+    if src.kind == "file":
+        path = Path(src.path)
+        spec = importlib.util.spec_from_file_location(f"_factory_{src.fingerprint[:12]}", path)
+        if spec is None or spec.loader is None:
+            raise ProfileError(f"cannot load {path} as a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # as an import would (dataclasses and pickling look it up there)
+        with _on_path(path.parent):
+            spec.loader.exec_module(mod)
+        return mod
+    with _on_path(Path(src.root)):
+        mod = importlib.import_module(src.module)
+    found = getattr(mod, "__file__", None)
+    if not found or Path(found).resolve() != Path(src.path):  # what the cache key was made of
+        raise ProfileError(f"'{src.module}' was imported from {found or 'no file'}, not {src.path} (from '{src.ref}')")
+    return mod
+
+
+def import_factory(src: FactorySource) -> FactoryRef:
+    """Import ``src``'s module and take its factory, refused if the callable itself is not the user's own
+    (``from os import system as build``: a builtin or standard-library function)."""
+    if src.kind == "torchvision":
+        return _torchvision(src)
     try:
-        if module.endswith(".py") or "/" in module:
-            path = (folder / module).resolve()
-            if not path.is_file():
-                raise ProfileError(f"model factory file {path} does not exist (from '{ref}')")
-            source = path.read_bytes()
-            spec = importlib.util.spec_from_file_location(f"_factory_{hashlib.sha1(source).hexdigest()[:12]}", path)
-            if spec is None or spec.loader is None:
-                raise ProfileError(f"cannot load {path} as a Python module")
-            mod = importlib.util.module_from_spec(spec)
-            with _on_path(path.parent):
-                spec.loader.exec_module(mod)
-        else:
-            with _on_path(folder):
-                mod = importlib.import_module(module)
-            source = Path(mod.__file__ or "").read_bytes() if getattr(mod, "__file__", None) else module.encode()
+        mod = _import_module(src)
     except ProfileError:
         raise
     except Exception as exc:  # the user's module: any import error is theirs to fix
-        raise ProfileError(f"cannot import '{module}' (from '{ref}'): {type(exc).__name__}: {exc}") from None
-    factory = getattr(mod, name, None)
+        raise ProfileError(f"cannot import '{src.module}' (from '{src.ref}'): {type(exc).__name__}: {exc}") from None
+    factory = getattr(mod, src.name, None)
     if not callable(factory):
-        raise ProfileError(f"'{module}' has no callable '{name}' (from '{ref}')")
-    return FactoryRef(ref, factory, hashlib.sha256(source).hexdigest())
+        raise ProfileError(f"'{src.module}' has no callable '{src.name}' (from '{src.ref}')")
+    owner = getattr(factory, "__module__", None)
+    if not isinstance(owner, str):
+        raise refused(src.ref, f"{src.name} does not say which module defines it")
+    if (why := foreign_module(owner)) is not None:
+        raise refused(src.ref, f"{src.name} is {owner}.{getattr(factory, '__qualname__', src.name)}: {why}")
+    return FactoryRef(src.ref, factory, src.fingerprint)
 
 
 def _nbytes(tree: Any) -> int:
@@ -247,7 +255,7 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
             sum(t.float().sum() for t in leaves).backward()  # type: ignore[union-attr]
         for h in hooks:
             h.remove()
-    except ProfileError:
+    except (ProfileError, MemoryError):  # a MemoryError is the sandbox's limit: the child names it
         raise
     except Exception as exc:  # the user's model code
         raise ProfileError(f"{ref.ref}({batch}) failed on the meta device: {type(exc).__name__}: {exc}") from None

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-PASSED_ENV = ("STORAGE_EMULATOR_HOST",)  # tests point the payload's storage sync at the emulator
+from orchestrator.storage.gcs_endpoint import STORAGE_ENDPOINT_ENV
+
+# The storage endpoint the controller uses, so that a payload's storage sync reaches the same GCS.
+PASSED_ENV = (STORAGE_ENDPOINT_ENV,)
 
 
 def passed_env() -> dict[str, str]:

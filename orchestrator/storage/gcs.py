@@ -1,8 +1,8 @@
 """A job's storage in Google Cloud Storage: ``gs://bucket/prefix`` keeps the job under ``prefix/<job_id>/``.
 
 Instances do not read GCS directly: ``jobs/storage_sync.py`` mirrors the job's files between the bucket
-and a local directory on each instance (``local_path()`` is therefore None). With
-``STORAGE_EMULATOR_HOST`` set, the client talks to that emulator with anonymous credentials.
+and a local directory on each instance (``local_path()`` is therefore None). With the storage endpoint set
+(``gcs_endpoint.STORAGE_ENDPOINT_ENV``), the client talks to that host with anonymous credentials.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage  # type: ignore[attr-defined]
 
 from orchestrator.storage.base import JobStorage
+from orchestrator.storage.gcs_endpoint import STORAGE_ENDPOINT_ENV
 
 TIMEOUT_S = 30.0
 # Overwriting a small object with the same text is idempotent, so uploads may be retried too (the client
@@ -36,9 +37,9 @@ def parse_gs_uri(uri: str) -> tuple[str, str]:
 
 
 def make_client(project: str | None = None) -> Any:
-    """A storage client; against ``STORAGE_EMULATOR_HOST`` with anonymous credentials (no ADC needed)."""
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return storage.Client(project=project or os.environ.get("GOOGLE_CLOUD_PROJECT") or "emulator",
+    """A storage client; against the storage endpoint, if set, with anonymous credentials (no ADC needed)."""
+    if os.environ.get(STORAGE_ENDPOINT_ENV):
+        return storage.Client(project=project or os.environ.get("GOOGLE_CLOUD_PROJECT") or "anonymous",
                               credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     return storage.Client(project=project)
 

@@ -97,7 +97,8 @@ def note(session: Session, job_id: str, what: str, reason: str, *, instance_id: 
 
 
 def _close_ledger(session: Session, inst: Instance, end_at: float) -> None:
-    """Billing runs from the create request to the confirmed deletion, at the instance's hourly price."""
+    """Billing runs from the create's send (``requested_at``: the provider's own creation time where it reports
+    one) to the confirmed deletion (the provider's own end where it reports one), at the hourly price."""
     if inst.end_reason == "create_failed":
         end_at = inst.requested_at  # the cloud refused the create: nothing ran, nothing is billed
     with session.no_autoflush:  # the row's own changes are flushed with it, at the caller's commit

@@ -82,7 +82,8 @@ def _reap() -> None:
 # numeric libraries, never the rest (cloud credentials, the DB URL with its password, tokens). A job's
 # own variables and secrets come by name from its spec (``env:`` / ``secrets:``).
 PASSED_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-                        "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "STORAGE_EMULATOR_HOST"})
+                        "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+                        "STORAGE_EMULATOR_HOST"})  # the GCS endpoint (storage.gcs_endpoint: a sibling layer)
 PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "TF_", "TORCH_", "PYTORCH_",
                    "XLA_", "KMP_")
 

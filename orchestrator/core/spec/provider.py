@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.core.spec.base import LOCAL_ZONE, StrictModel
+from orchestrator.core.spec.base import LOCAL_ZONE, FieldValueError, StrictModel
 from orchestrator.core.spec.fields import CidrRange, GceImage, GceNetwork, GceProjectId, UserPort
 from orchestrator.core.specfile import short
 
@@ -17,6 +18,62 @@ SSH_USER_PATTERN = r"^[A-Za-z_][A-Za-z0-9._-]*$"  # POSIX portable user names (n
 # A service account email (user-made or the project's Compute default), or "none".
 _SERVICE_ACCOUNT = (r"^(none|[a-z][a-z0-9-]{4,29}@[a-z0-9.-]+\.iam\.gserviceaccount\.com"
                     r"|[0-9]+-compute@developer\.gserviceaccount\.com)$")
+
+
+# provider.api_endpoint: [scheme://]host[:port], nothing else (no user@, path or query: what the client joins to
+# its request paths, parsed one way). The client takes a bare host as https.
+_ENDPOINT = re.compile(r"(?:(?P<scheme>https?)://)?(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9.])?"
+                       r"|\[[0-9A-Fa-f:.]{2,45}\])(?::(?P<port>[0-9]{1,5}))?")
+# Credentials (an OAuth bearer token) go only over https to googleapis.com or a host under it: the global
+# compute.googleapis.com, Private Google Access (private.googleapis.com, restricted.googleapis.com,
+# https://cloud.google.com/vpc/docs/configure-private-google-access), Private Service Connect endpoints
+# (*.p.googleapis.com, https://cloud.google.com/vpc/docs/configure-private-service-connect-apis) and regional
+# endpoints (*.rep.googleapis.com, https://cloud.google.com/storage/docs/regional-endpoints).
+GOOGLE_API_DOMAIN = "googleapis.com"
+ENDPOINT_FIX = ("use https://compute.googleapis.com (or another *.googleapis.com host), or http://127.0.0.1:PORT "
+                "for a Compute API on this machine (called without credentials)")
+
+
+def _endpoint_host(url: str) -> tuple[str, str] | None:
+    """(scheme, host) of an endpoint of the accepted form, the host lowercased; None for any other string."""
+    m = _ENDPOINT.fullmatch(url)
+    if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
+        return None
+    return m["scheme"] or "https", m["host"].lower().strip("[]").rstrip(".")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_endpoint(url: str | None) -> bool:
+    """``url`` is a Compute API on this machine (localhost, 127.0.0.0/8, ::1): it is called with anonymous
+    credentials, and its VMs are reached from here at 127.0.0.1. False for None (GCE itself) and other hosts."""
+    parsed = _endpoint_host(url) if url else None
+    return parsed is not None and _is_loopback(parsed[1])
+
+
+def check_api_endpoint(url: str) -> str:
+    """``url`` if the Compute API may be called there; else a ValueError naming what is wrong and the fix."""
+    parsed = _endpoint_host(url)
+    if parsed is None:
+        raise ValueError(f"'{short(url)}' is not an endpoint of the form [https://]HOST[:PORT] "
+                         f"(no user, path or query); {ENDPOINT_FIX}")
+    scheme, host = parsed
+    if _is_loopback(host):
+        return url
+    google = host == GOOGLE_API_DOMAIN or host.endswith("." + GOOGLE_API_DOMAIN)
+    if not google:
+        raise ValueError(f"'{short(url)}' is not a Google API host (credentials go only to *.{GOOGLE_API_DOMAIN} "
+                         f"over https); {ENDPOINT_FIX}")
+    if scheme != "https":
+        raise ValueError(f"'{short(url)}' would send your credentials unencrypted; use https://{host}")
+    return url
 
 
 class RevocationMode(StrEnum):
@@ -196,7 +253,9 @@ class GceProvider(_RealTime):
     # account is best), None = the project's default account, "none" = no account (storage not on gs://).
     service_account: str | None = Field(default=None, pattern=_SERVICE_ACCOUNT, max_length=100)
     network: GceNetwork = "global/networks/default"
-    api_endpoint: str | None = Field(default=None, description="Compute API endpoint (emulator, tests)")
+    # None: compute.googleapis.com. Credentials go only to https Google API hosts; a loopback host gets none.
+    api_endpoint: str | None = Field(default=None, max_length=300,
+                                     description="Compute API endpoint: https://*.googleapis.com, or loopback")
     # A POSIX login name: it goes into the ssh-keys metadata as "user:key", where a newline adds a key.
     ssh_user: str = Field(default="orchestrator", pattern=SSH_USER_PATTERN, max_length=32)
     ssh_source_ranges: list[CidrRange] | None = Field(
@@ -206,11 +265,23 @@ class GceProvider(_RealTime):
     allow_open_network: bool = False
     python: str = Field(default="python3", min_length=1, description="the payload's interpreter on the VMs")
     # 0: each task gets a distinct free port of this machine, for VMs that all answer at this machine's address
-    # (e.g. the Compute API emulator); a replacement then keeps its slot's address (host and port).
+    # (a Compute API on loopback); a replacement then keeps its slot's address (host and port).
     task_port: UserPort = Field(default=2222, ge=0, le=65535, description="TF gRPC port on each VM; 0: one per slot")
     # What GCE does to a preempted (or time-limited) spot VM: DELETE (default: nothing left billing) or STOP
     # (the stopped VM keeps its boot disk, billed until the controller deletes it; the ledger prices the disk).
     termination_action: Literal["DELETE", "STOP"] = "DELETE"
+
+    @field_validator("api_endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_api_endpoint(v)
+
+    @model_validator(mode="after")
+    def _no_key_for_loopback(self) -> GceProvider:
+        if self.credentials is not None and loopback_endpoint(self.api_endpoint):
+            raise FieldValueError("credentials", "a key file is never sent to a loopback api_endpoint (its calls "
+                                  "carry no credentials); drop provider.credentials, or the api_endpoint")
+        return self
 
     @property
     def allowed_zones(self) -> list[str]:

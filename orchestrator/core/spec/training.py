@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from orchestrator.core.spec.base import StrictModel
-from orchestrator.core.specfile import command_problem, env_problem
+from orchestrator.core.spec.base import FieldValueError, StrictModel
+from orchestrator.core.specfile import command_problem, env_name_problem, env_problem
 
 
 class TrainingMode(StrEnum):
@@ -115,6 +115,14 @@ class SecretRef(StrictModel):
             raise ValueError("a secret's value never goes in the spec (it is stored); use env: VAR or file: PATH")
         return data
 
+    @field_validator("name")
+    @classmethod
+    def _task_variable(cls, v: str) -> str:
+        # The task gets the secret as this variable: the same names are refused as in env: (PATH, LD_PRELOAD).
+        if problem := env_name_problem(v):
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _one_source(self) -> SecretRef:
         if self.env is not None and self.file is not None:
@@ -166,6 +174,19 @@ class RunTraining(StrictModel):
         if problem:
             raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _one_value_per_variable(self) -> RunTraining:
+        # The task would get one of two values for the variable (the secret wins today): say which, once.
+        seen: set[str] = set()
+        for ref in self.secrets:
+            if ref.name in self.env:
+                raise FieldValueError("secrets", f"{ref.name} is also in training.env; give it in one place "
+                                      "(secrets: for a value that must not be stored)")
+            if ref.name in seen:
+                raise FieldValueError("secrets", f"{ref.name} is listed twice; give each secret once")
+            seen.add(ref.name)
+        return self
 
     @property
     def profile_name(self) -> str:

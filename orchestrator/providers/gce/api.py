@@ -30,6 +30,8 @@ from tenacity import (
 )
 
 from orchestrator.core.cloud_errors import ProviderError, TransientError
+from orchestrator.core.errors import UserError
+from orchestrator.core.spec.provider import check_api_endpoint, loopback_endpoint
 from orchestrator.providers.gce.credentials import load_credentials
 from orchestrator.providers.gce.errors import map_exception, op_has_code, operation_error
 
@@ -58,7 +60,13 @@ class GceApi:
                  api_endpoint: str | None, retry: RetrySettings | None = None) -> None:
         self.project = project
         self.retry = retry or RetrySettings()
-        kwargs: dict[str, Any] = {"credentials": load_credentials(credentials, project)}
+        if api_endpoint:  # a spec's is checked when it is read; this guards every other caller too
+            try:
+                check_api_endpoint(api_endpoint)
+            except ValueError as exc:
+                raise UserError(f"provider.api_endpoint: {exc}") from None
+        kwargs: dict[str, Any] = {"credentials": load_credentials(credentials, project,
+                                                                  anonymous=loopback_endpoint(api_endpoint))}
         if api_endpoint:
             kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
         self.instances = compute_v1.InstancesClient(**kwargs)

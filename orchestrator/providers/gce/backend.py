@@ -114,7 +114,7 @@ def command_prefix(python: str) -> tuple[str, ...]:
 def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
     """Everything that differs from one Compute endpoint to another comes from the spec's settings
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
-    ssh port and work directory metadata): a Compute API emulator is reached like GCE itself."""
+    ssh port and work directory metadata): a Compute API on loopback is reached like GCE itself."""
     from orchestrator.providers.gce.network import (  # google-cloud-compute: ~2 s to import, gce jobs only
         IsolatedGceProvider,
     )

@@ -1,9 +1,8 @@
-"""Which credentials the GCE clients use: ADC by default, or a key file; anonymous only under the test setting.
+"""Which credentials the GCE clients use: ADC by default, or a key file; anonymous for a loopback endpoint.
 
-Credentials are never inferred from an endpoint: a custom ``api_endpoint`` (a regional endpoint, a proxy)
-gets the user's own credentials like the default one. Anonymous credentials, and VMs reached at this
-machine's loopback address, come only from the explicit test setting (providers/gce/test_setting.py), which the
-tests and orchestrator_testing set when they talk to the Compute API emulator.
+The endpoint decides whether credentials are sent at all (core/spec/provider.py ``check_api_endpoint``): the
+user's go only over https to a Google API host; a Compute API on this machine's loopback (http://127.0.0.1:PORT)
+is called with anonymous credentials, so no bearer token ever reaches a port another local process could hold.
 """
 
 from __future__ import annotations
@@ -17,11 +16,14 @@ from google.oauth2 import service_account
 
 from orchestrator.providers.gce.errors import AUTH_HINT, GceCredentialsError
 from orchestrator.providers.gce.requests import CLOUD_PLATFORM_SCOPE
-from orchestrator.providers.gce.test_setting import emulator_mode
 
 
-def load_credentials(credentials: Credentials | str | os.PathLike[str] | None, project: str) -> Credentials:
-    """A Credentials object as given, a key file if a path is given, anonymous under the test setting, else ADC."""
+def load_credentials(credentials: Credentials | str | os.PathLike[str] | None, project: str,
+                     anonymous: bool = False) -> Credentials:
+    """Anonymous if ``anonymous`` (a loopback endpoint: nothing of the user's is read or sent), else a
+    Credentials object as given, a key file if a path is given, else ADC."""
+    if anonymous:
+        return AnonymousCredentials()  # type: ignore[no-untyped-call]
     if isinstance(credentials, Credentials):
         return credentials
     if credentials is not None:
@@ -37,8 +39,6 @@ def load_credentials(credentials: Credentials | str | os.PathLike[str] | None, p
                 f"provider.credentials: cannot load service-account key file {path} ({type(exc).__name__}); "
                 + AUTH_HINT.format(project=project)
             ) from None
-    if emulator_mode():
-        return AnonymousCredentials()  # type: ignore[no-untyped-call]
     try:
         creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
     except auth_exc.DefaultCredentialsError:

@@ -51,7 +51,7 @@ def _json(message: Any) -> dict[str, Any]:
 
 def _ssh_ranges(provider: GceProvider) -> list[str]:
     """What the job's SSH rule would allow (the learned address; 0.0.0.0/32, nobody, if none answers)."""
-    return provider.ssh_source_ranges or [f"{address_learner()() or '0.0.0.0'}/32"]
+    return provider.ssh_source_ranges or [f"{address_learner(provider.api_endpoint)() or '0.0.0.0'}/32"]
 
 
 def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | None = None) -> dict[str, Any]:

@@ -29,9 +29,9 @@ from google.cloud import compute_v1
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.instances import InstanceRequest
+from orchestrator.core.spec.provider import loopback_endpoint
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.gce.requests import PORTS_RE
-from orchestrator.providers.gce.test_setting import emulator_mode
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,11 @@ def public_address(urls: Sequence[str] = PUBLIC_IP_URLS, timeout_s: float = 3.0)
     return None
 
 
-def address_learner() -> Callable[[], str | None]:
-    """How to learn the controller's address: ask the internet; under the explicit test setting (the Compute
-    API emulator, whose VMs are this machine) 127.0.0.1. Never inferred from the endpoint."""
-    return (lambda: "127.0.0.1") if emulator_mode() else public_address
+def address_learner(api_endpoint: str | None) -> Callable[[], str | None]:
+    """How to learn the controller's address, as the API's VMs see it: ask the internet; for a Compute API on
+    this machine's loopback, whose VMs this machine reaches over loopback, 127.0.0.1 (for a tunnel to a real
+    API that would only narrow SSH to nobody: provider.ssh_source_ranges says otherwise)."""
+    return (lambda: "127.0.0.1") if loopback_endpoint(api_endpoint) else public_address
 
 
 def ssh_source_ranges(configured: Sequence[str] | None, learn: Callable[[], str | None] = public_address) -> list[str]:
@@ -146,7 +147,7 @@ class IsolatedGceProvider(GceProvider):
         self.ports = ports
         self.allow_open_network = allow_open_network
         self._configured_ranges = list(ssh_ranges) if ssh_ranges else None
-        self._learn = learn_address or address_learner()
+        self._learn = learn_address or address_learner(kwargs.get("api_endpoint"))
         self._ranges: list[str] | None = None
         self._ready: set[str] = set()
         self._lock = threading.Lock()

@@ -64,9 +64,9 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
         ssh_source_ranges: Sequence[str] = ("0.0.0.0/0",), termination_action: str = "DELETE",
         retry: RetrySettings | None = None, page_size: int = 500, settings: GceRequestSettings | None = None,
     ) -> None:
-        """``credentials``: None for Application Default Credentials (anonymous only under the test setting,
-        providers/gce/credentials.py), a service-account key file path, or a Credentials object.
-        ``api_endpoint``: another Compute endpoint; the credentials stay the user's.
+        """``credentials``: None for Application Default Credentials, a service-account key file path, or a
+        Credentials object; never sent to a loopback ``api_endpoint`` (providers/gce/credentials.py).
+        ``api_endpoint``: another Compute endpoint: an https Google API host, or a loopback one (anonymous).
         ``image``: a public image (``projects/debian-cloud/global/images/family/debian-12``) or one of
         this project's (``images/<name>``, ``images/family/<family>``, ``global/images/...``).
         ``use_internal_ip``: report ``networkIP`` as the host even when the VM has an external IP.

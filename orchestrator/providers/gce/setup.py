@@ -2,7 +2,8 @@
 
 In order, each failure one line naming what is missing and the fix: the project id is well-formed;
 credentials are found (``provider.credentials``, ``GOOGLE_APPLICATION_CREDENTIALS`` or gcloud's
-application-default login, through ``google.auth.default``; anonymous only under the explicit test setting);
+application-default login, through ``google.auth.default``; none for a loopback ``api_endpoint``, which is
+called anonymously);
 and, for a launch, one ``projects.get`` with them: rejected credentials, a missing permission, an unknown
 project or a disabled Compute API are refused there, before anything is created. An API that does not
 answer is not a refusal (the launch's own calls retry and report it).
@@ -17,8 +18,8 @@ from collections.abc import Callable
 from orchestrator.core.cloud_errors import ProviderError
 from orchestrator.core.errors import UserError
 from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.core.spec.provider import loopback_endpoint
 from orchestrator.providers.base import Provider
-from orchestrator.providers.gce.test_setting import emulator_mode
 
 log = logging.getLogger(__name__)
 # Google's rule: 6-30 lowercase letters, digits or hyphens, starting with a letter, not ending with a hyphen;
@@ -41,6 +42,8 @@ def check_setup(spec: GceSpec, provider: Callable[[], Provider] | None) -> None:
 
 
 def _check_credentials(spec: GceSpec) -> None:
+    if loopback_endpoint(spec.api_endpoint):
+        return  # called with anonymous credentials (the spec refuses a key file beside it)
     if spec.credentials is not None:
         path = spec.credentials.expanduser()
         if not path.is_file():
@@ -48,8 +51,6 @@ def _check_credentials(spec: GceSpec) -> None:
         from orchestrator.providers.gce.credentials import load_credentials  # google-auth: gce only
 
         load_credentials(path, spec.project)  # a key file that does not parse: one line, no key material
-        return
-    if emulator_mode():
         return
     import google.auth  # google-auth (~0.2 s): only for gce specs
     from google.auth import exceptions as auth_exc  # with it

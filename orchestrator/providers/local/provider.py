@@ -15,12 +15,13 @@ revoked at (a deterministic chain), not from when the controller got round to cr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,23 @@ from orchestrator.core.revocation.availability import AvailabilityTrace
 from orchestrator.core.slots import DEFAULT_BATCH, Slot
 from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
+from orchestrator.providers.local.processes import (
+    all_processes,
+    end,
+    host_argv,
+    host_dir,
+    hosts_of,
+    inside,
+    is_host_of,
+    running_in,
+)
 from orchestrator.providers.local.progress import max_step
 from orchestrator.storage.base import METRICS
-from orchestrator.transport.local import kill_all_in, kill_group, payload_base_env, pid_alive, spawn_detached
+from orchestrator.transport.local import payload_base_env, spawn_detached
 
 PROGRESS_STEP_S = "progress-step-s"
+STATE, HOST_PID, CREATE_LOCK = "instance.json", "hypervisor.pid", ".create.lock"
+SPAWN_GRACE_S = 30.0  # a state without a hypervisor after this long: its create died before starting one
 NOTICE_MIN_S = 2.0  # wall seconds: a scaled 30 s window still leaves the chief time to checkpoint
 
 _STATES = {"provisioning": ObservedState.PENDING, "running": ObservedState.RUNNING,
@@ -58,8 +71,10 @@ class LocalProvider(Provider, SupportsSpotCapacity):
                  notice_window_cloud_s: float = policy.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
                  start_tick: int = 0, zone_availability: Mapping[str, AvailabilityTrace] | None = None,
                  gpu_availability: Mapping[str, AvailabilityTrace] | None = None) -> None:
-        self.root = root / "instances"
+        self.root = root.absolute() / "instances"  # absolute: a hypervisor's command line names its folder
         self.root.mkdir(parents=True, exist_ok=True)
+        self._tombs = self.root.parent / "deleted"
+        self._aside = self.root.parent / "deleting"  # folders a delete moved aside, until it removed them
         self.time_scale = time_scale
         # Replayed spot capacity, by zone (one trace: every zone's): stockouts and revocations at its ticks. The
         # traces share one tick length (spec validation), so the first one's is the replay's pace.
@@ -74,12 +89,35 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         return self.root / name
 
     def create(self, request: InstanceRequest) -> None:
+        """Crash-safe at every line: the folder and its state come first, so that a delete (of any process)
+        finds the instance before its hypervisor can exist; the hypervisor's command line names the folder (its
+        identity) and it exits once the folder is gone; and a create resent after its sender died finishes the
+        first one's (its hypervisor started once, whoever started it)."""
         d = self._dir(request.name)
-        if (d / "instance.json").exists():
+        if (d / HOST_PID).exists():
             return  # deterministic name: the instance exists already
+        state = None if (d / STATE).exists() else self._new_state(request, d)  # a stockout refuses here
+        for _ in range(3):  # the sweep may remove a folder a killed create left without a state as we fill it
+            if state is not None:
+                (d / "disk").mkdir(parents=True, exist_ok=True)
+            try:
+                with _create_lock(d):
+                    if not (d / STATE).exists():
+                        if state is None:
+                            return  # deleted since we looked: the delete wins
+                        _write_atomic(d / STATE, state)  # before the hypervisor can exist
+                    elif _host_started(d):
+                        return  # an earlier create started it (maybe one that died before writing its pid)
+                    pid = spawn_detached(host_argv(d), d, _env_with_package())
+                    (d / HOST_PID).write_text(str(pid))
+                    return
+            except FileNotFoundError:
+                if state is None:
+                    return  # deleted as we finished its create: the delete wins (a hypervisor started exits)
+
+    def _new_state(self, request: InstanceRequest, d: Path) -> dict[str, Any]:
         now = time.time()
         trace_revoke_at = self._trace_revoke_at(request, now)
-        (d / "disk").mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {
             "name": request.name, "labels": request.all_labels(), "role": request.role.value,
             "index": request.index, "generation": request.generation, "zone": request.zone,
@@ -94,12 +132,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         state.update(self._scheduled_step(request))
         if trace_revoke_at is not None:
             state["revoke_at"], state["spot_rank"] = trace_revoke_at
-        tmp = d / ".instance.json.tmp"
-        tmp.write_text(json.dumps(state))
-        tmp.replace(d / "instance.json")
-        pid = spawn_detached([sys.executable, "-m", "orchestrator.providers.local.host", str(d)], d,
-                             _env_with_package())
-        (d / "hypervisor.pid").write_text(str(pid))
+        return state
 
     def _tick(self, job_id: str, now: float) -> int:
         """The replayed trace's tick now: from the job's first create or capacity probe, gap / time_scale."""
@@ -209,22 +242,63 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         return {"metrics_file": str(_metrics_file(notice)), "revoke_at_step": int(step)}
 
     def delete(self, name: str, zone: str) -> None:
+        """Record the deletion (the tombstone), move the folder aside (its hypervisor, seeing it gone, exits by
+        itself, and nothing new starts in it), end every process of the instance, then remove the folder.
+        A delete killed half-way is finished by the next delete of the name or by ``sweep_strays``."""
         d = self._dir(name)
+        for aside in sorted(self._aside.glob(f"{name}.*")):
+            _end_and_remove(aside, None)  # an earlier delete of it that was killed half-way
         if not d.exists():
             return  # not found is success
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            kill_group(int((d / "hypervisor.pid").read_text()))
-        kill_all_in(d / "disk")
-        # Keep a tombstone (notice and kill times) for benchmarks and post-mortems; the disk goes.
-        tomb = self.root.parent / "deleted"
-        tomb.mkdir(exist_ok=True)
-        try:
-            state = json.loads((d / "instance.json").read_text())
+        state = self._state(d)
+        if state is not None:  # kept for benchmarks and post-mortems (notice, kill and deletion times)
             state["deleted_at"] = time.time()
-            (tomb / f"{name}.json").write_text(json.dumps(state))
+            self._tombs.mkdir(exist_ok=True)
+            _write_atomic(self._tombs / f"{name}.json", state)
+        recorded = [pid for pid in _recorded_host_pids(d, state) if is_host_of(pid, d)]
+        self._aside.mkdir(exist_ok=True)
+        aside = self._aside / f"{name}.{uuid.uuid4().hex[:8]}"
+        try:
+            d.rename(aside)
+        except FileNotFoundError:
+            return  # another delete moved it first
+        _end_and_remove(aside, (d, recorded))
+
+    @staticmethod
+    def _state(d: Path) -> dict[str, Any] | None:
+        try:
+            state: dict[str, Any] = json.loads((d / STATE).read_text())
+            return state
         except (OSError, json.JSONDecodeError):
-            pass
-        shutil.rmtree(d, ignore_errors=True)
+            return None
+
+    def sweep_strays(self, min_age_s: float = SPAWN_GRACE_S) -> list[str]:
+        """End what a crash left where no listing shows it; one line per thing ended. Hypervisors whose
+        folder is gone (one that did not exit by itself: stopped, or of an older version), processes running
+        in a removed instance folder, folders a delete moved aside and never removed, and folders a create
+        left before writing the instance's state (older than ``min_age_s``: not one being created now)."""
+        done: list[str] = []
+        procs = all_processes()
+        root, aside_root = os.path.realpath(self.root), os.path.realpath(self._aside)
+        strays = []
+        for p in procs:
+            folder = host_dir(p)
+            if folder is not None and os.path.realpath(folder.parent) == root and not (folder / STATE).exists():
+                strays.append(p)
+                done.append(f"pid {p.pid}: the hypervisor of {folder.name}, whose folder is gone")
+            elif (p.removed and inside(p, root)) or inside(p, aside_root):
+                strays.append(p)
+                done.append(f"pid {p.pid}: {' '.join(p.argv)[:80]}, running in the removed folder {p.cwd}")
+        end([p.pid for p in strays])
+        for aside in sorted(self._aside.glob("*")) if self._aside.is_dir() else []:
+            _end_and_remove(aside, None)
+            done.append(f"{aside.name}: the folder of a delete that did not finish, removed")
+        for d in sorted(self.root.iterdir()):
+            with contextlib.suppress(OSError):
+                if not (d / STATE).exists() and time.time() - d.stat().st_mtime > min_age_s:
+                    _end_and_remove(d, None)
+                    done.append(f"{d.name}: the folder of a create that did not finish, removed")
+        return done
 
     def list(self, job_ids: Collection[str] | None = None) -> list[ObservedInstance]:
         wanted = set(job_ids) if job_ids is not None else None
@@ -238,7 +312,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
             if wanted is not None and labels.get(LABEL_JOB) not in wanted:
                 continue
             state = _STATES[st["state"]]
-            if state in (ObservedState.PENDING, ObservedState.RUNNING) and not _hypervisor_alive(path.parent):
+            if state in (ObservedState.PENDING, ObservedState.RUNNING) and not _hypervisor_alive(path.parent, st):
                 state = ObservedState.TERMINATED  # the emulated host died under us
             out.append(ObservedInstance(
                 name=st["name"], job_id=labels[LABEL_JOB], role=Role(st["role"]), index=st["index"],
@@ -250,7 +324,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
 
     def history(self, name: str) -> dict[str, Any] | None:
         """The emulated cloud's record of an instance, live or deleted: created, notice, kill times."""
-        for path in (self._dir(name) / "instance.json", self.root.parent / "deleted" / f"{name}.json"):
+        for path in (self._dir(name) / STATE, self._tombs / f"{name}.json"):
             try:
                 record: dict[str, Any] = json.loads(path.read_text())
                 return record
@@ -291,11 +365,58 @@ def progress_clock_for(spec: JobSpec, slots: Sequence[Slot], step_sleep: Callabl
     return {PROGRESS_STEP_S: f"{step_s:.6f}"}
 
 
-def _hypervisor_alive(d: Path) -> bool:
+def _recorded_host_pids(d: Path, state: dict[str, Any] | None) -> list[int]:
+    """The hypervisor's pid as recorded: by its create (``hypervisor.pid``), and by itself (``instance.json``)."""
+    pids = []
+    with contextlib.suppress(OSError, ValueError):
+        pids.append(int((d / HOST_PID).read_text()))
+    if state is not None and isinstance(state.get("hypervisor_pid"), int):
+        pids.append(int(state["hypervisor_pid"]))
+    return pids
+
+
+def _host_started(d: Path) -> bool:
+    """Was this instance's hypervisor ever started (by any create)? Recorded, or running without a record."""
+    if (d / HOST_PID).exists():
+        return True
     try:
-        return pid_alive(int((d / "hypervisor.pid").read_text()))
-    except (FileNotFoundError, ValueError):
-        return True  # created a moment ago; the pid file follows the state file
+        state = json.loads((d / STATE).read_text())
+    except (OSError, json.JSONDecodeError):
+        state = None
+    return bool(_recorded_host_pids(d, state)) or bool(hosts_of(d))
+
+
+def _hypervisor_alive(d: Path, state: dict[str, Any]) -> bool:
+    recorded = _recorded_host_pids(d, state)
+    if not recorded:  # its create died before starting it (a resend starts it), or is starting it right now
+        return time.time() - float(state["created_at"]) < SPAWN_GRACE_S or bool(hosts_of(d))
+    return any(is_host_of(pid, d) for pid in recorded)
+
+
+def _end_and_remove(folder: Path, host: tuple[Path, list[int]] | None) -> None:
+    """End what runs in an instance's folder (moved aside by a delete), then remove it. ``host``: the folder
+    as its hypervisor knows it (its command line), with the pids recorded for it (checked already)."""
+    procs = all_processes()
+    pids = running_in(folder, procs)  # the hypervisor (it runs in the folder) and the job's processes
+    if host is not None:
+        pids += host[1] + hosts_of(host[0], procs)  # one whose start was under way as we looked
+    end(sorted(set(pids)))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_atomic(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _create_lock(d: Path) -> Iterator[None]:
+    """One create of an instance at a time (two resends of one create start one hypervisor); released by
+    the kernel when its holder dies."""
+    with (d / CREATE_LOCK).open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def _env_with_package() -> dict[str, str]:

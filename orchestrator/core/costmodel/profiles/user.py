@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from orchestrator.core.costmodel.profiles.model import ModelProfile
-from orchestrator.core.paths import user_dir
+from orchestrator.core.paths import home_path, user_dir
 
 TORCH_PREFIX = "torch:"
 _REGISTERED: dict[str, ModelProfile] = {}
@@ -23,9 +23,14 @@ def is_user_model(name: str) -> bool:
 
 
 def profiles_dir() -> Path:
-    d = user_dir() / "profiles"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """Where profiles are kept; made by the first write (a refused spec leaves nothing behind)."""
+    return home_path() / "profiles"
+
+
+def write_profile(path: Path, profile: ModelProfile) -> None:
+    user_dir()  # the home, owner-only, made by the first write
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict()) + "\n")
 
 
 def latest_path(name: str) -> Path:
@@ -36,7 +41,7 @@ def register_profile(profile: ModelProfile, persist: bool = True) -> None:
     """Make ``profile`` known by its name to this process (and, ``persist``, to later ones)."""
     _REGISTERED[profile.name] = profile
     if persist:
-        latest_path(profile.name).write_text(json.dumps(profile.to_dict()) + "\n")
+        write_profile(latest_path(profile.name), profile)
 
 
 def find_user_profile(name: str) -> ModelProfile | None:
