@@ -7,9 +7,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.static
 def test_import_linter_contracts_kept() -> None:
     """pyproject's [tool.importlinter]: core <- store <- transport|storage <- providers <- sim <- control <- cli."""
     lint = Path(sys.executable).with_name("lint-imports")
@@ -17,11 +20,13 @@ def test_import_linter_contracts_kept() -> None:
     assert out.returncode == 0, out.stdout[-4000:]
 
 
+@pytest.mark.static
 def test_no_import_cycles() -> None:
     out = subprocess.run([sys.executable, "tools/code_shape.py"], cwd=REPO, capture_output=True, text=True)
     assert "import cycles (function-level imports included): 0" in out.stdout, out.stdout[:3000]
 
 
+@pytest.mark.static
 def test_wheel_ships_no_test_doubles(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                           str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)

@@ -7,14 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.static
 def test_ruff_clean() -> None:
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:]
 
 
+@pytest.mark.static
 def test_mypy_strict_clean() -> None:
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:]
@@ -43,6 +47,7 @@ def _deptry(root: Path, out: Path) -> list[dict[str, object]]:
     return issues
 
 
+@pytest.mark.static
 def test_every_third_party_import_is_declared(tmp_path: Path) -> None:
     """`deptry .` with pyproject's [tool.deptry]: an import pyproject.toml does not declare fails CI.
 

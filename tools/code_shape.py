@@ -157,7 +157,22 @@ def print_nested(nested: list[NestedImport]) -> None:
         print(f"  {n.path}:{n.line} {n.module}")
 
 
-def main() -> int:
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 600
+
+
+def over_limits(paths: list[Path]) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES and modules over MAX_MODULE_LINES (the team's size rule)."""
+    out = [f"function of {n} lines: {where}" for n, where in longest_functions(paths, 10_000)
+           if n > MAX_FUNCTION_LINES]
+    for p in paths:
+        n = len(p.read_text().splitlines())
+        if n > MAX_MODULE_LINES:
+            out.append(f"module of {n} lines: {p.relative_to(ROOT)}")
+    return out
+
+
+def main(check: bool = False) -> int:
     paths = sorted((ROOT / PACKAGE).rglob("*.py"))
     modules = {module_name(p) for p in paths}
     graph: dict[str, set[str]] = {}
@@ -183,8 +198,12 @@ def main() -> int:
     print("longest modules:")
     for n, p in sorted(((len(p.read_text().splitlines()), p) for p in paths), reverse=True)[:8]:
         print(f"  {n:4d}  {p.relative_to(ROOT)}")
-    return 1 if found else 0
+    too_long = over_limits(paths) if check else []
+    for line in too_long:
+        print(f"over the size limit: {line}")
+    return 1 if found or too_long else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # --check (CI): also fail on a function over 60 lines or a module over 600
+    sys.exit(main(check="--check" in sys.argv[1:]))
