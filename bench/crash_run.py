@@ -181,7 +181,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="crash-run-"))
     env = {**os.environ, "ORCHESTRATOR_HOME": str(work / "home"), "ORCHESTRATOR_DB_URL": url}
     os.environ.update({k: env[k] for k in ("ORCHESTRATOR_HOME", "ORCHESTRATOR_DB_URL")})
-    from orchestrator.core.paths import user_dir
+    from orchestrator.model.paths import user_dir
     from orchestrator.store.db import get_engine, open_session
 
     user_dir()
@@ -205,7 +205,7 @@ def _submit(k: int, work: Path, args: argparse.Namespace) -> str:
     import yaml
 
     from orchestrator.control.launcher import create_job
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.model.spec import validate_spec
     from orchestrator.store.db import open_session
 
     with open_session() as session:

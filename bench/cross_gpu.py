@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cross_gpu_fit import PER_EXAMPLE, ROOT, TABLE, Model, Row, largest_batch, load_all_rows  # noqa: E402
 
-from orchestrator.core.costmodel.crossgpu import INTERVAL_KINDS, Efficiencies, precision_class  # noqa: E402
+from orchestrator.costmodel.crossgpu import INTERVAL_KINDS, Efficiencies, precision_class  # noqa: E402
 
 Q = dict[str, Any]
 GOAL_MEAN, GOAL_PAIR = 0.10, 0.15

@@ -23,7 +23,7 @@ import numpy as np
 from public_models import PUBLIC_MODELS
 from scipy.optimize import least_squares
 
-from orchestrator.core.costmodel.crossgpu import (
+from orchestrator.costmodel.crossgpu import (
     WEIGHT_PASSES,
     Efficiencies,
     arch_gpu,

@@ -64,9 +64,9 @@ from scipy.optimize import least_squares, nnls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.core.costmodel import host_fit  # noqa: E402
-from orchestrator.core.costmodel.compute import RUNTIME_PRIORS  # noqa: E402
-from orchestrator.core.costmodel.crossgpu import (  # noqa: E402
+from orchestrator.costmodel import host_fit  # noqa: E402
+from orchestrator.costmodel.compute import RUNTIME_PRIORS  # noqa: E402
+from orchestrator.costmodel.crossgpu import (  # noqa: E402
     FITTED_KIND,
     INTERVALS_FILE,
     WEIGHT_PASSES,
@@ -130,8 +130,8 @@ FIELDS = ("tensor_flops", "conv_flops", "vector_flops", "bytes", "weight_bytes",
 
 def profile_models(models: list[str]) -> tuple[dict[str, ClassWork], dict[str, float]]:
     """(per-layer arrays, the kernels `model predict --runtime pytorch-eager` charges host time for)."""
-    from orchestrator.core.costmodel.compute import layer_arrays  # noqa: PLC0415
-    from orchestrator.core.costmodel.crossgpu import class_work  # noqa: PLC0415
+    from orchestrator.costmodel.compute import layer_arrays  # noqa: PLC0415
+    from orchestrator.costmodel.crossgpu import class_work  # noqa: PLC0415
     from orchestrator.profiler.cache import torch_profile  # noqa: PLC0415
 
     profiles = {m: torch_profile(f"torchvision:{m}")[0] for m in models}

@@ -6,7 +6,7 @@ membership, V100 prices per VM from the price book (data/prices.csv, GCE 2019-02
 three 16-node traces of shared/spot-traces/availability (how many of 16 requested p3.2xlarge spot VMs
 were up, every 5 min), each replayed from START_POINTS start ticks spread over it, after 24 h of history.
 
-Model (orchestrator/sim/elastic.py, core/elastic.py): n of N workers progress n/N as fast (data parallel,
+Model (orchestrator/sim/elastic.py, decide/elastic.py): n of N workers progress n/N as fast (data parallel,
 elastic shrink, global batch kept by accumulation); the all-or-nothing policies (uniform-progress as
 published, the product's deadline policy) run the whole cluster on spot only when k >= N spot VMs can be
 had, else the whole cluster on on-demand or nothing; elastic runs min(k, N) spot VMs and tops up with
@@ -14,7 +14,7 @@ on-demand VMs as far as the deadline needs. "optimal" is the offline dynamic pro
 coarsened to worker-ticks, a restart's partial tick rounded up). "share": (on-demand - cost) / (on-demand -
 optimal) over the cell's runs summed.
 
-Held out: core/elastic.py's constants were tuned with --tune on the EVEN start points only; the table
+Held out: decide/elastic.py's constants were tuned with --tune on the EVEN start points only; the table
 reports the ODD ones, which no tuning saw.
 
     python bench/deadline_elastic.py            # the held-out table, N = 4 and 8 (about 30-80 s on 2 busy cores)
@@ -39,8 +39,8 @@ from deadline_policy import OVERHEADS_MIN, SLACKS_H, WORK_H  # noqa: E402
 from deadline_policy import TRACES as ALL_TRACES  # noqa: E402
 from deadline_policy import starts as study_starts  # noqa: E402
 
-from orchestrator.core import elastic  # noqa: E402
-from orchestrator.core.catalog import load_catalog  # noqa: E402
+from orchestrator.decide import elastic  # noqa: E402
+from orchestrator.model.catalog import load_catalog  # noqa: E402
 from orchestrator.sim.availability import HISTORY_H, Job, Outcome, load_trace, saving_share  # noqa: E402
 from orchestrator.sim.elastic import ONLINE, POLICIES, run_elastic  # noqa: E402
 
@@ -145,7 +145,7 @@ def table(book: str, sizes: tuple[int, ...]) -> None:
     cells = run_all(1, book, sizes)
     spot, od = prices(book)
     print(f"HELD OUT: the ODD start points ({START_POINTS // 2} per trace, each after {HISTORY_H:.0f} h of history); "
-          "core/elastic.py's constants were tuned on the EVEN ones only (--tune), for N = 4 and 8"
+          "decide/elastic.py's constants were tuned on the EVEN ones only (--tune), for N = 4 and 8"
           + (" (N = 16 is held out entirely)." if 16 in sizes else "."))
     print(f"48 h job, per VM ${spot}/h spot, ${od}/h on-demand (V100, book {book}). Per policy: mean cost $, "
           "deadlines met, share of the on-demand-to-optimum saving. optimal: the offline lower bound.")

@@ -5,7 +5,7 @@ trace's GPU (V100 or K80) from the price book (data/prices.csv, whole VMs of GCE
 Each trace (shared/spot-traces/availability, "Can't Be Late", NSDI'24: measured by asking AWS for spot
 capacity) is replayed from START_POINTS start ticks spread over it, each after 24 h of history.
 
-Held out: the deadline policy's constants (core/policy.py LINE_WAIT, LINE_HOP, HOP_GAIN, HOP_BUDGET, WAIT_SHORT) were
+Held out: the deadline policy's constants (deadline.py LINE_WAIT, LINE_HOP, HOP_GAIN, HOP_BUDGET, WAIT_SHORT) were
 tuned with ``--tune`` on the EVEN start points only, scored both as the simulator runs the policy and as the
 daemon then did (no history at all; it now learns the stretches it sees during the job, which no
 retuning has scored); the table reports the ODD start points, which no tuning saw. Today (2019-02
@@ -52,7 +52,7 @@ It does not pay on these traces (2026-11-29, held out): mean cost per run, deadl
 $51.64 / $51.81 at F = 0.1 / 0.25 / 0.5; the optimum's $49.51 without, $49.55 / $49.51 / $49.55 with. The slack a
 hop saves is paid for in boot money and in the ticks the job trains on on-demand while the standby boots. Cells
 under 80%: 7, 5 and 7 (8 without); the per-cell goal stays out of reach.
-``--mpc`` adds the model-predictive trial policy ``deadline-mpc`` (core/deadline_mpc.py: a semi-Markov
+``--mpc`` adds the model-predictive trial policy ``deadline-mpc`` (decide/deadline_mpc.py: a semi-Markov
 availability model fitted to the stretches seen, the MDP to the deadline solved by backward dynamic
 programming; its settings were also chosen on the even start points), with its own goal line (~15x slower). The
 optimum is the offline dynamic program (knows the trace); "share" is the share of the on-demand-to-optimum
@@ -64,7 +64,7 @@ Several zones at once: "deadline-zones" is the same policy holding every zone of
 and VM size, same region, same collection, equal length: measured over the same days), moving to a zone
 that has spot instead of waiting (sim/multizone.py); its share is against "optimal-zones", the offline
 optimum over the same zones. "deadline-zones-in-job" is the same without the 24 h of history, as the daemon
-decides on GCE where the advisor says which zones have spot (core/deadline_zones.py: each zone's stretches
+decides on GCE where the advisor says which zones have spot (decide/deadline_zones.py: each zone's stretches
 seen during the job). The 16-node traces are read as "at least one VM could be had".
 
 Zones and GPU types at once: "deadline-markets" holds every trace of the same VM size, region and collection, of
@@ -72,7 +72,7 @@ either GPU type (us-west-2a/b x K80/V100, measured over the same days), each wit
 measured step time over that GPU's: data/measurements/icac19-gce-resnet32-tf.csv, ResNet-32, 64.6 ms on a V100,
 216 ms on a K80) and spot price (the same book); on-demand runs the job's own GPU (sim/multizone.py Market). Its
 share is against "optimal-markets", the offline optimum over the same markets; "deadline-markets-in-job" learns
-each market's stretches during the job only. core/deadline_markets.py SLOWER_VALUE (a slower GPU's work is worth
+each market's stretches during the job only. decide/deadline_markets.py SLOWER_VALUE (a slower GPU's work is worth
 the spot price plus this share of on-demand's premium) was set on the EVEN start points (0.25, 0.5 and 1 gave 83.5%
 of the markets' optimum there, 0 gave 82.6%; 10 of 32 cells under 80% for each, the 8-GPU traces' cells); the
 table's are the odd ones (2026-11-29: 94%, no cell under 80%, 2 cells dearer than uniform-progress by $0.1-0.2): the
@@ -103,9 +103,9 @@ from scipy.stats import spearmanr
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.core import deadline_mpc as core_mpc  # noqa: E402
-from orchestrator.core import policy  # noqa: E402
-from orchestrator.core.catalog import load_catalog  # noqa: E402
+from orchestrator.decide import deadline as policy  # noqa: E402
+from orchestrator.decide import deadline_mpc as core_mpc  # noqa: E402
+from orchestrator.model.catalog import load_catalog  # noqa: E402
 from orchestrator.sim.availability import HISTORY_H, Job, Outcome, load_trace, run_policy, saving_share, study  # noqa: E402,E501
 from orchestrator.sim.multizone import Market, run_multi, study_multi  # noqa: E402
 

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cross_gpu_torchvision import TABLE, eager_kernels, load_work  # noqa: E402
 
-from orchestrator.core.costmodel.compute import RUNTIME_PRIORS  # noqa: E402
-from orchestrator.core.costmodel.crossgpu import (  # noqa: E402
+from orchestrator.costmodel.compute import RUNTIME_PRIORS  # noqa: E402
+from orchestrator.costmodel.crossgpu import (  # noqa: E402
     arch_gpu,
     layer_seconds,
     load_efficiencies,

@@ -49,7 +49,7 @@ from cross_gpu_torchvision import (  # noqa: E402
     summary,
 )
 
-from orchestrator.core.costmodel.crossgpu import FITTED_KIND, load_efficiencies  # noqa: E402
+from orchestrator.costmodel.crossgpu import FITTED_KIND, load_efficiencies  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ROOT / "data" / "measurements" / "raw" / "h200-torchvision-b12-2026-11-28.jsonl"

@@ -118,8 +118,8 @@ def main() -> int:
 
     from orchestrator.control.launcher import create_job
     from orchestrator.control.lease import LEASE_S
-    from orchestrator.core.paths import user_dir
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.model.paths import user_dir
+    from orchestrator.model.spec import validate_spec
     from orchestrator.store.db import open_session
 
     user_dir()

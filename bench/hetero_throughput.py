@@ -2,7 +2,7 @@
 
 Prints:
   1. each emulated GPU type's standalone examples/s and the measured speed ratio (vs K80), next to the
-     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.core.emulation);
+     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.costmodel.emulation);
   2. a 3-speed cluster's examples/s relative to the sum of its workers' standalone examples/s, for
      async parameter-server training, and for synchronous training with an equal split and with the
      split proportional to the emulated (measured) speeds.
@@ -74,9 +74,9 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> None:
-    from orchestrator.core.emulation import emulated_step_s
-    from orchestrator.core.slots import worker_batches
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.costmodel.emulation import emulated_step_s
+    from orchestrator.costmodel.slots import worker_batches
+    from orchestrator.model.spec import validate_spec
 
     alone: dict[str, float] = {}
     for g in GPUS:

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cross_gpu_torchvision import eager_kernels, load_work  # noqa: E402
 
-from orchestrator.core.costmodel import host_fit  # noqa: E402
-from orchestrator.core.costmodel.compute import RUNTIME_PRIORS, layer_arrays  # noqa: E402
-from orchestrator.core.costmodel.crossgpu import class_work  # noqa: E402
+from orchestrator.costmodel import host_fit  # noqa: E402
+from orchestrator.costmodel.compute import RUNTIME_PRIORS, layer_arrays  # noqa: E402
+from orchestrator.costmodel.crossgpu import class_work  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
 FIT_FILES = ("h100-torch-resnet-cifar.csv", "h100-torch-resnet-cifar-grid.csv")

@@ -4,7 +4,7 @@
    examples/local-torch-hetero.yaml (PyTorch DDP, sync) with the GPU emulation off and no revocations,
    launched for real. Their workers' steps, start-up, checkpoints and teardown give this host's figures
    (``fit_local_host``: each framework's CPU step under the processor-sharing model of
-   ``core/costmodel/host_share.py``, in lockstep for sync). ``--write`` stores them in data/local_host.csv,
+   ``costmodel/host_share.py``, in lockstep for sync). ``--write`` stores them in data/local_host.csv,
    the defaults every local plan and simulation start from.
 2. **Check** (held out, never fitted on): the two examples themselves (emulated K80/P100/V100 sleeps,
    uneven batches for DDP, a revocation each), launched ``--runs`` times. `orchestrator plan` and
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from orchestrator.core.costmodel.accounting import RunAccounting, fit_local_host  # noqa: E402
+from orchestrator.costmodel.accounting import RunAccounting, fit_local_host  # noqa: E402
 from orchestrator.store.queries import local_run_timings  # noqa: E402
 from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 

@@ -48,10 +48,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.core.costmodel.calibration import Measurement, fit_report, load_measurements, predict  # noqa: E402
-from orchestrator.core.costmodel.cluster import cluster_rate  # noqa: E402
-from orchestrator.core.costmodel.compute import Calibration  # noqa: E402
-from orchestrator.core.costmodel.memory import MemoryParams, fit_memory, memory_bytes  # noqa: E402
+from orchestrator.costmodel.calibration import Measurement, fit_report, load_measurements, predict  # noqa: E402
+from orchestrator.costmodel.cluster import cluster_rate  # noqa: E402
+from orchestrator.costmodel.compute import Calibration  # noqa: E402
+from orchestrator.costmodel.memory import MemoryParams, fit_memory, memory_bytes  # noqa: E402
 
 DATA = REPO / "data" / "measurements"
 SESSION = DATA / "h100-torch-resnet-cifar.csv"  # the calibration subsets come from this session only

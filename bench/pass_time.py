@@ -40,8 +40,8 @@ from sqlalchemy import func, select, update
 from orchestrator.control import driver
 from orchestrator.control.daemon import tick
 from orchestrator.control.launcher import create_job
-from orchestrator.core.spec import validate_spec
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.model.spec import validate_spec
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session

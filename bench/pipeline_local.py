@@ -6,7 +6,7 @@ launched for real three times: ``partition: mini-max`` (stages sized to each GPU
 (as many units each, the heterogeneity-blind baseline) and ``parallelism: data`` (DDP, the same global batch).
 
 The prediction is the partitioner's ``(micro-batches + stages - 1) x slowest stage``, where a stage's time comes
-from the emulated GPUs' measured step curves (core/emulation.py, from data/measurements) and this host's CPU step
+from the emulated GPUs' measured step curves (costmodel/emulation.py, from data/measurements) and this host's CPU step
 (data/local_host.csv), spread over the stage's layers by FLOPs. The measurement is the median window step time of
 the real run (torch.distributed.pipelining over gloo, real sleeps, real CPU), after its first 20 steps; no
 figure of a run is fitted to another. The host is shared: the load average at each start is printed.
@@ -30,8 +30,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.core.costmodel.pipeline_plan import plan_pipeline  # noqa: E402
-from orchestrator.core.spec import validate_spec  # noqa: E402
+from orchestrator.costmodel.pipeline_plan import plan_pipeline  # noqa: E402
+from orchestrator.model.spec import validate_spec  # noqa: E402
 from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "local-pipeline.yaml"

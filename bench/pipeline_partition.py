@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.core.catalog import load_catalog  # noqa: E402
-from orchestrator.core.costmodel.compute import step_time  # noqa: E402
-from orchestrator.core.costmodel.memory import MemoryParams, fits  # noqa: E402
-from orchestrator.core.costmodel.partition import Partitioner, StageDevice  # noqa: E402
+from orchestrator.costmodel.compute import step_time  # noqa: E402
+from orchestrator.costmodel.memory import MemoryParams, fits  # noqa: E402
+from orchestrator.costmodel.partition import Partitioner, StageDevice  # noqa: E402
+from orchestrator.model.catalog import load_catalog  # noqa: E402
 
 CASES = [  # model, optimizer slots, global batch, GPUs
     ("resnet_cifar_32", 1, 128, ["v100", "p100", "k80"]),

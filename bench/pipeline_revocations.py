@@ -5,7 +5,7 @@ times under the revocation model fitted to the 2019 GCE preemption trace (``orch
 bathtub fit; GPU types the trace lacks use the pooled fit). A data parallel world pauses to re-form and its
 survivors train on; a pipeline needs every stage, so a lost stage stops it: ``wait`` until the replacement is back
 and restored (what the pipeline job does), or ``auto``: re-partition over the survivors where
-``core.costmodel.stage_loss`` predicts it cheaper (the daemon decides the same way under ``policy.stage_loss: auto``).
+``costmodel.stage_loss`` predicts it cheaper (the daemon decides the same way under ``policy.stage_loss: auto``).
 
 These are PREDICTIONS of the cost model and the revocation model, not measured runs; the analytic column is what
 ``plan --json`` gives as each strategy's ``expected_hours`` / ``expected_usd``. Budget and deadline do not cut runs.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.core.spec.load import load_spec  # noqa: E402
+from orchestrator.model.spec.load import load_spec  # noqa: E402
 from orchestrator.sim.strategies import compare_strategies  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

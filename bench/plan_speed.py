@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from orchestrator.core.costmodel import plan
-from orchestrator.core.costmodel.compute import layer_arrays
-from orchestrator.core.spec import validate_spec
+from orchestrator.costmodel import plan
+from orchestrator.costmodel.compute import layer_arrays
+from orchestrator.model.spec import validate_spec
 
 
 def bench_spec(mixed: bool) -> dict[str, object]:

@@ -43,8 +43,8 @@ from cross_gpu_torchvision import BATCH, TABLE, load_rows  # noqa: E402
 from h200_heldout import ROWS as H200_TRAIN  # noqa: E402
 from h200_torchvision_heldout import load_h200  # noqa: E402
 
-from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn  # noqa: E402
-from orchestrator.core.costmodel.crossgpu import load_efficiencies, none_interval  # noqa: E402
+from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn  # noqa: E402
+from orchestrator.costmodel.crossgpu import load_efficiencies, none_interval  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
 PREDICTORS = ("tf1 arch", "eager arch", "eager machine")

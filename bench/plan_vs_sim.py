@@ -1,7 +1,7 @@
 """Planner vs simulator on the same cluster with no revocation: time and cost must agree (goal: within 2%).
 
 Both take the cluster's boot, start-up, checkpoint pauses and teardown from one function
-(``orchestrator.core.costmodel.accounting.run_accounting``) and the step rates from the same place (the cost
+(``orchestrator.costmodel.accounting.run_accounting``) and the step rates from the same place (the cost
 model for cloud GPUs; this host's CPU step plus the measured emulation curves for the local provider).
 
     python bench/plan_vs_sim.py [SPEC.yaml ...]     # default: the examples that pin a cluster
@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.core.spec import SpecError, load_spec  # noqa: E402
+from orchestrator.model.spec import SpecError, load_spec  # noqa: E402
 from orchestrator.sim.engine import NoRevocations, simulate  # noqa: E402
 from orchestrator.sim.from_spec import cluster_from_spec  # noqa: E402
 from orchestrator.sim.from_spec import plan_job as plan  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from orchestrator.core.revocation.model import load_revocation_model
+from orchestrator.costmodel.revocation.model import load_revocation_model
 from orchestrator.sim.engine import SimCluster, SimSlot
 from orchestrator.sim.montecarlo import run_monte_carlo
 

@@ -186,9 +186,9 @@ def validate_like_launch(path: Path) -> None:
 
 def clean_refusal(exc: BaseException) -> str | None:
     """None if ``exc`` is a clean refusal (field-named, one line per problem); else why not."""
-    from orchestrator.core.catalog import CatalogError
-    from orchestrator.core.errors import UserError
-    from orchestrator.core.spec import SpecError
+    from orchestrator.model.catalog import CatalogError
+    from orchestrator.model.errors import UserError
+    from orchestrator.model.spec import SpecError
 
     if isinstance(exc, SpecError):
         if not exc.errors:

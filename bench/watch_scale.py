@@ -79,12 +79,12 @@ def main() -> None:
 
     from orchestrator.control.driver import job_spec, job_view, run_pass
     from orchestrator.control.launcher import create_job
-    from orchestrator.core.instances import InstanceRequest, ObservedInstance, instance_name
-    from orchestrator.core.reconcile import reconcile
-    from orchestrator.core.slots import expand
-    from orchestrator.core.spec import validate_spec
-    from orchestrator.core.state import Observation
-    from orchestrator.core.status import InstanceStatus, JobStatus
+    from orchestrator.costmodel.slots import expand
+    from orchestrator.decide.reconcile import reconcile
+    from orchestrator.decide.state import Observation
+    from orchestrator.model.instances import InstanceRequest, ObservedInstance, instance_name
+    from orchestrator.model.spec import validate_spec
+    from orchestrator.model.status import InstanceStatus, JobStatus
     from orchestrator.providers.gce.provider import GceProvider
     from orchestrator.providers.registry import backend_for
     from orchestrator.store import queries

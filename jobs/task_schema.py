@@ -1,4 +1,4 @@
-"""The task.json schema (orchestrator/core/task.py) for a payload run from a checkout or an installed wheel.
+"""The task.json schema (orchestrator/model/task.py) for a payload run from a checkout or an installed wheel.
 
 On an instance the controller pushes its own definition over this file (control/execute.py), so the
 payload reads exactly the schema the controller wrote. Here, that same file is loaded from the package
@@ -12,11 +12,11 @@ from pathlib import Path
 
 def _definition() -> Path:
     here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "orchestrator" / "core" / "task.py",  # a checkout: jobs/ beside orchestrator/
-                      here.parent.parent / "core" / "task.py"):  # the wheel: orchestrator/_bundled/jobs
+    for candidate in (here.parent / "orchestrator" / "model" / "task.py",  # a checkout: jobs/ beside orchestrator/
+                      here.parent.parent / "model" / "task.py"):  # the wheel: orchestrator/_bundled/jobs
         if candidate.is_file():
             return candidate
-    raise ImportError(f"task_schema: orchestrator/core/task.py not found near {here}")
+    raise ImportError(f"task_schema: orchestrator/model/task.py not found near {here}")
 
 
 _spec = importlib.util.spec_from_file_location(__name__, _definition())

@@ -321,7 +321,7 @@ class GceEmulator:
         """Serve in a background thread; returns the base URL (the client's ``api_endpoint``).
 
         A loopback URL: the gce provider calls it with anonymous credentials and reaches the emulated VMs on
-        127.0.0.1, from the endpoint alone (core/spec/provider.py ``loopback_endpoint``)."""
+        127.0.0.1, from the endpoint alone (model/spec/provider.py ``loopback_endpoint``)."""
         if self._server is not None:
             return self.url
         self._server = _Server(self._address, self.state)

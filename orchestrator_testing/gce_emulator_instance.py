@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
+from orchestrator.model.gce_rules import FLEX_START, SPOT, STANDARD, load_gce_rules
 from orchestrator_testing.gce_emulator_model import (
     LABEL_KEY_RE,
     LABEL_VALUE_RE,

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.policy import NOTICE_WINDOW_S
+from orchestrator.model.timings import NOTICE_WINDOW_S
 from orchestrator_testing import gce_emulator_capacity as capacity
 from orchestrator_testing.gce_emulator_capacity import admission, quota_items
 from orchestrator_testing.gce_emulator_instance import build_instance

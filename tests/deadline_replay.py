@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.core import deadline_zones
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import deadline_zones
+from orchestrator.decide.actions import (
     CreateInstance,
     DeleteInstance,
     DrainInstance,
@@ -18,12 +19,11 @@ from orchestrator.core.actions import (
     RecordSpotCount,
     SetInstanceStatus,
 )
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import InstanceStatus, JobStatus
 
 
 class ReplayedDaemon:

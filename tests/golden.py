@@ -132,28 +132,53 @@ def _emulator() -> Iterator[str]:
         emu.stop()
 
 
-def write_all() -> None:
+def outputs(verbs: tuple[str, ...]) -> dict[Path, str]:
+    """What every example prints for ``verbs`` now, by golden file."""
     import tempfile
 
     from tests.cli_inproc import run_cli
 
-    GOLDEN.mkdir(parents=True, exist_ok=True)
+    found: dict[Path, str] = {}
     with _emulator() as url:
         for example in EXAMPLES:
-            for verb in VERBS:
+            for verb in verbs:
                 with tempfile.TemporaryDirectory() as d:
                     tmp = Path(d)
                     spec = stage(example, tmp, url)
                     args = args_for(verb, spec)
-                    if args is None:
-                        continue
-                    out = run_cli(args, env_for(tmp), spec.parent)
-                    golden_path(example, verb).write_text(render(out.returncode, out.stdout, out.stderr, tmp, url))
-                    print(f"{example.name} {verb}: rc {out.returncode}", file=sys.stderr)
+                    if args is not None:
+                        out = run_cli(args, env_for(tmp), spec.parent)
+                        found[golden_path(example, verb)] = render(out.returncode, out.stdout, out.stderr, tmp, url)
+    return found
+
+
+def write_all() -> None:
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for path, text in outputs(VERBS).items():
+        path.write_text(text)
+        print(f"wrote {path.name}", file=sys.stderr)
+
+
+def check(verb: str) -> int:
+    """Compare one verb's outputs with the golden files (in a fresh process: what a user's command starts from);
+    print each file that differs, with the first differing lines."""
+    import difflib
+
+    bad = 0
+    for path, text in outputs((verb,)).items():
+        old = path.read_text() if path.exists() else ""
+        if text != old:
+            bad += 1
+            diff = list(difflib.unified_diff(old.splitlines(), text.splitlines(), "golden", "now", lineterm="", n=1))
+            print(f"DIFFERS {path.name}\n" + "\n".join(diff[:12]))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m tests.golden --write")
     os.chdir(REPO)
-    write_all()
+    if sys.argv[1:] == ["--write"]:
+        write_all()
+    elif len(sys.argv) == 3 and sys.argv[1] == "--check" and sys.argv[2] in VERBS:
+        sys.exit(check(sys.argv[2]))
+    else:
+        sys.exit(f"usage: python -m tests.golden --write | --check {{{','.join(VERBS)}}}")

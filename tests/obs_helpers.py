@@ -6,8 +6,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from orchestrator.core.status import InstanceStatus as S
-from orchestrator.core.status import JobStatus as J
+from orchestrator.model.status import InstanceStatus as S
+from orchestrator.model.status import JobStatus as J
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job, Metric
 

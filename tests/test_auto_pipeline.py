@@ -9,9 +9,9 @@ import pytest
 
 from orchestrator.control.torch_task import pipeline_section
 from orchestrator.control.validate import NotLaunchable, validate_launch
-from orchestrator.core.costmodel.planner import launch_strategy, plan
-from orchestrator.core.slots import expand
-from orchestrator.core.spec.load import load_spec
+from orchestrator.costmodel.planner import launch_strategy, plan
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.spec.load import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ import datetime as dt
 
 import pytest
 
-from orchestrator.core.catalog import CatalogError, load_catalog, region_of
-from orchestrator.core.paths import data_dir
+from orchestrator.model.catalog import CatalogError, load_catalog, region_of
+from orchestrator.model.paths import data_dir
 
 
 def test_reference_figures() -> None:

@@ -17,12 +17,12 @@ from test_reconcile import SLOTS, inst, job
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.core.actions import CreateInstance
-from orchestrator.core.paths import user_dir
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.spec import JobSpec, validate_spec
-from orchestrator.core.state import Observation
-from orchestrator.core.status import EndReason, InstanceStatus
+from orchestrator.decide.actions import CreateInstance
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import Observation
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, validate_spec
+from orchestrator.model.status import EndReason, InstanceStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator.providers.registry import backend_for

@@ -13,13 +13,13 @@ from test_reconcile import SLOTS, inst, job, observed
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.core.actions import RecordLogTail, RestartTraining, SetJobStatus, StartTask
-from orchestrator.core.instances import ProcState, ProcStatus
-from orchestrator.core.paths import user_dir
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.spec import TrainingMode, validate_spec
-from orchestrator.core.state import Observation
-from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.decide.actions import RecordLogTail, RestartTraining, SetJobStatus, StartTask
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import Observation
+from orchestrator.model.instances import ProcState, ProcStatus
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import TrainingMode, validate_spec
+from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
@@ -108,7 +108,7 @@ def test_launch_of_a_failing_job_exits_1_and_its_summary_says_why_and_what_it_co
     spec.write_text(local_spec("fails", tmp_path / "runs", "echo 'bad input: no data' >&2; exit 2"))
     out = cli("launch", str(spec), "--quiet", env={"ORCHESTRATOR_HOME": str(tmp_path / "home"),
                                                    "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/o.db"}, timeout=300)
-    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]  # LAUNCH_FAILED (core/exits.py)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]  # LAUNCH_FAILED (model/exits.py)
     summary = next(line for line in out.stdout.splitlines() if line.startswith("fails-") and " failed" in line)
     assert "failed (the worker-0 task exited with code 2" in summary, summary  # why, not "every instance deleted"
     assert "cost $" in summary and "(workers $" in summary, summary

@@ -19,7 +19,7 @@ from test_control_poison import local_spec
 
 from orchestrator.control.launcher import create_job
 from orchestrator.control.lease import LeaseLost, claim, guarded
-from orchestrator.core.spec import validate_spec
+from orchestrator.model.spec import validate_spec
 from orchestrator.store import queries
 from orchestrator.store.db import get_engine, session_factory
 from orchestrator.store.models import Job

@@ -17,9 +17,9 @@ from test_control_poison import local_spec
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import validate_spec
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import validate_spec
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.providers.registry import backend_for
 from orchestrator.store.db import open_session

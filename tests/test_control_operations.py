@@ -23,13 +23,13 @@ from orchestrator.control.context import JobContext
 from orchestrator.control.driver import job_spec, run_pass
 from orchestrator.control.launcher import create_job
 from orchestrator.control.operations import waits
-from orchestrator.core import policy
-from orchestrator.core.actions import DeleteInstance, SetInstanceStatus, SetJobStatus
-from orchestrator.core.cloud_errors import CapacityError
-from orchestrator.core.instances import InstanceRequest, ObservedInstance, Role
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import validate_spec
-from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.decide.actions import DeleteInstance, SetInstanceStatus, SetJobStatus
+from orchestrator.model import timings
+from orchestrator.model.cloud_errors import CapacityError
+from orchestrator.model.instances import InstanceRequest, ObservedInstance, Role
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import validate_spec
+from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.base import Provider
 from orchestrator.providers.local.provider import LocalProvider
@@ -138,7 +138,7 @@ def test_an_insert_not_done_in_time_is_given_up_and_asked_again(tmp_path: Path,
     assert isinstance(backend.provider, LocalProvider)
     provider = NeverDone(backend.provider)
     backend.provider = provider
-    monkeypatch.setattr(policy, "CREATE_REISSUE_S", 0.0)
+    monkeypatch.setattr(timings, "CREATE_REISSUE_S", 0.0)
     with open_session() as session:
         run_pass(session, OWNER, [job_id])
         first = session.scalars(select(Operation).where(Operation.job_id == job_id)).one()

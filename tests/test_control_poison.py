@@ -22,9 +22,9 @@ import yaml
 from e2e_helpers import REPO, cli, processes_under, wait_until
 
 from orchestrator.control.launcher import create_job
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import validate_spec
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import validate_spec
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.providers.ports import free_port
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job

@@ -11,8 +11,8 @@ import pytest
 from e2e_helpers import wait_until
 from sqlalchemy import text
 
-from orchestrator.core.instances import ProcState
-from orchestrator.core.paths import user_dir
+from orchestrator.model.instances import ProcState
+from orchestrator.model.paths import user_dir
 from orchestrator.store.db import default_url, get_engine, session_factory
 from orchestrator.transport.base import Endpoint
 from orchestrator.transport.local import LocalTransport

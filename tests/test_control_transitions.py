@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
@@ -22,12 +23,11 @@ from orchestrator.core.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role, instance_name
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import InstanceView, JobView, Observation
-from orchestrator.core.status import (
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role, instance_name
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import (
     FINAL_JOB,
     INSTANCE_TRANSITIONS,
     JOB_TRANSITIONS,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel import DEFAULT_CALIBRATION, cluster_steps_per_s, max_batch, ps_capacity_steps_per_s
-from orchestrator.core.costmodel.comm import Sharding, ps_capacity, shard_model, shard_sizes
-from orchestrator.core.costmodel.memory import fits, memory_bytes, usable_bytes
-from orchestrator.core.costmodel.profiles import get_profile
+from orchestrator.costmodel import DEFAULT_CALIBRATION, cluster_steps_per_s, max_batch, ps_capacity_steps_per_s
+from orchestrator.costmodel.comm import Sharding, ps_capacity, shard_model, shard_sizes
+from orchestrator.costmodel.memory import fits, memory_bytes, usable_bytes
+from orchestrator.costmodel.profiles import get_profile
+from orchestrator.model.catalog import load_catalog
 
 PS = "n1-standard-4"
 
@@ -83,10 +83,10 @@ def test_memory_caps() -> None:
 
 
 def test_distance_between_worker_and_ps_slows_the_worker() -> None:
-    from orchestrator.core.catalog import load_catalog
-    from orchestrator.core.costmodel.cluster import estimate_from_compute
-    from orchestrator.core.costmodel.comm import zone_rtt_s
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION
+    from orchestrator.costmodel.cluster import estimate_from_compute
+    from orchestrator.costmodel.comm import zone_rtt_s
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION
+    from orchestrator.model.catalog import load_catalog
 
     assert zone_rtt_s("us-central1-c", "us-central1-c") == 0.0 == zone_rtt_s(None, "us-west1-b")
     near, region, far = (

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel import (
+from orchestrator.costmodel import (
     Calibration,
     Efficiency,
     Measurement,
@@ -21,8 +20,8 @@ from orchestrator.core.costmodel import (
     load_measurements,
     predict_step_time,
 )
-from orchestrator.core.costmodel.calibration import comm_s, fit_report, predict
-from orchestrator.core.costmodel.compute import (
+from orchestrator.costmodel.calibration import comm_s, fit_report, predict
+from orchestrator.costmodel.compute import (
     REFERENCE_ELEMENTS,
     SMOOTH_MAX_P,
     layer_arrays,
@@ -30,8 +29,9 @@ from orchestrator.core.costmodel.compute import (
     prior_for,
     step_fn,
 )
-from orchestrator.core.costmodel.memory import MemoryParams, memory_bytes, needed_activation_bytes
-from orchestrator.core.paths import data_dir
+from orchestrator.costmodel.memory import MemoryParams, memory_bytes, needed_activation_bytes
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.paths import data_dir
 
 TRUTH = Calibration(default=Efficiency(0.42, 0.7, 0.004, 30e-6, None), net=NetParams(net_efficiency=0.5))
 MODELS = ("resnet_tiny", "resnet_cifar_15", "resnet_cifar_56")
@@ -219,7 +219,7 @@ def test_measurements_csv_formats_and_emulated_kept_apart(tmp_path: Path) -> Non
 
 
 def test_a_payloads_key_falls_back_to_its_runtimes_on_a_gpu_measured_only_in_that_runtime() -> None:
-    from orchestrator.core.costmodel.compute import TORCHJOB_RUNTIME, base_runtime_key
+    from orchestrator.costmodel.compute import TORCHJOB_RUNTIME, base_runtime_key
 
     eager, payload = Efficiency(0.3, 0.5, 0.002, 2e-5), Efficiency(0.4, 0.6, 0.003, 3e-5)
     calib = Calibration(per_gpu={"v100/pytorch-eager": eager, "*/pytorch-eager+torchjob": payload,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.core.costmodel.crossgpu import (
+from orchestrator.costmodel.crossgpu import (
     FITTED_KIND,
     INTERVAL_KINDS,
     ClassWork,
@@ -22,8 +22,8 @@ from orchestrator.core.costmodel.crossgpu import (
     predict,
     transfer_weight,
 )
-from orchestrator.core.costmodel.profiles import get_profile
-from orchestrator.core.paths import data_dir
+from orchestrator.costmodel.profiles import get_profile
+from orchestrator.model.paths import data_dir
 
 
 def _work() -> ClassWork:

@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.core.costmodel.calibration import load_measurements
-from orchestrator.core.emulation import (
+from orchestrator.costmodel.calibration import load_measurements
+from orchestrator.costmodel.emulation import (
     curve_s,
     emulated_step_s,
     emulation_sleep,
     reference_batch,
     reference_step_s,
 )
-from orchestrator.core.paths import data_dir
-from orchestrator.core.slots import expand
-from orchestrator.core.spec import validate_spec
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.paths import data_dir
+from orchestrator.model.spec import validate_spec
 from orchestrator.sim.engine import NoRevocations, ScheduleLifetimes, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
 from orchestrator.sim.from_spec import plan_job as plan
@@ -64,17 +64,17 @@ def test_ratios_come_from_measurements_with_their_source() -> None:
 
 
 def test_emulation_does_not_use_the_cost_model() -> None:
-    tree = ast.parse((REPO / "orchestrator" / "core" / "emulation.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "costmodel" / "emulation.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.core.catalog",
-                        "orchestrator.core.paths", "orchestrator.core.spec"}  # no cost model, not even its reader
+    assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.model.catalog",
+                        "orchestrator.model.paths", "orchestrator.model.spec"}  # no cost model, not even its reader
 
 
 def test_a_compute_bound_gpu_steps_longer_with_its_batch() -> None:
     """A K80 / P100 / V100 at batch 128 is far above the H100's ~13 ms overhead floor: the emulation reads the
     H100 curve at the batch of equal work, so its step grows with its batch, and at a small batch it falls to
     that floor. At the reference batch each GPU sleeps its measured ratio to the K80."""
-    from orchestrator.core.emulation import equivalent_batch
+    from orchestrator.costmodel.emulation import equivalent_batch
 
     for gpu in ("k80", "p100", "v100"):
         t = reference_step_s(gpu).step_s
@@ -134,8 +134,8 @@ def test_gce_launch_takes_chief_on_worker0_with_no_chief_vm() -> None:
 def test_local_host_is_fitted_from_local_jobs() -> None:
     import yaml
 
-    from orchestrator.core.costmodel.accounting import fit_local_host, local_host, local_worker_steps
-    from orchestrator.core.costmodel.compute import Calibration
+    from orchestrator.costmodel.accounting import fit_local_host, local_host, local_worker_steps
+    from orchestrator.costmodel.compute import Calibration
 
     doc = local_spec()
     spec = validate_spec(doc)
@@ -154,8 +154,8 @@ def test_local_host_is_fitted_from_local_jobs() -> None:
 def test_each_frameworks_cpu_step_is_fitted_apart_and_sync_steps_in_lockstep() -> None:
     import yaml
 
-    from orchestrator.core.costmodel.accounting import fit_local_host, local_host, local_worker_steps
-    from orchestrator.core.costmodel.compute import Calibration
+    from orchestrator.costmodel.accounting import fit_local_host, local_host, local_worker_steps
+    from orchestrator.costmodel.compute import Calibration
 
     tf_doc = local_spec()
     torch_doc = {**local_spec(), "name": "emu-torch",

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from orchestrator.core.costmodel import Candidate, PlanResult, Score, max_batch, plan
-from orchestrator.core.costmodel.planner import pareto_front
-from orchestrator.core.costmodel.planner.scoring import PlanContext
-from orchestrator.core.spec import validate_spec
+from orchestrator.costmodel import Candidate, PlanResult, Score, max_batch, plan
+from orchestrator.costmodel.planner import pareto_front
+from orchestrator.costmodel.planner.scoring import PlanContext
+from orchestrator.model.spec import validate_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -216,8 +216,8 @@ def test_a_pytorch_job_is_planned_under_its_own_runtime_and_a_tf_job_under_tf1()
     """The built-in PyTorch job's steps come from eager PyTorch's fits (its workers report
     pytorch-eager+torchjob, and the daemon folds them under that label), not the TF job's; a GPU without
     points of that payload falls back to eager PyTorch's key."""
-    from orchestrator.core.costmodel.batches import job_runtime
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, TORCHJOB_RUNTIME, step_fn
+    from orchestrator.costmodel.batches import job_runtime
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, TORCHJOB_RUNTIME, step_fn
 
     pinned = {"workers": [{"gpu": "h100", "count": 1, "machine_type": "a3-highgpu-1g", "spot": True}]}
     torch_doc = search_spec(training={"framework": "pytorch", "mode": "sync", "train_steps": 1000,
@@ -243,9 +243,9 @@ def test_a_pytorch_job_is_planned_under_its_own_runtime_and_a_tf_job_under_tf1()
 def test_a_scripts_precision_is_what_its_steps_are_planned_at() -> None:
     """`training.precision` of a `run:` script: the calibration's bf16 machine fit of the H100, not its fp32
     one; the built-in jobs plan in fp32."""
-    from orchestrator.core.costmodel.batches import job_precision
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, model_profile, step_fn
-    from orchestrator.core.costmodel.profiles.user import register_profile
+    from orchestrator.costmodel.batches import job_precision
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, model_profile, step_fn
+    from orchestrator.costmodel.profiles.user import register_profile
 
     name = "torch:tests.planner:model"
     register_profile(replace(model_profile("resnet_cifar_56"), name=name), persist=False)
@@ -266,8 +266,8 @@ def test_a_scripts_precision_is_what_its_steps_are_planned_at() -> None:
         assert f"machine fit h100/{precision} (pytorch-eager)" in " ".join(result.notes)
     assert steps["bf16"] != steps["fp32"]  # the H100's bf16 rows carry autocast's host time: not faster here
     # 16-bit autocast keeps its activations in 16 bits: a larger batch fits the same GPU
-    from orchestrator.core.costmodel.batches import memory_params
-    from orchestrator.core.costmodel.memory import max_batch
+    from orchestrator.costmodel.batches import memory_params
+    from orchestrator.costmodel.memory import max_batch
 
     caps = {p: max_batch(name, "t4", params=memory_params(validate_spec({
         **search_spec(), "training": {"run": "python train.py", "precision": p}}))) for p in ("fp32", "bf16")}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.costmodel.profiles import (
+from orchestrator.costmodel.profiles import (
     MODEL_NAMES,
     RESNET_SETS,
     UnknownModelError,
@@ -50,7 +50,7 @@ def test_transformer_base_matches_published_figures() -> None:
 def test_cached_json_is_up_to_date() -> None:
     on_disk = json.loads(profiles_path().read_text())
     fresh = json.loads(json.dumps(profiles_document(build_profiles())))
-    assert on_disk == fresh, "run: python -m orchestrator.core.costmodel.profiles --write"
+    assert on_disk == fresh, "run: python -m orchestrator.costmodel.profiles --write"
     assert set(on_disk["models"]) == set(MODEL_NAMES)
 
 

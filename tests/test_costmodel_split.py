@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.costmodel import SplitError, max_batch, predict_step_time, split_batch
-from orchestrator.core.costmodel.split import max_step_time, min_max_split
+from orchestrator.costmodel import SplitError, max_batch, predict_step_time, split_batch
+from orchestrator.costmodel.split import max_step_time, min_max_split
 
 
 def brute_force(tables: list[np.ndarray], total: int) -> float:
@@ -88,9 +88,9 @@ def test_a_multi_gpu_machine_type_gets_a_share_for_each_of_its_gpus() -> None:
     import re
     from pathlib import Path
 
-    from orchestrator.core.costmodel.batches import worker_batches
-    from orchestrator.core.costmodel.planner import plan
-    from orchestrator.core.spec import load_spec
+    from orchestrator.costmodel.batches import worker_batches
+    from orchestrator.costmodel.planner import plan
+    from orchestrator.model.spec import load_spec
 
     spec = load_spec(Path(__file__).parent.parent / "examples" / "gce-h100-machine-types.yaml")
     per_vm = worker_batches(spec)
@@ -112,11 +112,11 @@ def test_a_pytorch_node_on_a_multi_gpu_machine_type_runs_a_rank_per_gpu() -> Non
     import yaml
 
     from orchestrator.control.torch_task import torch_section
-    from orchestrator.core.catalog import load_catalog
-    from orchestrator.core.costmodel.batches import trained_gpus, worker_batches
-    from orchestrator.core.costmodel.planner import idle_gpu_warnings, plan
-    from orchestrator.core.slots import expand
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.costmodel.batches import trained_gpus, worker_batches
+    from orchestrator.costmodel.planner import idle_gpu_warnings, plan
+    from orchestrator.costmodel.slots import expand
+    from orchestrator.model.catalog import load_catalog
+    from orchestrator.model.spec import validate_spec
     from orchestrator.store.models import Instance
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples" / "gce-h100-machine-types.yaml").read_text())

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from urllib.parse import urlparse
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.paths import data_dir
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.paths import data_dir
 
 REPO = data_dir().parent
 # A repository file named in a source: the measurement or the script that made it.

@@ -16,15 +16,15 @@ from orchestrator.control.context import JobContext
 from orchestrator.control.driver import job_storage
 from orchestrator.control.execute import execute
 from orchestrator.control.launcher import create_job
-from orchestrator.core import policy
-from orchestrator.core.actions import Action, CreateInstance, DeleteInstance, DrainInstance, SetInstanceStatus
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.paths import user_dir
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
-from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import deadline as policy
+from orchestrator.decide.actions import Action, CreateInstance, DeleteInstance, DrainInstance, SetInstanceStatus
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import OnRevocation, TrainingMode, validate_spec
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.providers.registry import backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session

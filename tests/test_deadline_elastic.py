@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import elastic
-from orchestrator.core.elastic import IDLE, ElasticState, Members, elastic_policy, safe, topup_needed
+from orchestrator.decide import elastic
+from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy, safe, topup_needed
 from orchestrator.sim.availability import Job, load_trace, run_policy
 from orchestrator.sim.elastic import ONLINE, all_or_nothing, optimal_cost, replay, run_elastic
 

@@ -1,7 +1,7 @@
-"""The daemon's elastic shrink with on-demand top-up (issue 23, items 2 and 3): ``core.reconcile`` over a multi-worker
+"""The daemon's elastic shrink with on-demand top-up (issue 23, items 2 and 3): ``decide.reconcile`` over a multi-worker
 PyTorch job, fed a real 16-node availability trace pass by pass, makes the simulator's decisions
-(``sim.elastic.replay`` with ``core.elastic.elastic_policy``) tick for tick; and the slot mapping
-(``core.deadline_elastic.assign``) keeps the rendezvous slot filled."""
+(``sim.elastic.replay`` with ``decide.elastic.elastic_policy``) tick for tick; and the slot mapping
+(``decide.deadline_elastic.assign``) keeps the rendezvous slot filled."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from deadline_replay import ReplayedDaemon
 
-from orchestrator.core.deadline_elastic import assign
-from orchestrator.core.elastic import IDLE, Members, elastic_policy
-from orchestrator.core.instances import Role
-from orchestrator.core.paths import data_dir
-from orchestrator.core.slots import Slot
-from orchestrator.core.state import DeadlineInputs, InstanceView
-from orchestrator.core.status import InstanceStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.deadline_elastic import assign
+from orchestrator.decide.elastic import IDLE, Members, elastic_policy
+from orchestrator.decide.state import DeadlineInputs, InstanceView
+from orchestrator.model.instances import Role
+from orchestrator.model.paths import data_dir
+from orchestrator.model.status import InstanceStatus
 from orchestrator.sim.availability import Job, load_trace
 from orchestrator.sim.elastic import replay
 
@@ -156,9 +156,9 @@ def test_assign_creates_in_the_rendezvous_slot_once_its_vm_is_gone() -> None:
 def test_the_local_provider_counts_spot_vms_and_revokes_the_highest_ranks(tmp_path: Path) -> None:
     """A 16-node trace replayed: the job's spot VMs take ranks 1, 2, ...; a create beyond the count is refused, and a
     drop of the count revokes the VMs ranked above it (at that tick), the lower ones ride on."""
-    from orchestrator.core.cloud_errors import CapacityError
-    from orchestrator.core.instances import InstanceRequest
-    from orchestrator.core.revocation.availability import AvailabilityTrace
+    from orchestrator.model.availability import AvailabilityTrace
+    from orchestrator.model.cloud_errors import CapacityError
+    from orchestrator.model.instances import InstanceRequest
     from orchestrator.providers.local.provider import LocalProvider
 
     trace = AvailabilityTrace(name="counts", gap_s=600.0, counts=(2, 2, 1, 1, 0) + (3,) * 20)

@@ -12,19 +12,19 @@ import pytest
 import yaml
 from deadline_replay import ReplayedDaemon
 
-from orchestrator.core import deadline_gpus
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import deadline_gpus
+from orchestrator.decide.actions import (
     CreateInstance,
     RecordSpotAvailability,
 )
-from orchestrator.core.instances import Role
-from orchestrator.core.paths import data_dir
-from orchestrator.core.policy import Mode
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import DeadlineInputs, GpuMarket, InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.decide.deadline import Mode
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, GpuMarket, InstanceView, JobView, Observation
+from orchestrator.model.instances import Role
+from orchestrator.model.paths import data_dir
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.sim.availability import Job, load_trace
 from orchestrator.sim.multizone import Market, minutes_for, run_multi, work_in
 
@@ -36,7 +36,7 @@ K = 1.0  # the daemon's seconds per cloud minute (time_scale 60)
 
 
 class _Daemon(ReplayedDaemon):
-    """``core.reconcile`` one pass per tick: the job's own GPU type in one zone (its spot probe) and another GPU
+    """``decide.reconcile`` one pass per tick: the job's own GPU type in one zone (its spot probe) and another GPU
     type (the probe of its slots there). A spot VM is preempted when its market's trace drops; a create starts at
     once; a drained VM checkpoints at once and the next pass follows within the tick. The note events the daemon
     would record are kept as the DB keeps them, and read back as ``control.deadline`` does."""
@@ -187,8 +187,8 @@ def test_also_gpus_and_their_traces_are_checked_before_anything_runs(
         tmp_path: Path, policy: dict[str, object], provider: dict[str, object], problem: str) -> None:
     import json
 
-    from orchestrator.core.spec import load_spec
-    from orchestrator.core.spec.base import SpecError
+    from orchestrator.model.spec import load_spec
+    from orchestrator.model.spec.base import SpecError
 
     slow = json.loads(OTHER_TRACE.read_text())
     slow["metadata"]["gap_seconds"] = 1200
@@ -201,8 +201,8 @@ def test_also_gpus_and_their_traces_are_checked_before_anything_runs(
 def test_the_local_provider_replays_each_gpu_types_own_trace(tmp_path: Path) -> None:
     """A V100 instance of a job replays the V100's trace (refused in its stockout), the K80 its own; the capacity
     probe answers for the slots' GPU type."""
-    from orchestrator.core.cloud_errors import CapacityError
-    from orchestrator.core.instances import InstanceRequest
+    from orchestrator.model.cloud_errors import CapacityError
+    from orchestrator.model.instances import InstanceRequest
     from orchestrator.providers.local.provider import LocalProvider
     from orchestrator.sim.availability import AvailabilityTrace
 
@@ -233,8 +233,8 @@ def test_a_gce_t4_job_with_its_spot_out_creates_an_a100_spot_vm(monkeypatch: pyt
     from test_gce_advice import T4, A, B, passes
 
     from orchestrator.control.launcher import create_job
-    from orchestrator.core.paths import user_dir
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.model.paths import user_dir
+    from orchestrator.model.spec import validate_spec
     from orchestrator.providers import registry as backends
     from orchestrator.providers.gce.provider import GceProvider
     from orchestrator.providers.registry import backend_for

@@ -12,16 +12,16 @@ from test_control_poison import local_spec
 
 from orchestrator.control import deadline
 from orchestrator.control.launcher import create_job
-from orchestrator.core import policy
-from orchestrator.core.actions import CreateInstance, DeleteInstance, DrainInstance
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.paths import user_dir
-from orchestrator.core.policy import Mode
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import JobSpec, OnRevocation, TrainingMode, validate_spec
-from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import deadline as policy
+from orchestrator.decide.actions import CreateInstance, DeleteInstance, DrainInstance
+from orchestrator.decide.deadline import Mode
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, OnRevocation, TrainingMode, validate_spec
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 

@@ -1,6 +1,6 @@
 """The deadline policy holding zones and GPU types at once (issue 23, item 2: "several zones and GPU types at once,
 move instead of waiting"): ``sim.multizone`` with markets of other speeds and prices, its offline optimum, and
-``core.deadline_markets``."""
+``decide.deadline_markets``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from orchestrator.core.deadline_markets import SlowerSpot, choose_slower_spot
-from orchestrator.core.policy import Availability, Mode, Progress
+from orchestrator.decide.deadline import Availability, Mode, Progress
+from orchestrator.decide.deadline_markets import SlowerSpot, choose_slower_spot
 from orchestrator.sim.availability import Job, bundled_traces, load_trace
 from orchestrator.sim.multizone import Market, minutes_for, optimal_multi, run_multi, work_in
 

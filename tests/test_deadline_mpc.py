@@ -1,4 +1,4 @@
-"""The model-predictive deadline policy (core.deadline_mpc): its MDP's choices where the answer is known,
+"""The model-predictive deadline policy (decide.deadline_mpc): its MDP's choices where the answer is known,
 and no deadline missed on measured traces."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import deadline_mpc
-from orchestrator.core.policy import Availability, Mode, Progress
+from orchestrator.decide import deadline_mpc
+from orchestrator.decide.deadline import Availability, Mode, Progress
 from orchestrator.sim.availability import Job, load_trace, run_policy
 
 TRACE = Path(__file__).resolve().parent.parent / "data" / "spot-availability"

@@ -11,8 +11,8 @@ from test_control_poison import local_spec
 
 from orchestrator.control import deadline
 from orchestrator.control.launcher import create_job
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import JobSpec, validate_spec
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, validate_spec
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Metric
 
@@ -113,7 +113,7 @@ def test_report_of_a_job_whose_replayed_trace_has_moved_since(tmp_path: Path) ->
     import shutil
 
     from orchestrator.cli.deadline_report import deadline_section
-    from orchestrator.core.paths import data_dir
+    from orchestrator.model.paths import data_dir
 
     trace = tmp_path / "trace.json"
     shutil.copy(data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json", trace)

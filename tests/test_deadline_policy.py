@@ -11,24 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import policy
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import deadline as policy
+from orchestrator.decide.actions import (
     CreateInstance,
     DeleteInstance,
     DrainInstance,
     RecordSpotAvailability,
     SetInstanceStatus,
 )
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.paths import data_dir
-from orchestrator.core.policy import Availability, Mode, Progress
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode, validate_spec
-from orchestrator.core.spec.base import SpecError
-from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.decide.deadline import Availability, Mode, Progress
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.paths import data_dir
+from orchestrator.model.spec import OnRevocation, TrainingMode, validate_spec
+from orchestrator.model.spec.base import SpecError
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.sim.availability import (
     Job,
     boot_bill,
@@ -195,7 +195,7 @@ K = 60.0 / SCALE  # the daemon's seconds per cloud minute
 
 
 def _daemon_timeline(job: Job, avail: tuple[bool, ...], tick: int) -> list[tuple[float, str]]:
-    """Drive ``core.reconcile`` one pass per tick over the trace (a spot VM is preempted where the trace
+    """Drive ``decide.reconcile`` one pass per tick over the trace (a spot VM is preempted where the trace
     drops, creates start at once, progress as the simulator counts it, a drained VM checkpoints at once and the
     next pass follows within the tick): what the daemon runs, when."""
     slot = Slot(Role.WORKER, 0, "v100", "local", "z1", True, job.spot_usd_per_h,
@@ -294,8 +294,8 @@ def test_availability_trace_replaces_drawn_revocations() -> None:
 
 
 def test_local_provider_refuses_spot_in_a_stockout_and_revokes_at_the_drop(tmp_path: Path) -> None:
-    from orchestrator.core.cloud_errors import CapacityError
-    from orchestrator.core.instances import InstanceRequest
+    from orchestrator.model.cloud_errors import CapacityError
+    from orchestrator.model.instances import InstanceRequest
     from orchestrator.providers.local.provider import LocalProvider
 
     trace = load_trace(TRACE)  # tick 2248 has no spot VM; 2243..2247 have one
@@ -407,7 +407,7 @@ def test_two_zones_move_instead_of_waiting_and_the_optimum_is_exact() -> None:
 
 def test_the_daemon_rebuilds_the_stretches_it_saw_tick_by_tick() -> None:
     """``seen_during_job``: the recorded capacity changes read as the simulator's log of one sample per tick."""
-    from orchestrator.core.policy import AvailabilityLog, seen_during_job
+    from orchestrator.decide.deadline import AvailabilityLog, seen_during_job
 
     samples = (True, True, False, True, True, True, False, False, True, True)
     changes = tuple((100.0 + 60.0 * k, x) for k, x in enumerate(samples) if k == 0 or x != samples[k - 1])

@@ -1,5 +1,5 @@
 """The deadline policy holding several zones (issue 23, item 2): where the provider says which zones have spot
-(GCE's advice asked zone by zone), the daemon runs spot in ``core.policy.choose_zone``'s zone and decides from that
+(GCE's advice asked zone by zone), the daemon runs spot in ``decide.deadline.choose_zone``'s zone and decides from that
 zone's stretches, as the simulator's ``deadline-zones`` does (``sim.multizone``), pass for tick; and a daemon
 started later reads each zone's stretches back from the note events."""
 
@@ -12,18 +12,18 @@ import pytest
 import yaml
 from deadline_replay import ReplayedDaemon
 
-from orchestrator.core import deadline_zones
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import deadline_zones
+from orchestrator.decide.actions import (
     CreateInstance,
 )
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.paths import data_dir
-from orchestrator.core.policy import Mode
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.decide.deadline import Mode
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.paths import data_dir
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.sim.availability import Job, load_trace
 from orchestrator.sim.multizone import run_multi
 
@@ -34,7 +34,7 @@ ZONES = ("z0", "z1")
 
 
 class _Daemon(ReplayedDaemon):
-    """``core.reconcile`` one pass per tick over the zones' traces: a spot VM is preempted where its zone's trace
+    """``decide.reconcile`` one pass per tick over the zones' traces: a spot VM is preempted where its zone's trace
     drops, a create starts at once in its first zone, progress as the simulator counts it, a drained VM
     checkpoints at once and the next pass follows within the tick. The note events the daemon would record are
     kept as the DB keeps them, and read back as ``control.deadline`` does."""
@@ -144,8 +144,8 @@ def test_zone_notes_read_back_as_each_zones_changes_through_deadline_inputs() ->
 
     from orchestrator.control.deadline import deadline_inputs
     from orchestrator.control.launcher import create_job
-    from orchestrator.core.paths import user_dir
-    from orchestrator.core.policy import SPOT_SEEN_EVENTS, ZONE_SEEN_EVENTS
+    from orchestrator.decide.deadline import SPOT_SEEN_EVENTS, ZONE_SEEN_EVENTS
+    from orchestrator.model.paths import user_dir
     from orchestrator.store import queries
     from orchestrator.store.db import open_session
 
@@ -207,8 +207,8 @@ def test_zone_traces_are_checked_before_anything_runs(tmp_path: Path, provider: 
                                                      problem: str) -> None:
     import json
 
-    from orchestrator.core.spec import load_spec
-    from orchestrator.core.spec.base import SpecError
+    from orchestrator.model.spec import load_spec
+    from orchestrator.model.spec.base import SpecError
 
     for name, src in (("a.json", "aws-10-26-2022_us-west-2b_v100_1.json"),
                       ("b.json", "aws-10-26-2022_us-west-2a_v100_1.json")):
@@ -226,8 +226,8 @@ def test_zone_traces_are_checked_before_anything_runs(tmp_path: Path, provider: 
 
 
 def test_zone_traces_give_the_slots_their_zones(tmp_path: Path) -> None:
-    from orchestrator.core.slots import expand
-    from orchestrator.core.spec import load_spec
+    from orchestrator.costmodel.slots import expand
+    from orchestrator.model.spec import load_spec
 
     spec = {"name": "z", "provider": {"kind": "local", "revocations": "none", "zone_availability_traces": {
         "zone-a": str(TRACES / "aws-10-26-2022_us-west-2b_v100_1.json"),

@@ -44,8 +44,8 @@ def test_the_cluster_line_breaks_where_nothing_trained_for_long() -> None:
 
 def test_a_cdf_of_runs_that_all_hit_the_deadline_is_said_not_drawn() -> None:
     from orchestrator.cli.simulate_cmd import cdf_notes
-    from orchestrator.core.revocation.model import load_revocation_model
-    from orchestrator.core.spec import load_spec
+    from orchestrator.costmodel.revocation.model import load_revocation_model
+    from orchestrator.model.spec import load_spec
     from orchestrator.sim.from_spec import cluster_from_spec
     from orchestrator.sim.montecarlo import run_monte_carlo
 

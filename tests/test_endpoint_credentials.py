@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.core.spec import SpecError, validate_spec
+from orchestrator.model.spec import SpecError, validate_spec
 from orchestrator.providers import registry
 from tests.cli_inproc import run_cli
 
@@ -136,7 +136,7 @@ def test_a_hostile_endpoint_is_refused_by_every_verb(tmp_path: Path, adc_key: Pa
 
 @pytest.mark.parametrize("endpoint", HOSTILE)
 def test_no_other_host_is_an_endpoint(endpoint: str) -> None:
-    from orchestrator.core.spec.provider import check_api_endpoint, loopback_endpoint
+    from orchestrator.model.spec.provider import check_api_endpoint, loopback_endpoint
 
     with pytest.raises(ValueError, match="https://compute.googleapis.com"):
         check_api_endpoint(endpoint)
@@ -144,7 +144,7 @@ def test_no_other_host_is_an_endpoint(endpoint: str) -> None:
 
 
 def test_google_api_hosts_and_loopback_are_accepted(tmp_path: Path, adc_key: Path) -> None:
-    from orchestrator.core.spec.provider import check_api_endpoint, loopback_endpoint
+    from orchestrator.model.spec.provider import check_api_endpoint, loopback_endpoint
 
     for endpoint, loopback in ACCEPTED.items():
         assert check_api_endpoint(endpoint) == endpoint and loopback_endpoint(endpoint) is loopback, endpoint

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.core.spec import SpecError, validate_spec
+from orchestrator.model.spec import SpecError, validate_spec
 from orchestrator_testing.gce_emulator import GceEmulator
 from tests.cli_inproc import run_cli
 

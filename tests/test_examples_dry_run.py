@@ -21,9 +21,9 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from orchestrator.core.spec import GceProvider as GceSpec
-from orchestrator.core.spec import load_spec
-from orchestrator.core.torch_spec import payload_framework
+from orchestrator.model.spec import GceProvider as GceSpec
+from orchestrator.model.spec import load_spec
+from orchestrator.model.torch_spec import payload_framework
 from orchestrator.providers.gce.backend import build as gce_backend
 from orchestrator.providers.gce.dry_run import gce_dry_run, request_settings
 from orchestrator.providers.gce.provider import GceProvider

@@ -266,7 +266,7 @@ def test_the_controller_and_the_daemon_never_import_the_factory(folder: Path) ->
     code = ("import importlib, json, pkgutil, sys\nimport orchestrator.control as control\n"
             "for m in pkgutil.walk_packages(control.__path__, 'orchestrator.control.'):\n"
             "    importlib.import_module(m.name)\n"
-            "from orchestrator.core.costmodel.profiles import get_profile\n"
+            "from orchestrator.costmodel.profiles import get_profile\n"
             "p = get_profile('torch:mine.py:build')\n"
             "print(json.dumps({'params': p.params, 'modules': [n for n in sys.modules if n == 'torch' or "
             "n.startswith(('orchestrator.profiler', 'torch.', '_factory_')) or n == 'mine']}))\n")

@@ -22,14 +22,14 @@ from sqlalchemy.orm import Session
 from orchestrator.control.deadline import spot_available, spot_count
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.core.actions import RecordSpotAvailability
-from orchestrator.core.instances import ObservedInstance, ObservedState, Role
-from orchestrator.core.paths import user_dir
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import JobSpec, OnRevocation, TrainingMode, validate_spec
-from orchestrator.core.state import DeadlineInputs, InstanceView, JobView, Observation
-from orchestrator.core.status import LIVE_INSTANCE, EndReason, InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.actions import RecordSpotAvailability
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import DeadlineInputs, InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, Role
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, OnRevocation, TrainingMode, validate_spec
+from orchestrator.model.status import LIVE_INSTANCE, EndReason, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.gce.dry_run import gce_dry_run
 from orchestrator.providers.gce.provider import GceProvider
@@ -252,7 +252,7 @@ def test_the_dry_run_lists_the_advice_calls_a_deadline_job_makes_and_gce_answers
 
 # ---------------------------------------------------------------- elastic shrink with on-demand top-up (issue 23)
 # The advisor, asked for 1, 2, ... of a job's spot VMs, counts how many more can be had, and the daemon shrinks a
-# PyTorch deadline job onto them and tops it up with on-demand (core.deadline_elastic), the same choice as on the local
+# PyTorch deadline job onto them and tops it up with on-demand (deadline_elastic), the same choice as on the local
 # provider's replayed 16-node trace. The emulator's zone holds only so many spot T4s (set_stockout(..., capacity=k)).
 
 
@@ -279,7 +279,7 @@ def test_the_advisor_counts_the_spot_vms_the_zone_has_room_for(emu: GceEmulator,
         assert counted(gce, slots) == room
     emu.set_stockout(A, gpu=T4, provisioning="spot", enabled=False)
     assert counted(gce, slots) == 3
-    assert counted(gce, t4_slots(3, zones=(A, "us-central1-b"))) is None  # zones: core.deadline_zones decides
+    assert counted(gce, t4_slots(3, zones=(A, "us-central1-b"))) is None  # zones: decide.deadline_zones decides
 
 
 def test_the_count_adds_the_spot_vms_the_job_holds(emu: GceEmulator, gce: GceProvider) -> None:

@@ -28,12 +28,12 @@ from orchestrator.control.driver import release, run_pass
 from orchestrator.control.execute import JobContext, execute
 from orchestrator.control.gc import find_orphans
 from orchestrator.control.launcher import cancel_job, create_job
-from orchestrator.core import policy
-from orchestrator.core.actions import Action
-from orchestrator.core.instances import InstanceRequest, Role, instance_name
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import JobSpec, validate_spec
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.decide.actions import Action
+from orchestrator.model import timings
+from orchestrator.model.instances import InstanceRequest, Role, instance_name
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, validate_spec
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator.providers.registry import Backend, backend_for
@@ -232,10 +232,10 @@ def test_a_create_that_gave_up_is_asked_again_by_a_later_pass_and_makes_one_vm(
         # The reissue delay has passed: both are asked again. The first insert's answers are all lost, though
         # GCE does the work: the provider gives up on it; the second gets through.
         emu.inject_timeout("instances.insert", LOST_ANSWER_S, count=ATTEMPTS)
-        reissue = policy.CREATE_REISSUE_S
-        monkeypatch.setattr(policy, "CREATE_REISSUE_S", 0.0)
+        reissue = timings.CREATE_REISSUE_S
+        monkeypatch.setattr(timings, "CREATE_REISSUE_S", 0.0)
         passes_until(session, job_id, lambda j: len(pending_ops(session, job_id)) == 2)
-        monkeypatch.setattr(policy, "CREATE_REISSUE_S", reissue)
+        monkeypatch.setattr(timings, "CREATE_REISSUE_S", reissue)
         first, second = (instance_name(job_id, Role.WORKER, i, 0) for i in (0, 1))
         passes_until(session, job_id, lambda j: not pending_ops(session, job_id))
         gave_up = [e.reason or "" for e in queries.events(session, job_id) if e.to_status == "provider_error"]

@@ -18,10 +18,10 @@ import yaml
 from google.cloud import compute_v1
 
 from orchestrator.control import execute
-from orchestrator.core import policy
-from orchestrator.core.gce_rules import load_gce_rules
-from orchestrator.core.spec import validate_spec
-from orchestrator.core.torch_spec import payload_framework
+from orchestrator.model import timings
+from orchestrator.model.gce_rules import load_gce_rules
+from orchestrator.model.spec import validate_spec
+from orchestrator.model.torch_spec import payload_framework
 from orchestrator.providers import registry
 from orchestrator.providers.gce import backend as gce_backend
 from orchestrator.providers.gce.dry_run import gce_dry_run
@@ -54,7 +54,7 @@ def test_every_body_boots_the_frameworks_image_and_sets_it_up_at_first_boot(name
         assert body["disks"][0]["initializeParams"]["sourceImage"] == insert["image"] == image
         assert (insert["framework"], insert["image_route"], insert["first_boot_setup"]) == (framework, route, True)
         spot = body["scheduling"].get("provisioningModel") == "SPOT"
-        assert insert["boot_s"] == policy.BOOT_S + policy.image_boot_extra_s(route) + (15.0 if spot else 0.0)
+        assert insert["boot_s"] == timings.BOOT_S + timings.image_boot_extra_s(route) + (15.0 if spot else 0.0)
         assert "ESTIMATE" in insert["boot_s_source"]
         script = {i["key"]: i["value"] for i in body["metadata"]["items"]}["startup-script"]
         # The payload's packages (and, on the base family, the framework) come from the bake recipe itself.
@@ -197,7 +197,7 @@ def test_an_image_with_only_the_other_framework_is_refused_exit_2(tmp_path: Path
 
 
 def test_plan_says_the_first_boot_figures_are_estimates() -> None:
-    from orchestrator.core.costmodel.planner import plan
+    from orchestrator.costmodel.planner import plan
 
     group, zone, _ = GROUPS["l4"]
     notes = plan(validate_spec(framework_doc("tensorflow", group, zone))).notes
@@ -206,7 +206,7 @@ def test_plan_says_the_first_boot_figures_are_estimates() -> None:
 
 
 def test_a_flex_start_request_says_how_long_it_waits_for_capacity() -> None:
-    from orchestrator.core.policy import FLEX_START_REQUEST_VALID_S
+    from orchestrator.model.timings import FLEX_START_REQUEST_VALID_S
 
     group, zone, _ = GROUPS["h100-flex"]
     (insert,) = gce_dry_run(validate_spec(doc(group, zone)))["instances.insert"]

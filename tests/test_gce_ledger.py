@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import JobSpec, validate_spec
-from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, validate_spec
+from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers import registry as backends
 from orchestrator.providers.gce.background import epoch
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.cloud_errors import AuthError, CapacityError, InvalidRequestError, QuotaError, TransientError
-from orchestrator.core.instances import InstanceRequest, ObservedState, Role, instance_name
+from orchestrator.model.cloud_errors import AuthError, CapacityError, InvalidRequestError, QuotaError, TransientError
+from orchestrator.model.instances import InstanceRequest, ObservedState, Role, instance_name
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator_testing.gce_emulator import GceEmulator
 
@@ -254,7 +254,7 @@ def test_the_endpoint_alone_decides_the_credentials(tmp_path: Path, monkeypatch:
     anonymously and its VMs are reached at 127.0.0.1; any other host is refused before a client is built."""
     from google.auth.credentials import AnonymousCredentials
 
-    from orchestrator.core.errors import UserError
+    from orchestrator.model.errors import UserError
     from orchestrator.providers.gce.network import address_learner, public_address
 
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
@@ -449,7 +449,7 @@ def test_flex_start_is_refused_where_google_does_not_offer_it(emu: GceEmulator, 
 
 
 def test_user_caused_cloud_errors_are_user_errors_naming_the_fix(emu: GceEmulator, gce: GceProvider) -> None:
-    from orchestrator.core.errors import UserError
+    from orchestrator.model.errors import UserError
     from orchestrator.providers.gce.provider import GceCredentialsError, GcePermissionError, GceProjectError
 
     emu.inject_fault(endpoint="instances.insert", status=403)

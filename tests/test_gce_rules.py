@@ -20,10 +20,10 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from orchestrator.core.gce_rules import load_gce_rules
-from orchestrator.core.instances import InstanceRequest, Role
-from orchestrator.core.spec import GceProvider as GceSpec
-from orchestrator.core.spec import validate_spec
+from orchestrator.model.gce_rules import load_gce_rules
+from orchestrator.model.instances import InstanceRequest, Role
+from orchestrator.model.spec import GceProvider as GceSpec
+from orchestrator.model.spec import validate_spec
 from orchestrator.providers.gce.backend import request_settings
 from orchestrator.providers.gce.dry_run import gce_dry_run
 from orchestrator.providers.gce.requests import instance_resource
@@ -100,7 +100,7 @@ def test_spec_options_reach_the_body() -> None:
 
 
 def test_the_planner_never_proposes_what_gce_refuses() -> None:
-    from orchestrator.core.costmodel.planner import plan
+    from orchestrator.costmodel.planner import plan
 
     spec = validate_spec({**doc(GROUPS["h100"][0], "us-central1-a"), "cluster": None,
                           "search": {"gpus": ["h100", "h200"], "max_workers": 2, "spot": [True, False]}})
@@ -113,12 +113,12 @@ def test_the_planner_never_proposes_what_gce_refuses() -> None:
 
 
 def test_boot_time_per_image_route_comes_from_cloud_facts() -> None:
-    from orchestrator.core import policy
+    from orchestrator.model import timings
 
     group, zone, _ = GROUPS["l4"]
-    dlvm = policy.gce_boot_extra_s(validate_spec(doc(group, zone)))
-    installer = policy.gce_boot_extra_s(validate_spec(doc(group, zone, image=DEBIAN, gpu_driver="installer")))
-    assert dlvm == policy.image_boot_extra_s("dlvm") and installer == policy.image_boot_extra_s("installer")
+    dlvm = timings.gce_boot_extra_s(validate_spec(doc(group, zone)))
+    installer = timings.gce_boot_extra_s(validate_spec(doc(group, zone, image=DEBIAN, gpu_driver="installer")))
+    assert dlvm == timings.image_boot_extra_s("dlvm") and installer == timings.image_boot_extra_s("installer")
     assert installer > dlvm > 0
 
 
@@ -214,7 +214,7 @@ def test_the_emulator_accepts_googles_bodies_and_refuses_the_same_ones_gce_refus
 
 
 def _errors(document: dict[str, Any]) -> list[str]:
-    from orchestrator.core.spec import SpecError
+    from orchestrator.model.spec import SpecError
 
     with pytest.raises(SpecError) as err:
         validate_spec(document)
@@ -231,14 +231,15 @@ def test_spec_refuses_a_disk_or_a_fallback_gce_would_refuse() -> None:
 
 
 def test_the_notice_window_is_the_one_the_vm_has() -> None:
-    from orchestrator.core import policy
+    from orchestrator.decide import replacement as replacing
+    from orchestrator.model import timings
 
     group, zone, _ = GROUPS["l4"]
     short, long = (validate_spec(doc(group, zone, preemption_notice_s=s)).provider for s in (0, 120))
-    assert policy.notice_window_s(short) == 30 and policy.notice_window_s(long) == 120
+    assert timings.notice_window_s(short) == 30 and timings.notice_window_s(long) == 120
     # The controller keeps a revoked VM through its window and as long again (checkpoint upload), then deletes it.
-    assert policy.in_notice_grace(0.0, 200.0, policy.notice_window_s(long))
-    assert not policy.in_notice_grace(0.0, 200.0, policy.notice_window_s(short))
+    assert replacing.in_notice_grace(0.0, 200.0, timings.notice_window_s(long))
+    assert not replacing.in_notice_grace(0.0, 200.0, timings.notice_window_s(short))
 
 
 def test_the_emulator_gives_a_spot_vm_the_notice_it_asked_for(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel import plan
-from orchestrator.core.slots import expand
-from orchestrator.core.spec import validate_spec
+from orchestrator.costmodel import plan
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.spec import validate_spec
 
 
 def spec(**over: Any) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from orchestrator.core.costmodel import host_fit
-from orchestrator.core.costmodel.compute import RUNTIME_PRIORS
-from orchestrator.core.costmodel.crossgpu import ClassWork, gpu_parts
+from orchestrator.costmodel import host_fit
+from orchestrator.costmodel.compute import RUNTIME_PRIORS
+from orchestrator.costmodel.crossgpu import ClassWork, gpu_parts
 
 PRIOR = RUNTIME_PRIORS["pytorch-eager"]
 
@@ -129,12 +129,12 @@ def test_a_machine_s_host_share_is_its_fitted_host_over_the_step() -> None:
 def test_plan_steps_a_users_model_through_the_calibrations_machine_fits_as_model_predict_does() -> None:
     """One model of a user's step: `model calibrate` fits host_fit's machines on the eager rows and stores them
     with the calibration; the planner's step_fn of a `torch:` model is host_fit.machine_step_s under them."""
-    from orchestrator.core.catalog import load_catalog
-    from orchestrator.core.costmodel.calibration import fit_report, load_measurements
-    from orchestrator.core.costmodel.compute import Calibration, layer_arrays, model_profile, step_fn
-    from orchestrator.core.costmodel.crossgpu import class_work
-    from orchestrator.core.costmodel.profiles.user import register_profile
-    from orchestrator.core.paths import data_dir
+    from orchestrator.costmodel.calibration import fit_report, load_measurements
+    from orchestrator.costmodel.compute import Calibration, layer_arrays, model_profile, step_fn
+    from orchestrator.costmodel.crossgpu import class_work
+    from orchestrator.costmodel.profiles.user import register_profile
+    from orchestrator.model.catalog import load_catalog
+    from orchestrator.model.paths import data_dir
 
     calib = fit_report(load_measurements(data_dir() / "measurements")).calibration
     fits = calib.machine_fits("pytorch-eager")

@@ -4,13 +4,13 @@ window for the job's checkpoint, then replaced like any lost VM, on-demand, befo
 
 from __future__ import annotations
 
-from orchestrator.core.actions import Action, CreateInstance, DeleteInstance, SetInstanceStatus
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import InstanceView, JobView, Observation
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.actions import Action, CreateInstance, DeleteInstance, SetInstanceStatus
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
 
 T0 = 1_000_000.0
 NAME = "j-worker-0-0"

@@ -1,4 +1,4 @@
-"""The local provider's host-sharing model (core/costmodel/host_share.py): a processor-sharing queue."""
+"""The local provider's host-sharing model (costmodel/host_share.py): a processor-sharing queue."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.costmodel.host_share import lockstep_steps, shared_steps
-from orchestrator.core.errors import UserError
+from orchestrator.costmodel.host_share import lockstep_steps, shared_steps
+from orchestrator.model.errors import UserError
 
 
 def test_no_worker_waits_when_there_are_enough_cores() -> None:

@@ -27,12 +27,12 @@ from orchestrator.control.gc import find_orphans, finish_pending_deletes
 from orchestrator.control.images import BakeError, bake_image
 from orchestrator.control.launcher import cancel_job
 from orchestrator.control.signals import Terminated
-from orchestrator.core.catalog import CURRENT_BOOK, load_catalog
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import InstanceRequest, Role
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import load_spec
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.model.catalog import CURRENT_BOOK, load_catalog
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import InstanceRequest, Role
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import load_spec
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator_testing.cloud import provider_settings
 from orchestrator_testing.gce_emulator import GceEmulator

@@ -74,7 +74,7 @@ def test_plan_prints_the_notes(tmp_path: Path, fmt: str) -> None:
 
 def test_the_budget_check_and_the_plan_use_the_inventorys_prices(tmp_path: Path) -> None:
     """2 V100 hosts at $0.50/h: the price book's $2.67/h each would refuse a budget the inventory's prices meet."""
-    from orchestrator.core.errors import UserError
+    from orchestrator.model.errors import UserError
 
     spec = _spec(tmp_path, LAB)
     free = validate_launch(spec)

@@ -36,6 +36,6 @@ def test_wheel_ships_no_test_doubles(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     (wheel,) = tmp_path.glob("orchestrator-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("orchestrator/core/") for n in names)
+    assert any(n.startswith("orchestrator/model/") for n in names)
     doubles = [n for n in names if "testing" in n or "emulator" in n or n.endswith("sshd.py")]
     assert not doubles, doubles

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import REPO, processes_under, wait_until
 
-from orchestrator.core.instances import InstanceRequest, Role
+from orchestrator.model.instances import InstanceRequest, Role
 from orchestrator.providers.local.host import WATCH_S
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.transport.base import Endpoint
@@ -41,7 +41,7 @@ import json, os, signal, sys
 from pathlib import Path
 import orchestrator.providers.local.provider as provider_module
 import orchestrator.transport.local as transport_local
-from orchestrator.core.instances import InstanceRequest, Role
+from orchestrator.model.instances import InstanceRequest, Role
 
 root, out, call = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 TRACED = (os.path.dirname(provider_module.__file__) + os.sep, transport_local.__file__)
@@ -161,7 +161,7 @@ def test_a_create_resent_after_a_kill_at_each_line_starts_one_hypervisor_then_a_
         home: Path) -> None:
     root = home / "local"
     names = _kill_at_each_line(root, home.parent / "kills.json")
-    resend = ("import sys; from pathlib import Path; from orchestrator.core.instances import InstanceRequest, Role; "
+    resend = ("import sys; from pathlib import Path; from orchestrator.model.instances import InstanceRequest, Role; "
               "from orchestrator.providers.local.provider import LocalProvider; "
               "p = LocalProvider(Path(sys.argv[1]), time_scale=600); "
               "[p.create(InstanceRequest(name=f'kill-worker-{k}', job_id='kill', role=Role.WORKER, index=k, "

@@ -12,7 +12,7 @@ import pytest
 from e2e_helpers import cli, processes_under
 from sqlalchemy import create_engine, text
 
-from orchestrator.core.paths import data_dir
+from orchestrator.model.paths import data_dir
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """Elastic shrink with on-demand top-up end to end on one machine (issue 23, items 2 and 3): a two-worker PyTorch
 job replays a measured 16-node spot availability trace; when the trace's count falls to one spot VM the provider
-revokes the higher-ranked worker, the daemon's elastic policy (``core.deadline_elastic``, the simulator's
-``core.elastic`` decision) keeps the survivor and tops up with on-demand as far as the deadline needs (or waits, where
+revokes the higher-ranked worker, the daemon's elastic policy (``decide.deadline_elastic``, the simulator's
+``decide.elastic`` decision) keeps the survivor and tops up with on-demand as far as the deadline needs (or waits, where
 one spot VM is not expected to repay the restart measured), the world re-forms, and the job finishes by its deadline.
 ``report`` names each membership."""
 
@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import cli, processes_under
 from sqlalchemy import create_engine, text
 
-from orchestrator.core.paths import data_dir
+from orchestrator.model.paths import data_dir
 
 pytestmark = pytest.mark.slow
 

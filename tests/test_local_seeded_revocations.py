@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.control.driver import emulation
-from orchestrator.core.instances import REVOKE_AT_STEP, InstanceRequest, ObservedState, Role
-from orchestrator.core.policy import revoke_after_s, revoke_at_step
-from orchestrator.core.slots import expand
-from orchestrator.core.spec import LocalProvider as LocalSpec
-from orchestrator.core.spec import load_spec
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.instances import REVOKE_AT_STEP, InstanceRequest, ObservedState, Role
+from orchestrator.model.spec import LocalProvider as LocalSpec
+from orchestrator.model.spec import load_spec
 from orchestrator.providers.local.progress import first_step_at_least, max_step
 from orchestrator.providers.local.provider import PROGRESS_STEP_S, LocalProvider, progress_clock_for
+from orchestrator.providers.local.revocations import revoke_after_s, revoke_at_step
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from orchestrator.control.ingest import ingest_metrics
-from orchestrator.core.instances import Role
-from orchestrator.core.slots import Slot
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model.instances import Role
 from orchestrator.storage.local import LocalStorage
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Job, Metric
@@ -146,8 +146,8 @@ def test_a_finished_real_job_refines_the_next_plans_calibration_and_an_emulated_
     # ... and the next plan of a PyTorch job on that GPU reads it: the key the fold fitted is the one its
     # runtime looks up (before 2026-11-28 every job was planned under tf1-graph, and never read it)
     from orchestrator.cli.model_impl import latest_calibration
-    from orchestrator.core.costmodel.batches import job_runtime
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.costmodel.batches import job_runtime
+    from orchestrator.model.spec import validate_spec
 
     calib = latest_calibration()
     assert calib is not None
@@ -192,8 +192,8 @@ def test_a_run_script_that_reports_its_workers_steps_is_folded_under_its_own_mod
     from dataclasses import replace
 
     from orchestrator.control.calibration_fold import fold_finished_job
-    from orchestrator.core.costmodel.compute import model_profile
-    from orchestrator.core.costmodel.profiles.user import register_profile
+    from orchestrator.costmodel.compute import model_profile
+    from orchestrator.costmodel.profiles.user import register_profile
 
     storage = LocalStorage(str(tmp_path), "s")
     line = {"kind": "step", "t": 10.0, "step": 40, "loss": 0.5, "runtime": "pytorch-eager", "precision": "bf16",
@@ -225,7 +225,7 @@ def test_a_clouds_plan_reads_the_newest_real_calibration_past_a_newer_emulated_o
 
     from orchestrator.cli.model_impl import latest_calibration
     from orchestrator.cli.model_torch import latest_real_calibration
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION
     from orchestrator.store.models import Calibration as CalibrationRow
 
     real = DEFAULT_CALIBRATION.with_meta(name="real-refined")
@@ -247,7 +247,7 @@ def test_launch_plans_with_the_calibration_plan_showed(tmp_path: Path) -> None:
     2026-11-28 `launch` planned with the shipped calibration whatever the DB held.)"""
     from dataclasses import replace
 
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
     from orchestrator.store.models import Calibration as CalibrationRow
 
     doc = {"name": "agree", "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]},
@@ -285,7 +285,7 @@ def _slow_t4(name: str) -> Any:
     """A refined calibration whose T4 runs resnet_cifar_32 at 2 s a step (the shipped one: ~0.15 s)."""
     from dataclasses import replace
 
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
 
     return replace(DEFAULT_CALIBRATION, name=name, per_gpu={
         **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.05, 0.05, 2.0)})
@@ -302,7 +302,7 @@ def _store_calibration(calibration: Any, created_at: float, url: str | None = No
 
 def _deadline_job(job_id: str, created_at: float) -> tuple[Any, Job]:
     """A one-T4 spot job with ``on_revocation: deadline``, and its row created at ``created_at``."""
-    from orchestrator.core.spec import validate_spec
+    from orchestrator.model.spec import validate_spec
 
     doc = {"name": job_id,
            "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]}, "storage": "gs://my-bucket/runs",
@@ -354,7 +354,7 @@ def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with
     from dataclasses import replace
 
     from orchestrator.control.validate import validate_launch
-    from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
 
     doc = {"name": "split", "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]},
            "storage": "gs://my-bucket/runs",

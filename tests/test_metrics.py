@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select
 
 from orchestrator.control import metrics
-from orchestrator.core.status import InstanceStatus as S
+from orchestrator.model.status import InstanceStatus as S
 from orchestrator.storage import open_storage
 from orchestrator.store import queries
 from orchestrator.store.db import open_session

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.paths import user_dir
+from orchestrator.model.paths import user_dir
 from orchestrator.store.db import current_revision, head_revision
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout (tests/jobs has a conftest of its own)

@@ -1,4 +1,4 @@
-"""The pipeline partitioner (core/costmodel/partition.py) and the planner's choice between strategies."""
+"""The pipeline partitioner (costmodel/partition.py) and the planner's choice between strategies."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.costmodel.memory import MemoryParams
-from orchestrator.core.costmodel.partition import Partitioner, StageDevice
-from orchestrator.core.costmodel.planner import plan
-from orchestrator.core.spec import load_spec
+from orchestrator.costmodel.memory import MemoryParams
+from orchestrator.costmodel.partition import Partitioner, StageDevice
+from orchestrator.costmodel.planner import plan
+from orchestrator.model.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 DEVICES = [StageDevice("v100", "n1-standard-8"), StageDevice("p100", "n1-standard-8"),

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.core.blocks import provider_key
-from orchestrator.core.plan import plan_spec
-from orchestrator.core.spec import load_spec, validate_spec
+from orchestrator.costmodel.launch_plan import plan_spec
+from orchestrator.model.blocks import provider_key
+from orchestrator.model.spec import load_spec, validate_spec
 from orchestrator.sim.from_spec import plan_job
 from orchestrator.store import queries
 from orchestrator.store.db import open_session

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cli.deadline_cmd import deadline_outlook
-from orchestrator.core.spec import validate_spec
+from orchestrator.model.spec import validate_spec
 from tests.cli_inproc import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,8 +60,8 @@ def test_a_deadline_inside_the_interval_is_said(tmp_path: Path) -> None:
 
 def test_plan_shows_the_elastic_row_for_a_job_the_daemon_shrinks_and_tops_up() -> None:
     """A PyTorch job of three spot workers replaying one 16-node trace: the daemon runs it elastic
-    (``core.deadline_elastic``), so ``plan`` shows that policy's row, from the other rows' start ticks."""
-    from orchestrator.core.deadline_elastic import elastic_spot_workers as elastic_workers
+    (``decide.deadline_elastic``), so ``plan`` shows that policy's row, from the other rows' start ticks."""
+    from orchestrator.decide.deadline_elastic import elastic_spot_workers as elastic_workers
 
     example = REPO / "examples" / "local-torch-deadline-elastic.yaml"
     raw = yaml.safe_load(example.read_text())
@@ -82,7 +82,7 @@ def test_a_gce_job_in_one_zone_is_planned_elastic_on_the_traces_that_counted_spo
     """On gce the daemon counts the spot VMs with the capacity advisor where every spot worker is of one shape in one
     zone: ``plan`` then replays the bundled 16-node traces for every row, the elastic one included; with two zones
     (the daemon moves between them, all or nothing) or two GPU types it does not."""
-    from orchestrator.core.deadline_elastic import elastic_spot_workers as elastic_workers
+    from orchestrator.decide.deadline_elastic import elastic_spot_workers as elastic_workers
 
     raw = yaml.safe_load((REPO / "examples" / "gce-resnet-data-parallel.yaml").read_text())
     raw["cluster"]["workers"] = [{"gpu": "t4", "count": 4, "spot": True}]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel.planner import plan
-from orchestrator.core.spec import validate_spec
+from orchestrator.costmodel.planner import plan
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.spec import validate_spec
 
 
 def _spec(gpu: str, machine: str, deadline: str, zone: str = "us-central1-a", overrides: Any = None) -> Any:
@@ -51,7 +51,7 @@ def test_plan_warns_when_a_t4_job_could_run_past_its_end_of_support() -> None:
 
 
 def test_a_gce_t4_spec_is_refused_after_its_end_of_support() -> None:
-    from orchestrator.core.offerings import retired_message
+    from orchestrator.model.offerings import retired_message
 
     cat = load_catalog()
     msg = retired_message(cat, "t4", cat.price_book("current"), today=dt.date(2027, 8, 1))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import ObservedInstance, ObservedState, Role
-from orchestrator.core.spec import GceProvider, JobSpec, ProviderSpec, validate_spec
-from orchestrator.core.spec.base import SpecError
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import ObservedInstance, ObservedState, Role
+from orchestrator.model.spec import GceProvider, JobSpec, ProviderSpec, validate_spec
+from orchestrator.model.spec.base import SpecError
 from orchestrator.providers import registry
 from orchestrator.providers.base import TF_PORT
 from orchestrator.providers.gce.backend import TF_PORTS, firewall_ports

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.launch_checks import check_quotas, read_spec_quotas
-from orchestrator.core.cloud_errors import InvalidRequestError
-from orchestrator.core.instances import InstanceRequest, Role, instance_name
-from orchestrator.core.quotas import gpu_quota_metric, headroom, quota_needs, quota_problems
-from orchestrator.core.slots import Slot, expand
-from orchestrator.core.spec import load_spec
+from orchestrator.costmodel.slots import Slot, expand
+from orchestrator.model.cloud_errors import InvalidRequestError
+from orchestrator.model.instances import InstanceRequest, Role, instance_name
+from orchestrator.model.spec import load_spec
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
+from orchestrator.providers.gce.quotas import gpu_quota_metric, headroom, quota_needs, quota_problems
 from orchestrator_testing.gce_emulator import GceEmulator
 
 REPO = Path(__file__).resolve().parent.parent

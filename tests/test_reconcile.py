@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.actions import (
     CreateInstance,
     DeleteInstance,
     PrepareInstance,
@@ -13,12 +14,11 @@ from orchestrator.core.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import InstanceView, JobView, Observation
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
 
 S = InstanceStatus
 NOW = 10_000.0

@@ -1,5 +1,5 @@
 """A pipeline job loses a stage: the reconciler (pure) waits for the replacement or re-partitions over the survivors,
-whichever core.costmodel.stage_loss predicts cheaper, records the choice with both options' figures, and restarts
+whichever costmodel.stage_loss predicts cheaper, records the choice with both options' figures, and restarts
 the survivors on the new partition once the lost instance is gone."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from dataclasses import replace
 
 from test_reconcile import inst, observed
 
-from orchestrator.core.actions import CreateInstance, RecordStageLoss, RestartTraining, SetJobStatus, StartTask
-from orchestrator.core.instances import ProcState, ProcStatus, Role
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import InstanceView, JobView, Observation, StageLossInputs
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.actions import CreateInstance, RecordStageLoss, RestartTraining, SetJobStatus, StartTask
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import InstanceView, JobView, Observation, StageLossInputs
+from orchestrator.model.instances import ProcState, ProcStatus, Role
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
 
 S = InstanceStatus
 NOW = 10_000.0

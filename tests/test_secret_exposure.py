@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.instances import InstanceRequest, ProcState, Role, instance_name
+from orchestrator.model.instances import InstanceRequest, ProcState, Role, instance_name
 from orchestrator.providers.local.provider import LocalProvider
 from orchestrator.transport.keys import job_key
 from orchestrator.transport.ssh import SshTransport
@@ -145,7 +145,7 @@ def test_local_instance_process_gets_a_built_environment(tmp_path: Path, monkeyp
 def test_mismatched_host_key_fails_the_job_in_one_pass_with_one_line(sshd: Sshd, tmp_path: Path) -> None:
     from e2e_helpers import cli
 
-    from orchestrator.core.paths import user_dir
+    from orchestrator.model.paths import user_dir
     from orchestrator.store.db import open_session
     from orchestrator.store.models import Event, Instance, Job
     from orchestrator.transport.keys import generate_keypair, write_private

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from orchestrator.core.instances import InstanceRequest, Role, instance_name
-from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.model.instances import InstanceRequest, Role, instance_name
+from orchestrator.model.spec import GceProvider as GceSpec
 from orchestrator.providers.gce.network import (
     GUEST_ATTRIBUTES_KEY,
     IsolatedGceProvider,

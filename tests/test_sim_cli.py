@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from orchestrator.cli.simulate_cmd import simulate_command
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 K80 = REPO / "examples" / "reproduce-icac19.yaml"  # the 2019 GPUs: local provider / simulator, 2019-02 book

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from orchestrator.core import policy, reconcile
+from orchestrator.decide import reconcile
+from orchestrator.decide import replacement as replacing
 from orchestrator.sim.engine import ScheduleLifetimes, SimCluster, SimSlot, simulate
 from orchestrator.sim.montecarlo import run_monte_carlo
 from orchestrator.sim.observed import compare_with_daemon
@@ -60,7 +61,8 @@ def test_known_difference_exhausted_replacements(monkeypatch: pytest.MonkeyPatch
     (d,) = compare_with_daemon(c, run)
     assert (d.daemon, d.engine) == ("job fails", "not replaced")
     # A policy change reaches both sides of the comparison.
-    monkeypatch.setattr(policy, "decide_replacement", lambda role, **kw: policy.Replacement(policy.Verdict.SHRINK))
+    shrink = replacing.Replacement(replacing.Verdict.SHRINK)
+    monkeypatch.setattr(replacing, "decide_replacement", lambda role, **kw: shrink)
     run = simulate(c, ScheduleLifetimes(c, [("worker-1", 800.0)]), record=True)
     (d,) = compare_with_daemon(c, run)
     assert d.agree and d.daemon == "not replaced"
@@ -84,7 +86,7 @@ def test_a_daemon_driven_run_ends_when_the_daemon_gives_up() -> None:
 
 
 def test_a_reconcile_change_shows_in_a_daemon_driven_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A change inside reconcile itself (not in core.policy) reaches only the daemon-driven run."""
+    """A change inside reconcile itself (not in decide.deadline) reaches only the daemon-driven run."""
     c = _cluster("replace")
     before = simulate(c, _Random(3), record=True)
     assert before.revocations > 0 and not any("zone z2" in e.detail for e in before.events)

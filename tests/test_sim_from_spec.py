@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core import policy
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.spec import Cluster, JobSpec, validate_spec
+from orchestrator.model import timings
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.spec import Cluster, JobSpec, validate_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec, model_size_mb
 
@@ -62,11 +62,11 @@ def test_slots_prices_and_policy_come_from_the_spec() -> None:
     assert c.checkpoint_cost_s == pytest.approx(3.75 + 0.02 * c.model_mb)
     # 70 s measured (ICAC'19) + the default image route's first boot (a TensorFlow job: the Deep Learning VM
     # base family, TensorFlow installed at first boot; an estimate).
-    assert c.boot_delay_s == 70.0 + policy.image_boot_extra_s("dlvm-base") and c.spot_extra_boot_s == 15.0
+    assert c.boot_delay_s == 70.0 + timings.image_boot_extra_s("dlvm-base") and c.spot_extra_boot_s == 15.0
     base = simulate(c, NoRevocations())
     assert base.wall_time_s == pytest.approx(c.boot_delay_s + 15.0 + 64000 / 16.0 + 63 * c.checkpoint_cost_s)
     # The planner's accounting of the same cluster (boot, checkpoint pauses, teardown) is the simulator's.
-    from orchestrator.core.costmodel.accounting import run_accounting
+    from orchestrator.costmodel.accounting import run_accounting
 
     acc = run_accounting(gce_spec())
     assert acc.failure_free_s(64000, 1000, 16.0, spot_critical=True) == pytest.approx(base.wall_time_s)

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from orchestrator.core.revocation.model import CalendarFactor, load_revocation_model
+from orchestrator.costmodel.revocation.model import CalendarFactor, load_revocation_model
 from orchestrator.sim.engine import NoRevocations, SimCluster, SimSlot, simulate
 from orchestrator.sim.montecarlo import run_monte_carlo
 

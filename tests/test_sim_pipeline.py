@@ -1,5 +1,5 @@
 """The simulator knows pipelines: a lost stage stops the whole pipeline (its survivors idle and billed) until the
-replacement is back, or the survivors re-partition where core.costmodel.stage_loss predicts it cheaper; a data
+replacement is back, or the survivors re-partition where costmodel.stage_loss predicts it cheaper; a data
 parallel world's survivors train on."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.spec.load import load_spec
+from orchestrator.model.spec.load import load_spec
 from orchestrator.sim.engine import FAIL_WORKERS_LOST, NoRevocations, ScheduleLifetimes, SimCluster, SimSlot, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
 from orchestrator.sim.strategies import compare_strategies

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.core.revocation.distributions import (
+from orchestrator.costmodel.revocation.distributions import (
     Bathtub,
     Exponential,
     Weibull,
@@ -19,14 +19,14 @@ from orchestrator.core.revocation.distributions import (
     fit_weibull,
     kaplan_meier,
 )
-from orchestrator.core.revocation.model import (
+from orchestrator.costmodel.revocation.model import (
     KINDS,
     PREEMPTIBLE_CAP_S,
     CalendarFactor,
     RevocationModel,
     load_revocation_model,
 )
-from orchestrator.core.revocation.traces import TraceError, load_revocation_summary, load_trace
+from orchestrator.costmodel.revocation.traces import TraceError, load_revocation_summary, load_trace
 
 HOUR = 3600.0
 CUTOFF = 23.9 * HOUR

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.spec import SpecError, load_spec, parse_duration, validate_spec
+from orchestrator.model.spec import SpecError, load_spec, parse_duration, validate_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,11 +93,11 @@ def test_sync_with_parameter_servers_is_rejected() -> None:
 
 def test_a_batch_over_the_gpus_memory_is_the_cost_models_check_run_before_planning(tmp_path: Path) -> None:
     """The spec does not import the cost model: it accepts the batch; the cost model's check of the spec
-    (core.costmodel.spec_checks) names the field, and plan / launch / the dry run (validate_launch) refuse."""
+    (costmodel.spec_checks) names the field, and plan / launch / the dry run (validate_launch) refuse."""
     import yaml
 
     from orchestrator.control.validate import validate_launch
-    from orchestrator.core.costmodel.spec_checks import batch_fit_errors
+    from orchestrator.costmodel.spec_checks import batch_fit_errors
 
     doc = copy.deepcopy(GOOD)
     doc["cluster"]["workers"][1]["batch"] = 60_000
@@ -275,7 +275,7 @@ def test_local_provider_keeps_the_2019_gpus_with_the_2019_book() -> None:
 
 def test_machine_type_shapes() -> None:
     spec = validate_spec(gce_doc({"gpu": "h100", "machine_type": "a3-highgpu-2g", "count": 2, "zone": "us-central1-a"}))
-    from orchestrator.core.slots import expand
+    from orchestrator.costmodel.slots import expand
 
     workers = [s for s in expand(spec) if s.gpu]
     assert [(s.machine_type, s.gpu_count) for s in workers] == [("a3-highgpu-2g", 2)] * 2
@@ -301,7 +301,7 @@ def test_flex_start_is_for_the_families_google_offers_it_on() -> None:
 def test_termination_action() -> None:
     doc = gce_doc({"gpu": "l4", "zone": "us-central1-a"})
     assert validate_spec(doc).provider.termination_action == "DELETE"  # type: ignore[union-attr]
-    from orchestrator.core.slots import expand
+    from orchestrator.costmodel.slots import expand
 
     deleted = expand(validate_spec(doc))
     doc["provider"]["termination_action"] = "STOP"
@@ -327,7 +327,7 @@ def test_a_swapped_price_pair_and_a_step_after_the_last_are_refused() -> None:
 
 
 def test_a_long_quoted_value_is_cut_but_not_the_text_between_two_quoted_values() -> None:
-    from orchestrator.core.spec.base import FieldError
+    from orchestrator.model.spec.base import FieldError
 
     between = "'x' is not one of the values this field takes, which are listed in the docs at length: 'y'"
     assert FieldError(path="a", message=between).message == between

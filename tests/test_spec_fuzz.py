@@ -51,7 +51,7 @@ def test_1000_hostile_specs_are_accepted_or_refused_cleanly(tmp_path: Path, monk
 
 
 def test_the_issue_s_hostile_specs_are_refused_with_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.core.spec import SpecError, load_spec
+    from orchestrator.model.spec import SpecError, load_spec
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ok.py").write_text("print(1)\n")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.core.cloud_errors import CapacityError
-from orchestrator.core.instances import InstanceRequest, ObservedState, ProcState, Role, instance_name
-from orchestrator.core.paths import user_dir
+from orchestrator.model.cloud_errors import CapacityError
+from orchestrator.model.instances import InstanceRequest, ObservedState, ProcState, Role, instance_name
+from orchestrator.model.paths import user_dir
 from orchestrator.providers.ssh.provider import InventoryError, SshInventoryProvider, load_inventory
 from orchestrator.transport.keys import generate_keypair, write_private
 from orchestrator.transport.local import pid_alive

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.model.instances import ProcState, ProcStatus
 from orchestrator.transport.base import Endpoint, TransportError
 from orchestrator.transport.keys import delete_job_key, job_key
 from orchestrator.transport.local import pid_alive

@@ -1,4 +1,4 @@
-"""core.costmodel.stage_loss: wait for a lost stage's replacement or re-partition over the survivors."""
+"""costmodel.stage_loss: wait for a lost stage's replacement or re-partition over the survivors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.core.costmodel.stage_loss import REPARTITION, WAIT, decide_stage_loss
+from orchestrator.costmodel.stage_loss import REPARTITION, WAIT, decide_stage_loss
 
 
 def test_a_slow_replacement_and_a_short_remainder_re_partition() -> None:

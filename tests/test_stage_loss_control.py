@@ -14,9 +14,9 @@ from orchestrator.cli.torch_report import stage_losses, training_section
 from orchestrator.control import stage_loss
 from orchestrator.control.driver import job_view
 from orchestrator.control.torch_task import torch_section
-from orchestrator.core.slots import expand
-from orchestrator.core.spec import JobSpec, validate_spec
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.spec import JobSpec, validate_spec
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.store.db import session_factory
 from orchestrator.store.models import Instance, Job
 
@@ -36,7 +36,7 @@ def test_the_inputs_are_the_partitioner_s_pipelines_and_the_local_delays() -> No
     assert got is not None and got.mode == "auto" and got.remaining_steps == 260
     steps = dict(got.survivor_step_s)
     assert set(steps) == {"worker-0", "worker-1", "worker-2"}
-    # The partitioner's steps over the emulated GPUs' measured curves (core/emulation.py) and this host's CPU step:
+    # The partitioner's steps over the emulated GPUs' measured curves (costmodel/emulation.py) and this host's CPU step:
     # without the P100 the two stages left (V100 + K80) step about 29% slower than the three.
     assert got.full_step_s == pytest.approx(0.335, abs=0.01)
     assert steps["worker-1"] == pytest.approx(0.431, abs=0.01)

@@ -7,7 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from alembic import command
-from orchestrator.core.status import INSTANCE_TRANSITIONS, InstanceStatus, JobStatus, TransitionError
+from orchestrator.model.status import INSTANCE_TRANSITIONS, InstanceStatus, JobStatus, TransitionError
 from orchestrator.store import db, queries
 from orchestrator.store.models import Event, Instance, Job, LedgerEntry
 

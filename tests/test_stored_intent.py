@@ -1,4 +1,4 @@
-"""A spec is planned once (core/plan.py) and the plan is stored at launch (table intents, migration 0003):
+"""A spec is planned once (costmodel/launch_plan.py) and the plan is stored at launch (table intents, migration 0003):
 every pass drives toward the stored plan; a job recorded before 0003 is planned once on its next pass."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from test_control_poison import local_spec
 
 from orchestrator.control.driver import run_pass, spec_to_yaml
 from orchestrator.control.launcher import cancel_job, create_job
-from orchestrator.core.paths import user_dir
-from orchestrator.core.plan import PLAN_VERSION, LaunchPlan, PlanFormatError, plan_spec
-from orchestrator.core.slots import expand
-from orchestrator.core.spec import JobSpec, load_spec, validate_spec
-from orchestrator.core.status import JobStatus
+from orchestrator.costmodel.launch_plan import PLAN_VERSION, LaunchPlan, PlanFormatError, plan_spec
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import JobSpec, load_spec, validate_spec
+from orchestrator.model.status import JobStatus
 from orchestrator.store import db, queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Instance, Intent, Job

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from orchestrator.core.costmodel import plan
-from orchestrator.core.costmodel.planner.strategies import DATA, PIPELINE, Revocations, Strategy, choose
-from orchestrator.core.spec.load import load_spec
+from orchestrator.costmodel import plan
+from orchestrator.costmodel.planner.strategies import DATA, PIPELINE, Revocations, Strategy, choose
+from orchestrator.model.spec.load import load_spec
 
 HOUR = 3600.0
 

@@ -1,4 +1,4 @@
-"""task.json is one typed, versioned schema (orchestrator/core/task.py) shared by the controller and jobs/:
+"""task.json is one typed, versioned schema (orchestrator/model/task.py) shared by the controller and jobs/:
 what the controller writes validates, and a payload given a version it does not know exits fatal (2)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from test_control_poison import local_spec
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.core import exits
-from orchestrator.core import task as schema
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import validate_spec
-from orchestrator.core.status import FINAL_JOB, JobStatus
+from orchestrator.model import exits
+from orchestrator.model import task as schema
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import validate_spec
+from orchestrator.model.status import FINAL_JOB, JobStatus
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
 
@@ -99,11 +99,11 @@ def test_schema_errors_name_the_field(tmp_path: Path) -> None:
 
 
 def test_the_payload_reads_the_controllers_definition() -> None:
-    """jobs/task_schema.py holds no schema of its own: it loads orchestrator/core/task.py (and on an
+    """jobs/task_schema.py holds no schema of its own: it loads orchestrator/model/task.py (and on an
     instance the controller pushes that file over it)."""
     code = ("import sys; sys.path.insert(0, 'jobs'); import task_schema; "
             "print(task_schema.__file__, task_schema.TASK_VERSION)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     path, version = out.stdout.split()
-    assert Path(path).resolve() == (REPO / "orchestrator" / "core" / "task.py").resolve(), out.stderr
+    assert Path(path).resolve() == (REPO / "orchestrator" / "model" / "task.py").resolve(), out.stderr
     assert int(version) == schema.TASK_VERSION

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from orchestrator.core.costmodel.crossgpu import (  # noqa: E402
+from orchestrator.costmodel.crossgpu import (  # noqa: E402
     Point,
     arch_gpu,
     gpu_seconds,
@@ -22,7 +22,7 @@ from orchestrator.core.costmodel.crossgpu import (  # noqa: E402
     load_arch,
     predict,
 )
-from orchestrator.core.costmodel.profiles import ModelProfile  # noqa: E402
+from orchestrator.costmodel.profiles import ModelProfile  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 from orchestrator.profiler.torch_profile import ProfileError, load_factory, profile_factory  # noqa: E402
 

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.core import policy
-from orchestrator.core.paths import data_dir
-from orchestrator.core.policy import Mode, Progress
+from orchestrator.decide import deadline as policy
+from orchestrator.decide.deadline import Mode, Progress
+from orchestrator.model.paths import data_dir
 from orchestrator.sim.availability import Job, Outcome, load_trace, run_policy
 
 F, T = False, True

@@ -67,7 +67,7 @@ def write_data_dir(path: Path, n_train: int = 50_000, n_test: int = 2_000) -> Pa
 
 def task(job: str, index: int, storage: Path, data_dir: Path, port: int, a: argparse.Namespace,
          batches: list[int], resplit_every: int) -> dict[str, object]:
-    """What orchestrator/core/task.py writes for worker slot ``index`` of a 3-node synchronous PyTorch job."""
+    """What orchestrator/model/task.py writes for worker slot ``index`` of a 3-node synchronous PyTorch job."""
     n = len(batches)
     slow = [[a.slow_at, a.factor]] if index == 0 and a.factor != 1 else []
     return {

@@ -35,7 +35,7 @@ device tool's output folder; each command ran in about 5 minutes):
 
 gives data/measurements/h100-torchjob-payload.csv. An earlier call ran the payload before it used
 channels_last, plus ``--baseline build/torchjob_orig`` with the payload of commit 0d32d14 copied there
-(jobs/torchjob, jobs/tfjob, jobs/task_schema.py and orchestrator/core/task.py, carried to the device):
+(jobs/torchjob, jobs/tfjob, jobs/task_schema.py and orchestrator/model/task.py, carried to the device):
 that one failed at its first step line with ``RuntimeError: No backend type associated with device type
 cpu`` (a CPU tensor all-reduced over NCCL). Test here on CPU first (gloo), e.g.
 ``--hparam resnet_tiny --batches 32 --steps 40 --log-every 10 --warm-windows 1 --notice-steps 60 --notice-at 20``.
@@ -69,7 +69,7 @@ def say(msg: str) -> None:
 
 def task_json(job: str, instance: str, storage: Path, port: int, hparam: str, batch: int, steps: int,
               log_every: int, checkpoint_every: int) -> dict[str, object]:
-    """What orchestrator/core/task.py's TaskConfig.to_dict writes for one worker slot of a PyTorch job."""
+    """What orchestrator/model/task.py's TaskConfig.to_dict writes for one worker slot of a PyTorch job."""
     return {
         "version": 1, "job_id": job, "instance": instance, "mode": "sync", "role": "worker", "index": 0,
         "cluster": {"worker": [f"127.0.0.1:{port}"]}, "storage": str(storage), "storage_uri": "",

@@ -1,5 +1,5 @@
 """The built-in job as a pipeline: each node holds a contiguous run of the ResNet's layers (a stage), chosen by the
-controller's partitioner (orchestrator/core/costmodel/partition.py), and the global batch flows through the
+controller's partitioner (orchestrator/costmodel/partition.py), and the global batch flows through the
 stages in micro-batches under torch.distributed.pipelining's 1F1B schedule (gloo on CPU, NCCL on GPUs).
 
 - Stage order: ``task.pipeline.stage_slots`` lists the worker slots in stage order; ranks come from torchrun in

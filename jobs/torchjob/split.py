@@ -6,7 +6,7 @@ from __future__ import annotations
 def proportional_split(total: int, weights: list[float]) -> list[int]:
     """Integer shares of ``total`` proportional to ``weights`` (largest remainder), each at least 1.
 
-    The same rule as orchestrator.core.slots.proportional_split: with the planner's per-slot batches as weights
+    The same rule as orchestrator.costmodel.slots.proportional_split: with the planner's per-slot batches as weights
     and the full world, it returns the planner's batches unchanged; after a shrink, the survivors' shares
     grow in the planner's proportions so that the global batch stays the same.
     """

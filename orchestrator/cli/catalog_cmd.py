@@ -14,8 +14,8 @@ import typer
 
 from orchestrator.cli.listing import Col, check_format, cut, format_option, print_csv, print_json, print_table
 from orchestrator.cli.render import console
-from orchestrator.core.catalog import Catalog, CatalogError, Gpu, LifecycleEvent, MachineType, PriceBook, load_catalog
-from orchestrator.core.errors import UserError
+from orchestrator.model.catalog import Catalog, CatalogError, Gpu, LifecycleEvent, MachineType, PriceBook, load_catalog
+from orchestrator.model.errors import UserError
 
 
 def _status(cat: Catalog, gpu: str, today: dt.date) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from orchestrator.cli.options import PORT_MAX
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 if TYPE_CHECKING:
     from flask import Flask

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from orchestrator.cli.plots import gather, render
 from orchestrator.cli.progress import event_parts, progress
 from orchestrator.cli.render import duration, money, pct, when
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job, Metric

@@ -6,7 +6,7 @@ import typer
 
 from orchestrator.cli.listing import check_format, format_option, print_csv, print_json
 from orchestrator.cli.render import console
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 app = typer.Typer(help="The results database (SQLite by default; any SQLAlchemy URL via --db / ORCHESTRATOR_DB_URL).")
 

@@ -10,13 +10,13 @@ from typing import Any
 
 from orchestrator.cli.model_impl import planning_calibration
 from orchestrator.cli.render import console, money, table
-from orchestrator.core import policy
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel import Calibration
-from orchestrator.core.deadline_elastic import elastic_spot_workers
-from orchestrator.core.errors import UserError
-from orchestrator.core.names import unknown_name
-from orchestrator.core.spec import JobSpec, OnRevocation, load_spec
+from orchestrator.costmodel import Calibration
+from orchestrator.decide import deadline as policy
+from orchestrator.decide.deadline_elastic import elastic_spot_workers
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.errors import UserError
+from orchestrator.model.names import unknown_name
+from orchestrator.model.spec import JobSpec, OnRevocation, load_spec
 from orchestrator.sim.availability import (
     HISTORY_H,
     AvailabilityTrace,

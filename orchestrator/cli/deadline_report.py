@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.control.driver import job_spec
-from orchestrator.core.spec import OnRevocation
+from orchestrator.model.spec import OnRevocation
 from orchestrator.store import queries
 from orchestrator.store.models import Job, Metric
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from orchestrator.cli.plots import Bar
 
 MIN_WAIT_S = 2.0
-MIXED = "spot + on-demand"  # an elastic world of both (core.deadline_elastic): spot workers topped up with on-demand
+MIXED = "spot + on-demand"  # an elastic world of both (decide.deadline_elastic): spot workers topped up with on-demand
 MODE_COLOURS = {"spot": "#66bb6a", MIXED: "#c0ca33", "on-demand": "#ef6c00", "waiting": "#bdbdbd"}
 
 
@@ -135,7 +135,7 @@ def _planned_lines(session: Session, job: Job, end: float) -> list[str]:
     longest restart seen counts where it is longer, measured_overhead_s). These are why a launch's decisions can
     differ from `simulate --availability-trace --history-h 0`, which plans with the predictions."""
     from orchestrator.control.deadline import measured_overhead_s, own_pace_s, planned_figures  # lazy
-    from orchestrator.core.revocation.availability import AvailabilityTraceError
+    from orchestrator.model.availability import AvailabilityTraceError
     from orchestrator.sim.from_spec import SimSpecError
 
     spec = job_spec(job.spec_yaml)

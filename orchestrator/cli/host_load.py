@@ -1,7 +1,7 @@
 """What else runs on this machine, measured when a local run is planned or launched.
 
 The local provider's workers share this host's cores with everything else. The host model
-(core/costmodel/host_share.py) takes that as a number, ``background``: other processes wanting a core. It is
+(costmodel/host_share.py) takes that as a number, ``background``: other processes wanting a core. It is
 measured here, not in the pure model: the kernel's count of runnable tasks (/proc/stat ``procs_running``)
 sampled over a short window, less this process. The 1-minute load average is shown beside it, but it lags
 by a minute and counts tasks waiting on disk, so the instantaneous count is the one used.
@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Calibration
-from orchestrator.core.errors import UserError
-from orchestrator.core.spec import JobSpec
+from orchestrator.costmodel import DEFAULT_CALIBRATION, Calibration
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import JobSpec
 
 WINDOW_S = 0.5  # long enough to see a busy loop, short enough not to be noticed in `plan`
 SAMPLES = 11

@@ -6,8 +6,8 @@ import sys
 
 from orchestrator.cli.render import console
 from orchestrator.control.keep_logs import log_key
-from orchestrator.core.errors import UserError
-from orchestrator.core.status import InstanceStatus
+from orchestrator.model.errors import UserError
+from orchestrator.model.status import InstanceStatus
 from orchestrator.storage import open_storage
 from orchestrator.store import queries
 from orchestrator.store.db import open_session

@@ -15,7 +15,7 @@ import typer
 from orchestrator.cli.listing import check_format, format_option
 from orchestrator.cli.options import plot_file, positive_seconds
 from orchestrator.cli.render import err_console, print_report
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -52,7 +52,7 @@ def launch(
     from orchestrator.cli.model_impl import planning_calibration  # lazy: the cost model
     from orchestrator.cli.model_torch import prepare_spec
     from orchestrator.control.validate import validate_launch  # lazy: the control layer (~0.3 s) only for launch
-    from orchestrator.core.spec import load_spec
+    from orchestrator.model.spec import load_spec
     from orchestrator.providers.registry import check_setup, dry_run_for  # lazy: the provider backends
 
     prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from orchestrator.cli.render import console, duration, err_console, money, table
-from orchestrator.core.cloud_errors import ProviderError
-from orchestrator.core.errors import UserError
-from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.quotas import Quotas, headroom, quota_needs, quota_problems, read_quotas
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.torch_spec import secret_problems
+from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
+from orchestrator.model.cloud_errors import ProviderError
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.torch_spec import secret_problems
+from orchestrator.providers.gce.quotas import Quotas, headroom, quota_needs, quota_problems, read_quotas
 
 if TYPE_CHECKING:
     from orchestrator.control.validate import ValidatedLaunch

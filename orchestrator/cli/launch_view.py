@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from orchestrator.cli.progress import LineFollower, emit, live_view
 from orchestrator.cli.render import console, duration, money, pct
 from orchestrator.control.launcher import CancelResult
-from orchestrator.core.plan import LaunchPlan
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.costmodel.launch_plan import LaunchPlan
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.store import queries
 from orchestrator.store.models import Job
 

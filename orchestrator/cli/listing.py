@@ -23,7 +23,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
 from orchestrator.cli.render import console
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 FORMATS = ("table", "json", "csv")
 GAP = 2  # spaces between columns

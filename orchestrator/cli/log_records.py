@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 
 from orchestrator.cli.listing import print_csv, print_json
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Metric

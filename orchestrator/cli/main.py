@@ -15,12 +15,12 @@ from orchestrator import __version__
 from orchestrator.cli import catalog_cmd, dashboard, db_cmd, image_cmd, jobs_cmd, model_cmd
 from orchestrator.cli.options import PORT_MAX, finite, plot_file, positive_seconds
 from orchestrator.cli.render import err_console
-from orchestrator.core.catalog import CatalogError
-from orchestrator.core.errors import UserError
+from orchestrator.model.catalog import CatalogError
+from orchestrator.model.errors import UserError
 from orchestrator.store.env import ENV_URL
 
 if TYPE_CHECKING:
-    from orchestrator.core.spec import SpecError
+    from orchestrator.model.spec import SpecError
 
 app = typer.Typer(
     help="Train deep-learning models on transient (spot / preemptible) GPUs: plan, launch, survive "
@@ -251,7 +251,7 @@ def main() -> None:
 def _spec_error(exc: Exception) -> int | None:
     """An invalid spec or inventory (exit 2); None for any other error. Like ``_db_error``, the class is looked
     up: the spec's models (pydantic, ~0.3 s) load only for a verb that reads a spec."""
-    base = sys.modules.get("orchestrator.core.spec.base")
+    base = sys.modules.get("orchestrator.model.spec.base")
     if base is None or not isinstance(exc, base.SpecError):
         return None
     _print_spec_error(exc)

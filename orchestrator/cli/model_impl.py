@@ -15,8 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orchestrator.cli.listing import Col, check_format, print_csv, print_json, print_table
 from orchestrator.cli.model_torch import predict_torch, profile_torch
 from orchestrator.cli.render import console
-from orchestrator.core.catalog import CatalogError, load_catalog
-from orchestrator.core.costmodel import (
+from orchestrator.costmodel import (
     DEFAULT_CALIBRATION,
     MODEL_NAMES,
     Calibration,
@@ -31,16 +30,17 @@ from orchestrator.core.costmodel import (
     load_measurements,
     max_batch,
 )
-from orchestrator.core.costmodel.accounting import CPU_REFERENCE, fit_local_host
-from orchestrator.core.costmodel.calibration import FitReport, fit_report, measurements_from_dicts, unprofiled_models
-from orchestrator.core.costmodel.calibration import mape as in_sample_mape
-from orchestrator.core.costmodel.compute import layer_times, runtime_key, step_fn
-from orchestrator.core.costmodel.memory import memory_bytes, usable_bytes
-from orchestrator.core.errors import UserError
+from orchestrator.costmodel.accounting import CPU_REFERENCE, fit_local_host
+from orchestrator.costmodel.calibration import FitReport, fit_report, measurements_from_dicts, unprofiled_models
+from orchestrator.costmodel.calibration import mape as in_sample_mape
+from orchestrator.costmodel.compute import layer_times, runtime_key, step_fn
+from orchestrator.costmodel.memory import memory_bytes, usable_bytes
+from orchestrator.model.catalog import CatalogError, load_catalog
+from orchestrator.model.errors import UserError
 from orchestrator.store.db import db_exists, open_session
 
 if TYPE_CHECKING:
-    from orchestrator.core.spec import JobSpec
+    from orchestrator.model.spec import JobSpec
 
 # ---------------------------------------------------------------- shared helpers (also used by plan_cmd)
 

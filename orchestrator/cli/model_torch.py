@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.cli.render import console, table
-from orchestrator.core.costmodel import host_fit
-from orchestrator.core.costmodel.compute import (
+from orchestrator.costmodel import host_fit
+from orchestrator.costmodel.compute import (
     DEFAULT_CALIBRATION,
     RUNTIME_PRIORS,
     RUNTIMES,
@@ -19,7 +19,7 @@ from orchestrator.core.costmodel.compute import (
     layer_arrays,
     model_profile,
 )
-from orchestrator.core.costmodel.crossgpu import (
+from orchestrator.costmodel.crossgpu import (
     Point,
     PrecisionError,
     arch_gpu,
@@ -28,8 +28,8 @@ from orchestrator.core.costmodel.crossgpu import (
     layer_times,
     predict,
 )
-from orchestrator.core.costmodel.profiles import ModelProfile, UnknownModelError
-from orchestrator.core.errors import UserError
+from orchestrator.costmodel.profiles import ModelProfile, UnknownModelError
+from orchestrator.model.errors import UserError
 from orchestrator.store.db import db_exists, open_session
 
 

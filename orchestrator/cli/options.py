@@ -37,7 +37,7 @@ def writable_file(path: Path | None) -> Path | None:
 
 
 def runtime_name(value: str | None) -> str | None:
-    from orchestrator.core.costmodel.compute import RUNTIMES, TORCHJOB_RUNTIME  # lazy: the cost model
+    from orchestrator.costmodel.compute import RUNTIMES, TORCHJOB_RUNTIME  # lazy: the cost model
 
     if value is not None and value not in (*RUNTIMES, TORCHJOB_RUNTIME):
         raise typer.BadParameter(f"'{value}' is not one of {', '.join(RUNTIMES)}")
@@ -45,7 +45,7 @@ def runtime_name(value: str | None) -> str | None:
 
 
 def precision_name(value: str) -> str:
-    from orchestrator.core.costmodel.crossgpu import PrecisionError, check_precision  # lazy: the cost model
+    from orchestrator.costmodel.crossgpu import PrecisionError, check_precision  # lazy: the cost model
 
     try:
         check_precision(value)

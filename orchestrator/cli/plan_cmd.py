@@ -16,10 +16,10 @@ from orchestrator.cli.listing import Col, check_format, print_csv, print_table
 from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
-from orchestrator.core.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
-from orchestrator.core.costmodel.batches import job_precision, job_runtime
-from orchestrator.core.costmodel.interval import plan_interval
-from orchestrator.core.spec import load_spec
+from orchestrator.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
+from orchestrator.costmodel.batches import job_precision, job_runtime
+from orchestrator.costmodel.interval import plan_interval
+from orchestrator.model.spec import load_spec
 from orchestrator.sim.from_spec import plan_job
 
 
@@ -134,7 +134,7 @@ def _print_chosen(c: Candidate, result: PlanResult) -> None:
 
 def _print_strategies(c: Candidate) -> None:
     """Which strategy runs (data parallel, pipeline, hybrid), and why not the others."""
-    from orchestrator.core.costmodel.planner.strategies import why_not  # the planner's own words
+    from orchestrator.costmodel.planner.strategies import why_not  # the planner's own words
 
     if not c.strategies:
         return

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator.cli.options import PLOT_FORMATS
 from orchestrator.control.driver import job_spec
-from orchestrator.core.errors import UserError
-from orchestrator.core.plan import plan_spec
+from orchestrator.costmodel.launch_plan import plan_spec
+from orchestrator.model.errors import UserError
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job, Metric
 

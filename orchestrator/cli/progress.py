@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator.cli.listing import print_lines
 from orchestrator.cli.render import console, duration, money, pct, table
-from orchestrator.core.errors import UserError
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.model.errors import UserError
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Instance, Job, Metric

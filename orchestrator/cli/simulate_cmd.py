@@ -11,11 +11,11 @@ import numpy as np
 from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
-from orchestrator.core.costmodel import Calibration
-from orchestrator.core.errors import UserError
-from orchestrator.core.revocation.model import KINDS, FitSummary, RevocationModel, load_revocation_model
-from orchestrator.core.revocation.traces import TraceError
-from orchestrator.core.spec import load_spec
+from orchestrator.costmodel import Calibration
+from orchestrator.costmodel.revocation.model import KINDS, FitSummary, RevocationModel, load_revocation_model
+from orchestrator.costmodel.revocation.traces import TraceError
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import load_spec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo

@@ -9,10 +9,10 @@ from typing import Any
 from orchestrator.cli.model_impl import planning_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, money, table
-from orchestrator.core.costmodel import Calibration
-from orchestrator.core.errors import UserError
-from orchestrator.core.revocation.model import RevocationModel
-from orchestrator.core.spec import TrainingMode, load_spec
+from orchestrator.costmodel import Calibration
+from orchestrator.costmodel.revocation.model import RevocationModel
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import TrainingMode, load_spec
 from orchestrator.sim.from_spec import SimSpecError
 from orchestrator.sim.strategies import compare_strategies
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from orchestrator.cli.listing import Col, print_csv, print_json, print_table
 from orchestrator.cli.render import console, duration, money, pct
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 

@@ -63,7 +63,7 @@ def resplits(session: Session, job_id: str) -> list[dict[str, Any]]:
 
 def stage_losses(session: Session, job_id: str) -> list[dict[str, Any]]:
     """Each lost pipeline stage: waited for or re-partitioned without, with both options' predicted time and cost
-    (core.stage_loss_step)."""
+    (decide.stage_loss_step)."""
     rows = session.execute(select(Event.at, Event.to_status, Event.reason, Instance.name)
                            .outerjoin(Instance, Instance.id == Event.instance_id)
                            .where(Event.job_id == job_id, Event.entity == "note",

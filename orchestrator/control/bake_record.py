@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import BAKE_MODE
-from orchestrator.core.status import FINAL_JOB, GONE_INSTANCE, EndReason, InstanceStatus, JobStatus
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import BAKE_MODE
+from orchestrator.model.status import FINAL_JOB, GONE_INSTANCE, EndReason, InstanceStatus, JobStatus
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Instance, Job

@@ -16,11 +16,11 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.core.catalog import CatalogError
-from orchestrator.core.costmodel import Calibration
-from orchestrator.core.costmodel.calibration import fit_report, measurements_from_dicts, unprofiled_models
-from orchestrator.core.costmodel.compute import DEFAULT_CALIBRATION
-from orchestrator.core.costmodel.profiles import UnknownModelError
+from orchestrator.costmodel import Calibration
+from orchestrator.costmodel.calibration import fit_report, measurements_from_dicts, unprofiled_models
+from orchestrator.costmodel.compute import DEFAULT_CALIBRATION
+from orchestrator.costmodel.profiles import UnknownModelError
+from orchestrator.model.catalog import CatalogError
 from orchestrator.store import queries
 from orchestrator.store.models import Calibration as CalibrationRow
 from orchestrator.store.models import Job

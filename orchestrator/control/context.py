@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
-from orchestrator.core.instances import ObservedInstance
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.status import JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model.instances import ObservedInstance
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.status import JobStatus
 from orchestrator.providers.registry import Backend
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries

@@ -23,8 +23,8 @@ from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_d
 from orchestrator.control.metrics import METRICS_HOST, pass_metrics
 from orchestrator.control.metrics import serve as serve_metrics
 from orchestrator.control.signals import sigterm_raises
-from orchestrator.core.errors import UserError
-from orchestrator.core.paths import user_dir
+from orchestrator.model.errors import UserError
+from orchestrator.model.paths import user_dir
 from orchestrator.store.db import default_url, open_session
 from orchestrator.store.models import Job
 

@@ -17,13 +17,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.control.calibration_fold import newest_calibration
-from orchestrator.core import deadline_zones, policy
-from orchestrator.core.instances import ObservedInstance, ObservedState, Role
-from orchestrator.core.revocation.availability import load_trace
-from orchestrator.core.slots import Slot, on_gpu
-from orchestrator.core.spec import JobSpec, OnRevocation, SpecError, validate_spec
-from orchestrator.core.state import DeadlineInputs, GpuMarket
-from orchestrator.core.status import EndReason
+from orchestrator.costmodel.slots import Slot, on_gpu
+from orchestrator.decide import deadline as policy
+from orchestrator.decide import deadline_zones
+from orchestrator.decide.state import DeadlineInputs, GpuMarket
+from orchestrator.model import timings
+from orchestrator.model.availability import load_trace
+from orchestrator.model.instances import ObservedInstance, ObservedState, Role
+from orchestrator.model.spec import JobSpec, OnRevocation, SpecError, validate_spec
+from orchestrator.model.status import EndReason
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.sim.availability import DeadlineFigures, deadline_figures, on_gpu_figures
 from orchestrator.store import queries
@@ -49,7 +51,7 @@ def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures
         if local is not None and local.traces:  # the replayed traces' pace (one tick length: spec validation)
             tick = load_trace(next(iter(local.traces.values()))).gap_s / local.time_scale
         else:
-            tick = policy.DEADLINE_TICK_S / fig.time_scale
+            tick = timings.DEADLINE_TICK_S / fig.time_scale
         if len(_FIGURES) >= _MAX_CACHED:
             _FIGURES.clear()
         found = _FIGURES[key] = (fig, tick)

@@ -36,18 +36,18 @@ from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
 from orchestrator.control.torch_task import torch_view
-from orchestrator.core import policy
-from orchestrator.core.actions import Action, RestartTraining, SetJobStatus
-from orchestrator.core.blocks import blocked, provider_key
-from orchestrator.core.deadline_elastic import elastic_spot_workers
-from orchestrator.core.emulation import emulation_sleep
-from orchestrator.core.instances import ObservedInstance, ProcStatus, Role
-from orchestrator.core.plan import LaunchPlan
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import JobSpec, validate_spec
-from orchestrator.core.state import InstanceView, JobView, Observation
-from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.costmodel.emulation import emulation_sleep
+from orchestrator.costmodel.launch_plan import LaunchPlan
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide.actions import Action, RestartTraining, SetJobStatus
+from orchestrator.decide.deadline_elastic import elastic_spot_workers
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.state import InstanceView, JobView, Observation
+from orchestrator.model import timings
+from orchestrator.model.blocks import blocked, provider_key
+from orchestrator.model.instances import ObservedInstance, ProcStatus, Role
+from orchestrator.model.spec import JobSpec, validate_spec
+from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers.operations import Snapshot, SupportsSnapshots
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.storage import JobStorage, open_storage
@@ -368,7 +368,7 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
                    fatal_exits=job.fatal_exits,
                    deadline_inputs=deadline.deadline_inputs(session, job, spec, now, slots),
-                   notice_s=policy.notice_window_s(spec.provider),
+                   notice_s=timings.notice_window_s(spec.provider),
                    **torch_view(spec, slots), **_stage_loss_view(session, job, spec, slots))
 
 
@@ -385,5 +385,5 @@ def _stage_loss_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:
     """(gpu, batch) -> extra seconds per step on a local worker: measured GPU curves
-    (``orchestrator.core.emulation``), never the cost model, so the model can be tested on local runs."""
+    (``orchestrator.costmodel.emulation``), never the cost model, so the model can be tested on local runs."""
     return emulation_sleep(spec)

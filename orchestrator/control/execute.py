@@ -16,8 +16,8 @@ from pathlib import Path
 from orchestrator.control import operations, stage_loss, torch_task
 from orchestrator.control.calibration_fold import fold_finished_job
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
-from orchestrator.core import task as task_schema
-from orchestrator.core.actions import (
+from orchestrator.costmodel.slots import DEFAULT_BATCH
+from orchestrator.decide.actions import (
     Action,
     CreateInstance,
     DeleteInstance,
@@ -33,21 +33,21 @@ from orchestrator.core.actions import (
     SetJobStatus,
     StartTask,
 )
-from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
-from orchestrator.core.instances import ProcState, Role
-from orchestrator.core.paths import jobs_dir
-from orchestrator.core.policy import (
+from orchestrator.decide.deadline import (
     DRAIN_EVENT,
     ELASTIC_CHOICE_EVENT,
     SPOT_COUNT_EVENT,
     SPOT_SEEN_EVENTS,
     ZONE_SEEN_EVENTS,
 )
-from orchestrator.core.slots import DEFAULT_BATCH
-from orchestrator.core.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
-from orchestrator.core.task import TaskConfig, TrainingSection
-from orchestrator.core.torch_spec import SecretError, is_pytorch, payload_env
+from orchestrator.model import task as task_schema
+from orchestrator.model.cloud_errors import AuthError, InvalidRequestError, ProviderError
+from orchestrator.model.instances import ProcState, Role
+from orchestrator.model.paths import jobs_dir
+from orchestrator.model.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
+from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.model.task import TaskConfig, TrainingSection
+from orchestrator.model.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.providers.base import SupportsHostGpus
 from orchestrator.store import queries
 from orchestrator.store.models import Instance

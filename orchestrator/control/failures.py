@@ -13,10 +13,10 @@ import yaml
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from orchestrator.core.cloud_errors import AuthError, InvalidRequestError, ProviderError
-from orchestrator.core.errors import UserError
-from orchestrator.core.spec import SpecError
-from orchestrator.core.status import FINAL_JOB, InstanceStatus, JobStatus, TransitionError
+from orchestrator.model.cloud_errors import AuthError, InvalidRequestError, ProviderError
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import SpecError
+from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus, TransitionError
 from orchestrator.store import queries
 from orchestrator.store.models import Job
 

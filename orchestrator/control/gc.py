@@ -19,10 +19,10 @@ from orchestrator.control.bake_record import close as close_bake
 from orchestrator.control.billing import provider_end_time
 from orchestrator.control.driver import job_spec
 from orchestrator.control.failures import describe
-from orchestrator.core.instances import BAKE_MODE, LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance
-from orchestrator.core.spec import LocalProvider
-from orchestrator.core.spec import validate_spec as _validate
-from orchestrator.core.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.model.instances import BAKE_MODE, LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance
+from orchestrator.model.spec import LocalProvider
+from orchestrator.model.spec import validate_spec as _validate
+from orchestrator.model.status import ACTIVE_JOB, FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session

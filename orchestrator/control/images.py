@@ -26,11 +26,11 @@ from pathlib import Path
 from orchestrator.control.bake_record import BakeRecord
 from orchestrator.control.driver import spec_to_yaml
 from orchestrator.control.signals import Terminated, sigterm_raises
-from orchestrator.core.cloud_errors import CapacityError, ProviderError, QuotaError
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance, ObservedState, ProcState
-from orchestrator.core.spec import JobSpec, load_spec
-from orchestrator.core.status import InstanceStatus, JobStatus
+from orchestrator.model.cloud_errors import CapacityError, ProviderError, QuotaError
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import LABEL_BAKE, LABEL_BAKE_UNTIL, ObservedInstance, ObservedState, ProcState
+from orchestrator.model.spec import JobSpec, load_spec
+from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.providers.bake import BakePlan, ImageBuilder
 from orchestrator.providers.base import Provider, SupportsImages
 from orchestrator.providers.registry import check_setup, image_builder_for

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.core.instances import Role
-from orchestrator.core.slots import Slot
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model.instances import Role
 from orchestrator.storage.base import METRICS, RESULT, JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Job, Metric

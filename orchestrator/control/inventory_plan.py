@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from orchestrator.core.costmodel import Candidate
-from orchestrator.core.costmodel.planner.scoring import repriced
-from orchestrator.core.instances import Role
-from orchestrator.core.plan import LaunchPlan
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.torch_spec import payload_framework
+from orchestrator.costmodel import Candidate
+from orchestrator.costmodel.launch_plan import LaunchPlan
+from orchestrator.costmodel.planner.scoring import repriced
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model.instances import Role
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.torch_spec import payload_framework
 from orchestrator.providers.ssh.provider import Inventory, InventoryHost, pick_order
 
 

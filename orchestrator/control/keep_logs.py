@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.core.instances import ObservedInstance, ObservedState
+from orchestrator.model.instances import ObservedInstance, ObservedState
 from orchestrator.providers.registry import Backend
 from orchestrator.storage.base import JobStorage
 from orchestrator.transport.local import LocalTransport

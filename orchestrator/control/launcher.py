@@ -22,20 +22,20 @@ from orchestrator.control.daemon import daemon_running
 from orchestrator.control.driver import release, run_pass, spec_to_yaml
 from orchestrator.control.gc import finish_pending_deletes
 from orchestrator.control.signals import Terminated, sigterm_raises
-from orchestrator.core.blocks import provider_key
-from orchestrator.core.errors import UserError
-from orchestrator.core.exits import launch_exit
-from orchestrator.core.instances import BAKE_MODE
-from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.status import FINAL_JOB, JobStatus
+from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
+from orchestrator.model.blocks import provider_key
+from orchestrator.model.errors import UserError
+from orchestrator.model.exits import launch_exit
+from orchestrator.model.instances import BAKE_MODE
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.status import FINAL_JOB, JobStatus
 from orchestrator.providers.registry import check_setup
 from orchestrator.store import queries
 from orchestrator.store.db import default_url, open_session
 from orchestrator.store.models import Event, Job
 
 if TYPE_CHECKING:
-    from orchestrator.core.costmodel import PlanResult
+    from orchestrator.costmodel import PlanResult
 
 log = logging.getLogger(__name__)
 

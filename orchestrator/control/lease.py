@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import event, or_, select
 from sqlalchemy.orm import Session
 
-from orchestrator.core.instances import BAKE_MODE
-from orchestrator.core.status import ACTIVE_JOB
+from orchestrator.model.instances import BAKE_MODE
+from orchestrator.model.status import ACTIVE_JOB
 from orchestrator.store import queries
 from orchestrator.store.models import Job
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from orchestrator.control.driver import job_spec
 from orchestrator.control.execute import TASK
-from orchestrator.core.errors import UserError
-from orchestrator.core.status import FINAL_JOB
+from orchestrator.model.errors import UserError
+from orchestrator.model.status import FINAL_JOB
 from orchestrator.providers.registry import backend_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session

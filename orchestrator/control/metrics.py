@@ -29,8 +29,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.status import ACTIVE_JOB, InstanceStatus
+from orchestrator.model.errors import UserError
+from orchestrator.model.status import ACTIVE_JOB, InstanceStatus
 from orchestrator.storage import open_storage
 from orchestrator.storage.base import NOTICES
 from orchestrator.store import queries

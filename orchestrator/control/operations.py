@@ -29,20 +29,20 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator.control.billing import provider_end_time, provider_start_time
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.control.keep_logs import keep_log
-from orchestrator.core.actions import Action, CreateInstance, DeleteInstance, SetInstanceStatus, SetJobStatus
-from orchestrator.core.blocks import block_for, blocked, provider_key
-from orchestrator.core.cloud_errors import (
+from orchestrator.costmodel.slots import Slot, on_gpu
+from orchestrator.decide.actions import Action, CreateInstance, DeleteInstance, SetInstanceStatus, SetJobStatus
+from orchestrator.model.blocks import block_for, blocked, provider_key
+from orchestrator.model.cloud_errors import (
     AuthError,
     CapacityError,
     InvalidRequestError,
     ProviderError,
     QuotaError,
 )
-from orchestrator.core.instances import REVOKE_AT_STEP, InstanceRequest, instance_name
-from orchestrator.core.policy import revoke_after_s, revoke_at_step
-from orchestrator.core.slots import Slot, on_gpu
-from orchestrator.core.status import FINAL_JOB, EndReason, InstanceStatus
+from orchestrator.model.instances import REVOKE_AT_STEP, InstanceRequest, instance_name
+from orchestrator.model.status import FINAL_JOB, EndReason, InstanceStatus
 from orchestrator.providers.base import SupportsOwnPricing
+from orchestrator.providers.local.revocations import revoke_after_s, revoke_at_step
 from orchestrator.providers.operations import OpKind, OpPhase, OpRef, OpState, SupportsOperations, operations_of
 from orchestrator.storage.base import NOTICES
 from orchestrator.store import queries

@@ -1,4 +1,4 @@
-"""The controller's side of a pipeline's lost stage (``core.stage_loss_step`` decides, purely): the inputs it
+"""The controller's side of a pipeline's lost stage (``decide.stage_loss_step`` decides, purely): the inputs it
 decides from, put in the job view each pass, and the slots a pipeline was re-partitioned without, read back from
 the decisions recorded as events (``repartition`` notes on the lost instance)."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.core import policy
-from orchestrator.core.costmodel.accounting import run_accounting
-from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
-from orchestrator.core.costmodel.stage_loss import REPARTITION
-from orchestrator.core.instances import Role
-from orchestrator.core.slots import DEFAULT_BATCH, Slot
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.state import StageLossInputs
+from orchestrator.costmodel.accounting import run_accounting
+from orchestrator.costmodel.pipeline_plan import plan_pipeline
+from orchestrator.costmodel.slots import DEFAULT_BATCH, Slot
+from orchestrator.costmodel.stage_loss import REPARTITION
+from orchestrator.decide.state import StageLossInputs
+from orchestrator.model import timings
+from orchestrator.model.instances import Role
+from orchestrator.model.spec import JobSpec
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Job
 
@@ -65,7 +65,7 @@ def stage_loss_inputs(spec: JobSpec, spec_yaml: str, slots: list[Slot], dropped:
     return StageLossInputs(
         mode=mode, remaining_steps=float(max(0, spec.training.train_steps - step)), full_step_s=full,
         survivor_step_s=survivors, replacement_s=acc.boot_s + acc.startup_s, spot_extra_s=acc.spot_extra_boot_s,
-        restore_s=restore, leave_s=policy.notice_window_s(spec.provider) / spec.provider.time_scale,
+        restore_s=restore, leave_s=timings.notice_window_s(spec.provider) / spec.provider.time_scale,
         objective=spec.search.objective if spec.search is not None else "cost")
 
 

@@ -15,16 +15,16 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.costmodel.batches import trained_gpus
-from orchestrator.core.costmodel.pipeline_plan import plan_pipeline
-from orchestrator.core.costmodel.planner import launch_strategy, plan
-from orchestrator.core.instances import Role
-from orchestrator.core.slots import DEFAULT_BATCH, Slot
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.status import EndReason
-from orchestrator.core.task import PipelineSection, TorchSection
-from orchestrator.core.torch_spec import argv, is_pytorch, is_run_job
+from orchestrator.costmodel.batches import trained_gpus
+from orchestrator.costmodel.pipeline_plan import plan_pipeline
+from orchestrator.costmodel.planner import launch_strategy, plan
+from orchestrator.costmodel.slots import DEFAULT_BATCH, Slot
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.instances import Role
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.status import EndReason
+from orchestrator.model.task import PipelineSection, TorchSection
+from orchestrator.model.torch_spec import argv, is_pytorch, is_run_job
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job
@@ -130,7 +130,7 @@ _PLANNED: dict[str, str] = {}
 
 def _planned_strategy(spec: JobSpec) -> str:
     """What the planner runs the pinned cluster as: data or pipeline (each node's task asks; planned once a spec).
-    Emulated GPUs weigh no strategy under ``auto`` (core.costmodel.planner.chosen_strategy)."""
+    Emulated GPUs weigh no strategy under ``auto`` (costmodel.planner.chosen_strategy)."""
     if spec.provider.emulates_gpus or spec.cluster is None:
         return "data"
     key = spec.model_dump_json()

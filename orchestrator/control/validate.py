@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING
 
 from orchestrator.control.inventory_plan import inventory_notes, inventory_priced
 from orchestrator.control.launcher import KnownBlock, known_blocks
-from orchestrator.core.costmodel import SplitError, UnknownModelError
-from orchestrator.core.costmodel.planner import launch_strategy
-from orchestrator.core.costmodel.spec_checks import batch_fit_errors
-from orchestrator.core.errors import UserError
-from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.spec import FieldError, JobSpec, SpecError, load_spec
-from orchestrator.core.spec.provider import loopback_endpoint
-from orchestrator.core.specfile import short
+from orchestrator.costmodel import SplitError, UnknownModelError
+from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
+from orchestrator.costmodel.planner import launch_strategy
+from orchestrator.costmodel.spec_checks import batch_fit_errors
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import FieldError, JobSpec, SpecError, load_spec
+from orchestrator.model.spec.provider import loopback_endpoint
+from orchestrator.model.specfile import short
 from orchestrator.providers.ssh.provider import Inventory, load_inventory
 from orchestrator.sim.from_spec import plan_job
 from orchestrator.storage.local import storage_problem
 
 if TYPE_CHECKING:
-    from orchestrator.core.costmodel import Calibration, Candidate, PlanResult
+    from orchestrator.costmodel import Calibration, Candidate, PlanResult
 
 
 class PlanRefused(UserError):

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.costmodel.profiles import ModelProfile, register_profile
-from orchestrator.core.costmodel.profiles.user import profiles_dir, write_profile
-from orchestrator.core.specfile import read_yaml_file
+from orchestrator.costmodel.profiles import ModelProfile, register_profile
+from orchestrator.costmodel.profiles.user import profiles_dir, write_profile
+from orchestrator.model.specfile import read_yaml_file
 from orchestrator.profiler.factory_ref import ProfileError, resolve_factory
 from orchestrator.profiler.sandbox import profile_in_child
 

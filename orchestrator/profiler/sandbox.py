@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import orchestrator
-from orchestrator.core.costmodel.profiles.model import ModelProfile
+from orchestrator.costmodel.profiles.model import ModelProfile
 from orchestrator.profiler.child import MEMORY_ERROR_EXIT
 from orchestrator.profiler.factory_ref import FactorySource, ProfileError
 

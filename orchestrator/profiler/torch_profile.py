@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.costmodel.profiles.model import Layer, ModelProfile, OpWork, Variable
+from orchestrator.costmodel.profiles.model import Layer, ModelProfile, OpWork, Variable
 from orchestrator.profiler.factory_ref import EXAMPLE, FactorySource, foreign_module, refused, resolve_factory
 from orchestrator.profiler.factory_ref import ProfileError as ProfileError  # re-exported: its users import it here
 

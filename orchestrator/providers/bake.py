@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.core.instances import InstanceRequest, ObservedInstance
+from orchestrator.model.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider
 from orchestrator.transport.base import Endpoint
 

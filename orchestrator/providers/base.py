@@ -3,7 +3,7 @@
 A provider is deliberately small (like dstack's ``Compute``): ``create`` (idempotent by the
 deterministic instance name), ``delete`` (not-found is success) and ``list`` (one call sees every
 instance of the given jobs). Optional capabilities are separate small protocols. The typed requests,
-observations and errors live in orchestrator.core (instances, cloud_errors).
+observations and errors live in orchestrator.model (instances, cloud_errors).
 
 A ``Backend`` is what each provider package (``providers/<kind>/backend.py``) builds for the controller:
 the provider plus what differs between providers beyond create/delete/list: how to reach an instance
@@ -19,10 +19,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from orchestrator.core.instances import InstanceRequest, ObservedInstance
-from orchestrator.core.plan import LaunchPlan
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import JobSpec
+from orchestrator.costmodel.launch_plan import LaunchPlan
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model.instances import InstanceRequest, ObservedInstance
+from orchestrator.model.spec import JobSpec
 from orchestrator.providers.ports import free_port
 from orchestrator.storage.base import JobStorage
 from orchestrator.transport.base import Endpoint, Transport
@@ -90,12 +90,12 @@ class SupportsSpotCapacity(abc.ABC):
 
     def spot_capacity_by_zone(self, job_id: str, slots: Sequence[Slot]) -> dict[str, bool] | None:
         """The same answer for each zone the slots may use, where the provider can say by zone (the deadline
-        policy then picks the zone, ``core.deadline_zones``); None: it cannot."""
+        policy then picks the zone, ``decide.deadline_zones``); None: it cannot."""
         return None
 
     def spot_capacity_count(self, job_id: str, slots: Sequence[Slot]) -> int | None:
         """How many of the slots' spot VMs could be had now, where the provider can count them (a replayed 16-node
-        trace): the deadline policy then shrinks onto them and tops up with on-demand (``core.elastic``)."""
+        trace): the deadline policy then shrinks onto them and tops up with on-demand (``decide.elastic``)."""
         return None
 
 

@@ -25,8 +25,8 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from orchestrator.core.cloud_errors import ProviderError
-from orchestrator.core.instances import InstanceRequest, ObservedInstance
+from orchestrator.model.cloud_errors import ProviderError
+from orchestrator.model.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider
 
 log = logging.getLogger(__name__)

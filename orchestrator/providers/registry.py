@@ -12,15 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.quotas import QuotaSource
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.torch_spec import payload_framework
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.torch_spec import payload_framework
 from orchestrator.providers.bake import ImageBuilder
 from orchestrator.providers.base import TF_PORT, Backend, ChecksSetup, DryRuns, Provider
 from orchestrator.providers.gce import backend as gce
 from orchestrator.providers.gce.bake import image_builder as gce_images
 from orchestrator.providers.gce.capabilities import dry_run as gce_dry_run
+from orchestrator.providers.gce.quotas import QuotaSource
 from orchestrator.providers.gce.setup import check_setup as gce_setup
 from orchestrator.providers.local import backend as local
 from orchestrator.providers.ssh import backend as ssh
@@ -39,12 +39,12 @@ def _nothing_to_check(spec: object, provider: Callable[[], Provider] | None) -> 
 class BackendKind(Generic[S]):
     """How one provider kind builds its Backend from the spec's provider section (of type ``S``)."""
 
-    # Jobs whose provider sections and framework (core.torch_spec.payload_framework) give one key share a Backend.
+    # Jobs whose provider sections and framework (model.torch_spec.payload_framework) give one key share a Backend.
     cache_key: Callable[[S, str], str]
     build: Callable[[str, S, str], Backend]
     check_setup: ChecksSetup[S] = _nothing_to_check
     dry_run: DryRuns | None = None  # None: launch --dry-run prints the generic table
-    quotas: bool = False  # the built provider is a core.quotas.QuotaSource worth asking before a launch
+    quotas: bool = False  # the built provider is a providers.gce.quotas.QuotaSource worth asking before a launch
     image_builder: Callable[[S], ImageBuilder] | None = None  # `orchestrator image bake` on this kind
 
 

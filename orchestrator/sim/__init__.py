@@ -1,10 +1,10 @@
 """Simulation of training jobs on revocable instances (see docs/simulator.md).
 
-* the revocation models it samples live in ``orchestrator.core.revocation``; every replacement decision
-  and timing is the daemon's own policy, ``orchestrator.core.policy``;
+* the revocation models it samples live in ``orchestrator.costmodel.revocation``; every replacement decision
+  and timing is the daemon's own policy, ``orchestrator.decide.deadline``;
 * ``cluster``: what a simulation is about (``SimCluster``, ``SimSlot``) and one run's result;
 * ``engine``: the discrete-event simulation of one run (``simulate``, ``replay``);
-* ``observed``: the daemon's view at each simulated revocation, handed to the real ``core.reconcile``
+* ``observed``: the daemon's view at each simulated revocation, handed to the real ``decide.reconcile``
   (``compare_with_daemon``);
 * ``montecarlo``: many runs (``run_monte_carlo``);
 * ``strategies``: one cluster as data parallel, pipeline and hybrid under revocations (``compare_strategies``,

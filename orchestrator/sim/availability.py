@@ -8,7 +8,7 @@ billed at that VM's price without progress. A spot VM is lost at the first tick 
 Time is counted in whole minutes of cloud time, so the offline optimum (dynamic programming over tick,
 work done, what runs and the overhead still to run) and the online policies share one exact model:
 ``run_policy`` replays the optimum's choices to the same cost (tests/test_deadline_policy.py).
-The online policies are ``core.policy``'s pure decision functions, the same the daemon applies.
+The online policies are ``decide.deadline``'s pure decision functions, the same the daemon applies.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from orchestrator.core import deadline_mpc, policy
-from orchestrator.core.costmodel import Calibration
-from orchestrator.core.paths import data_dir
-from orchestrator.core.policy import AvailabilityLog, Mode, Progress
-from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
-from orchestrator.core.spec import JobSpec
+from orchestrator.costmodel import Calibration
+from orchestrator.decide import deadline as policy
+from orchestrator.decide import deadline_mpc
+from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
+from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
+from orchestrator.model.paths import data_dir
+from orchestrator.model.spec import JobSpec
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
 
@@ -102,7 +103,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
     ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand.
     ``learn``: the deadline policy reads the up and down stretches seen so far (``history``, then the
-    ticks it lived through); else it keeps ``core.policy.DEFAULT_AVAILABILITY``. The daemon
+    ticks it lived through); else it keeps ``decide.deadline.DEFAULT_AVAILABILITY``. The daemon
     learns as ``learn=True, history=()`` does: from the ticks of the job alone."""
     t, w, r, i, cost, down, up = 0, 0, 0, 0, 0.0, 0, 0
     mode = Mode.IDLE
@@ -171,7 +172,7 @@ def _switch(job: Job, tick: int, mode: Mode, c: Mode, r: int, standby: int | Non
 
 
 def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
-    if name == "deadline-mpc":  # the trial policy (core.policy.TRIAL_POLICIES): the simulator only
+    if name == "deadline-mpc":  # the trial policy (decide.deadline.TRIAL_POLICIES): the simulator only
         return deadline_mpc.mpc_policy(p, seen)
     return policy.decide_deadline(name, p, seen)
 
@@ -319,7 +320,7 @@ def deadline_figures(spec: JobSpec, price_book: str | None = None,
     cluster = cluster_from_spec(spec, price_book=price_book, calibration=calibration)
     base = simulate(replace(cluster, enforce_limits=False), NoRevocations())
     start_s = cluster.boot_delay_s + cluster.spot_extra_boot_s + cluster.startup_s
-    # No step is lost at a restart: a preemption's notice and a hop's drain (core.reconcile) both checkpoint first,
+    # No step is lost at a restart: a preemption's notice and a hop's drain (decide.reconcile) both checkpoint first,
     # and training pauses for that one save.
     fixed = sum(s.price_per_hour for s in cluster.slots if not s.spot)
     return DeadlineFigures(

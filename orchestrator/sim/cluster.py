@@ -1,5 +1,5 @@
 """What a simulation is about: the cluster's slots and settings (``SimCluster``), and one run's result.
-The event loop that runs them is ``sim.engine``; defaults for the timings come from ``core.policy``."""
+The event loop that runs them is ``sim.engine``; defaults for the timings come from ``decide.deadline``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
-from orchestrator.core import policy
-from orchestrator.core.instances import Role
-from orchestrator.core.spec import OnRevocation
+from orchestrator.decide import replacement as replacing
+from orchestrator.model import timings
+from orchestrator.model.instances import Role
+from orchestrator.model.spec import OnRevocation
 
 # SimCluster has a field named ``policy``: its class body cannot reach the module by that name.
-_BOOT_S: Final = policy.BOOT_S
-_SPOT_EXTRA_BOOT_S: Final = policy.SPOT_EXTRA_BOOT_S
-_CHECKPOINT_S: Final = policy.checkpoint_s(2.0)  # a 2 MB model
+_BOOT_S: Final = timings.BOOT_S
+_SPOT_EXTRA_BOOT_S: Final = timings.SPOT_EXTRA_BOOT_S
+_CHECKPOINT_S: Final = timings.checkpoint_s(2.0)  # a 2 MB model
 
 ROLE_PS: Final = "ps"
 ROLE_CHIEF: Final = "chief"
@@ -24,7 +25,7 @@ ROLE_WORKER: Final = "worker"
 ROLES: Final = (ROLE_PS, ROLE_CHIEF, ROLE_WORKER)
 COST_KEYS: Final = ("ps", "chief", "workers")
 
-# The spec's policy.on_revocation values; what each does is decided by core.policy, as in the daemon.
+# The spec's policy.on_revocation values; what each does is decided by decide.deadline, as in the daemon.
 POLICY_REPLACE: Final = OnRevocation.REPLACE.value
 POLICY_SHRINK: Final = OnRevocation.SHRINK.value
 POLICY_FALLBACK: Final = OnRevocation.FALLBACK_ON_DEMAND.value
@@ -38,10 +39,10 @@ FAIL_NO_REPLACEMENT: Final = "replacements_exhausted"  # a PS or the chief was l
 FAIL_STALLED: Final = "stalled"
 FAILURES: Final = (FAIL_BUDGET, FAIL_DEADLINE, FAIL_WORKERS_LOST, FAIL_NO_REPLACEMENT, FAIL_STALLED)
 
-# How a synchronous job uses its workers (core.costmodel.planner.strategies): data parallel survivors train on;
+# How a synchronous job uses its workers (costmodel.planner.strategies): data parallel survivors train on;
 # a pipeline (or hybrid) steps only while every stage of its partition is up.
 STRATEGIES: Final = ("data", "pipeline", "hybrid")
-STAGE_LOSS: Final = ("auto", "wait")  # auto: core.costmodel.stage_loss decides; wait: always the replacement
+STAGE_LOSS: Final = ("auto", "wait")  # auto: costmodel.stage_loss decides; wait: always the replacement
 
 _INF: Final = math.inf
 
@@ -73,7 +74,7 @@ class SimSlot:
 
     @property
     def critical(self) -> bool:
-        return policy.is_critical(Role(self.role), self.hosts_chief)
+        return replacing.is_critical(Role(self.role), self.hosts_chief)
 
     @property
     def od_price(self) -> float:
@@ -125,7 +126,7 @@ class SimCluster:
     lifetime_fn: Callable[[int, int], float] | None = field(default=None, compare=False)
     # pipeline / hybrid: ``rate_fn(live)`` is the step rate of the best partition of the model over ``live`` (0:
     # none fits their memory); a stage's revocation stops every step until the replacement is back and restored
-    # (``regroup_s``) or, when ``stage_loss`` is auto and core.costmodel.stage_loss finds it cheaper (``objective``),
+    # (``regroup_s``) or, when ``stage_loss`` is auto and costmodel.stage_loss finds it cheaper (``objective``),
     # the survivors restore a new partition and go on without it.
     strategy: str = "data"
     stage_loss: str = "auto"

@@ -2,15 +2,15 @@
 top-up instead of all-or-nothing).
 
 The trace says at each tick how many of 16 requested spot VMs could be had (k). The job has N workers and
-``Job.work_min`` minutes of work on the whole cluster; prices in ``Job`` are per VM. Model (``core.elastic``):
+``Job.work_min`` minutes of work on the whole cluster; prices in ``Job`` are per VM. Model (``decide.elastic``):
 n running workers progress n/N as fast (data parallel, elastic shrink); every change of membership restarts
 the whole cluster for the overhead (billed for every VM, no progress); a spot VM is lost at the first tick
 the trace has fewer than the job runs, and the survivors restart (or the policy picks anew).
 
 Policies, one replay (``replay``) for all, so their costs compare exactly:
-- ``uniform-progress`` and ``deadline``: ``core.policy``'s all-or-nothing decisions, spot meaning k >= N, the
+- ``uniform-progress`` and ``deadline``: ``decide.deadline``'s all-or-nothing decisions, spot meaning k >= N, the
   whole cluster on spot, on on-demand or idle (the single-VM simulator with N-fold prices: tests);
-- ``elastic``: ``core.elastic.elastic_policy``;
+- ``elastic``: ``decide.elastic.elastic_policy``;
 - ``on-demand``: the whole cluster on on-demand from the start;
 - ``optimal``: the offline least cost (``optimal_cost``), a lower bound; see there.
 """
@@ -24,10 +24,10 @@ from typing import Final
 
 import numpy as np
 
-from orchestrator.core import policy
-from orchestrator.core.elastic import IDLE, ElasticState, Members, elastic_policy
-from orchestrator.core.policy import AvailabilityLog, Mode, Progress
-from orchestrator.core.revocation.availability import AvailabilityTrace, AvailabilityTraceError
+from orchestrator.decide import deadline as policy
+from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
+from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy
+from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError
 from orchestrator.sim.availability import (
     HISTORY_H,
     OUTLOOK_STARTS,
@@ -114,7 +114,7 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
 
 
 def all_or_nothing(name: str, job: Job, history: tuple[int, ...] = ()) -> Decide:
-    """``core.policy``'s single-VM decision for the whole cluster: spot can be had when k >= N. The
+    """``decide.deadline``'s single-VM decision for the whole cluster: spot can be had when k >= N. The
     ``deadline`` policy reads the stretches of k >= N seen in ``history`` and during the run."""
     log = AvailabilityLog()
     ages = {"up": 0, "down": 0}
@@ -227,7 +227,7 @@ def run_elastic(job: Job, workers: int, trace: AvailabilityTrace, start_tick: in
 
 def elastic_outlook(job: Job, workers: int, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS) -> Outlook:
     """``plan``'s row for the elastic policy: its mean cost and chance of meeting the deadline from the start ticks
-    of the other rows, with no history (as a launch's daemon runs it: ``core.deadline_elastic``). ``job``: the whole
+    of the other rows, with no history (as a launch's daemon runs it: ``decide.deadline_elastic``). ``job``: the whole
     cluster's prices, here split over its ``workers`` VMs."""
     per_vm = replace(job, spot_usd_per_h=job.spot_usd_per_h / workers,
                      on_demand_usd_per_h=job.on_demand_usd_per_h / workers)

@@ -9,14 +9,14 @@ Model, in the job's wall-clock seconds from the moment every instance is request
   rates capped by the PS capacity; sync: the slowest live worker's rate;
 * every ``checkpoint_every`` steps training stalls ``checkpoint_cost_s`` to write a checkpoint;
 * a spot instance is revoked when its lifetime (from a ``LifetimeSource``) runs out; whether and how it
-  is replaced is decided by the daemon's own functions, ``core.policy.decide_replacement`` and
+  is replaced is decided by the daemon's own functions, ``decide.replacement.decide_replacement`` and
   ``replacement_zones`` (``replace``: same type and pricing, same zone, or the next one when
   ``rotate_zones``; ``fallback-on-demand``: an on-demand instance, never revoked again; ``shrink``: no
   replacement), at most ``max_replacements`` times in all; ``sim.observed`` checks it against the
-  daemon's ``core.reconcile``;
+  daemon's ``decide.reconcile``;
 * a pipeline or hybrid (``SimCluster.strategy``) steps only while every stage of its partition is up: a stage's
   revocation stops it until the replacement is up and restored, or (``stage_loss: auto``, where
-  ``core.costmodel.stage_loss`` predicts it cheaper) the survivors re-partition the model and go on without it;
+  ``costmodel.stage_loss`` predicts it cheaper) the survivors re-partition the model and go on without it;
   idle survivors are billed all the while. Data parallel survivors train on;
 * losing a PS or the chief rolls training back to the last completed checkpoint and pauses it until
   the replacement is up (PS and chief are replaced under every policy, shrink included);
@@ -42,10 +42,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final, Protocol
 
-from orchestrator.core import policy
-from orchestrator.core.costmodel.stage_loss import REPARTITION, decide_stage_loss
-from orchestrator.core.instances import Role
-from orchestrator.core.spec import OnRevocation
+from orchestrator.costmodel.stage_loss import REPARTITION, decide_stage_loss
+from orchestrator.decide import replacement as replacing
+from orchestrator.model import timings
+from orchestrator.model.instances import Role
+from orchestrator.model.spec import OnRevocation
 from orchestrator.sim import observed
 from orchestrator.sim.cluster import (
     COST_KEYS,
@@ -152,7 +153,7 @@ class CompiledCluster:
         self.zones = [tuple(z for z in (s.zone, *s.replacement_zones) if z is not None) for s in slots]
         self.roles = [Role(s.role) for s in slots]
         self.hosts_chief = [s.hosts_chief for s in slots]
-        self.critical = [policy.is_critical(r, h) for r, h in zip(self.roles, self.hosts_chief, strict=True)]
+        self.critical = [replacing.is_critical(r, h) for r, h in zip(self.roles, self.hosts_chief, strict=True)]
         self.on_revocation = OnRevocation(cluster.policy)
         self.n_critical = sum(self.critical)
         self.n_workers = sum(self.is_worker)
@@ -161,7 +162,7 @@ class CompiledCluster:
 
     def boot(self, spot: bool) -> float:
         c = self.cluster
-        return policy.boot_s(spot, c.boot_delay_s, c.spot_extra_boot_s)
+        return timings.boot_s(spot, c.boot_delay_s, c.spot_extra_boot_s)
 
     def rate(self, live_mask: int) -> float:
         cached = self._rates.get(live_mask)
@@ -196,8 +197,8 @@ def simulate(
     cluster: SimCluster | CompiledCluster, lifetimes: LifetimeSource, *, record: bool = False, daemon: bool = False
 ) -> RunResult:
     """Simulate one run; ``record`` keeps the event log in the result. ``daemon``: each revocation is decided
-    by the daemon's real ``core.reconcile``, shown the state the controller would observe (``sim.observed``;
-    slower), instead of by the ``core.policy`` functions it calls."""
+    by the daemon's real ``decide.reconcile``, shown the state the controller would observe (``sim.observed``;
+    slower), instead of by the ``decide.deadline`` functions it calls."""
     cc = cluster if isinstance(cluster, CompiledCluster) else CompiledCluster(cluster)
     return _run(cc, lifetimes, record, daemon)
 
@@ -323,7 +324,7 @@ def advance(
 
 class _Run:
     """One run's state, moved event by event. Which lost instance is replaced, how (spot or on-demand),
-    where, and which losses roll training back are the daemon's own policy functions (``core.policy``)."""
+    where, and which losses roll training back are the daemon's own policy functions (``decide.deadline``)."""
 
     def __init__(self, cc: CompiledCluster, src: LifetimeSource, record: bool, daemon: bool = False) -> None:
         c = self.c = cc.cluster
@@ -459,19 +460,19 @@ class _Run:
                 if self.crit_missing == 1:
                     self.rollback(i)
         decision, zone = self.decide(i)
-        if decision.verdict == policy.Verdict.REPLACE and self.repartitions(i, decision.spot):
+        if decision.verdict == replacing.Verdict.REPLACE and self.repartitions(i, decision.spot):
             self.drop(i, "re-partitioned over the survivors")
-        elif decision.verdict == policy.Verdict.REPLACE:
+        elif decision.verdict == replacing.Verdict.REPLACE:
             self.replace(i, decision.spot, zone)
         else:
             self.drop(i)
-            if decision.verdict == policy.Verdict.EXHAUSTED and self.hist is not None:
+            if decision.verdict == replacing.Verdict.EXHAUSTED and self.hist is not None:
                 self.failure = FAIL_NO_REPLACEMENT  # the daemon ends the job, whichever slot it was
         return changed
 
     def repartitions(self, i: int, spot: bool) -> bool:
         """A pipeline lost stage ``i``: re-partition over the survivors (True) or wait for its replacement, whichever
-        ``core.costmodel.stage_loss`` predicts cheaper. The replay of a daemon's history (``hist``)
+        ``costmodel.stage_loss`` predicts cheaper. The replay of a daemon's history (``hist``)
         never re-partitions: it follows the replacements that history recorded."""
         cc, c = self.cc, self.c
         if not (c.pipelined and self.members >> i & 1) or c.stage_loss == "wait" or self.hist is not None:
@@ -497,12 +498,12 @@ class _Run:
             self.go_at = self.t + wait_s + c.regroup_s
             self.note("regroup", None, f"paused {wait_s + c.regroup_s:.1f} s")
 
-    def decide(self, i: int) -> tuple[policy.Replacement, str | None]:
+    def decide(self, i: int) -> tuple[replacing.Replacement, str | None]:
         """The policy's answer for a revoked slot (and, asking the daemon, the zone it tries first)."""
         cc = self.cc
         if self.hist is not None:
             return observed.daemon_decision(self.c, self.hist, self.c.slots[i].name)
-        return policy.decide_replacement(
+        return replacing.decide_replacement(
             cc.roles[i], preempted=True, spot=self.spot[i], on_revocation=cc.on_revocation,
             replacements=self.repl, max_replacements=self.c.max_replacements, hosts_chief=cc.hosts_chief[i]), None
 
@@ -533,7 +534,7 @@ class _Run:
         self.price[i] = cc.price_s[i] if spot else cc.od_price_s[i]
         last = self.zone[i]
         if last is not None and cc.zones[i]:
-            self.zone[i] = zone or policy.replacement_zones(last, cc.zones[i], c.rotate_zones)[0]
+            self.zone[i] = zone or replacing.replacement_zones(last, cc.zones[i], c.rotate_zones)[0]
         if self.hist is not None:
             h = self.hist[c.slots[i].name]
             h.spots.append(spot)

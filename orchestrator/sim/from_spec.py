@@ -11,10 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypedDict
 
-from orchestrator.core import policy
-from orchestrator.core.blocks import BlockLike
-from orchestrator.core.catalog import Catalog, PriceBook, load_catalog
-from orchestrator.core.costmodel import (
+from orchestrator.costmodel import (
     DEFAULT_CALIBRATION,
     Calibration,
     PlanResult,
@@ -24,19 +21,23 @@ from orchestrator.core.costmodel import (
     predict_step_time,
     split_batch,
 )
-from orchestrator.core.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
-from orchestrator.core.costmodel.batches import job_precision, job_runtime, trained_gpus
-from orchestrator.core.costmodel.cluster import estimate_from_compute
-from orchestrator.core.costmodel.compute import step_fn
-from orchestrator.core.costmodel.partition import Partitioner
-from orchestrator.core.costmodel.pipeline_plan import partitioner_for, stage_devices
-from orchestrator.core.costmodel.planner import chosen_strategy
-from orchestrator.core.costmodel.planner.candidates import Candidate
-from orchestrator.core.costmodel.planner.scoring import PlanContext, Score
-from orchestrator.core.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
-from orchestrator.core.emulation import emulation_sleep
-from orchestrator.core.slots import Slot, expand, price_book_for
-from orchestrator.core.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
+from orchestrator.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
+from orchestrator.costmodel.batches import job_precision, job_runtime, trained_gpus
+from orchestrator.costmodel.cluster import estimate_from_compute
+from orchestrator.costmodel.compute import step_fn
+from orchestrator.costmodel.emulation import emulation_sleep
+from orchestrator.costmodel.partition import Partitioner
+from orchestrator.costmodel.pipeline_plan import partitioner_for, stage_devices
+from orchestrator.costmodel.planner import chosen_strategy
+from orchestrator.costmodel.planner.candidates import Candidate
+from orchestrator.costmodel.planner.scoring import PlanContext, Score
+from orchestrator.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
+from orchestrator.costmodel.slots import Slot, expand, price_book_for
+from orchestrator.model import timings
+from orchestrator.model.blocks import BlockLike
+from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
+from orchestrator.model.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
+from orchestrator.providers.local import revocations as local_revocations
 from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
 from orchestrator.sim.engine import (
     FixedLifetimes,
@@ -67,7 +68,7 @@ def model_size_mb(profile: str) -> float:
 
 def local_boot_delay_s(provider: LocalProvider, facts: Mapping[str, float]) -> float:
     """Wall seconds the local provider takes to boot an instance: the cloud boot delay / time_scale."""
-    return policy.BOOT_S / provider.time_scale
+    return timings.BOOT_S / provider.time_scale
 
 
 def cluster_from_spec(
@@ -100,7 +101,7 @@ def cluster_from_spec(
     ``strategy`` (data | pipeline | hybrid; default: the one ``plan`` chooses for the cluster) sets how a sync job
     uses its workers: a pipeline steps only while every stage is up (``SimCluster.strategy``). ``stage_loss``: wait
     (every stage waits for the replacement: ``policy.stage_loss: wait``) or auto (re-partition over the
-    survivors where ``core.costmodel.stage_loss`` predicts it cheaper).
+    survivors where ``costmodel.stage_loss`` predicts it cheaper).
     """
     spec = _pinned(spec, cluster)
     cat = catalog or load_catalog()
@@ -122,7 +123,7 @@ def cluster_from_spec(
         ps_capacity_steps_per_s=ps_capacity_steps_per_s if ps_capacity_steps_per_s is not None else math.inf,
         rate_fn=rate_fn,
         checkpoint_every=spec.training.checkpoint_every,
-        checkpoint_cost_s=acc.checkpoint_s if model_mb is None else policy.checkpoint_s(mb),
+        checkpoint_cost_s=acc.checkpoint_s if model_mb is None else timings.checkpoint_s(mb),
         policy=spec.policy.on_revocation.value,
         max_replacements=spec.policy.max_replacements,
         budget_usd=spec.policy.budget_usd,
@@ -182,7 +183,7 @@ def _delays(spec: JobSpec, acc: RunAccounting, local: bool) -> _Delays:
     return {"startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
             "regroup_s": acc.startup_s if sync else 0.0, "teardown_s": acc.teardown_s,
             # A preempted VM runs (and bills) through the notice window it really has (30 s, 120 s if asked).
-            "notice_s": policy.notice_window_s(spec.provider) / spec.provider.time_scale
+            "notice_s": timings.notice_window_s(spec.provider) / spec.provider.time_scale
             if local or spec.provider.is_cloud else 0.0}
 
 
@@ -306,7 +307,7 @@ def _seeded_lifetimes(
 
     def lifetime(slot: int, generation: int) -> float:
         s = by_name[sim_slots[slot].name]
-        after = policy.revoke_after_s(provider, s.role, s.index, generation, s.gpu, "local", True, None, 0.0)
+        after = local_revocations.revoke_after_s(provider, s.role, s.index, generation, s.gpu, "local", True, None, 0.0)
         if after is None:
             return math.inf
         if step_s <= 0:  # no emulation: the provider stays on the wall clock

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from orchestrator.core.revocation.model import DEFAULT_KIND, LifetimeModel, load_revocation_model
-from orchestrator.core.revocation.traces import BoolArray, FloatArray
+from orchestrator.costmodel.revocation.model import DEFAULT_KIND, LifetimeModel, load_revocation_model
+from orchestrator.costmodel.revocation.traces import BoolArray, FloatArray
 from orchestrator.sim.engine import (
     COST_KEYS,
     FAILURES,

@@ -3,14 +3,14 @@
 The job may run its spot VM in any of K zones, each with its own measured availability trace (aligned
 tick for tick). A spot VM in zone z is lost at the first tick z has none; starting a VM anywhere (from
 nothing, after a preemption, on another zone or switching pricing) costs the restart overhead, as in
-``sim.availability``. The online policy is ``core.policy``'s deadline decision, fed with "can spot be had
-in any zone", and ``core.policy.choose_zone`` for where: after a preemption it moves to a zone that has
+``sim.availability``. The online policy is ``decide.deadline``'s deadline decision, fed with "can spot be had
+in any zone", and ``decide.deadline.choose_zone`` for where: after a preemption it moves to a zone that has
 spot instead of waiting. The offline optimum is the same dynamic program as ``sim.availability``'s, over
 the modes idle, on-demand and spot in each zone; with one zone both give the same cost (tests).
 
 A trace may also be another GPU type's (a ``Market``: its speed and spot price; on-demand runs the job's own GPU).
 The rule then reads the markets at least as fast as the job's GPU as its spot, priced per hour of the job's work;
-while it waits, a slower GPU's spot is taken where it pays (``core.deadline_markets``). The optimum covers every
+while it waits, a slower GPU's spot is taken where it pays (``decide.deadline_markets``). The optimum covers every
 market (``simulate --also-trace``, the bench's ``deadline-markets``).
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.core import deadline_markets
-from orchestrator.core.policy import AvailabilityLog, Mode, Progress
-from orchestrator.core.revocation.availability import AvailabilityTrace
+from orchestrator.decide import deadline_markets
+from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
+from orchestrator.model.availability import AvailabilityTrace
 from orchestrator.sim.availability import (
     OUTLOOK_STARTS,
     Job,
@@ -145,7 +145,7 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
 def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, a: tuple[bool, ...],
             ups: list[int], down: int, logs: list[AvailabilityLog], any_log: AvailabilityLog,
             ms: tuple[Market, ...]) -> tuple[Mode, int]:
-    """``core.deadline_markets.decide`` over the markets (with one GPU type: ``choose_zone`` over the zones)."""
+    """``decide.deadline_markets.decide`` over the markets (with one GPU type: ``choose_zone`` over the zones)."""
     views = {str(z): deadline_markets.MarketView(ms[z].speed, ms[z].spot_usd_per_h or 0.0, logs[z].seen(tick / 60),
                                                  (ups[z] - 1) * tick / 60 if a[z] else None) for z in range(len(a))}
     base = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
@@ -241,7 +241,7 @@ def zones_outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLO
                   markets: tuple[Market, ...] | None = None, name: str = "deadline-zones") -> Outlook:
     """``plan``'s row for a job holding the traces' zones (or ``markets``: GPU types) at once (replayed tick for
     tick from the same start ticks as ``outlook``'s): the deadline policy with moves, learning each market only
-    during the job, as the daemon does (``core.deadline_zones``, ``core.deadline_gpus``)."""
+    during the job, as the daemon does (``decide.deadline_zones``, ``decide.deadline_gpus``)."""
     avails = tuple(t.available() for t in traces)
     return summed(name, [run_multi(job, tuple(a[start:] for a in avails), traces[0].tick_min, markets=markets)
                          for start in outlook_starts(job, traces[0], starts)])

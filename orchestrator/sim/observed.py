@@ -1,10 +1,10 @@
 """The daemon's view of a simulated run: at a revocation, the ``JobView`` and ``Observation``
-(``core.state``) the controller would build, handed to the real ``core.reconcile``.
+(``decide.state``) the controller would build, handed to the real ``decide.reconcile``.
 
 Two uses: ``simulate(..., daemon=True)`` (and ``run_monte_carlo(..., daemon=True)``) let the reconcile
 decide every revocation of the run (``daemon_decision``), so any change to the daemon shows up in
 simulation; ``compare_with_daemon`` sets the reconcile's answer beside what a recorded run did. By
-default the engine decides with the ``core.policy`` functions the reconcile itself calls (~10x faster
+default the engine decides with the ``decide.deadline`` functions the reconcile itself calls (~10x faster
 per revocation); the two agree (tests/test_sim_daemon_agree.py).
 
 Known differences of the default engine (``docs/simulator.md``): a sync job losing a worker is restarted
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.core import policy
-from orchestrator.core.actions import Action, CreateInstance, RestartTraining, SetJobStatus
-from orchestrator.core.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
-from orchestrator.core.policy import Replacement, Verdict
-from orchestrator.core.reconcile import reconcile
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import OnRevocation, TrainingMode
-from orchestrator.core.state import InstanceView, JobView, Observation
-from orchestrator.core.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.costmodel.slots import Slot
+from orchestrator.decide import replacement as replacing
+from orchestrator.decide.actions import Action, CreateInstance, RestartTraining, SetJobStatus
+from orchestrator.decide.reconcile import reconcile
+from orchestrator.decide.replacement import Replacement, Verdict
+from orchestrator.decide.state import InstanceView, JobView, Observation
+from orchestrator.model.instances import ObservedInstance, ObservedState, ProcState, ProcStatus, Role
+from orchestrator.model.spec import OnRevocation, TrainingMode
+from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.sim.cluster import RunResult, SimCluster, SimEvent, SimSlot
 
 
@@ -77,7 +77,7 @@ def _job_and_obs(cluster: SimCluster, slots: dict[str, SlotHistory], revoked: se
     seen: dict[str, ObservedInstance] = {}
     # While a PS or the chief is missing, training was stopped (the restart when it was lost): the others
     # are up but idle.
-    halted = any(policy.is_critical(st.slot.role) and not st.ready for st in slots.values())
+    halted = any(replacing.is_critical(st.slot.role) and not st.ready for st in slots.values())
     up = InstanceStatus.READY if halted else InstanceStatus.TRAINING
     for name, st in slots.items():
         current = len(st.spots) - 1
@@ -121,7 +121,7 @@ def _engine_did(events: list[SimEvent], st: SlotHistory) -> str:
         if e.slot == st.slot.name and e.kind == "replace":
             spot, zone = _parse_replace(e.detail)
             return f"replace {'spot' if spot else 'on-demand'} in {zone}"
-    return "job fails" if policy.is_critical(st.slot.role) else "not replaced"
+    return "job fails" if replacing.is_critical(st.slot.role) else "not replaced"
 
 
 def histories(cluster: SimCluster) -> dict[str, SlotHistory]:

@@ -36,10 +36,10 @@ import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.core import policy
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.errors import UserError
-from orchestrator.core.spec import JobSpec, SpecError, validate_spec
+from orchestrator.model import timings
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import JobSpec, SpecError, validate_spec
 from orchestrator.sim.engine import RunResult, replay
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec, local_boot_delay_s
 from orchestrator.store import queries
@@ -280,7 +280,7 @@ def _boot_delay(spec: JobSpec, instances: Sequence[Instance]) -> float:
         return statistics.median(boots)
     if (local := spec.provider.as_local()) is not None:
         return local_boot_delay_s(local, load_catalog().facts)
-    return policy.BOOT_S
+    return timings.BOOT_S
 
 
 def _measured(

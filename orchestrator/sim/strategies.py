@@ -1,10 +1,10 @@
 """Monte Carlo of one spec's pinned cluster under each way a synchronous job can use it: data parallel, a pipeline,
-a hybrid (``core.costmodel.planner.strategies``).
+a hybrid (``costmodel.planner.strategies``).
 
 This is where a partition that is faster without revocations can lose to data parallel on spot VMs: a data parallel
 world pauses to re-form and its survivors train on, but a lost stage stops the whole pipeline, its survivors idle
 and billed. A pipeline is played twice: ``wait`` (every stage waits for the replacement: ``policy.stage_loss: wait``)
-and ``auto`` (the survivors re-partition the model where ``core.costmodel.stage_loss`` predicts it cheaper).
+and ``auto`` (the survivors re-partition the model where ``costmodel.stage_loss`` predicts it cheaper).
 Beside each, the planner's analytic expectation (``plan --json``: ``expected_hours``, ``expected_usd``).
 """
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.catalog import Catalog, load_catalog
-from orchestrator.core.costmodel import Calibration, plan
-from orchestrator.core.costmodel.planner import chosen_strategy
-from orchestrator.core.costmodel.planner.strategies import DATA, Strategy
-from orchestrator.core.revocation.model import DEFAULT_KIND, LifetimeModel
-from orchestrator.core.spec import JobSpec
+from orchestrator.costmodel import Calibration, plan
+from orchestrator.costmodel.planner import chosen_strategy
+from orchestrator.costmodel.planner.strategies import DATA, Strategy
+from orchestrator.costmodel.revocation.model import DEFAULT_KIND, LifetimeModel
+from orchestrator.model.catalog import Catalog, load_catalog
+from orchestrator.model.spec import JobSpec
 from orchestrator.sim.from_spec import cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo
 

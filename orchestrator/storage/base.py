@@ -11,7 +11,7 @@ import abc
 import errno
 from pathlib import Path
 
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 METRICS = "metrics.jsonl"
 RESULT = "result.json"

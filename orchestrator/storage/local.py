@@ -11,16 +11,16 @@ import contextlib
 import os
 from pathlib import Path
 
-from orchestrator.core.paths import home_path
-from orchestrator.core.specfile import storage_folder_problem
+from orchestrator.model.paths import home_path
+from orchestrator.model.specfile import storage_folder_problem
 from orchestrator.storage.base import JobStorage, StorageError, os_reason
 from orchestrator.store.env import ENV_URL
 
 # SQLite keeps these beside the DB file (and the daemon and the migrations their locks): none is a folder to use.
 DB_SIDE_FILES = ("", "-wal", "-shm", "-journal", ".daemon-lock", ".migrate-lock")
-# What the orchestrator keeps in its home (core/paths.py user_dir): the default DB (store/db.py), the local
+# What the orchestrator keeps in its home (model/paths.py user_dir): the default DB (store/db.py), the local
 # provider's instances (providers/local/backend.py), per-job SSH keys (transport/keys.py), user model profiles
-# (core/costmodel/profiles/user.py), the ssh provider's host assignments (providers/ssh/provider.py), daemon ids
+# (costmodel/profiles/user.py), the ssh provider's host assignments (providers/ssh/provider.py), daemon ids
 # (control/daemon.py); hidden files too. tests/test_storage_guard.py checks a real launch's home against it.
 HOME_ENTRIES = ("orchestrator.db*", "local", "keys", "profiles", "ssh-assignments.json*", "daemon-*", ".*")
 

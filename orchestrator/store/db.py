@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
-from orchestrator.core.paths import alembic_dir, home_path, user_dir
+from orchestrator.model.paths import alembic_dir, home_path, user_dir
 from orchestrator.store.env import ENV_URL as ENV_URL  # re-exported: callers read db.ENV_URL
 
 

@@ -192,10 +192,10 @@ class Plan(Base):
 
 
 class Intent(Base):
-    """The desired state recorded at launch (core.plan.LaunchPlan as JSON): what every pass drives toward.
+    """The desired state recorded at launch (costmodel.launch_plan.LaunchPlan as JSON): what every pass drives toward.
 
     ``revision`` counts the job's plans (1 at launch; a re-plan adds the next, the latest is in force);
-    ``version`` is the JSON layout's (core.plan.PLAN_VERSION) so an older controller refuses a newer plan.
+    ``version`` is the JSON layout's (costmodel.launch_plan.PLAN_VERSION) so an older controller refuses a newer plan.
     """
 
     __tablename__ = "intents"

@@ -11,11 +11,11 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, selectinload
 
-from orchestrator.core.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
-from orchestrator.core.costmodel.profiles.user import TORCH_PREFIX
-from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.spec import JobSpec
-from orchestrator.core.status import (
+from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
+from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
+from orchestrator.costmodel.profiles.user import TORCH_PREFIX
+from orchestrator.model.spec import JobSpec
+from orchestrator.model.status import (
     INSTANCE_TRANSITIONS,
     JOB_TRANSITIONS,
     InstanceStatus,

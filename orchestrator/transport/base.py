@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.core.instances import ProcStatus
+from orchestrator.model.instances import ProcStatus
 
 
 @dataclass(frozen=True)

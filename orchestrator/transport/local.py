@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.model.instances import ProcState, ProcStatus
 from orchestrator.transport.base import (
     Endpoint,
     Transport,

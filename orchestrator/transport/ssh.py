@@ -38,7 +38,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator.core.instances import ProcState, ProcStatus
+from orchestrator.model.instances import ProcState, ProcStatus
 from orchestrator.transport.base import (
     Endpoint,
     FatalTransportError,

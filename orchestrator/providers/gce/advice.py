@@ -1,16 +1,16 @@
 """Can the job's spot VMs be had now? GCE's capacity advisor, asked for the job's spot shapes.
 
-The deadline policy (core/policy.py) decides every tick from whether spot can be had: the availability that the
+The deadline policy (decide/deadline.py) decides every tick from whether spot can be had: the availability that the
 NSDI'24 traces measured by asking the cloud for spot capacity. On GCE the daemon asks the Compute API's capacity
 advisor the same question (``regions.advice.capacity``: AdviceClient.capacity in google-cloud-compute-v1beta, POST
 compute/beta/projects/{project}/regions/{region}/advice/capacity; docs.cloud.google.com/compute/docs/instances/
 view-vm-availability). The method is in Public Preview and answers for SPOT on the beta API: the v1 API lists it,
 but Google's own skill for it (github.com/google/skills, "compute-spot-capacity-advice") says the v1 backend
 rejects SPOT and to always use beta. Its obtainability score (0-1) for the job's spot VMs of one shape in their
-zones is read as "can be had" from ``policy.SPOT_OBTAINABLE`` up, without a create that fails or a VM that boots.
+zones is read as "can be had" from ``timings.SPOT_OBTAINABLE`` up, without a create that fails or a VM that boots.
 
 A pass waits for the advisor only the first time it asks of a shape, and at most ``first_wait_s`` (so a job's
-first create is already decided by it); an answer older than ``policy.DEADLINE_TICK_S`` is refreshed on this
+first create is already decided by it); an answer older than ``timings.DEADLINE_TICK_S`` is refreshed on this
 object's own thread while the passes read the one before. Unanswered, failed or refused (the advisor's permission
 missing, say), the answer is None (unknown): the daemon then reads spot from its creates and preemptions.
 """
@@ -28,10 +28,10 @@ from functools import partial
 
 from google.cloud import compute_v1beta
 
-from orchestrator.core import policy
-from orchestrator.core.catalog import region_of
-from orchestrator.core.cloud_errors import ProviderError
-from orchestrator.core.slots import Slot
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model import timings
+from orchestrator.model.catalog import region_of
+from orchestrator.model.cloud_errors import ProviderError
 from orchestrator.providers.gce.api import GceApi
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class SpotAdvice:
     """The newest obtainability of each (shape, size) asked for, refreshed in the background."""
 
     def __init__(self, api: GceApi, bundled: Mapping[str, int], accelerator: Callable[[str], str], *,
-                 max_age_s: float = policy.DEADLINE_TICK_S, first_wait_s: float = 2.0,
+                 max_age_s: float = timings.DEADLINE_TICK_S, first_wait_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.bundled, self.accelerator = api, bundled, accelerator
         self.max_age_s, self.first_wait_s, self.clock = max_age_s, first_wait_s, clock
@@ -106,11 +106,11 @@ class SpotAdvice:
         scores = self._score(list(spot_shapes(slots, self.bundled, self.accelerator).items()))
         if not scores or any(s is None for s in scores):
             return None
-        return all(s is not None and s >= policy.SPOT_OBTAINABLE for s in scores)
+        return all(s is not None and s >= timings.SPOT_OBTAINABLE for s in scores)
 
     def by_zone(self, slots: Iterable[Slot]) -> dict[str, bool] | None:
         """For each zone of a spot shape that may use two or more, whether every such shape scores at least
-        SPOT_OBTAINABLE in that zone alone (the zone the deadline policy runs spot in, ``core.deadline_zones``);
+        SPOT_OBTAINABLE in that zone alone (the zone the deadline policy runs spot in, ``decide.deadline_zones``);
         None while any is unknown, or where no shape has a choice of zone."""
         keys = [(per_zone, size) for shape, size in spot_shapes(slots, self.bundled, self.accelerator).items()
                 if len(shape.zones) > 1 for per_zone in zone_shapes(shape)]
@@ -120,13 +120,13 @@ class SpotAdvice:
         answer: dict[str, bool] = {}
         for (shape, _), score in zip(keys, scores, strict=True):
             zone = shape.zones[0]
-            answer[zone] = answer.get(zone, True) and score is not None and score >= policy.SPOT_OBTAINABLE
+            answer[zone] = answer.get(zone, True) and score is not None and score >= timings.SPOT_OBTAINABLE
         return answer
 
     def count(self, slots: Iterable[Slot]) -> int | None:
         """How many more of ``slots``' spot VMs can be had now, where they are of one shape in one zone: the largest
         k such that the advisor scores k of them, and every smaller number, at least SPOT_OBTAINABLE (the elastic
-        deadline policy shrinks onto them, ``core.deadline_elastic``). All of them is asked first, so a pass with
+        deadline policy shrinks onto them, ``decide.deadline_elastic``). All of them is asked first, so a pass with
         room for the lot makes one call; None while an answer needed is unknown, or for several shapes or zones."""
         shapes = spot_shapes(slots, self.bundled, self.accelerator)
         if len(shapes) != 1:
@@ -135,12 +135,12 @@ class SpotAdvice:
         if len(shape.zones) != 1:
             return None
         (whole,) = self._score([(shape, wanted)])
-        if whole is None or whole >= policy.SPOT_OBTAINABLE:
+        if whole is None or whole >= timings.SPOT_OBTAINABLE:
             return None if whole is None else wanted
         scores = self._score([(shape, size) for size in range(1, wanted)])
         if any(s is None for s in scores):
             return None
-        return next((k for k, s in enumerate(scores) if s is not None and s < policy.SPOT_OBTAINABLE), wanted - 1)
+        return next((k for k, s in enumerate(scores) if s is not None and s < timings.SPOT_OBTAINABLE), wanted - 1)
 
     def _score(self, keys: list[tuple[SpotShape, int]]) -> list[Score]:
         """The newest score of each (shape, size); one never asked before is asked now, and the pass waits a

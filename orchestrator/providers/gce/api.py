@@ -29,9 +29,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator.core.cloud_errors import ProviderError, TransientError
-from orchestrator.core.errors import UserError
-from orchestrator.core.spec.provider import check_api_endpoint, loopback_endpoint
+from orchestrator.model.cloud_errors import ProviderError, TransientError
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec.provider import check_api_endpoint, loopback_endpoint
 from orchestrator.providers.gce.credentials import load_credentials
 from orchestrator.providers.gce.errors import map_exception, op_has_code, operation_error
 

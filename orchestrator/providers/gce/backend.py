@@ -6,10 +6,10 @@ import hashlib
 from functools import partial
 from typing import TYPE_CHECKING
 
-from orchestrator.core.instances import ObservedInstance
-from orchestrator.core.paths import jobs_dir
-from orchestrator.core.policy import FLEX_START_REQUEST_VALID_S
-from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.model.instances import ObservedInstance
+from orchestrator.model.paths import jobs_dir
+from orchestrator.model.spec import GceProvider as GceSpec
+from orchestrator.model.timings import FLEX_START_REQUEST_VALID_S
 from orchestrator.providers.base import Backend
 from orchestrator.providers.passed_env import passed_env
 from orchestrator.storage.base import NOTICES, JobStorage
@@ -59,7 +59,7 @@ def shutdown_script(storage_uri: str, name: str) -> str | None:
 
 def request_settings(spec: GceSpec, framework: str | None = None) -> GceRequestSettings:
     """The request settings of every VM of this provider spec and a job of ``framework``
-    (core.torch_spec.payload_framework): the real create and the dry run use these."""
+    (model.torch_spec.payload_framework): the real create and the dry run use these."""
     from orchestrator.providers.gce.requests import (  # lazy: the request builder loads google-cloud-compute
         GceRequestSettings,
         bundled_machine_types,

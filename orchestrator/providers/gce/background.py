@@ -25,8 +25,8 @@ from datetime import datetime
 
 from google.cloud import compute_v1
 
-from orchestrator.core.cloud_errors import ProviderError, TransientError
-from orchestrator.core.instances import ObservedInstance, ObservedState
+from orchestrator.model.cloud_errors import ProviderError, TransientError
+from orchestrator.model.instances import ObservedInstance, ObservedState
 from orchestrator.providers.gce.errors import op_has_code, operation_error
 from orchestrator.providers.operations import BackgroundListing, OpKind, OpPhase, OpRef, OpState, Snapshot
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import InstanceRequest, ObservedInstance, Role
-from orchestrator.core.spec import GceProvider as GceSpec
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import InstanceRequest, ObservedInstance, Role
+from orchestrator.model.spec import GceProvider as GceSpec
 from orchestrator.providers.bake import BakePlan
 from orchestrator.providers.base import Provider
 from orchestrator.providers.gce.backend import TF_PORTS

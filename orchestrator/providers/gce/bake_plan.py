@@ -13,10 +13,10 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from orchestrator.core.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
-from orchestrator.core.errors import UserError
-from orchestrator.core.gce_rules import STANDARD, load_gce_rules
-from orchestrator.core.offerings import retired_message
+from orchestrator.model.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
+from orchestrator.model.errors import UserError
+from orchestrator.model.gce_rules import STANDARD, load_gce_rules
+from orchestrator.model.offerings import retired_message
 from orchestrator.providers.bake import FRAMEWORKS, BakePlan
 from orchestrator.providers.gce.recipes import PS_RECIPE, WORKER_RECIPE, recipe_path
 from orchestrator.providers.gce.requests import DEFAULT_IMAGE

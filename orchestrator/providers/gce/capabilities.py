@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.core.plan import LaunchPlan
-from orchestrator.core.spec import JobSpec
+from orchestrator.costmodel.launch_plan import LaunchPlan
+from orchestrator.model.spec import JobSpec
 
 
 def dry_run(spec: JobSpec, plan: LaunchPlan) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Which credentials the GCE clients use: ADC by default, or a key file; anonymous for a loopback endpoint.
 
-The endpoint decides whether credentials are sent at all (core/spec/provider.py ``check_api_endpoint``): the
+The endpoint decides whether credentials are sent at all (model/spec/provider.py ``check_api_endpoint``): the
 user's go only over https to a Google API host; a Compute API on this machine's loopback (http://127.0.0.1:PORT)
 is called with anonymous credentials, so no bearer token ever reaches a port another local process could hold.
 """

@@ -9,8 +9,8 @@ from functools import partial
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
-from orchestrator.core.cloud_errors import InvalidRequestError
-from orchestrator.core.instances import LABEL_MANAGED
+from orchestrator.model.cloud_errors import InvalidRequestError
+from orchestrator.model.instances import LABEL_MANAGED
 from orchestrator.providers.gce.api import GceApi
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.core import policy as timings
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.gce_rules import load_gce_rules
-from orchestrator.core.instances import InstanceRequest, instance_name
-from orchestrator.core.plan import LaunchPlan, plan_spec
-from orchestrator.core.slots import Slot
-from orchestrator.core.spec import GceProvider, JobSpec, OnRevocation
-from orchestrator.core.torch_spec import payload_framework
+from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model import timings
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.gce_rules import load_gce_rules
+from orchestrator.model.instances import InstanceRequest, instance_name
+from orchestrator.model.spec import GceProvider, JobSpec, OnRevocation
+from orchestrator.model.torch_spec import payload_framework
 from orchestrator.providers.gce.advice import advice_request, spot_shapes, zone_shapes
 from orchestrator.providers.gce.backend import firewall_ports, instance_metadata, request_settings
 from orchestrator.providers.gce.network import address_learner, job_rules
@@ -91,8 +91,8 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
             else "deleted with the VM",
         })
     # One call per spot shape (can spot be had anywhere it may run), and one per zone of a shape that may run in
-    # several (which zone: core.deadline_zones).
-    # A PyTorch job's shape of two or more spot VMs in one zone is also counted (core.deadline_elastic): while the
+    # several (which zone: decide.deadline_zones).
+    # A PyTorch job's shape of two or more spot VMs in one zone is also counted (decide.deadline_elastic): while the
     # whole size scores below the threshold, the daemon asks for 1, 2, ... of them as well.
     elastic = framework == "pytorch"
     advice = [{"method": "POST", "api_version": "beta",  # SPOT advice is answered on the beta API (gce/advice.py)

@@ -1,4 +1,4 @@
-r"""How the GCE provider maps what the Compute API says into the typed ``ProviderError``\ s of core.cloud_errors.
+r"""How the GCE provider maps what the Compute API says into the typed ``ProviderError``\ s of model.cloud_errors.
 
 Errors reach the provider two ways: as HTTP errors from a call, and (real stockouts, most quota failures) as
 errors on a DONE operation; both are mapped here. Errors the user fixes (credentials, permissions, an unknown
@@ -14,7 +14,7 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 from google.cloud import compute_v1
 
-from orchestrator.core.cloud_errors import (
+from orchestrator.model.cloud_errors import (
     AuthError,
     CapacityError,
     InvalidRequestError,
@@ -22,7 +22,7 @@ from orchestrator.core.cloud_errors import (
     QuotaError,
     TransientError,
 )
-from orchestrator.core.errors import UserError
+from orchestrator.model.errors import UserError
 
 AUTH_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file or run "

@@ -9,8 +9,8 @@ from functools import partial
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
-from orchestrator.core.cloud_errors import ProviderError, TransientError
-from orchestrator.core.instances import LABEL_JOB, LABEL_MANAGED, InstanceRequest, ObservedInstance
+from orchestrator.model.cloud_errors import ProviderError, TransientError
+from orchestrator.model.instances import LABEL_JOB, LABEL_MANAGED, InstanceRequest, ObservedInstance
 from orchestrator.providers.gce.api import GceApi
 from orchestrator.providers.gce.observe import observe
 from orchestrator.providers.gce.requests import GceRequestSettings, instance_resource

@@ -26,10 +26,10 @@ from typing import Any
 
 from google.cloud import compute_v1
 
-from orchestrator.core.cloud_errors import ProviderError
-from orchestrator.core.errors import UserError
-from orchestrator.core.instances import InstanceRequest
-from orchestrator.core.spec.provider import loopback_endpoint
+from orchestrator.model.cloud_errors import ProviderError
+from orchestrator.model.errors import UserError
+from orchestrator.model.instances import InstanceRequest
+from orchestrator.model.spec.provider import loopback_endpoint
 from orchestrator.providers.gce.provider import GceProvider
 from orchestrator.providers.gce.requests import PORTS_RE
 
@@ -53,7 +53,7 @@ def job_tag(job_id: str) -> str:
     return JOB_TAG.format(job=job_id)[:63].rstrip("-")
 
 
-_INSTANCE = re.compile(r"^(?P<job>.+)-(ps|chief|worker)-\d+-\d+$")  # core.instances.instance_name
+_INSTANCE = re.compile(r"^(?P<job>.+)-(ps|chief|worker)-\d+-\d+$")  # model.instances.instance_name
 
 
 def _job_of(instance: str) -> str:

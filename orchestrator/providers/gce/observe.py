@@ -7,7 +7,7 @@ import logging
 
 from google.cloud import compute_v1
 
-from orchestrator.core.instances import (
+from orchestrator.model.instances import (
     LABEL_GENERATION,
     LABEL_INDEX,
     LABEL_JOB,

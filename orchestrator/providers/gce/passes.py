@@ -11,7 +11,7 @@ from functools import partial
 
 from google.cloud import compute_v1
 
-from orchestrator.core.instances import InstanceRequest
+from orchestrator.model.instances import InstanceRequest
 from orchestrator.providers.gce.api import GceApi
 from orchestrator.providers.gce.background import GceBackground, GceCalls
 from orchestrator.providers.gce.instances import Instances

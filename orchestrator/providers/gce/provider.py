@@ -21,8 +21,8 @@ from collections.abc import Collection, Sequence
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
-from orchestrator.core.instances import InstanceRequest, ObservedInstance
-from orchestrator.core.slots import Slot
+from orchestrator.costmodel.slots import Slot
+from orchestrator.model.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages, SupportsSpotCapacity
 from orchestrator.providers.gce.advice import SpotAdvice
 from orchestrator.providers.gce.api import GceApi, RetrySettings
@@ -108,7 +108,7 @@ class GceProvider(GcePasses, Provider, SupportsFirewall, SupportsImages, Support
         self.advice.close()
         self.api.close()
 
-    # ------------------------------------------------------------------ quotas (core.quotas.QuotaSource)
+    # ------------------------------------------------------------------ quotas (providers.gce.quotas.QuotaSource)
 
     def region_quotas(self, region: str) -> dict[str, tuple[float, float]]:
         """metric -> (limit, usage) of one region (``regions.get``); an unknown region is an InvalidRequestError."""

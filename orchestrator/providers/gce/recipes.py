@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.paths import _bundled
+from orchestrator.model.errors import UserError
+from orchestrator.model.paths import _bundled
 
 WORKER_RECIPE, PS_RECIPE = "gpu-worker.sh", "ps.sh"  # in images/
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from google.cloud import compute_v1
 
-from orchestrator.core.catalog import load_catalog
-from orchestrator.core.cloud_errors import InvalidRequestError
-from orchestrator.core.gce_rules import ROUTE_INSTALLER, ImageRoute, load_gce_rules
-from orchestrator.core.instances import InstanceRequest
+from orchestrator.model.catalog import load_catalog
+from orchestrator.model.cloud_errors import InvalidRequestError
+from orchestrator.model.gce_rules import ROUTE_INSTALLER, ImageRoute, load_gce_rules
+from orchestrator.model.instances import InstanceRequest
 from orchestrator.providers.gce.recipes import WORKER_RECIPE, recipe_path
 
 # The controller's own credentials (credentials.py); a VM never gets this scope (see STORAGE_SCOPE).
@@ -109,7 +109,7 @@ class GceRequestSettings:
 
     project: str
     image: str | None = None  # None: Google's image with a driver for the VM's GPU (data/gce_images.csv)
-    # The job's framework (core.torch_spec.payload_framework): picks the default image and what the VMs install
+    # The job's framework (model.torch_spec.payload_framework): picks the default image and what the VMs install
     # at first boot; None (image baking, bare providers): no first-boot set-up.
     framework: str | None = None
     gpu_driver_installer: bool = False  # a stock image gets INSTALLER_SCRIPT at boot

@@ -15,10 +15,10 @@ import logging
 import re
 from collections.abc import Callable
 
-from orchestrator.core.cloud_errors import ProviderError
-from orchestrator.core.errors import UserError
-from orchestrator.core.spec import GceProvider as GceSpec
-from orchestrator.core.spec.provider import loopback_endpoint
+from orchestrator.model.cloud_errors import ProviderError
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import GceProvider as GceSpec
+from orchestrator.model.spec.provider import loopback_endpoint
 from orchestrator.providers.base import Provider
 
 log = logging.getLogger(__name__)

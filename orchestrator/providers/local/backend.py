@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.core.paths import user_dir
-from orchestrator.core.revocation.availability import load_trace
-from orchestrator.core.spec import LocalProvider as LocalSpec
+from orchestrator.model.availability import load_trace
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import LocalProvider as LocalSpec
 from orchestrator.providers.base import Backend
 from orchestrator.providers.local.provider import LocalProvider, progress_clock_for
 from orchestrator.transport.local import LocalTransport

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import orchestrator
-from orchestrator.core import policy
-from orchestrator.core.cloud_errors import CapacityError
-from orchestrator.core.instances import (
+from orchestrator.costmodel.slots import DEFAULT_BATCH, Slot
+from orchestrator.model import timings
+from orchestrator.model.availability import AvailabilityTrace
+from orchestrator.model.cloud_errors import CapacityError
+from orchestrator.model.instances import (
     LABEL_JOB,
     REVOKE_AT_STEP,
     InstanceRequest,
@@ -37,9 +39,7 @@ from orchestrator.core.instances import (
     Role,
     instance_name,
 )
-from orchestrator.core.revocation.availability import AvailabilityTrace
-from orchestrator.core.slots import DEFAULT_BATCH, Slot
-from orchestrator.core.spec import JobSpec, RevocationMode, TrainingMode
+from orchestrator.model.spec import JobSpec, RevocationMode, TrainingMode
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.providers.local.processes import (
     all_processes,
@@ -67,8 +67,8 @@ _STATES = {"provisioning": ObservedState.PENDING, "running": ObservedState.RUNNI
 class LocalProvider(Provider, SupportsSpotCapacity):
     name = "local"
 
-    def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = policy.BOOT_S,
-                 notice_window_cloud_s: float = policy.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
+    def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = timings.BOOT_S,
+                 notice_window_cloud_s: float = timings.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
                  start_tick: int = 0, zone_availability: Mapping[str, AvailabilityTrace] | None = None,
                  gpu_availability: Mapping[str, AvailabilityTrace] | None = None) -> None:
         self.root = root.absolute() / "instances"  # absolute: a hypervisor's command line names its folder

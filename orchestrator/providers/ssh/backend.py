@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.core.spec import SshProvider as SshSpec
+from orchestrator.model.spec import SshProvider as SshSpec
 from orchestrator.providers.base import TF_PORT, Backend
 from orchestrator.providers.passed_env import passed_env
 from orchestrator.providers.ssh.provider import SshInventoryProvider

@@ -37,13 +37,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.core.catalog import Catalog, load_catalog
-from orchestrator.core.cloud_errors import CapacityError
-from orchestrator.core.instances import InstanceRequest, ObservedInstance, ObservedState, Role
-from orchestrator.core.names import unknown_name
-from orchestrator.core.paths import user_dir
-from orchestrator.core.spec import SSH_USER_PATTERN, FieldError, SpecError
-from orchestrator.core.specfile import YamlFileError, read_yaml_file
+from orchestrator.model.catalog import Catalog, load_catalog
+from orchestrator.model.cloud_errors import CapacityError
+from orchestrator.model.instances import InstanceRequest, ObservedInstance, ObservedState, Role
+from orchestrator.model.names import unknown_name
+from orchestrator.model.paths import user_dir
+from orchestrator.model.spec import SSH_USER_PATTERN, FieldError, SpecError
+from orchestrator.model.specfile import YamlFileError, read_yaml_file
 from orchestrator.providers.base import Provider, SupportsHostGpus, SupportsOwnPricing
 from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
 from orchestrator.transport.ssh import SshTransport

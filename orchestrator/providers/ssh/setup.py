@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.spec import SshProvider as SshSpec
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import SshProvider as SshSpec
 from orchestrator.providers.base import Provider
 from orchestrator.providers.ssh.provider import load_inventory
 

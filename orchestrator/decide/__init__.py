@@ -1,0 +1,1 @@
+"""Decisions: replacement, the deadline rule, reconcile; pure, no I/O."""

@@ -1,0 +1,170 @@
+"""Finishing a multi-worker job by a deadline with elastic shrink and on-demand top-up (issue 23, item 2).
+
+A data-parallel job of N workers may run on fewer: n workers progress n/N as fast (elastic shrink; the
+global batch is kept by more accumulation steps, so the work in full-cluster hours is unchanged). At each
+decision point k spot VMs can be had; the job runs ``spot`` of them (at most min(k, N)) and tops up with
+``on_demand`` VMs. Any change of membership (a start, a grow, a shrink, a preemption that the job rides
+out) restarts the whole cluster (elastic torchrun): the restart overhead, billed for every VM, no progress.
+
+The all-or-nothing policies of ``decide.deadline`` see "spot can be had" as k >= N and run the whole cluster
+on one pricing; ``elastic_policy`` is the product's decision for the elastic case. When all or none of the N
+spot VMs can be had it decides as ``decide.deadline.deadline_policy`` (there is nothing to shrink onto); in
+between it runs the spot VMs there are and sizes the on-demand top-up from the line of uniform progress.
+Pure: the simulator (``sim.elastic``) and a daemon apply the same function to the same state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+from orchestrator.decide.deadline import DEFAULT_AVAILABILITY, Availability, Mode, Progress, deadline_policy
+
+
+@dataclass(frozen=True)
+class Members:
+    """What the cluster runs: spot and on-demand VMs (one worker each)."""
+
+    spot: int = 0
+    on_demand: int = 0
+
+    @property
+    def workers(self) -> int:
+        return self.spot + self.on_demand
+
+
+IDLE: Final = Members()
+
+
+@dataclass(frozen=True)
+class ElasticState:
+    """Where an N-worker job stands (hours from its start; work in full-cluster hours)."""
+
+    workers: int  # N, the job's full size
+    elapsed_h: float
+    work_done_h: float
+    work_h: float
+    deadline_h: float
+    overhead_h: float  # one restart of the cluster: boot + restore + lost steps
+    tick_h: float  # time until the next decision
+    running: Members  # what runs now, after any preemption this tick
+    spot_can: int  # spot VMs that can be had now (k)
+    restart_due: bool = False  # a preemption shrank the cluster: whatever runs next restarts
+    overhead_left_h: float = 0.0
+    spot_age_h: float = 0.0  # how long at least min(k, N) spot VMs could be had
+    spot_left_h: float = 2.0  # how much longer they are expected to last (from the stretches seen)
+    spot_usd_per_h: float = 0.3  # per VM
+    on_demand_usd_per_h: float = 1.0
+    seen_full: Availability = field(default=DEFAULT_AVAILABILITY)  # stretches with >= N spot VMs seen so far
+
+    @property
+    def slack_h(self) -> float:
+        """Hours the job can still lose and finish on time on the whole cluster."""
+        return self.deadline_h - self.elapsed_h - (self.work_h - self.work_done_h) - self.overhead_left_h
+
+    @property
+    def ahead_h(self) -> float:
+        """Work done beyond the line of uniform progress (as ``decide.deadline.ahead_h``)."""
+        return self.work_done_h - self.elapsed_h * self.work_h / self.deadline_h
+
+
+# Tuned (bench/deadline_elastic.py --tune) on the EVEN start points of the 16-node traces; odd ones held out.
+TOPUP_LINE: Final = 1.0  # top up with on-demand once less than this many overheads ahead of the line
+DROP_LINE: Final = 4.0  # trade on-demand VMs for fewer than GROW_FRAC new spot VMs once this far ahead
+GROW_FRAC: Final = 0.5  # grow onto newly free spot VMs (a restart) only for at least this share of N
+HOP_AGE: Final = 1.0  # ... and only once they have been up this many overheads (stretches are heavy-tailed)
+RESERVE: Final = 2.0  # overheads of the time left held back for restarts when sizing the top-up
+TOPUP_EXTRA: Final = 1  # on-demand VMs added beyond the need, so the next shortfall needs no restart
+HOP_LINE: Final = 0.25  # trade on-demand VMs for spot only once this many overheads ahead of the line
+DELEGATE: Final = True  # with all or none of N spot VMs to be had, decide as the all-or-nothing deadline policy
+HOP_GAIN: Final = 2.0  # ... and only when the spot stretch left saves this many times the restart's cost
+
+
+def _slack_after(p: ElasticState, m: Members) -> float:
+    """The slack left after running ``m`` for one tick (a change of membership restarts it first)."""
+    restart = m != p.running or p.restart_due
+    r = (p.overhead_h if restart else p.overhead_left_h) if m.workers else 0.0
+    run = max(0.0, p.tick_h - r)
+    return (p.deadline_h - p.elapsed_h - p.tick_h - (p.work_h - p.work_done_h - run * m.workers / p.workers)
+            - max(0.0, r - p.tick_h))
+
+
+def safe(p: ElasticState, m: Members) -> Members:
+    """The safety net: a choice other than the whole cluster on on-demand must leave, after this tick, the
+    slack to restart on it (a spot VM may be lost at the next tick; on-demand is never lost)."""
+    full = Members(0, p.workers)
+    if m != full and _slack_after(p, m) < p.overhead_h:
+        return full
+    return m
+
+
+def topup_needed(p: ElasticState, spot: int) -> int:
+    """On-demand VMs to add to ``spot`` spot workers: none while ahead of the line of uniform progress by
+    TOPUP_LINE overheads, else enough for the rate that finishes the rest with RESERVE overheads to spare."""
+    if p.ahead_h >= TOPUP_LINE * p.overhead_h:
+        return 0
+    room = p.deadline_h - p.elapsed_h - p.overhead_left_h - RESERVE * p.overhead_h
+    rate = 1.0 if room <= 0 else min(1.0, (p.work_h - p.work_done_h) / room)
+    return max(0, min(p.workers - spot, math.ceil(rate * p.workers - 1e-9) + TOPUP_EXTRA - spot))
+
+
+def _worth(p: ElasticState, cur: Members, new: Members) -> bool:
+    """Is moving ``cur`` onto more spot VMs expected to pay? Each added spot worker-hour counts as an
+    on-demand one saved (as the deadline policy's hop gate) for the rest of the spot stretch expected at its
+    age; the restart costs the overhead at the new cluster's price and again at on-demand prices (the work
+    it loses)."""
+    stretch = min(p.spot_left_h, p.work_h - p.work_done_h)
+    gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * (new.spot - cur.spot) * stretch
+    cost = p.overhead_h * (new.spot * p.spot_usd_per_h + new.on_demand * p.on_demand_usd_per_h
+                           + new.workers * p.on_demand_usd_per_h)
+    return gain >= HOP_GAIN * cost
+
+
+def _as_deadline(p: ElasticState, top: int) -> Members:
+    """With all of N spot VMs to be had or none, elastic shrink has nothing to add: ``decide.deadline``'s
+    deadline decision (tuned for exactly that), for the whole cluster. On-demand keeps the cluster's
+    on-demand VMs when it runs only those (a restart to add more would buy no deadline it needs)."""
+    n, cur = p.workers, p.running
+    mode = Mode.IDLE
+    if not p.restart_due and cur != IDLE:
+        mode = Mode.SPOT if cur == Members(n, 0) else Mode.ON_DEMAND if cur.spot == 0 else Mode.IDLE
+    prog = Progress(elapsed_h=p.elapsed_h, work_done_h=p.work_done_h, work_h=p.work_h, deadline_h=p.deadline_h,
+                    overhead_h=p.overhead_h, mode=mode, spot_available=p.spot_can >= n, tick_h=p.tick_h,
+                    overhead_left_h=p.overhead_left_h, spot_up_h=p.spot_age_h if p.spot_can >= n else 0.0,
+                    spot_usd_per_h=n * p.spot_usd_per_h, on_demand_usd_per_h=n * p.on_demand_usd_per_h)
+    choice = deadline_policy(prog, p.seen_full)
+    if choice == Mode.SPOT:
+        return Members(n, 0)
+    if choice == Mode.ON_DEMAND:
+        return cur if mode == Mode.ON_DEMAND and cur.on_demand >= top else Members(0, n)
+    return IDLE
+
+
+def elastic_policy(p: ElasticState) -> Members:
+    """Run on the spot VMs that can be had (up to N) and top up with on-demand only as far as the deadline
+    needs. Every change of membership costs a restart of the whole cluster, so the cluster is left alone
+    unless a preemption restarts it anyway, the deadline needs more workers, more spot VMs can be had than
+    the cluster has workers (taken at once: that tuned better than gating it), or enough came free
+    (GROW_FRAC of N, or any while far enough ahead: DROP_LINE overheads) and have been up HOP_AGE overheads,
+    and the spot stretch left is expected to repay the restart (HOP_GAIN). Spot VMs replace on-demand ones
+    one for one; on-demand VMs are never dropped just to wait, and a spot blip is not worth a restart."""
+    n, d = p.workers, p.overhead_h
+    spot = min(p.spot_can, n)
+    top = topup_needed(p, spot)
+    want, cur = Members(spot, top), p.running
+    if DELEGATE and spot in (0, n) and (p.restart_due or cur.spot in (0, n)):
+        return safe(p, _as_deadline(p, top))
+    if p.restart_due or cur == IDLE:  # restarting (or starting) anyway: take the best membership now ...
+        if top == 0 and spot and not _worth(p, IDLE, want):
+            return safe(p, IDLE)  # ... unless it is spot alone, ahead, and not expected to last: wait
+        return safe(p, want)
+    if want.workers > cur.workers:
+        return safe(p, want)  # behind (the deadline needs more workers), or more spot VMs than workers now
+    trade = Members(spot, max(top, cur.on_demand - (spot - cur.spot)))  # spot replaces on-demand 1 for 1
+    more = spot - cur.spot >= max(1, GROW_FRAC * n) or (cur.on_demand and p.ahead_h >= DROP_LINE * d)
+    if trade.on_demand < cur.on_demand and p.ahead_h < HOP_LINE * d:
+        more = False  # a failed hop off on-demand spends slack: only once ahead (as the deadline policy)
+    if spot > cur.spot and more and p.spot_age_h >= HOP_AGE * d and _worth(p, cur, trade):
+        return safe(p, trade)
+    return safe(p, cur)
