@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from orchestrator.model.spec import SpecError, load_spec  # noqa: E402
+from orchestrator.planning.local_run import plan_job as plan  # noqa: E402
 from orchestrator.sim.engine import NoRevocations, simulate  # noqa: E402
 from orchestrator.sim.from_spec import cluster_from_spec  # noqa: E402
-from orchestrator.sim.from_spec import plan_job as plan  # noqa: E402
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
             continue
         if spec.cluster is None:
             continue
-        chosen = plan(spec).chosen
+        chosen = plan(spec)[0].chosen
         assert chosen is not None
         t_plan, c_plan = chosen.base_time_s, chosen.hourly_usd * chosen.base_time_s / 3600
         res = simulate(replace(cluster_from_spec(spec), enforce_limits=False), NoRevocations())

@@ -16,7 +16,7 @@ with hostile values (inf, nan, 1e-300, true as a count, 10k-char strings, contro
 such as /dev/null, /etc/passwd, '..'), arbitrary YAML documents, and hostile files (duplicate keys,
 100k-deep nesting, alias bombs, non-UTF-8 bytes, a directory, a FIFO, /dev/null, /etc/passwd as the
 spec). Each runs in-process through the check every verb runs before it records a job
-(control/validate.py: load, inventory, planning, budget and deadline; the GCE quota read is left out: it is
+(planning/judge.py: load, inventory, planning, budget and deadline; the GCE quota read is left out: it is
 a network call, not validation) under a per-spec alarm; a sample also runs as `orchestrator launch --dry-run` in
 a subprocess with a timeout. Prints: specs tried, refused cleanly, accepted, tracebacks, hangs, and
 refusals that left a file, folder, process or DB row behind.
@@ -179,9 +179,9 @@ _KINDS = {"mutated", "arbitrary", "raw", "special"}
 
 def validate_like_launch(path: Path) -> None:
     """What `plan`, `launch --dry-run` and `launch` run before anything is created (less the GCE quota read)."""
-    from orchestrator.control.validate import validate_launch
+    from orchestrator.planning.admission import judge_file
 
-    validate_launch(path)
+    judge_file(path)
 
 
 def clean_refusal(exc: BaseException) -> str | None:

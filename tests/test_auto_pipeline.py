@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.control.torch_task import pipeline_section
-from orchestrator.control.validate import NotLaunchable, validate_launch
 from orchestrator.costmodel.planner import launch_strategy, plan
 from orchestrator.costmodel.slots import expand
 from orchestrator.model.spec.load import load_spec
+from orchestrator.planning.admission import judge_file
+from orchestrator.planning.judge import NotLaunchable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,4 +45,4 @@ def test_a_run_script_whose_model_only_a_pipeline_places_is_refused(tmp_path: Pa
     spec = load_spec(path)
     assert launch_strategy(spec, plan(spec).chosen) is None
     with pytest.raises(NotLaunchable, match="only the built-in PyTorch job runs the pipeline"):
-        validate_launch(path)
+        judge_file(path)

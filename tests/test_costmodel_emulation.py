@@ -23,9 +23,9 @@ from orchestrator.costmodel.emulation import (
 from orchestrator.costmodel.slots import expand
 from orchestrator.model.paths import data_dir
 from orchestrator.model.spec import validate_spec
+from orchestrator.planning.local_run import plan_job as plan
 from orchestrator.sim.engine import NoRevocations, ScheduleLifetimes, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
-from orchestrator.sim.from_spec import plan_job as plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def test_a_pinned_split_emulates_the_same_gpus_as_the_global_batch_it_sums_to() 
 
 def test_planner_and_simulator_agree_without_revocations() -> None:
     spec = validate_spec(local_spec())
-    chosen = plan(spec).chosen
+    chosen = plan(spec)[0].chosen
     assert chosen is not None
     res = simulate(cluster_from_spec(spec), NoRevocations())
     assert chosen.base_time_s == pytest.approx(res.wall_time_s, rel=0.02)
@@ -110,7 +110,7 @@ def test_chief_on_worker0_has_no_bill_and_falls_with_worker0() -> None:
     shared = validate_spec(local_spec(chief={"on_worker0": True}))
     # No chief slot (no VM, no bill): worker 0's slot hosts it.
     assert [s.name for s in expand(shared) if s.role.value == "chief" or s.hosts_chief] == ["worker-0"]
-    p_own, p_shared = plan(own).chosen, plan(shared).chosen
+    p_own, p_shared = plan(own)[0].chosen, plan(shared)[0].chosen
     assert p_own is not None and p_shared is not None
     assert p_shared.cost_usd < p_own.cost_usd and p_shared.to_cluster().chief.on_worker0
     c = replace(cluster_from_spec(shared), schedule=None)

@@ -46,7 +46,7 @@ def test_other_work_on_the_host_shares_the_cores() -> None:
 
 
 def test_the_load_is_measured_from_the_kernels_runnable_count(tmp_path: Path) -> None:
-    from orchestrator.cli.host_load import host_load, measure
+    from orchestrator.planning.host_load import host_load, measure
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  1 2 3 4\nprocs_running 4\nprocs_blocked 0\n")

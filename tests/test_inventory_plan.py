@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control.inventory_plan import placement
-from orchestrator.control.validate import validate_launch
+from orchestrator.planning.admission import judge_file
+from orchestrator.planning.inventory import placement
 from orchestrator.providers.ssh.provider import load_inventory
 from tests.cli_inproc import run_cli
 
@@ -35,7 +35,7 @@ LAB = ("  - {name: box2, host: 127.0.0.2, gpu: v100, gpus: 4, price_per_hour: 0.
 
 
 def test_the_notes_name_the_hosts_the_provider_would_pick_their_gpus_and_prices(tmp_path: Path) -> None:
-    checked = validate_launch(_spec(tmp_path, LAB))
+    checked = judge_file(_spec(tmp_path, LAB))
     # The provider's order: the cheapest fitting hosts, then by name; the 1-GPU host at $3/h stays free.
     assert [h.name for _, h in placement(checked.plan, load_inventory(tmp_path / "hosts.yaml"))] == ["box1", "box2"]
     gpus, prices = checked.notes
@@ -45,16 +45,16 @@ def test_the_notes_name_the_hosts_the_provider_would_pick_their_gpus_and_prices(
 
 
 def test_an_inventory_that_agrees_with_the_plan_adds_no_note(tmp_path: Path) -> None:
-    first = validate_launch(_spec(tmp_path, LAB, workers="[{gpu: v100, count: 1, spot: false}]"))
+    first = judge_file(_spec(tmp_path, LAB, workers="[{gpu: v100, count: 1, spot: false}]"))
     price = first.plan.cluster_usd_per_hour  # the price book's, as the plan prices the one host
     agrees = f"  - {{name: box1, host: 127.0.0.1, gpu: v100, price_per_hour: {price}}}\n"
-    checked = validate_launch(_spec(tmp_path, agrees, workers="[{gpu: v100, count: 1, spot: false}]"))
+    checked = judge_file(_spec(tmp_path, agrees, workers="[{gpu: v100, count: 1, spot: false}]"))
     assert checked.notes == ()
 
 
 def test_a_tensorflow_job_gets_the_price_note_only(tmp_path: Path) -> None:
     tf = "{hparam_set: resnet_tiny, problem: image_cifar10, train_steps: 200}"
-    checked = validate_launch(_spec(tmp_path, LAB, training=tf, workers="[{gpu: v100, count: 2}]"))
+    checked = judge_file(_spec(tmp_path, LAB, training=tf, workers="[{gpu: v100, count: 2}]"))
     assert len(checked.notes) == 1 and "price_per_hour" in checked.notes[0]
 
 
@@ -77,7 +77,7 @@ def test_the_budget_check_and_the_plan_use_the_inventorys_prices(tmp_path: Path)
     from orchestrator.model.errors import UserError
 
     spec = _spec(tmp_path, LAB)
-    free = validate_launch(spec)
+    free = judge_file(spec)
     judged = free.result.chosen
     assert judged is not None and judged.hourly_usd == pytest.approx(1.0)
     assert [w.price_per_hour for w in judged.workers] == [0.5, 0.5]
@@ -86,8 +86,8 @@ def test_the_budget_check_and_the_plan_use_the_inventorys_prices(tmp_path: Path)
     assert book > 4 * judged.cost_usd
     text = spec.read_text()
     spec.write_text(text.replace("cluster:", f"policy: {{budget_usd: {(judged.cost_usd + book) / 2:.4f}}}\ncluster:"))
-    met = validate_launch(spec)
+    met = judge_file(spec)
     assert met.result.feasible and met.estimate is not None and met.estimate.cost_usd == pytest.approx(judged.cost_usd)
     spec.write_text(text.replace("cluster:", f"policy: {{budget_usd: {judged.cost_usd / 2:.4f}}}\ncluster:"))
     with pytest.raises(UserError, match=rf"cost \${judged.cost_usd:.4f} is over the budget"):
-        validate_launch(spec)
+        judge_file(spec)

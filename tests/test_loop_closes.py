@@ -353,8 +353,8 @@ def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with
     in the plan `launch` stores and in the planner's figures alike (before 2026-11-28: the shipped one's)."""
     from dataclasses import replace
 
-    from orchestrator.control.validate import validate_launch
     from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Efficiency
+    from orchestrator.planning.admission import judge_file
 
     doc = {"name": "split", "provider": {"kind": "gce", "project": "my-project-1", "zones": ["us-central1-a"]},
            "storage": "gs://my-bucket/runs",
@@ -368,7 +368,7 @@ def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with
         **DEFAULT_CALIBRATION.per_gpu, "t4/tf1-graph": Efficiency(0.01, 0.01, 0.05)})
 
     def split(calibration: object) -> tuple[list[int], list[int]]:
-        checked = validate_launch(path, calibration=calibration)  # type: ignore[arg-type]
+        checked = judge_file(path, calibration=calibration)  # type: ignore[arg-type]
         assert checked.estimate is not None
         return list(checked.plan.worker_batches), [w.batch for w in checked.estimate.workers]
 

@@ -16,7 +16,7 @@ import yaml
 from orchestrator.costmodel.launch_plan import plan_spec
 from orchestrator.model.blocks import provider_key
 from orchestrator.model.spec import load_spec, validate_spec
-from orchestrator.sim.from_spec import plan_job
+from orchestrator.planning.local_run import plan_job
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 
@@ -58,11 +58,11 @@ def test_a_stockout_in_force_moves_unplaced_slots_to_the_next_zone() -> None:
 
 def test_the_planner_searches_around_blocked_zones() -> None:
     spec = load_spec(REPO / "examples" / "gce-plan-search.yaml")
-    free = plan_job(spec).chosen
+    free = plan_job(spec)[0].chosen
     assert free is not None
     gpu, zone = free.workers[0].gpu, free.workers[0].zone
     assert zone is not None
-    blocked = plan_job(spec, blocks=[Seen("zone", zone, gpu)])
+    blocked = plan_job(spec, blocks=[Seen("zone", zone, gpu)])[0]
     assert blocked.chosen is not None
     assert all(not (w.gpu == gpu and w.zone == zone) for c in blocked.candidates for w in c.workers)
     assert any("placement avoided 1 block" in n for n in blocked.notes)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.cli.deadline_cmd import deadline_outlook
 from orchestrator.model.spec import validate_spec
+from orchestrator.planning.outlook import deadline_outlook
 from tests.cli_inproc import run_cli
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.launch_checks import check_quotas, read_spec_quotas
+from orchestrator.costmodel.launch_plan import plan_spec
 from orchestrator.costmodel.slots import Slot, expand
 from orchestrator.model.cloud_errors import InvalidRequestError
 from orchestrator.model.instances import InstanceRequest, Role, instance_name
 from orchestrator.model.spec import load_spec
+from orchestrator.planning.quotas import read_spec_quotas, refuse_short_quota
 from orchestrator.providers.gce.provider import GceProvider, RetrySettings
 from orchestrator.providers.gce.quotas import gpu_quota_metric, headroom, quota_needs, quota_problems
 from orchestrator_testing.gce_emulator import GceEmulator
@@ -183,7 +184,7 @@ def test_within_quota_passes_the_check(emu: GceEmulator, tmp_path: Path) -> None
     path = tmp_path / "job.yaml"
     path.write_text(spec_text(emu.url, workers=2))
     spec = load_spec(path)
-    check_quotas(spec)  # no UserError
-    found = read_spec_quotas(spec)
-    assert found is not None and quota_problems(*found) == []
+    found = read_spec_quotas(spec, plan_spec(spec))
+    refuse_short_quota(found)  # no UserError
+    assert found is not None and found.unread is None and quota_problems(found.needs, found.quotas) == []
     assert len(expand(spec)) == 4 and emu.snapshot()["instances_created"] == 0

@@ -93,11 +93,11 @@ def test_sync_with_parameter_servers_is_rejected() -> None:
 
 def test_a_batch_over_the_gpus_memory_is_the_cost_models_check_run_before_planning(tmp_path: Path) -> None:
     """The spec does not import the cost model: it accepts the batch; the cost model's check of the spec
-    (costmodel.spec_checks) names the field, and plan / launch / the dry run (validate_launch) refuse."""
+    (costmodel.spec_checks) names the field, and plan / launch / the dry run (judge_file) refuse."""
     import yaml
 
-    from orchestrator.control.validate import validate_launch
     from orchestrator.costmodel.spec_checks import batch_fit_errors
+    from orchestrator.planning.admission import judge_file
 
     doc = copy.deepcopy(GOOD)
     doc["cluster"]["workers"][1]["batch"] = 60_000
@@ -107,7 +107,7 @@ def test_a_batch_over_the_gpus_memory_is_the_cost_models_check_run_before_planni
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(SpecError) as info:
-        validate_launch(path)
+        judge_file(path)
     assert [str(e) for e in info.value.errors] == [str(err)]
 
 

@@ -40,55 +40,21 @@ def launch(
     recorded); 1 the job failed; 2 bad input, nothing created; 3 the job was cancelled; 130 / 143 Ctrl-C /
     SIGTERM (the job is cancelled).
     """
-    from orchestrator.cli.launch_checks import (
-        check_quotas,
-        check_secrets,
-        headroom,
-        print_dry_run,
-        print_warnings,
-        quota_problems,
-        read_spec_quotas,
-    )
-    from orchestrator.cli.model_impl import planning_calibration  # lazy: the cost model
-    from orchestrator.cli.model_torch import prepare_spec
-    from orchestrator.control.validate import validate_launch  # lazy: the control layer (~0.3 s) only for launch
-    from orchestrator.model.spec import load_spec
-    from orchestrator.providers.registry import check_setup, dry_run_for  # lazy: the provider backends
+    from orchestrator.cli.launch_checks import print_dry_run, print_notes  # lazy: rich tables, only for launch
+    from orchestrator.planning.admission import AdmitOptions, admit  # lazy: the cost model and the providers
 
-    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
-    # the same check, and the same calibration, as `plan` and the dry run; nothing created before
-    calibration = planning_calibration(load_spec(spec_path))
-    checked = validate_launch(spec_path, calibration=calibration)
-    spec, plan = checked.spec, checked.plan
-    # Credentials, project, keys, inventory: refused here, before any row exists (the dry run sends nothing).
-    # Not in validate_launch: `plan` is the cost model's answer and needs no cloud account.
-    check_setup(spec, probe=not dry_run)
-    check_secrets(spec)  # the dry run refuses what the launch would
-    if dry_run and (provider_dry_run := dry_run_for(spec)) is not None:
-        # The exact requests a launch would send to the cloud (gce: instances, firewall rules, disks), as JSON.
-        print_warnings(checked)
-        out = provider_dry_run(spec, plan)
-        if (found := read_spec_quotas(spec, plan)) is not None:  # regions.get / projects.get: reads, not requests
-            out["quota_headroom"] = [{"scope": h.scope, "metric": h.metric, "needs": h.need, "free": h.free,
-                                      "limit": h.limit, "ok": h.ok} for h in headroom(*found)]
-            out["launch_would_be_refused"] = bool(quota_problems(*found))
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
-        return
+    # the same check, the same calibration and the same plan as `plan`; nothing created before
+    admitted = admit(spec_path, AdmitOptions("dry-run" if dry_run else "launch"))
     if dry_run:
-        print_dry_run(checked)
+        print_dry_run(admitted)
         return
-    check_quotas(spec, plan)
-    print_warnings(checked)
-    from orchestrator.cli.host_load import launch_note  # lazy: the cost model, only for a launch
-
-    if (note := launch_note(spec, calibration)) is not None:  # local workers share the cores with what else runs here
-        err_console.print(note, highlight=False, markup=False)
-    for note in checked.notes:  # an ssh inventory's GPUs and prices, which the plan does not count
-        err_console.print(f"note: {note}", highlight=False, markup=False)
+    print_notes(admitted)
     from orchestrator.cli.launch_view import ConsoleReporter  # lazy: loads the control layer
     from orchestrator.control.launcher import launch_job  # lazy: the control layer
 
-    launch_job(spec, checked.planned, plan, detach=detach, poll_s=poll, reporter=ConsoleReporter(quiet=quiet))
+    judged = admitted.judged
+    launch_job(judged.spec, judged.planned, judged.plan, detach=detach, poll_s=poll,
+               reporter=ConsoleReporter(quiet=quiet))
 
 
 def status(

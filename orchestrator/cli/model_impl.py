@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
-from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.cli.listing import Col, check_format, print_csv, print_json, print_table
 from orchestrator.cli.model_torch import predict_torch, profile_torch
@@ -26,7 +25,6 @@ from orchestrator.costmodel import (
     Validation,
     get_profile,
     leave_one_gpu_out,
-    load_calibration,
     load_measurements,
     max_batch,
 )
@@ -37,61 +35,13 @@ from orchestrator.costmodel.compute import layer_times, runtime_key, step_fn
 from orchestrator.costmodel.memory import memory_bytes, usable_bytes
 from orchestrator.model.catalog import CatalogError, load_catalog
 from orchestrator.model.errors import UserError
-from orchestrator.store.db import db_exists, open_session
+from orchestrator.planning.calibration import latest_calibration, resolve_calibration
+from orchestrator.store.db import open_session
 
 if TYPE_CHECKING:
-    from orchestrator.model.spec import JobSpec
+    pass
 
-# ---------------------------------------------------------------- shared helpers (also used by plan_cmd)
-
-
-def resolve_calibration(ref: str | None) -> Calibration | None:
-    """``None`` (built-in defaults), a calibration ID in the results DB, or a calibration JSON file."""
-    if ref is None:
-        return None
-    if ref.strip().isdigit():
-        from orchestrator.store.queries import load_calibration as load_row  # lazy: the ORM models (~30 ms)
-
-        try:
-            with open_session() as session:
-                params = load_row(session, int(ref))
-        except LookupError as exc:
-            raise UserError(str(exc)) from None
-        try:
-            return Calibration.from_dict(params)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"calibration {ref} in the DB is not a cost-model calibration: {exc}") from None
-    path = Path(ref)
-    if not path.exists():
-        raise UserError(
-            f"--calibration {ref!r} is neither a calibration ID nor an existing file",
-            hint="see `orchestrator model calibrate --out FILE.json`",
-        )
-    try:
-        return load_calibration(path)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def latest_calibration(real: bool = False) -> Calibration | None:
-    """The newest calibration stored in the results DB (jobs refine it; ``real``: the newest of real GPUs), or
-    None; never creates the DB."""
-    from orchestrator.control.calibration_fold import newest_calibration  # lazy: the ORM models (~30 ms)
-
-    if not db_exists():
-        return None
-    try:
-        with open_session() as session:
-            return newest_calibration(session, real)
-    except SQLAlchemyError:  # a DB this version cannot read: plan with the shipped calibration
-        return None
-
-
-def planning_calibration(spec: JobSpec, as_cloud: bool = False) -> Calibration | None:
-    """What `plan`, `launch` and `simulate` plan a spec with when no calibration is named: the newest stored one
-    its GPUs may read (a cloud's, or a local spec simulated ``as_cloud``: of real GPUs only), else None (the
-    shipped one). One rule, so that `launch` runs the cluster `plan` showed and `simulate` replays it."""
-    return latest_calibration(real=as_cloud or not spec.provider.emulates_gpus)
+# ---------------------------------------------------------------- shared helpers
 
 
 def _with_local_host(calib: Calibration) -> Calibration:

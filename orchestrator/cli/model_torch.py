@@ -105,7 +105,7 @@ def latest_real_calibration() -> Calibration:
     cloud's GPUs), else the shipped one."""
     if not db_exists():
         return DEFAULT_CALIBRATION
-    from orchestrator.control.calibration_fold import newest_real_calibration  # lazy: the ORM models (~30 ms)
+    from orchestrator.store.calibrations import newest_real_calibration  # lazy: the ORM models (~30 ms)
 
     try:
         with open_session() as session:

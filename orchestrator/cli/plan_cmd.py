@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
-from orchestrator.cli.host_load import HostLoad, host_load, with_load
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
-from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
-from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, err_console, money, pct
-from orchestrator.costmodel import DEFAULT_CALIBRATION, Candidate, PlanResult
-from orchestrator.costmodel.batches import job_precision, job_runtime
-from orchestrator.costmodel.interval import plan_interval
-from orchestrator.model.spec import load_spec
-from orchestrator.sim.from_spec import plan_job
+from orchestrator.costmodel import Candidate, PlanResult
+from orchestrator.planning.admission import Admission, AdmitOptions, admit
+from orchestrator.planning.host_load import HostLoad
+from orchestrator.planning.judge import NotLaunchable, PlanRefused
+from orchestrator.planning.local_run import RunFigures
 
 
-def _time(c: Candidate) -> str:
+def _time(c: Candidate | RunFigures) -> str:
     return duration(c.time_s) if math.isfinite(c.time_s) else "never"
 
 
@@ -33,7 +29,7 @@ def _no_revocation_s(c: Candidate) -> float:
     return c.time_s - c.revocation_overhead_s if math.isfinite(c.time_s) else c.base_time_s
 
 
-def _cost(c: Candidate) -> str:
+def _cost(c: Candidate | RunFigures) -> str:
     return money(c.cost_usd) if math.isfinite(c.cost_usd) else "unpriced"
 
 
@@ -149,69 +145,74 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
                  load_option: str = "measure") -> None:
     """Check the spec as `launch` does, plan, print the chosen cluster and the runner-ups (or JSON, or CSV: one
     row a candidate)."""
-    from orchestrator.control.validate import NotLaunchable, PlanRefused, validate_launch  # lazy: the control layer
-
     fmt = "json" if json_out else check_format(fmt)
-    prepare_spec(spec_path)  # training.model: {torch: ...} is profiled (cached) before the spec is checked
-    spec = load_spec(spec_path)
-    base = resolve_calibration(calibration) if calibration is not None else planning_calibration(spec)
-    if base is not None and base.emulated and not spec.provider.emulates_gpus:
-        err_console.print(f"warning: calibration {base.name} was fitted on emulated (local) GPUs; "
-                          "planning real GPUs with the shipped one (data/calibration.json) instead")
-        base = None
-    # Local workers share this host's cores with whatever else runs on it: the plan counts the load now.
-    load = host_load(load_option.strip()) if spec.provider.emulates_gpus else None
-    calib = with_load(base, load) if load is not None else base
     try:
-        checked = validate_launch(spec_path, calibration=calib)  # the same check as `launch` and its dry run
+        admitted = admit(spec_path, AdmitOptions("plan", calibration=calibration, host_load=load_option))
     except NotLaunchable as refused:  # a plan-only spec (a pipeline model): the plan, and why launch refuses it
-        _print_result(spec.name, refused.result, top, fmt == "json")
+        _print_warnings(refused.warnings)
+        _print_result(refused.name, refused.result, top, fmt == "json")
         err_console.print(f"note: `orchestrator launch` refuses this spec: {escape(refused.message)}", soft_wrap=True)
         return
     except PlanRefused as refused:  # show what the planner saw, then refuse as launch would
+        _print_warnings(refused.warnings)
         if fmt == "json":  # the plan as JSON, and exit 1: a script reads "chosen" and its "reasons"
             print(json.dumps(refused.result.to_dict(top=top), indent=2))
             raise typer.Exit(1) from None
-        _print_plan(spec.name, refused.result, top)
+        _print_plan(refused.name, refused.result, top)
         raise
-    result = checked.result
-    idle = None
-    if load is not None:
-        idle = plan_job(checked.spec, calibration=with_load(base, replace(load, background=0.0))).chosen
-    load_note = _load_note(load, idle, result.chosen) if load is not None else None
-    interval = plan_interval(result, calib or DEFAULT_CALIBRATION, job_runtime(checked.spec.training),
-                             job_precision(checked.spec.training))
-    from orchestrator.cli.deadline_cmd import deadline_outlook, outlook_dict, print_outlook  # lazy: deadline specs
-
-    # on_revocation: deadline: each policy on real traces, also with the work at the interval's slow end
-    found = deadline_outlook(checked.spec, interval["relative"] if interval is not None else None, calib)
+    _print_warnings(admitted.warnings)
     if fmt == "csv":
-        front = {id(c) for c in result.front}
-        ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [
-            (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
-        print_csv([_csv_row(rank, c, front) for rank, c in ranked])
-        return
-    if fmt == "json":
-        doc = {**result.to_dict(top=top), "prediction_interval": interval}
-        if checked.notes:
-            doc["inventory_notes"] = list(checked.notes)
-        if found is not None:
-            doc["deadline_policies"] = outlook_dict(found)
-        if load is not None:
-            doc["host_load"] = {"background": load.background, "loadavg_1m": load.loadavg_1m, "cores": load.cores,
-                                "measured": load.measured, "idle_time_s": _finite(idle.time_s) if idle else None,
-                                "idle_cost_usd": _finite(idle.cost_usd) if idle else None, "note": load_note}
-        print(json.dumps(doc, indent=2))
-        return
-    _print_plan(checked.spec.name, result, top)
-    for note in checked.notes:
+        _print_csv(admitted.judged.result, top)
+    elif fmt == "json":
+        print(json.dumps(_plan_doc(admitted, top), indent=2))
+    else:
+        _print_admitted(admitted, top)
+
+
+def _print_warnings(warnings: tuple[str, ...]) -> None:
+    for warning in warnings:
+        err_console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_csv(result: PlanResult, top: int) -> None:
+    front = {id(c) for c in result.front}
+    ranked = ([("chosen", result.chosen)] if result.chosen is not None else []) + [
+        (str(i), c) for i, c in enumerate(result.runner_ups(top), start=1)]
+    print_csv([_csv_row(rank, c, front) for rank, c in ranked])
+
+
+def _plan_doc(admitted: Admission, top: int) -> dict[str, Any]:
+    """`plan --format json`: the plan, its interval, and what admission found."""
+    judged, load, idle = admitted.judged, admitted.load, admitted.judged.idle
+    doc = {**judged.result.to_dict(top=top), "prediction_interval": admitted.interval}
+    if judged.notes:
+        doc["inventory_notes"] = list(judged.notes)
+    if admitted.outlook is not None:
+        from orchestrator.cli.deadline_cmd import outlook_dict  # lazy: the availability simulator, deadline specs
+
+        doc["deadline_policies"] = outlook_dict(admitted.outlook)
+    if load is not None:
+        doc["host_load"] = {"background": load.background, "loadavg_1m": load.loadavg_1m, "cores": load.cores,
+                            "measured": load.measured, "idle_time_s": _finite(idle.time_s) if idle else None,
+                            "idle_cost_usd": _finite(idle.cost_usd) if idle else None,
+                            "note": _load_note(load, idle, judged.result.chosen)}
+    return doc
+
+
+def _print_admitted(admitted: Admission, top: int) -> None:
+    judged = admitted.judged
+    _print_plan(judged.spec.name, judged.result, top)
+    for note in judged.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
-    if interval is not None:
-        _print_interval(result, interval)
-    if found is not None:
-        print_outlook(found)
-    if load_note:
-        console.print(f"[yellow]host load:[/yellow] {load_note}", highlight=False)
+    if admitted.interval is not None:
+        _print_interval(judged.result, admitted.interval)
+    if admitted.outlook is not None:
+        from orchestrator.cli.deadline_cmd import print_outlook  # lazy: the availability simulator, deadline specs
+
+        print_outlook(admitted.outlook)
+    if admitted.load is not None:
+        note = _load_note(admitted.load, judged.idle, judged.result.chosen)
+        console.print(f"[yellow]host load:[/yellow] {note}", highlight=False)
 
 
 def _print_result(name: str, result: PlanResult, top: int, json_out: bool) -> None:
@@ -225,7 +226,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _load_note(load: HostLoad, idle: Candidate | None, loaded: Candidate | None) -> str:
+def _load_note(load: HostLoad, idle: RunFigures | None, loaded: Candidate | None) -> str:
     """How far the local prediction depends on what else runs on this host."""
     said = load.describe()
     if idle is None or loaded is None or not (math.isfinite(idle.time_s) and math.isfinite(loaded.time_s)):

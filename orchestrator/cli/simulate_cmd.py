@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.cli.model_impl import planning_calibration, resolve_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, duration, money, pct, table
 from orchestrator.costmodel import Calibration
@@ -16,6 +15,7 @@ from orchestrator.costmodel.revocation.model import KINDS, FitSummary, Revocatio
 from orchestrator.costmodel.revocation.traces import TraceError
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec import load_spec
+from orchestrator.planning.calibration import planning_calibration, resolve_calibration
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import SimSpecError, cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.model_impl import planning_calibration
 from orchestrator.cli.model_torch import prepare_spec
 from orchestrator.cli.render import console, money, table
 from orchestrator.costmodel import Calibration
 from orchestrator.costmodel.revocation.model import RevocationModel
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec import TrainingMode, load_spec
+from orchestrator.planning.calibration import planning_calibration
 from orchestrator.sim.from_spec import SimSpecError
 from orchestrator.sim.strategies import compare_strategies
 

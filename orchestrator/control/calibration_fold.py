@@ -10,45 +10,18 @@ job and changes nothing; it never fails the job.
 
 from __future__ import annotations
 
-import json
 import logging
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.costmodel import Calibration
 from orchestrator.costmodel.calibration import fit_report, measurements_from_dicts, unprofiled_models
-from orchestrator.costmodel.compute import DEFAULT_CALIBRATION
 from orchestrator.costmodel.profiles import UnknownModelError
 from orchestrator.model.catalog import CatalogError
 from orchestrator.store import queries
-from orchestrator.store.models import Calibration as CalibrationRow
+from orchestrator.store.calibrations import newest_real_calibration
 from orchestrator.store.models import Job
 
 log = logging.getLogger(__name__)
-
-
-def newest_calibration(session: Session, real: bool, before: float | None = None) -> Calibration | None:
-    """The newest stored calibration (``real``: the newest fitted on real GPUs; ``before``: the newest stored by
-    then, e.g. the one a job was launched with), named with its DB id; None when there is none. One rule for
-    `plan`, `model predict`, `model calibrate --from-db`, the fold and the daemon: real GPUs are planned and
-    refined only from real GPUs' step times."""
-    rows = select(CalibrationRow).order_by(CalibrationRow.created_at.desc(), CalibrationRow.id.desc()).limit(20)
-    if before is not None:
-        rows = rows.where(CalibrationRow.created_at <= before)
-    for row in session.scalars(rows):
-        try:
-            calib = Calibration.from_dict(json.loads(row.params))
-        except (ValueError, KeyError, TypeError):
-            continue  # an old row this version cannot read
-        if not (real and calib.emulated):
-            return calib.with_meta(name=f"{calib.name} (DB id {row.id})")
-    return None
-
-
-def newest_real_calibration(session: Session) -> Calibration:
-    """The newest stored calibration of real GPUs, else the shipped one."""
-    return newest_calibration(session, real=True) or DEFAULT_CALIBRATION
 
 
 def fold_finished_job(session: Session, job: Job) -> str:

@@ -16,7 +16,6 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.control.calibration_fold import newest_calibration
 from orchestrator.costmodel.slots import Slot, on_gpu
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import deadline_zones
@@ -26,6 +25,7 @@ from orchestrator.model.availability import load_trace
 from orchestrator.model.instances import ObservedInstance, ObservedState, Role
 from orchestrator.model.spec import JobSpec, OnRevocation, SpecError, validate_spec
 from orchestrator.model.status import EndReason
+from orchestrator.planning.calibration import launched_calibration
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.sim.availability import DeadlineFigures, deadline_figures, on_gpu_figures
 from orchestrator.store import queries
@@ -42,10 +42,8 @@ def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures
     key = (job.id, job.created_at)  # its figures are fixed at launch
     found = _FIGURES.get(key)
     if found is None:
-        # The calibration `launch` planned the job with (cli.model_impl.planning_calibration's rule): the newest
-        # stored by the job's creation, so a fold during the run changes nothing and every daemon, started
-        # before or after that fold, plans the job alike.
-        launched_with = newest_calibration(session, real=not spec.provider.emulates_gpus, before=job.created_at)
+        # The calibration `launch` planned the job with (planning.calibration's one rule)
+        launched_with = launched_calibration(session, spec, job.created_at)
         fig = deadline_figures(spec, calibration=launched_with)
         local = spec.provider.as_local()
         if local is not None and local.traces:  # the replayed traces' pace (one tick length: spec validation)
@@ -67,7 +65,7 @@ def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot]
     found = _GPU_MARKETS.get(key)
     if found is None:
         fig = _figures(session, job, spec)[0]
-        launched_with = newest_calibration(session, real=not spec.provider.emulates_gpus, before=job.created_at)
+        launched_with = launched_calibration(session, spec, job.created_at)
         out = []
         for gpu in spec.policy.also_gpus:
             speed, price = on_gpu_figures(spec, gpu, fig.work_s, calibration=launched_with)

@@ -23,13 +23,11 @@ from orchestrator.control.driver import release, run_pass, spec_to_yaml
 from orchestrator.control.gc import finish_pending_deletes
 from orchestrator.control.signals import Terminated, sigterm_raises
 from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
-from orchestrator.model.blocks import provider_key
 from orchestrator.model.errors import UserError
 from orchestrator.model.exits import launch_exit
 from orchestrator.model.instances import BAKE_MODE
 from orchestrator.model.spec import JobSpec
 from orchestrator.model.status import FINAL_JOB, JobStatus
-from orchestrator.providers.registry import check_setup
 from orchestrator.store import queries
 from orchestrator.store.db import default_url, open_session
 from orchestrator.store.models import Event, Job
@@ -125,42 +123,12 @@ def owner_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}"[:64]
 
 
-@dataclass(frozen=True)
-class KnownBlock:
-    """A block row read out of its session (placement only reads these four fields)."""
-
-    scope: str
-    location: str
-    resource: str
-    reason: str | None
-
-
-def known_blocks(spec: JobSpec) -> list[KnownBlock]:
-    """The stockouts and quotas in force for this spec's cloud project, for placement. Read from an existing
-    results DB only: planning creates no file, and a DB it cannot read means no blocks, not an error."""
-    url = default_url()
-    if not spec.provider.is_cloud or (url.startswith("sqlite:///") and not Path(url[10:]).exists()):
-        return []
-    try:
-        with open_session(url) as session:
-            rows = queries.active_blocks(session, provider_key(spec))
-            return [KnownBlock(b.scope, b.location, b.resource, b.reason) for b in rows]
-    except Exception as exc:  # a courtesy: the executor still skips blocked zones at create time
-        log.warning("could not read stockout/quota blocks from %s: %s", url.split("@")[-1], exc)
-        return []
-
-
-def preflight(spec: JobSpec) -> None:
-    """The provider's set-up (providers.registry.check_setup, sending nothing); raises before any row exists."""
-    check_setup(spec, probe=False)
-
-
 def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | None = None, *, detach: bool,
                poll_s: float, reporter: LaunchReporter | None = None) -> str:
     """Record the job with ``plan`` (the spec's one expansion, as the dry run and quota check saw it) and,
-    unless detached, drive it here until it ends."""
+    unless detached, drive it here until it ends. The spec was admitted (planning.admission: its provider's
+    set-up checked) before: a refusal leaves nothing behind."""
     reporter = reporter or LogReporter()
-    preflight(spec)  # validation is complete before the job row: a refusal leaves nothing behind
     plan = plan or plan_spec(spec)
     with open_session() as session:
         job = create_job(session, spec, plan)

@@ -135,7 +135,7 @@ def local_worker_steps(
     model, framework = spec.training.profile_name, cpu_framework(spec)
     cpu = [local_cpu_step_s(model, b, host, framework) for b in batches]
     naps = [sleep(g, b) for g, b in zip(gpus, batches, strict=True)]
-    # "background": other runnable processes on the host, measured at plan / launch time (cli/host_load.py)
+    # "background": other runnable processes on the host, measured at plan / launch time (planning/host_load.py)
     return _host_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)), spec.mode == TrainingMode.SYNC,
                        host.get("background", 0.0))
 

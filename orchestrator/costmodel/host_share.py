@@ -7,7 +7,7 @@ demand reaches the core count: at 91% average demand on 2 cores, three workers s
 stretch each step by ~10%, which a demand-ratio stretch (``max(1, demand / cores)``) misses entirely.
 
 Whatever else runs on the host takes its share too: ``background`` other runnable processes (measured by
-the caller, e.g. ``cli/host_load.py``; 0 on an idle host) are customers that never leave, so ``k`` busy
+the caller, e.g. ``planning/host_load.py``; 0 on an idle host) are customers that never leave, so ``k`` busy
 workers each get ``min(1, cores / (k + background))`` of a core.
 
 Synchronous training (DDP) is a lockstep instead: every worker starts a step together after the

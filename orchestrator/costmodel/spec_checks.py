@@ -1,7 +1,7 @@
 """The checks of a spec that need the cost model: does each pinned group's batch fit its GPU's memory?
 
 Here, above the spec, so that ``orchestrator.model.spec`` never imports the cost model (the spec is read and
-checked against the catalog first; the cost model judges what it asks for after). ``control/validate.py`` runs
+checked against the catalog first; the cost model judges what it asks for after). ``planning/judge.py`` runs
 this for ``plan``, ``launch`` and the dry run, before any planning, with the same one-line field errors.
 """
 

@@ -81,13 +81,18 @@ def spec_secret_names(raw: Any) -> frozenset[str]:
 
 def prepare_spec_model(spec_path: Path) -> ModelProfile | None:
     """Profile (or fetch from the cache) the model a spec names, before the spec is loaded and checked
-    (its batch check needs the profile). The factory path is relative to the spec's folder, where the
-    profiling child runs, without the spec's secrets."""
+    (its batch check needs the profile)."""
     try:
         raw = read_yaml_file(Path(spec_path), "spec")  # the safe reader load_spec uses (UTF-8, size, depth)
     except (OSError, ValueError):
         return None  # load_spec reports it
+    return prepare_document_model(raw, Path(spec_path).resolve().parent)
+
+
+def prepare_document_model(raw: Any, folder: Path) -> ModelProfile | None:
+    """The same for a spec document already read: the factory path is relative to the spec's ``folder``, where
+    the profiling child runs, without the spec's secrets."""
     ref = spec_model_ref(raw)
     if ref is None:
         return None
-    return torch_profile(ref, Path(spec_path).resolve().parent, withhold=spec_secret_names(raw))[0]
+    return torch_profile(ref, folder, withhold=spec_secret_names(raw))[0]

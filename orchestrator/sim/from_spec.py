@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import TypedDict
 
 from orchestrator.costmodel import (
     DEFAULT_CALIBRATION,
     Calibration,
-    PlanResult,
     SplitError,
     get_profile,
-    plan,
     predict_step_time,
     split_batch,
 )
@@ -29,25 +26,17 @@ from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.partition import Partitioner
 from orchestrator.costmodel.pipeline_plan import partitioner_for, stage_devices
 from orchestrator.costmodel.planner import chosen_strategy
-from orchestrator.costmodel.planner.candidates import Candidate
-from orchestrator.costmodel.planner.scoring import PlanContext, Score
 from orchestrator.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
 from orchestrator.costmodel.slots import Slot, expand, price_book_for
 from orchestrator.model import timings
-from orchestrator.model.blocks import BlockLike
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
 from orchestrator.providers.local import revocations as local_revocations
 from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
 from orchestrator.sim.engine import (
-    FixedLifetimes,
-    LifetimeSource,
-    NoRevocations,
     RateFn,
-    ScheduleLifetimes,
     SimCluster,
     SimSlot,
-    simulate,
 )
 
 DEFAULT_MODEL_MB = 2.0
@@ -365,34 +354,3 @@ def _cost_model_rate_fn(
         return est.steps_per_s
 
     return rate
-
-
-class LocalRunScorer:
-    """The planner's scorer for a pinned local spec: the simulated local run itself (the provider's seeded
-    revocations, or its schedule), so ``plan`` and ``simulate`` give the same answer for a local run."""
-
-    def __init__(self, spec: JobSpec, calibration: object | None = None) -> None:
-        # The planner judges budget and deadline itself: score the whole run, not one the limits cut short.
-        cluster = replace(cluster_from_spec(spec, calibration=calibration), enforce_limits=False)
-        source: LifetimeSource
-        if cluster.schedule is not None:
-            source = ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True)
-        elif cluster.lifetime_fn is not None:
-            source = FixedLifetimes(cluster.lifetime_fn)
-        else:
-            source = NoRevocations()
-        self.result = simulate(cluster, source)
-        self.base = simulate(cluster, NoRevocations())
-
-    def score(self, candidate: Candidate, context: PlanContext) -> Score:
-        r = self.result
-        return Score(r.wall_time_s, r.cost_usd, float(r.revocations), r.wall_time_s - self.base.wall_time_s)
-
-
-def plan_job(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None,
-             blocks: Sequence[BlockLike] = ()) -> PlanResult:
-    """The planner, judging a local provider's pinned cluster as `simulate` plays the local run."""
-    scorer = None
-    if spec.provider.emulates_gpus and spec.cluster is not None:
-        scorer = LocalRunScorer(spec, calibration or DEFAULT_CALIBRATION)
-    return plan(spec, catalog, calibration, scorer, blocks)

@@ -1,7 +1,7 @@
 """A job's storage in a local directory (the local provider's instances share this machine's disk).
 
 Which folders may be one is decided once, by ``storage_problem``: `plan`, `launch --dry-run` and `launch` refuse
-a spec's storage with it (control/validate.py), and opening a job's storage (the daemon, a foreground launch)
+a spec's storage with it (planning/judge.py), and opening a job's storage (the daemon, a foreground launch)
 runs it again before anything is written, whatever the job row says.
 """
 

@@ -1,7 +1,7 @@
 """Scoring a candidate: expected time, cost and revocations under a constant revocation hazard.
 
 ``AnalyticScorer`` is the default; the simulator gives the planner its own scorer for a local run
-(``sim.from_spec.LocalRunScorer``). Budget and deadline turn a scored candidate infeasible, not invisible.
+(``planning.local_run.LocalRunScorer``). Budget and deadline turn a scored candidate infeasible, not invisible.
 A synchronous cluster whose strategies the planner weighed (``strategies.Revocations``: a lost stage stops a
 pipeline, data parallel survivors train on, as the simulator plays them) takes its strategy's expectation.
 """

@@ -6,7 +6,7 @@ created before the whole spec validates.
 * ``base``: ``FieldError`` / ``SpecError``, the strict base model, durations;
 * ``provider``, ``training``, ``job``: the models of ``provider:``, ``training:`` and the rest of the spec;
 * ``checks``: the semantic checks against the catalog (zones, machine types, prices); the memory check needs
-  the cost model, so it lives above the spec (``costmodel.spec_checks``, run by ``control/validate.py``);
+  the cost model, so it lives above the spec (``costmodel.spec_checks``, run by ``planning/judge.py``);
 * ``load``: ``validate_spec`` (a parsed document) and ``load_spec`` (a file, with the local paths it names).
 
 The names below are the spec's public interface: most of the package imports them from here.
@@ -28,7 +28,7 @@ from orchestrator.model.spec.job import (
     SearchSpace,
     WorkerGroup,
 )
-from orchestrator.model.spec.load import load_spec, validate_spec
+from orchestrator.model.spec.load import load_spec, read_spec_document, spec_from_document, validate_spec
 from orchestrator.model.spec.provider import (
     SSH_USER_PATTERN,
     GceProvider,
@@ -76,6 +76,8 @@ __all__ = [
     "TrainingSpec",
     "WorkerGroup",
     "load_spec",
+    "read_spec_document",
+    "spec_from_document",
     "parse_duration",
     "validate_spec",
 ]

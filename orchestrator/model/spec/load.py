@@ -114,23 +114,33 @@ def validate_spec(data: Any, catalog: Catalog | None = None, source: str = "") -
     return spec
 
 
+def read_spec_document(path: str | Path) -> Any:
+    """The spec file's parsed YAML document (read once per verb; ``SpecError`` when it cannot be read)."""
+    p = Path(path)
+    try:
+        return read_yaml_file(p, "job spec")
+    except YamlFileError as exc:
+        raise SpecError([FieldError(path="", message=str(exc))], short(str(p), 200)) from None
+
+
+def spec_from_document(data: Any, path: str | Path, catalog: Catalog | None = None) -> JobSpec:
+    """Validate a spec file's document, including the local paths it names, taken from the file's folder."""
+    p = Path(path)
+    source = short(str(p), 200)
+    spec = validate_spec(data, catalog, source=source)
+    spec, errors = _local_paths(spec, p.absolute().parent)
+    if errors:
+        raise SpecError(errors, source)
+    return spec
+
+
 def load_spec(path: str | Path, catalog: Catalog | None = None) -> JobSpec:
     """Read, parse and validate a spec file, including the local paths it names (nothing is created).
 
     Relative ``files:`` and ``provider.inventory`` are taken from the spec's folder and stored absolute,
     so a daemon started elsewhere finds them.
     """
-    p = Path(path)
-    source = short(str(p), 200)
-    try:
-        data = read_yaml_file(p, "job spec")
-    except YamlFileError as exc:
-        raise SpecError([FieldError(path="", message=str(exc))], source) from None
-    spec = validate_spec(data, catalog, source=source)
-    spec, errors = _local_paths(spec, p.absolute().parent)
-    if errors:
-        raise SpecError(errors, source)
-    return spec
+    return spec_from_document(read_spec_document(path), path, catalog)
 
 
 def _local_paths(spec: JobSpec, base: Path) -> tuple[JobSpec, list[FieldError]]:

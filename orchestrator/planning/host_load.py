@@ -9,7 +9,6 @@ by a minute and counts tasks waiting on disk, so the instantaneous count is the 
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, replace
@@ -17,7 +16,6 @@ from pathlib import Path
 
 from orchestrator.costmodel import DEFAULT_CALIBRATION, Calibration
 from orchestrator.model.errors import UserError
-from orchestrator.model.spec import JobSpec
 
 WINDOW_S = 0.5  # long enough to see a busy loop, short enough not to be noticed in `plan`
 SAMPLES = 11
@@ -74,22 +72,6 @@ def host_load(option: str) -> HostLoad:
         raise UserError(f"--host-load: '{option}' is neither 'measure' nor a number of other runnable processes "
                         "(0 = an idle host)")
     return HostLoad(value, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0, os.cpu_count() or 1, False)
-
-
-def launch_note(spec: JobSpec, calibration: Calibration | None = None) -> str | None:
-    """For a local launch: the load measured now and the predicted time under it beside an idle host's
-    (``calibration``: the one the launch planned with; None: the shipped one)."""
-    if not spec.provider.emulates_gpus:
-        return None
-    from orchestrator.sim.from_spec import plan_job  # lazy: the simulator loads only to plan
-
-    load = measure()
-    idle = plan_job(spec, calibration=with_load(calibration, replace(load, background=0.0))).chosen
-    now = plan_job(spec, calibration=with_load(calibration, load)).chosen
-    if idle is None or now is None or not (math.isfinite(idle.time_s) and math.isfinite(now.time_s)):
-        return f"host load at launch: {load.describe()}"
-    return (f"host load at launch: {load.describe()}; predicted {now.time_s:.0f} s of run under it "
-            f"({now.time_s / idle.time_s - 1:+.0%} over {idle.time_s:.0f} s on an idle host)")
 
 
 def with_load(calibration: Calibration | None, load: HostLoad) -> Calibration:

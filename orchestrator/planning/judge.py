@@ -1,14 +1,8 @@
-"""The one check `plan`, `launch --dry-run` and `launch` all run before anything is created.
-
-A spec is read (its fields, the catalog, the local paths it names), its provider's inputs are read (the ssh
-inventory: its content, and hosts for every instance), the cluster is chosen if the spec does not pin it, and
-that cluster is judged against the policy's budget AND deadline by the cost model. Any problem is a
-``UserError`` (exit 2, one line per problem) and no file, folder or DB row exists afterwards: this module
-reads the results DB only when it already exists (stockouts and quotas in force) and never creates it.
-
-What a launch checks on top (the secrets' values, the cloud's quota headroom: reads of this machine's
-environment and of the cloud) comes after this, still before the job row.
-"""
+"""A read spec judged: the cost model's checks of it, its provider's inputs (the ssh inventory: its content, and
+hosts for every instance), the cluster chosen if the spec does not pin it, and that cluster judged against the
+policy's budget AND deadline, planned once. Any problem is a ``UserError`` (exit 2, one line per problem) and no
+file, folder or DB row exists afterwards: the results DB is read only when it already exists (stockouts and
+quotas in force) and never created. ``planning.admission`` runs this for every verb."""
 
 from __future__ import annotations
 
@@ -16,21 +10,20 @@ import ipaddress
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.control.inventory_plan import inventory_notes, inventory_priced
-from orchestrator.control.launcher import KnownBlock, known_blocks
 from orchestrator.costmodel import SplitError, UnknownModelError
 from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
 from orchestrator.costmodel.planner import launch_strategy
 from orchestrator.costmodel.spec_checks import batch_fit_errors
 from orchestrator.model.errors import UserError
-from orchestrator.model.spec import FieldError, JobSpec, SpecError, load_spec
+from orchestrator.model.spec import FieldError, JobSpec, SpecError
 from orchestrator.model.spec.provider import loopback_endpoint
 from orchestrator.model.specfile import short
+from orchestrator.planning.blocks import KnownBlock, known_blocks
+from orchestrator.planning.inventory import inventory_notes, inventory_priced
+from orchestrator.planning.local_run import RunFigures, plan_job
 from orchestrator.providers.ssh.provider import Inventory, load_inventory
-from orchestrator.sim.from_spec import plan_job
 from orchestrator.storage.local import storage_problem
 
 if TYPE_CHECKING:
@@ -40,9 +33,11 @@ if TYPE_CHECKING:
 class PlanRefused(UserError):
     """The cost model says the cluster cannot meet the policy; ``result`` is the plan it judged (for `plan`)."""
 
-    def __init__(self, message: str, *, hint: str, result: PlanResult) -> None:
+    def __init__(self, message: str, *, hint: str, result: PlanResult, name: str = "") -> None:
         super().__init__(message, hint=hint)
         self.result = result
+        self.name = name  # the spec's name, for `plan`'s display of the refused plan
+        self.warnings: tuple[str, ...] = ()  # what admission found before the plan (`plan` shows them)
 
 
 class NotLaunchable(PlanRefused):
@@ -51,7 +46,7 @@ class NotLaunchable(PlanRefused):
 
 
 @dataclass(frozen=True)
-class ValidatedLaunch:
+class Judged:
     """A spec every verb may act on: the cluster to run, as the planner judged it."""
 
     spec: JobSpec  # with the planner's cluster when the spec did not pin one
@@ -60,6 +55,7 @@ class ValidatedLaunch:
     blocks: list[KnownBlock]
     searched: bool  # the planner chose the cluster
     notes: tuple[str, ...] = ()  # where the provider's inputs say otherwise than the plan (an ssh inventory)
+    idle: RunFigures | None = None  # a local run on an idle host, from the same planner run (a host load given)
 
     @property
     def planned(self) -> PlanResult | None:
@@ -71,10 +67,12 @@ class ValidatedLaunch:
         return self.result.chosen
 
 
-def validate_launch(spec_path: Path, calibration: Calibration | None = None) -> ValidatedLaunch:
-    """Read and judge ``spec_path`` as every verb does; raises ``SpecError`` / ``UserError``, creates nothing."""
+def judge(spec: JobSpec, source: str, calibration: Calibration | None = None,
+          idle: Calibration | None = None) -> Judged:
+    """Judge a read spec as every verb does; raises ``SpecError`` / ``UserError``, creates nothing. ``idle``: the
+    calibration without the host's other work, for a local run's idle figures beside the loaded ones."""
     try:
-        return _validate(spec_path, calibration)
+        return _judge(spec, source, calibration, idle)
     except UnknownModelError as exc:  # hparam_set names no profile: the cost model cannot judge the job
         raise UserError(f"training.hparam_set: {exc}",
                         hint="name a profiled model (`orchestrator model list`)") from None
@@ -82,29 +80,19 @@ def validate_launch(spec_path: Path, calibration: Calibration | None = None) -> 
         raise UserError(f"training.global_batch: {exc}", hint="give a global batch the workers can split") from None
 
 
-def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaunch:
-    spec = load_spec(spec_path)
+def _judge(spec: JobSpec, source: str, calibration: Calibration | None, idle: Calibration | None) -> Judged:
     if errors := batch_fit_errors(spec):  # the cost model's check of the spec (the spec cannot import it)
-        raise SpecError(errors, short(str(spec_path), 200))
-    _storage_reachable(spec, short(str(spec_path), 200))
+        raise SpecError(errors, source)
+    storage_reachable(spec, source)
     inventory = _inventory(spec)  # the inventory's content, before any planning
-    # PROVIDER SET-UP (issue 20 item 5): providers.registry.check_setup (credentials, project, permissions) runs
-    # right after this in `launch` and its dry run (cli/jobs_cmd.py), before any row; `plan` needs no account.
     blocks = known_blocks(spec)
-    result = plan_job(spec, calibration=calibration, blocks=blocks)
+    result, idle_run = plan_job(spec, calibration=calibration, blocks=blocks, idle=idle)
     if findings := spec_warnings(spec):  # printed with the plan's own warnings by every verb
         result = replace(result, warnings=(*result.warnings, *findings))
     searched = spec.cluster is None
+    judged = result.chosen
     if searched:
-        if result.chosen is None:
-            miss = result.best_infeasible
-            raise PlanRefused("no candidate cluster meets the constraints"
-                              + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
-                              hint="raise policy.budget_usd / policy.deadline or widen search", result=result)
-        spec = spec.with_cluster(result.chosen.to_cluster())
-        judged = plan_job(spec, calibration=calibration, blocks=blocks).chosen  # as the launch will run it
-    else:
-        judged = result.chosen
+        spec, judged, idle_run = _chosen(spec, result, calibration, blocks, idle)
     plan, unlaunchable = None, None
     if inventory is not None and judged is not None:
         # The ledger bills each host its price_per_hour: the budget check and the plan's figures use those prices.
@@ -118,13 +106,28 @@ def _validate(spec_path: Path, calibration: Calibration | None) -> ValidatedLaun
         plan, unlaunchable = _expand(spec, blocks, calibration)
     if plan is None:
         assert unlaunchable is not None
-        raise NotLaunchable(unlaunchable.message, hint=unlaunchable.hint or "", result=result)
+        raise NotLaunchable(unlaunchable.message, hint=unlaunchable.hint or "", result=result, name=spec.name)
     notes: tuple[str, ...] = ()
     if inventory is not None:
         _hosts_for(plan, Counter(h.gpu or "" for h in inventory.hosts))
         hours = judged.time_s / 3600 if judged is not None and math.isfinite(judged.time_s) else None
         notes = inventory_notes(spec, plan, inventory, hours)
-    return ValidatedLaunch(spec, result, plan, blocks, searched, notes)
+    return Judged(spec, result, plan, blocks, searched, notes, idle_run)
+
+
+def _chosen(spec: JobSpec, result: PlanResult, calibration: Calibration | None, blocks: list[KnownBlock],
+            idle: Calibration | None) -> tuple[JobSpec, Candidate | None, RunFigures | None]:
+    """The searched spec with the planner's cluster pinned, and that cluster as the launch will run it: a local
+    spec's is the simulated local run (a second planner run, of the one cluster), a cloud's the search's own."""
+    if result.chosen is None:
+        miss = result.best_infeasible
+        raise PlanRefused("no candidate cluster meets the constraints"
+                          + (f"; the closest is {miss.label}: {'; '.join(miss.reasons)}" if miss else ""),
+                          hint="raise policy.budget_usd / policy.deadline or widen search", result=result,
+                          name=spec.name)
+    spec = spec.with_cluster(result.chosen.to_cluster())
+    judged, idle_run = plan_job(spec, calibration=calibration, blocks=blocks, idle=idle)
+    return spec, judged.chosen, idle_run
 
 
 def _expand(spec: JobSpec, blocks: list[KnownBlock], calibration: Calibration | None
@@ -146,14 +149,14 @@ def _runnable(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> No
         f"({data.detail if data is not None else 'it does not fit a worker'}), and only the built-in PyTorch job "
         f"runs the {judged.strategy} the plan chose",
         hint="train with the built-in PyTorch job (training.framework: pytorch, no run:), or pick GPUs that hold the "
-             "whole model", result=result)
+             "whole model", result=result, name=spec.name)
 
 
 def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) -> None:
     """The cluster's predicted time and cost fit the deadline and the budget."""
     if judged is None:
         raise PlanRefused("the cost model could not judge this cluster", hint="check the spec's cluster",
-                          result=result)
+                          result=result, name=spec.name)
     problems = list(judged.reasons) if not judged.feasible else []
     budget, deadline = spec.policy.budget_usd, spec.policy.deadline
     if budget is not None and not judged.cost_usd <= budget and not problems:
@@ -165,10 +168,11 @@ def _within_policy(spec: JobSpec, judged: Candidate | None, result: PlanResult) 
                      if math.isfinite(judged.time_s) and math.isfinite(judged.cost_usd) else "")
         raise PlanRefused(f"policy: the cluster breaks a constraint{predicted}: {'; '.join(problems)}",
                           hint="raise policy.budget_usd / policy.deadline, use spot or fewer/cheaper GPUs, or "
-                               "fewer train_steps (`orchestrator plan` shows the options)", result=result)
+                               "fewer train_steps (`orchestrator plan` shows the options)", result=result,
+                          name=spec.name)
 
 
-def _storage_reachable(spec: JobSpec, source: str) -> None:
+def storage_reachable(spec: JobSpec, source: str) -> None:
     """A cloud's VMs write checkpoints and metrics to storage: a folder of this machine is out of their reach,
     except where the Compute API is served on this machine (a loopback endpoint), whose "VMs" are its
     processes. A local folder is never an OS folder, a shared folder itself, the results DB or the home's own

@@ -1,0 +1,125 @@
+"""Admitting a spec: the one entry `plan`, `launch` and its dry run call, in one order. Read the spec file once,
+profile the model it names (its checks need the profile), check the spec, check the provider's set-up once (a
+launch and its dry run), choose the calibration by one rule, measure the host's load (a local spec's `plan` and
+`launch`), plan once (``judge``), then the secrets and the quota read. What comes back is every finding; the CLI
+renders it and decides nothing. A refusal is a ``UserError`` (``PlanRefused`` carries the plan it judged)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from orchestrator.costmodel import DEFAULT_CALIBRATION, Calibration
+from orchestrator.costmodel.batches import job_precision, job_runtime
+from orchestrator.costmodel.interval import plan_interval
+from orchestrator.model.errors import UserError
+from orchestrator.model.spec import JobSpec, read_spec_document, spec_from_document
+from orchestrator.model.specfile import short
+from orchestrator.model.torch_spec import secret_problems
+from orchestrator.planning.calibration import planning_calibration, resolve_calibration
+from orchestrator.planning.host_load import HostLoad, host_load, with_load
+from orchestrator.planning.judge import Judged, PlanRefused, judge
+from orchestrator.planning.quotas import QuotaRead, read_spec_quotas, refuse_short_quota
+
+if TYPE_CHECKING:
+    from orchestrator.planning.outlook import DeadlineOutlook
+
+Verb = Literal["plan", "launch", "dry-run"]
+
+
+@dataclass(frozen=True)
+class AdmitOptions:
+    verb: Verb
+    calibration: str | None = None  # `plan --calibration`: an ID in the results DB or a JSON file
+    host_load: str = "measure"  # `plan --host-load`: measure, or a number of other runnable processes
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted spec: the one plan, and everything found on the way, for the verb to render."""
+
+    judged: Judged
+    calibration: Calibration | None  # what the plan used (a local spec's with the host's load in it)
+    load: HostLoad | None  # the host's other work (a local spec's plan and launch)
+    warnings: tuple[str, ...] = ()  # found on the way, besides the plan's own
+    quotas: QuotaRead | None = None  # a cloud's quota read (launch, dry run)
+    interval: dict[str, Any] | None = None  # the prediction interval (plan)
+    outlook: DeadlineOutlook | None = None  # each deadline policy on real traces (plan of a deadline spec)
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.judged.spec
+
+
+def admit(spec_path: Path, options: AdmitOptions) -> Admission:
+    """Admit a spec file for a verb; raises ``UserError`` (``SpecError``, ``PlanRefused``), creates nothing."""
+    spec = read_spec(spec_path)
+    if options.verb != "plan":  # `plan` is the cost model's answer and needs no cloud account
+        from orchestrator.providers.registry import check_setup  # lazy: the cloud clients (~2 s), not for `plan`
+
+        check_setup(spec, probe=options.verb == "launch")  # the dry run sends nothing
+    base, warnings = _calibration(spec, options)
+    load = _host_load(spec, options)
+    calibration = with_load(base, load) if load is not None else base
+    idle = None
+    if load is not None:  # an idle host's figures from the same planner run, beside the loaded ones
+        idle = calibration if load.background == 0 else with_load(base, replace(load, background=0.0))
+    try:
+        judged = judge(spec, short(str(spec_path), 200), calibration, idle)
+    except PlanRefused as refused:
+        refused.warnings = warnings  # `plan` shows them with the refused plan
+        raise
+    if options.verb != "plan":
+        if problems := secret_problems(judged.spec):  # a typo fails before anything is created
+            raise UserError("; ".join(problems) + "; nothing was created")
+        quotas = read_spec_quotas(judged.spec, judged.plan)  # regions.get / projects.get: reads, not requests
+        if quotas is not None and quotas.unread is not None:
+            warnings = (*warnings, quotas.unread)
+        if options.verb == "launch":
+            refuse_short_quota(quotas)
+        return Admission(judged, calibration, load, warnings, quotas)
+    interval = plan_interval(judged.result, calibration or DEFAULT_CALIBRATION, job_runtime(judged.spec.training),
+                             job_precision(judged.spec.training))
+    from orchestrator.planning.outlook import deadline_outlook  # lazy: the availability simulator, deadline specs
+
+    # on_revocation: deadline: each policy on real traces, also with the work at the interval's slow end
+    outlook = deadline_outlook(judged.spec, interval["relative"] if interval is not None else None, calibration)
+    return Admission(judged, calibration, load, warnings, None, interval, outlook)
+
+
+def read_spec(spec_path: Path) -> JobSpec:
+    """The spec file read once: its document, the model it names profiled (or taken from the cache), checked."""
+    document = read_spec_document(spec_path)
+    from orchestrator.profiler.cache import prepare_document_model  # lazy: the profiler, only for a torch model
+    from orchestrator.profiler.factory_ref import ProfileError  # lazy: the profiler, only for a torch model
+
+    try:  # the factory runs in a child process without the controller's secrets (profiler/sandbox.py)
+        prepare_document_model(document, spec_path.resolve().parent)
+    except ProfileError as exc:
+        raise UserError(f"training.model.torch: {exc}") from None
+    return spec_from_document(document, spec_path)
+
+
+def _calibration(spec: JobSpec, options: AdmitOptions) -> tuple[Calibration | None, tuple[str, ...]]:
+    """The one rule: the named calibration, else the newest stored one the spec's GPUs may read, else the
+    shipped one; a calibration fitted on emulated GPUs never plans real ones."""
+    named = options.calibration
+    base = resolve_calibration(named) if named is not None else planning_calibration(spec)
+    if base is not None and base.emulated and not spec.provider.emulates_gpus:
+        return None, (f"calibration {base.name} was fitted on emulated (local) GPUs; planning real GPUs with the "
+                      "shipped one (data/calibration.json) instead",)
+    return base, ()
+
+
+def _host_load(spec: JobSpec, options: AdmitOptions) -> HostLoad | None:
+    """Local workers share this host's cores with whatever else runs on it: `plan` and `launch` count the load
+    now (the dry run prints what would be created, on the calibration's own host)."""
+    if not spec.provider.emulates_gpus or options.verb == "dry-run":
+        return None
+    return host_load(options.host_load.strip())
+
+
+def judge_file(spec_path: Path, calibration: Calibration | None = None) -> Judged:
+    """The spec file read and judged with a given calibration, no set-up, load or secrets (tests, bench/)."""
+    return judge(read_spec(spec_path), short(str(spec_path), 200), calibration)

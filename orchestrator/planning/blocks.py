@@ -1,0 +1,39 @@
+"""The stockouts and quotas in force for a spec's cloud project, read from the results DB for placement."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.model.blocks import provider_key
+from orchestrator.model.spec import JobSpec
+from orchestrator.store import queries
+from orchestrator.store.db import default_url, open_session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KnownBlock:
+    """A block row read out of its session (placement only reads these four fields)."""
+
+    scope: str
+    location: str
+    resource: str
+    reason: str | None
+
+
+def known_blocks(spec: JobSpec) -> list[KnownBlock]:
+    """The stockouts and quotas in force for this spec's cloud project, for placement. Read from an existing
+    results DB only: planning creates no file, and a DB it cannot read means no blocks, not an error."""
+    url = default_url()
+    if not spec.provider.is_cloud or (url.startswith("sqlite:///") and not Path(url[10:]).exists()):
+        return []
+    try:
+        with open_session(url) as session:
+            rows = queries.active_blocks(session, provider_key(spec))
+            return [KnownBlock(b.scope, b.location, b.resource, b.reason) for b in rows]
+    except Exception as exc:  # a courtesy: the executor still skips blocked zones at create time
+        log.warning("could not read stockout/quota blocks from %s: %s", url.split("@")[-1], exc)
+        return []
