@@ -16,7 +16,7 @@ def upgrade(revision: str = typer.Argument("head", help="target revision")) -> N
     """Apply migrations (the CLI also does this on first use)."""
     from alembic.util.exc import CommandError  # alembic takes ~0.5 s to import; only these verbs need it
 
-    from orchestrator.store import db
+    from orchestrator.store import db  # lazy: SQLAlchemy and alembic load only when a verb opens the DB
 
     url = db.default_url()
     try:
@@ -51,7 +51,7 @@ def downgrade(revision: str = typer.Argument(..., help="target revision, e.g. ba
     """Roll migrations back (drops data)."""
     from alembic.util.exc import CommandError  # alembic takes ~0.5 s to import; only these verbs need it
 
-    from orchestrator.store import db
+    from orchestrator.store import db  # lazy: SQLAlchemy and alembic load only when a verb opens the DB
 
     try:
         db.downgrade(db.default_url(), revision)

@@ -12,7 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.control.driver import job_spec
+from orchestrator.model.availability import AvailabilityTraceError
 from orchestrator.model.spec import OnRevocation
+from orchestrator.sim.from_spec import SimSpecError
 from orchestrator.store import queries
 from orchestrator.store.models import Job, Metric
 
@@ -135,8 +137,6 @@ def _planned_lines(session: Session, job: Job, end: float) -> list[str]:
     longest restart seen counts where it is longer, measured_overhead_s). These are why a launch's decisions can
     differ from `simulate --availability-trace --history-h 0`, which plans with the predictions."""
     from orchestrator.control.deadline import measured_overhead_s, own_pace_s, planned_figures  # lazy
-    from orchestrator.model.availability import AvailabilityTraceError
-    from orchestrator.sim.from_spec import SimSpecError
 
     spec = job_spec(job.spec_yaml)
     try:
