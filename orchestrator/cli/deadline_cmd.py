@@ -20,6 +20,7 @@ from orchestrator.sim.availability import (
     HISTORY_H,
     AvailabilityTrace,
     AvailabilityTraceError,
+    DeadlineFigures,
     Job,
     Outcome,
     deadline_figures,
@@ -38,20 +39,8 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
                          work_h: float | None, deadline_h: float | None, overhead_min: float | None,
                          price_book: str | None, history_h: float | None = None,
                          also: list[str] | None = None) -> None:
-    if len(specs) != 1:
-        raise UserError("--availability-trace takes exactly one job spec",
-                        hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
-    names = policy.DEADLINE_POLICIES if policy_name == "all" else (policy_name,)
-    known = (*policy.DEADLINE_POLICIES, *policy.TRIAL_POLICIES, "elastic")
-    if policy_name != "all" and policy_name not in known:
-        raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, {', '.join(known)}")
-    if also and policy_name not in ("all", "deadline"):
-        raise UserError(f"--also-trace adds the deadline policy's markets rows; it goes with --policy all or deadline, "
-                        f"not {policy_name}")
-    for flag, v in (("--work-h", work_h), ("--deadline-h", deadline_h), ("--restart-overhead-min", overhead_min),
-                    ("--history-h", history_h)):
-        if v is not None and not 0 <= v < 1e6:
-            raise UserError(f"{flag} must be a number of hours/minutes between 0 and 1e6, not {v}")
+    names = _check_args(specs, policy_name, also, {"--work-h": work_h, "--deadline-h": deadline_h,
+                                                   "--restart-overhead-min": overhead_min, "--history-h": history_h})
     spec = load_spec(specs[0])
     try:
         trace = load_trace(trace_path)
@@ -60,16 +49,7 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
         raise UserError(str(exc)) from None
     except SimSpecError as exc:
         raise UserError(f"{specs[0]}: {exc}") from None
-    scale = fig.time_scale / 60.0  # seconds of the job's clock -> minutes of the trace's (cloud) clock
-    deadline_s = spec.policy.deadline
-    if deadline_h is None and deadline_s is None:
-        raise UserError("the spec has no policy.deadline; add one (e.g. deadline: 52h) or give --deadline-h")
-    work = round(work_h * 60) if work_h is not None else round(fig.work_s * scale)
-    dl = round(deadline_h * 60) if deadline_h is not None else round((deadline_s or 0.0) * scale)
-    ovh = round(overhead_min) if overhead_min is not None else round(fig.overhead_s * scale)
-    if work < 1 or dl < 1:
-        raise UserError(f"work ({work} min) and deadline ({dl} min) must be at least a minute of cloud time")
-    job = Job(work, dl, ovh, fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+    job = _job_minutes(spec, fig, work_h, deadline_h, overhead_min)
     seen_h = HISTORY_H if history_h is None else history_h
     workers = 1
     try:
@@ -85,34 +65,83 @@ def availability_command(specs: list[Path], trace_path: Path, start_tick: int, p
             outcomes += _market_outcomes(job, trace, markets, start_tick, round(seen_h * 60 / trace.tick_min))
     except AvailabilityTraceError as exc:
         raise UserError(str(exc)) from None
-    costs = {o.policy: o.cost_usd for o in outcomes}
-    doc: dict[str, Any] = {
-        "spec": spec.name, "trace": str(trace_path), "start_tick": start_tick, "tick_min": trace.tick_min,
-        "work_h": work / 60, "deadline_h": dl / 60, "restart_overhead_h": ovh / 60,
-        "spot_usd_per_h": fig.spot_usd_per_h, "on_demand_usd_per_h": fig.on_demand_usd_per_h,
-        "policies": [o.as_dict() for o in outcomes],
-        # the trace before start_tick the learning policies read (a launch's daemon reads only what earlier jobs in
-        # its spot market recorded; plan's outlook reads none)
-        "history_h": min(start_tick * trace.tick_min / 60, seen_h),
-    }
+    doc = _availability_doc(spec.name, trace_path, trace, start_tick, job, outcomes, seen_h)
     if policy_name == "elastic":
         doc["workers"] = workers  # the prices above stay the whole cluster's; the timeline's modes: "<spot>s+<od>od"
     if markets:  # each other market: its GPU, trace, speed (the job's work there) and spot price
         doc["markets"] = [{"gpu": g, "trace": str(p), "speed": m.speed, "spot_usd_per_h": m.spot_usd_per_h}
                           for g, p, _, m in markets]
+    if json_out:
+        print(json.dumps(doc, indent=2))
+        return
+    _print_availability(spec.name, trace, start_tick, job, outcomes, doc, markets)
+
+
+def _check_args(specs: list[Path], policy_name: str, also: list[str] | None,
+                numbers: dict[str, float | None]) -> tuple[str, ...]:
+    """The policies ``--policy`` names; a one-line error for a wrong count of specs, an unknown policy,
+    ``--also-trace`` with a policy it does not go with, or a number (``numbers``: flag -> value) out of range."""
+    if len(specs) != 1:
+        raise UserError("--availability-trace takes exactly one job spec",
+                        hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
+    names = policy.DEADLINE_POLICIES if policy_name == "all" else (policy_name,)
+    known = (*policy.DEADLINE_POLICIES, *policy.TRIAL_POLICIES, "elastic")
+    if policy_name != "all" and policy_name not in known:
+        raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, {', '.join(known)}")
+    if also and policy_name not in ("all", "deadline"):
+        raise UserError(f"--also-trace adds the deadline policy's markets rows; it goes with --policy all or deadline, "
+                        f"not {policy_name}")
+    for flag, v in numbers.items():
+        if v is not None and not 0 <= v < 1e6:
+            raise UserError(f"{flag} must be a number of hours/minutes between 0 and 1e6, not {v}")
+    return names
+
+
+def _job_minutes(spec: JobSpec, fig: DeadlineFigures, work_h: float | None, deadline_h: float | None,
+                 overhead_min: float | None) -> Job:
+    """The job in minutes of cloud time: the flags where given, else the plan's figures (``fig``) scaled from the
+    job's clock to the trace's."""
+    scale = fig.time_scale / 60.0  # seconds of the job's clock -> minutes of the trace's (cloud) clock
+    deadline_s = spec.policy.deadline
+    if deadline_h is None and deadline_s is None:
+        raise UserError("the spec has no policy.deadline; add one (e.g. deadline: 52h) or give --deadline-h")
+    work = round(work_h * 60) if work_h is not None else round(fig.work_s * scale)
+    dl = round(deadline_h * 60) if deadline_h is not None else round((deadline_s or 0.0) * scale)
+    ovh = round(overhead_min) if overhead_min is not None else round(fig.overhead_s * scale)
+    if work < 1 or dl < 1:
+        raise UserError(f"work ({work} min) and deadline ({dl} min) must be at least a minute of cloud time")
+    return Job(work, dl, ovh, fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+
+
+def _availability_doc(name: str, trace_path: Path, trace: AvailabilityTrace, start_tick: int, job: Job,
+                      outcomes: list[Outcome], seen_h: float) -> dict[str, Any]:
+    """The replay as ``--json`` prints it: the job, each policy's outcome and, where the on-demand and optimal rows
+    are there to measure it against, its share of the saving."""
+    costs = {o.policy: o.cost_usd for o in outcomes}
+    doc: dict[str, Any] = {
+        "spec": name, "trace": str(trace_path), "start_tick": start_tick, "tick_min": trace.tick_min,
+        "work_h": job.work_min / 60, "deadline_h": job.deadline_min / 60, "restart_overhead_h": job.overhead_min / 60,
+        "spot_usd_per_h": job.spot_usd_per_h, "on_demand_usd_per_h": job.on_demand_usd_per_h,
+        "policies": [o.as_dict() for o in outcomes],
+        # the trace before start_tick the learning policies read (a launch's daemon reads only what earlier jobs in
+        # its spot market recorded; plan's outlook reads none)
+        "history_h": min(start_tick * trace.tick_min / 60, seen_h),
+    }
     if "on-demand" in costs and "optimal" in costs:
         for d in doc["policies"]:
             best = costs.get(MARKET_POLICIES[1], 0.0) if d["policy"] in MARKET_POLICIES else costs["optimal"]
             d["saving_share"] = saving_share(d["cost_usd"], costs["on-demand"], best)
-    if json_out:
-        print(json.dumps(doc, indent=2))
-        return
+    return doc
+
+
+def _print_availability(name: str, trace: AvailabilityTrace, start_tick: int, job: Job, outcomes: list[Outcome],
+                        doc: dict[str, Any], markets: list[tuple[str, Path, AvailabilityTrace, Market]]) -> None:
     rows = [[o.policy, money(o.cost_usd), f"{o.finish_min / 60:.2f} h", "yes" if o.deadline_met else "MISSED",
              _share(d.get("saving_share")), _mix(o.as_dict())] for o, d in zip(outcomes, doc["policies"], strict=True)]
     console.print(table(
-        f"{spec.name}: {work / 60:.2f} h of work, deadline {dl / 60:.2f} h, restart overhead {ovh} min, on "
-        f"{trace.name} from tick {start_tick} ({money(fig.spot_usd_per_h)}/h spot, "
-        f"{money(fig.on_demand_usd_per_h)}/h on-demand; the deadline policy has seen "
+        f"{name}: {job.work_min / 60:.2f} h of work, deadline {job.deadline_min / 60:.2f} h, restart overhead "
+        f"{job.overhead_min} min, on {trace.name} from tick {start_tick} ({money(job.spot_usd_per_h)}/h spot, "
+        f"{money(job.on_demand_usd_per_h)}/h on-demand; the deadline policy has seen "
         f"{doc['history_h']:.4g} h of the trace before it{_history_hint(doc['history_h'])})",
         ["policy", "cost", "finish", "deadline", "share of saving", "timeline"], rows))
     if markets:

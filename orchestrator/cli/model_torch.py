@@ -22,12 +22,14 @@ from orchestrator.costmodel.compute import (
 from orchestrator.costmodel.crossgpu import (
     Point,
     PrecisionError,
+    Prediction,
     arch_gpu,
     check_precision,
     class_work,
     layer_times,
     predict,
 )
+from orchestrator.costmodel.machine_fit import Fits
 from orchestrator.costmodel.profiles import ModelProfile, UnknownModelError
 from orchestrator.model.errors import UserError
 from orchestrator.store.db import db_exists, open_session
@@ -206,23 +208,30 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
     if json_out:
         print(json.dumps(result, indent=2))
         return
+    _print_prediction(result, pred, ref, fits, fits_source, fit_from, skipped)
+
+
+def _print_prediction(result: dict[str, Any], pred: Prediction, ref: str, fits: Fits,
+                      fits_source: str, fit_from: str | None, skipped: list[str]) -> None:
+    """``predict_torch``'s text output: the step time and its interval, its basis, the machine fits it used."""
+    name, key, prec = result["model"], result["gpu"], result["precision"]
     console.print(
-        f"{p.name} on {target.key} at batch {batch} {prec} ({runtime}): [bold]{pred.step_ms:.1f} ms[/bold] a step, "
-        f"interval {pred.low_ms:.1f} .. {pred.high_ms:.1f} ms (+-{pred.relative:.0%}, {pred.kind})"
+        f"{name} on {key} at batch {result['batch']} {prec} ({result['runtime']}): [bold]{pred.step_ms:.1f} ms[/bold] "
+        f"a step, interval {pred.low_ms:.1f} .. {pred.high_ms:.1f} ms (+-{pred.relative:.0%}, {pred.kind})"
     )
-    console.print(f"basis: {pred.basis}" + ("" if points else f" ({len(points)} measured points of {ref})"))
+    points = result["measured_points"]
+    console.print(f"basis: {pred.basis}" + ("" if points else f" ({points} measured points of {ref})"))
     if fits:
         console.print(f"host and GPU scales fitted per machine ({fits_source}): " + ", ".join(
             f"{g}/{pr} {f.overhead_s * 1e3:.2f} ms + {f.per_kernel_s * 1e6:.0f} us/kernel ({f.points} rows)"
             for (g, pr), f in fits.items()))
     if fit_from is not None and fit_from.startswith("host of "):
-        console.print(f"{target.key} has no rows of its own and none of its architecture: it takes the {fit_from} "
+        console.print(f"{key} has no rows of its own and none of its architecture: it takes the {fit_from} "
                       "(geometric mean) and the committed GPU efficiencies")
-    elif fit_from is not None and fit_from != f"{target.key}/{prec}":
-        console.print(f"{target.key} has no rows of its own: it takes {fit_from}'s fit (the same architecture)")
+    elif fit_from is not None and fit_from != f"{key}/{prec}":
+        console.print(f"{key} has no rows of its own: it takes {fit_from}'s fit (the same architecture)")
     if skipped:
         console.print(f"skipped (could not be profiled): {', '.join(skipped)}")
-
 
 def prepare_spec(spec_path: Path) -> None:
     """Profile (or take from the cache) the PyTorch model a spec names in ``training.model: {torch: ...}``,

@@ -267,21 +267,29 @@ def _fit_joint(
         pred = np.array([_step(m, e[m.key], catalog) for m in rows]) + comm
         return np.concatenate([weight * np.log(pred / measured), PRIOR_WEIGHT * (xv - x0)])
 
-    starts = [np.clip(x0, lo + 1e-9, hi - 1e-9)]
-    if overlap_keys:  # the overlap's cost surface has local minima: also start from "host and GPU add"
-        for p in (1.0 + 1e-6, 2.0):
-            s0 = starts[0].copy()
-            pos = len(shared)
-            for k in keys:
-                if k in overlap_keys:
-                    s0[pos + len(own[k]) - 1] = np.log(p)
-                pos += len(own[k])
-            starts.append(s0)
+    starts = _starts(np.clip(x0, lo + 1e-9, hi - 1e-9), len(shared), [(k in overlap_keys, len(own[k])) for k in keys])
     from scipy.optimize import least_squares  # lazy: SciPy (~0.7 s) only to fit, never for the CLI to start
 
     sols = [least_squares(fun, s0, bounds=(lo, hi), diff_step=1e-3) for s0 in starts]
     best = min(sols, key=lambda sol: float(sol.cost))
     return effs(np.asarray(best.x, dtype=np.float64))
+
+
+def _starts(x0: FloatArray, n_shared: int, blocks: Sequence[tuple[bool, int]]) -> list[FloatArray]:
+    """Where ``_fit_joint``'s least squares starts: ``x0`` and, where a key fits the overlap, also from "host and GPU
+    add" (the overlap's cost surface has local minima). ``blocks``: each runtime key's parameters after the
+    ``n_shared`` GPU ones, as (fits the overlap, how many; the overlap last)."""
+    starts = [x0]
+    if any(fits for fits, _ in blocks):
+        for p in (1.0 + 1e-6, 2.0):
+            s0 = x0.copy()
+            pos = n_shared
+            for fits, n in blocks:
+                if fits:
+                    s0[pos + n - 1] = np.log(p)
+                pos += n
+            starts.append(s0)
+    return starts
 
 
 def _has_curve(rows: Sequence[Measurement]) -> bool:
@@ -388,16 +396,8 @@ def _fit_compute(
             per[f"{gpu}/{k}"], points[f"{gpu}/{k}"] = fitted[k], points.get(f"{gpu}/{k}", 0) + n
             if f"*/{k}" not in per:  # measured on this GPU only: its fit is the runtime's best guess
                 per[f"*/{k}"], points[f"*/{k}"] = fitted[k], n
-            by_model: dict[str, list[Measurement]] = {}
-            for m in grows:
-                if m.key == k:
-                    by_model.setdefault(m.model, []).append(m)
-            for model, mrows in by_model.items():
-                if len(mrows) >= MIN_MODEL_POINTS and (len(by_model) > 1 or base):
-                    mkey = f"{gpu}/{k}/{model}"
-                    mprior = per.get(mkey, fitted[k])
-                    per[mkey] = _fit_joint(mrows, {k: mprior}, cat, net, _overlap_keys(mrows))[k]
-                    points[mkey] = points.get(mkey, 0) + len(mrows)
+            _fit_models([m for m in grows if m.key == k], f"{gpu}/{k}", fitted[k], per, points, cat, net,
+                        base is not None)
     default = per.get(f"*/{DEFAULT_RUNTIME}", base.default if base else prior_for(DEFAULT_RUNTIME))
     keys_text = ", ".join(f"{k} ({len(r)})" for k, r in sorted(by_key.items()))
     return Calibration(
@@ -409,6 +409,23 @@ def _fit_compute(
         points=points,
         emulated=emulated,
     )
+
+
+def _fit_models(rows: Sequence[Measurement], at: str, fitted: Efficiency, per: dict[str, Efficiency],
+                points: dict[str, int], cat: Catalog, net: NetParams, based: bool) -> None:
+    """Into ``per`` / ``points``: a fit of its own (key ``at``/MODEL, ``at`` = GPU/runtime key, pulled towards
+    ``fitted``, the fit of ``at``) for each model of ``rows`` (one GPU and runtime key) with ``MIN_MODEL_POINTS``
+    rows or more, where ``rows`` hold several models or there is a base calibration (``based``) to refine."""
+    by_model: dict[str, list[Measurement]] = {}
+    for m in rows:
+        by_model.setdefault(m.model, []).append(m)
+    for model, mrows in by_model.items():
+        if len(mrows) >= MIN_MODEL_POINTS and (len(by_model) > 1 or based):
+            mkey = f"{at}/{model}"
+            mprior = per.get(mkey, fitted)
+            key = mrows[0].key
+            per[mkey] = _fit_joint(mrows, {key: mprior}, cat, net, _overlap_keys(mrows))[key]
+            points[mkey] = points.get(mkey, 0) + len(mrows)
 
 
 def _overlap_keys(rows: Sequence[Measurement]) -> frozenset[str]:

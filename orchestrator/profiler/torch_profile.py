@@ -196,7 +196,6 @@ def _grouped_conv_backward_flops(args: Any) -> float:
 
 def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
     import torch  # lazy: torch is an optional extra (heavy import)
-    from torch.utils._python_dispatch import TorchDispatchMode  # lazy: torch is an optional extra (heavy import)
     from torch.utils.module_tracker import ModuleTracker  # lazy: torch is an optional extra (heavy import)
 
     record = _Pass()
@@ -208,6 +207,43 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
         name = name.split(".", 1)[1] if "." in name else "(model)"
         record.order.setdefault(name, len(record.order))
         return name
+
+    def pack(t: Any) -> Any:
+        if not isinstance(t, torch.nn.Parameter):
+            record.saved[layer()] += t.numel() * t.element_size()
+        return t
+
+    try:
+        with torch.device("meta"):
+            built = ref.factory(batch)
+        model, inputs = built
+        if not isinstance(model, torch.nn.Module) or not isinstance(inputs, tuple):
+            raise ProfileError(f"{ref.ref}(batch) must return (torch.nn.Module, tuple of inputs)")
+        model.train()
+        names = {id(m): n for n, m in model.named_modules()}
+        hooks = [m.register_forward_hook(_shape_hook(record, names[id(m)])) for m in model.modules()
+                 if not list(m.children())]
+        saving = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with tracker, _recorder(record, tracker, layer), saving:
+            out = model(*inputs)
+            leaves = [t for t in torch.utils._pytree.tree_leaves(out)
+                      if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not leaves:
+                raise ProfileError(f"{ref.ref}: the model's output does not require grad (nothing to train)")
+            sum(t.float().sum() for t in leaves).backward()  # type: ignore[union-attr]
+        for h in hooks:
+            h.remove()
+    except (ProfileError, MemoryError):  # a MemoryError is the sandbox's limit: the child names it
+        raise
+    except Exception as exc:  # the user's model code
+        raise ProfileError(f"{ref.ref}({batch}) failed on the meta device: {type(exc).__name__}: {exc}") from None
+    return record, model
+
+
+def _recorder(record: _Pass, tracker: Any, layer: Callable[[], str]) -> Any:
+    """A dispatch mode that adds each op's FLOPs and bytes to ``record`` under ``layer()``, the innermost module open
+    (forward figures too while ``tracker`` is not in backward)."""
+    from torch.utils._python_dispatch import TorchDispatchMode  # lazy: torch is an optional extra (heavy import)
 
     class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -231,35 +267,7 @@ def _run_pass(ref: FactoryRef, batch: int) -> tuple[_Pass, Any]:
                 f[3] += written
             return out
 
-    def pack(t: Any) -> Any:
-        if not isinstance(t, torch.nn.Parameter):
-            record.saved[layer()] += t.numel() * t.element_size()
-        return t
-
-    try:
-        with torch.device("meta"):
-            built = ref.factory(batch)
-        model, inputs = built
-        if not isinstance(model, torch.nn.Module) or not isinstance(inputs, tuple):
-            raise ProfileError(f"{ref.ref}(batch) must return (torch.nn.Module, tuple of inputs)")
-        model.train()
-        names = {id(m): n for n, m in model.named_modules()}
-        hooks = [m.register_forward_hook(_shape_hook(record, names[id(m)])) for m in model.modules()
-                 if not list(m.children())]
-        with tracker, Recorder(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # type: ignore[no-untyped-call]
-            out = model(*inputs)
-            leaves = [t for t in torch.utils._pytree.tree_leaves(out)
-                      if isinstance(t, torch.Tensor) and t.requires_grad]
-            if not leaves:
-                raise ProfileError(f"{ref.ref}: the model's output does not require grad (nothing to train)")
-            sum(t.float().sum() for t in leaves).backward()  # type: ignore[union-attr]
-        for h in hooks:
-            h.remove()
-    except (ProfileError, MemoryError):  # a MemoryError is the sandbox's limit: the child names it
-        raise
-    except Exception as exc:  # the user's model code
-        raise ProfileError(f"{ref.ref}({batch}) failed on the meta device: {type(exc).__name__}: {exc}") from None
-    return record, model
+    return Recorder()  # type: ignore[no-untyped-call]
 
 
 def _shape_hook(record: _Pass, name: str) -> Callable[..., None]:

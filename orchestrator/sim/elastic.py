@@ -57,13 +57,7 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
     n_all, full = workers, Members(0, workers)
     t, w, r, cost, i = 0, 0.0, 0, 0.0, 0
     running, due = IDLE, False
-    below = [-1] * (n_all + 1)  # per level: the last tick with fewer spot VMs than it (-1: none yet)
-    logs = [AvailabilityLog() for _ in range(n_all + 1)]  # per level: stretches with at least that many
-    for j, seen in enumerate(history):
-        for level, log in enumerate(logs):
-            log.add(seen >= level)
-        for level in range(seen + 1, n_all + 1):
-            below[level] = j - len(history)
+    below, logs = _seen_before(history, n_all)
     out = Outcome(name, 0.0, 0.0, False)
     while True:
         k = counts[i] if i < len(counts) else 0
@@ -111,6 +105,20 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
     out.timeline.append((t_end, "done"))
     out.cost_usd, out.finish_min, out.deadline_met = cost, t_end, t_end <= job.deadline_min + _EPS
     return out
+
+
+def _seen_before(history: tuple[int, ...], n_all: int) -> tuple[list[int], list[AvailabilityLog]]:
+    """What ``replay``'s policy has seen at the start, per level of spot VMs (0..``n_all``): the last tick of
+    ``history`` with fewer than it (-1: none yet; ticks before the start count negative) and the stretches with at
+    least that many."""
+    below = [-1] * (n_all + 1)
+    logs = [AvailabilityLog() for _ in range(n_all + 1)]
+    for j, seen in enumerate(history):
+        for level, log in enumerate(logs):
+            log.add(seen >= level)
+        for level in range(seen + 1, n_all + 1):
+            below[level] = j - len(history)
+    return below, logs
 
 
 def all_or_nothing(name: str, job: Job, history: tuple[int, ...] = ()) -> Decide:

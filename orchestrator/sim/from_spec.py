@@ -103,33 +103,22 @@ def cluster_from_spec(
         rate_fn = _pipeline_rate_fn(strategy, partitioner_for(spec, calib, cat), cat, sim_slots, machines)
     mb = model_mb if model_mb is not None else model_size_mb(spec.training.profile_name)
     acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
-    lifetime_fn = _seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None
-    book_name = price_book or spec.pricing.book
+    if preemptible is None:  # the local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale
+        preemptible = (price_book or spec.pricing.book) in PREEMPTIBLE_BOOKS and not local
     return SimCluster(
         slots=tuple(sim_slots),
-        train_steps=spec.training.train_steps,
-        mode=spec.mode.value,
         ps_capacity_steps_per_s=ps_capacity_steps_per_s if ps_capacity_steps_per_s is not None else math.inf,
         rate_fn=rate_fn,
-        checkpoint_every=spec.training.checkpoint_every,
         checkpoint_cost_s=acc.checkpoint_s if model_mb is None else timings.checkpoint_s(mb),
-        policy=spec.policy.on_revocation.value,
-        max_replacements=spec.policy.max_replacements,
-        budget_usd=spec.policy.budget_usd,
-        deadline_s=spec.policy.deadline,
-        boot_delay_s=acc.boot_s,
-        spot_extra_boot_s=acc.spot_extra_boot_s,
+        **_spec_fields(spec),
         **_delays(spec, acc, local),
-        # The local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale.
-        preemptible=(book_name in PREEMPTIBLE_BOOKS and not local) if preemptible is None else preemptible,
+        preemptible=preemptible,
         time_scale=spec.provider.time_scale if local else 1.0,
-        name=spec.name,
         model_mb=mb,
         schedule=_revocation_schedule(spec, sim_slots, acc.boot_s + acc.startup_s),
-        lifetime_fn=lifetime_fn,
+        lifetime_fn=_seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None,
         strategy=strategy,
         stage_loss=stage_loss,
-        objective=spec.search.objective if spec.search is not None else "cost",
     )
 
 
@@ -156,7 +145,30 @@ def _pipeline_rate_fn(strategy: str, part: Partitioner, catalog: Catalog, slots:
     return rate
 
 
+class _SpecFields(TypedDict):
+    name: str
+    train_steps: int
+    mode: str
+    checkpoint_every: int
+    policy: str
+    max_replacements: int
+    budget_usd: float | None
+    deadline_s: float | None
+    objective: str
+
+
+def _spec_fields(spec: JobSpec) -> _SpecFields:
+    """The ``SimCluster`` fields the spec gives as they are: the training and its revocation policy."""
+    return {"name": spec.name, "train_steps": spec.training.train_steps, "mode": spec.mode.value,
+            "checkpoint_every": spec.training.checkpoint_every, "policy": spec.policy.on_revocation.value,
+            "max_replacements": spec.policy.max_replacements, "budget_usd": spec.policy.budget_usd,
+            "deadline_s": spec.policy.deadline,
+            "objective": spec.search.objective if spec.search is not None else "cost"}
+
+
 class _Delays(TypedDict):
+    boot_delay_s: float
+    spot_extra_boot_s: float
     startup_s: float
     rejoin_s: float
     regroup_s: float
@@ -165,11 +177,12 @@ class _Delays(TypedDict):
 
 
 def _delays(spec: JobSpec, acc: RunAccounting, local: bool) -> _Delays:
-    """The run's real-world delays (``SimCluster``): a local replacement task starts its framework again;
+    """The run's real-world delays (``SimCluster``): boot, and a local replacement task starts its framework again;
     in sync the whole world restarts instead (``regroup_s``); a local revoked instance is billed through
     its notice window."""
     sync = spec.mode == TrainingMode.SYNC
-    return {"startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
+    return {"boot_delay_s": acc.boot_s, "spot_extra_boot_s": acc.spot_extra_boot_s,
+            "startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
             "regroup_s": acc.startup_s if sync else 0.0, "teardown_s": acc.teardown_s,
             # A preempted VM runs (and bills) through the notice window it really has (30 s, 120 s if asked).
             "notice_s": timings.notice_window_s(spec.provider) / spec.provider.time_scale

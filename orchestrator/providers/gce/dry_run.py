@@ -8,6 +8,7 @@ sends. Nothing is sent: no client is built and no credentials are read.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
@@ -21,7 +22,12 @@ from orchestrator.model.torch_spec import payload_framework
 from orchestrator.providers.gce.advice import advice_request, spot_shapes, zone_shapes
 from orchestrator.providers.gce.backend import firewall_ports, instance_metadata, request_settings
 from orchestrator.providers.gce.network import address_learner, job_rules
-from orchestrator.providers.gce.requests import accelerator_type, cloud_max_run_s, instance_resource
+from orchestrator.providers.gce.requests import (
+    GceRequestSettings,
+    accelerator_type,
+    cloud_max_run_s,
+    instance_resource,
+)
 
 GB_MONTH_HOURS = 730.0  # GCE bills disks per GB-month; one month = 730 h
 
@@ -90,20 +96,7 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
             "after_preemption_or_time_limit": "kept and billed until the controller deletes the VM" if kept
             else "deleted with the VM",
         })
-    # One call per spot shape (can spot be had anywhere it may run), and one per zone of a shape that may run in
-    # several (which zone: decide.deadline_zones).
-    # A PyTorch job's shape of two or more spot VMs in one zone is also counted (decide.deadline_elastic): while the
-    # whole size scores below the threshold, the daemon asks for 1, 2, ... of them as well.
-    elastic = framework == "pytorch"
-    advice = [{"method": "POST", "api_version": "beta",  # SPOT advice is answered on the beta API (gce/advice.py)
-               "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
-               "every_s": timings.DEADLINE_TICK_S, "spot_when_obtainability_at_least": timings.SPOT_OBTAINABLE,
-               "body": _json(advice_request(asked, size)),
-               **({"also_sizes_when_below": list(range(1, size))} if elastic and size > 1 and len(shape.zones) == 1
-                  else {})}
-              for shape, size in spot_shapes(slots, settings.bundled, accelerator_type).items()
-              for asked in (shape, *(zone_shapes(shape) if len(shape.zones) > 1 else ()))
-              ] if policy.on_revocation == OnRevocation.DEADLINE else []
+    advice = _advice(provider, slots, settings, framework) if policy.on_revocation == OnRevocation.DEADLINE else []
     firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": _json(rule)}
                  for rule in job_rules(settings.network, job_id, firewall_ports(provider), _ssh_ranges(provider))]
     return {
@@ -116,3 +109,20 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
         "advice.capacity": advice,
     }
 
+
+def _advice(provider: GceProvider, slots: Sequence[Slot], settings: GceRequestSettings,
+            framework: str) -> list[dict[str, Any]]:
+    """The capacity-advice calls the daemon makes during an ``on_revocation: deadline`` run (read-only)."""
+    # One call per spot shape (can spot be had anywhere it may run), and one per zone of a shape that may run in
+    # several (which zone: decide.deadline_zones).
+    # A PyTorch job's shape of two or more spot VMs in one zone is also counted (decide.deadline_elastic): while the
+    # whole size scores below the threshold, the daemon asks for 1, 2, ... of them as well.
+    elastic = framework == "pytorch"
+    return [{"method": "POST", "api_version": "beta",  # SPOT advice is answered on the beta API (gce/advice.py)
+             "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
+             "every_s": timings.DEADLINE_TICK_S, "spot_when_obtainability_at_least": timings.SPOT_OBTAINABLE,
+             "body": _json(advice_request(asked, size)),
+             **({"also_sizes_when_below": list(range(1, size))} if elastic and size > 1 and len(shape.zones) == 1
+                else {})}
+            for shape, size in spot_shapes(slots, settings.bundled, accelerator_type).items()
+            for asked in (shape, *(zone_shapes(shape) if len(shape.zones) > 1 else ()))]
