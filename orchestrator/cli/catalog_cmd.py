@@ -14,6 +14,7 @@ import typer
 
 from orchestrator.cli.listing import Col, check_format, cut, format_option, print_csv, print_json, print_table
 from orchestrator.cli.render import console
+from orchestrator.clock import WALL
 from orchestrator.model.catalog import Catalog, CatalogError, Gpu, LifecycleEvent, MachineType, PriceBook, load_catalog
 from orchestrator.model.errors import UserError
 
@@ -90,7 +91,7 @@ def catalog_command(
     """Print GPU types, machine types, prices and retirement dates, each with its source."""
     check_format(fmt)
     cat = load_catalog()
-    today = dt.date.today()
+    today = WALL.now().date()
     try:
         book = cat.price_book(price_book)
         gpus = [cat.gpu(gpu)] if gpu else list(cat.gpus.values())

@@ -4,7 +4,6 @@ refresh themselves."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +82,7 @@ def _job_page(db_url: str | None, job_id: str) -> str:
                                        .order_by(Metric.at.desc(), Metric.id.desc()).limit(METRICS_SHOWN)))
         page = render_template("job.html", job=found, p=progress(session, found),
                                s=queries.job_summaries(session, [job_id])[0], instances=instances,
-                               events=events, metrics=metrics, stamp=int(time.time()),
+                               events=events, metrics=metrics, stamp=int(queries.clock_of(session).time()),
                                refresh_s=None if found.status in FINAL_JOB else REFRESH_S)
     return page
 

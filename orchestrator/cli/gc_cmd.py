@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from orchestrator.cli.render import console, table
+from orchestrator.clock import WALL
 from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
 from orchestrator.store.db import open_session
 
@@ -21,7 +20,7 @@ def gc_command(delete: bool) -> None:
         for backend, o in orphans:
             backend.provider.delete(o.name, o.zone)
             with open_session() as session:
-                mark_deleted(session, o.name, f"deleted by `orchestrator gc` at {time.strftime('%H:%M:%S')}")
+                mark_deleted(session, o.name, f"deleted by `orchestrator gc` at {WALL.now().strftime('%H:%M:%S')}")
             console.print(f"deleted {o.name}")
         for problem in finish_pending_deletes():
             console.print(f"pending delete not done: {problem}", highlight=False, markup=False)

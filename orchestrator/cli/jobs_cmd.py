@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ import typer
 from orchestrator.cli.listing import check_format, format_option
 from orchestrator.cli.options import plot_file, positive_seconds
 from orchestrator.cli.render import err_console, print_report
+from orchestrator.clock import WALL
 from orchestrator.model.errors import UserError
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def report(
         writer.writerows(rows)
         sys.stdout.write(buf.getvalue())
     else:
-        print_report(rows, title=f"report ({time.strftime('%Y-%m-%d %H:%M')})")
+        print_report(rows, title=f"report ({WALL.now().strftime('%Y-%m-%d %H:%M')})")
         if training:  # framework, world-size timeline (PyTorch elastic), examples/s, accuracy, cost
             sys.stdout.write("training:\n" + "".join(f"  {line}\n" for line in training))
         if deadlines:  # on_revocation: deadline: spot / on-demand / waiting against uniform progress

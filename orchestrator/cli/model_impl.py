@@ -4,7 +4,6 @@ calibration, predictions and validation. Loaded only when a model verb runs (the
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from rich.markup import escape
 from orchestrator.cli.listing import Col, check_format, print_csv, print_json, print_table
 from orchestrator.cli.model_torch import predict_torch, profile_torch
 from orchestrator.cli.render import console
+from orchestrator.clock import WALL
 from orchestrator.costmodel import (
     DEFAULT_CALIBRATION,
     MODEL_NAMES,
@@ -136,7 +136,7 @@ def calibrate(file: Path | None, measurements: Path | None, from_db: bool, out: 
     """Fit the step-time model (per GPU x runtime x model) and network constants to measured points."""
     measurements = measurements or file
     rows = _without_emulated(_measurements(measurements, from_db))
-    label = name or time.strftime("calibration-%Y%m%d-%H%M%S")
+    label = name or WALL.now().strftime("calibration-%Y%m%d-%H%M%S")
     source = ", ".join(
         s for s in (str(measurements) if measurements else "", "results DB" if from_db else "") if s
     )

@@ -7,7 +7,6 @@ with matplotlib's object API (no pyplot state, so the dashboard may draw from se
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +86,7 @@ def gather(session: Session, job_id: str, now: float | None = None) -> PlotData:
     job = session.get(Job, job_id)
     if job is None:
         raise LookupError(job_id)
-    now = time.time() if now is None else now
+    now = queries.clock_of(session).time() if now is None else now
     t0 = job.started_at or job.created_at
     end = (job.ended_at or now) - t0
     data = PlotData(job_id=job.id, status=job.status, start=t0, end=end, budget_usd=job.budget_usd)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.cli.listing import print_lines
 from orchestrator.cli.render import console, duration, money, pct, table
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.errors import UserError
 from orchestrator.model.status import FINAL_JOB
 from orchestrator.store import queries
@@ -94,7 +95,7 @@ def progress(session: Session, job: Job) -> Progress:
 
 def progress_line(p: Progress, now: float | None = None) -> str:
     share = f" ({100 * p.step / p.total:.0f}%)" if p.total else ""
-    parts = [f"{_hms(time.time() if now is None else now)} progress {p.job_id} {p.status}: "
+    parts = [f"{_hms(WALL.time() if now is None else now)} progress {p.job_id} {p.status}: "
              f"step {p.step}/{p.total}{share}"]
     parts.append(f"{p.examples_per_s:.1f} examples/s (last {RATE_WINDOW_S:.0f} s)" if p.examples_per_s is not None
                  else "— examples/s")
@@ -178,7 +179,7 @@ class LineFollower:
         return [s for _, _, s in stamped]
 
     def poll(self, session: Session, job: Job, *, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
+        now = queries.clock_of(session).time() if now is None else now
         lines = self.new_lines(session, job)
         final = job.status in FINAL_JOB
         if self.every_s and not self.final_shown and (now - self.last_progress >= self.every_s or final):
@@ -218,7 +219,7 @@ def live_view(session: Session, job: Job, evs: list[Event]) -> Group:
 
 
 def follow_job(job_ref: str, *, watch_live: bool, metrics: bool, lines: int | None, follow: bool,
-               poll_s: float = 1.0) -> None:
+               poll_s: float = 1.0, clock: Clock = WALL) -> None:
     """``status --watch`` / ``logs [-f]``: print (or show live) until the job is final, whoever drives it."""
     with open_session() as session:
         job = queries.get_job(session, job_ref)
@@ -234,7 +235,7 @@ def follow_job(job_ref: str, *, watch_live: bool, metrics: bool, lines: int | No
                     live.update(live_view(session, job, queries.events(session, job_id)))
                     if job.status in FINAL_JOB:
                         return
-                    time.sleep(poll_s)
+                    clock.sleep(poll_s)
         follower = LineFollower(job_id, metrics=metrics, every_s=progress_every_s() if follow else 0.0,
                                 backlog=lines)
         while True:
@@ -244,4 +245,4 @@ def follow_job(job_ref: str, *, watch_live: bool, metrics: bool, lines: int | No
             emit(follower.poll(session, job))
             if not follow or job.status in FINAL_JOB:
                 return
-            time.sleep(poll_s)
+            clock.sleep(poll_s)

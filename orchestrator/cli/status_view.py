@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.cli.listing import Col, print_csv, print_json, print_table
 from orchestrator.cli.render import console, duration, money, pct
+from orchestrator.clock import WALL
 from orchestrator.model.errors import UserError
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
@@ -19,7 +20,8 @@ def _clock(ts: float | None) -> str:
     if ts is None:
         return ""
     local = time.localtime(ts)
-    today = time.localtime().tm_yday == local.tm_yday and time.localtime().tm_year == local.tm_year
+    now = time.localtime(WALL.time())
+    today = now.tm_yday == local.tm_yday and now.tm_year == local.tm_year
     return time.strftime("%H:%M:%S" if today else "%m-%d %H:%M", local)
 
 

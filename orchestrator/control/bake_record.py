@@ -12,7 +12,6 @@ and closes this record as failed.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -37,8 +36,8 @@ class BakeRecord:
               provider: str, spot: bool = False) -> BakeRecord:
         """The job and its builder's row, committed before the create call (intent first: a bake that dies
         after creating its VM is still billed and found)."""
-        now = time.time()
         with open_session() as session:
+            now = queries.clock_of(session).time()
             if session.get(Job, job_id) is not None:
                 raise UserError(f"a bake {job_id} is already recorded; start it again in a second")
             session.add(Job(id=job_id, name=image[:64], provider=provider, mode=BAKE_MODE, cluster_shape=shape,

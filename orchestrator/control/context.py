@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
+from orchestrator.clock import Clock
 from orchestrator.costmodel.slots import Slot
 from orchestrator.model.instances import ObservedInstance
 from orchestrator.model.spec import JobSpec
@@ -35,6 +36,11 @@ class JobContext:
     blocks: list[Block] | None = None
     # Creates and deletes this pass may still start for the provider's jobs, shared by them (None: no limit).
     starts: Budget | None = None
+
+    @property
+    def clock(self) -> Clock:
+        """The pass's clock: its backend's (the session's, see control.driver.run_pass)."""
+        return self.backend.clock
 
 
 @dataclass

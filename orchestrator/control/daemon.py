@@ -10,14 +10,14 @@ import logging
 import os
 import secrets
 import socket
-import time
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import select
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.control.driver import run_pass
 from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
 from orchestrator.control.metrics import METRICS_HOST, pass_metrics
@@ -36,8 +36,8 @@ _held: list[IO[str]] = []  # lock files held for the life of the process
 THREADS = 8  # providers driven at once; a slow cloud holds up only its own jobs
 
 
-def tick(owner: str, threads: int = THREADS) -> None:
-    with open_session() as session, pass_metrics(session):  # pass duration, revocation latencies
+def tick(owner: str, threads: int = THREADS, clock: Clock = WALL) -> None:
+    with open_session(clock=clock) as session, pass_metrics(session):  # pass duration, revocation latencies
         try:
             run_pass(session, owner, threads=threads)
         except BaseException:
@@ -48,12 +48,12 @@ def tick(owner: str, threads: int = THREADS) -> None:
 _last_failure: list[str] = []  # the previous pass's failure, if it failed
 
 
-def scheduled_tick(owner: str, threads: int = THREADS) -> None:
+def scheduled_tick(owner: str, threads: int = THREADS, clock: Clock = WALL) -> None:
     """A pass of the running daemon: one that fails as a whole (the DB refuses writes, or is unreachable) is one
     log line, and the next pass tries again. The same failure repeats every pass until the DB is fixed, so its
     traceback would only bury the log (a read-only DB: 180 in 30 s); another error's is logged the first time."""
     try:
-        tick(owner, threads)
+        tick(owner, threads, clock)
     except Exception as exc:  # noqa: BLE001 - the scheduler's next pass is the retry
         text = _one_line(exc)
         first = _last_failure != [text]
@@ -79,13 +79,13 @@ def _one_line(exc: BaseException) -> str:
     return (f"the results DB: {text}" if _is_db_error(exc) else text)[:480]
 
 
-def sweep() -> None:
+def sweep(clock: Clock = WALL) -> None:
     try:
         unchecked: dict[str, str] = {}
-        for backend, orphan in find_orphans(unchecked):
+        for backend, orphan in find_orphans(unchecked, clock):
             log.warning("job %s instance %s: deleting orphan", orphan.job_id, orphan.name)
             backend.provider.delete(orphan.name, orphan.zone)
-            with open_session() as session:
+            with open_session(clock=clock) as session:
                 mark_deleted(session, orphan.name, "deleted by the orphan sweep")
         for why, where in unchecked.items():
             log.warning("orphan sweep could not check %s: %s", where, why)
@@ -123,7 +123,7 @@ def sqlite_guard(url: str) -> None:
     fh.flush()
 
 
-def daemon_running(url: str) -> bool:
+def daemon_running(url: str, clock: Clock = WALL) -> bool:
     """Is a daemon driving this database now? (SQLite: its lock is held; PostgreSQL: it holds a live lease.)"""
     if url.startswith("sqlite:///"):
         db = Path(url.removeprefix("sqlite:///"))
@@ -139,7 +139,7 @@ def daemon_running(url: str) -> bool:
         return False
     with open_session(url) as session:
         return session.scalar(select(Job.id).where(Job.lease_owner.like("daemon-%"),
-                                                   Job.lease_until > time.time()).limit(1)) is not None
+                                                   Job.lease_until > clock.time()).limit(1)) is not None
 
 
 def daemon_id() -> str:
@@ -199,5 +199,20 @@ def _serve(scheduler: BlockingScheduler, *, interval_s: float, gc_every_s: float
     scheduler.start()
 
 
+def run_on(clock: Clock, owner: str, *, interval_s: float, gc_every_s: float, until: Callable[[], bool]) -> None:
+    """The daemon's schedule without the scheduler, on ``clock``: a pass every ``interval_s`` (the sweep every
+    ``gc_every_s``), each waited for, until ``until()`` holds after a pass. On a virtual clock (tests/fastforward.py)
+    this is the daemon of ``run_daemon`` with its passes back to back."""
+    next_sweep = clock.monotonic() + gc_every_s
+    while True:
+        scheduled_tick(owner, threads=0, clock=clock)
+        if clock.monotonic() >= next_sweep:
+            sweep(clock)
+            next_sweep = clock.monotonic() + gc_every_s
+        if until():
+            return
+        clock.sleep(interval_s)
+
+
 def _now() -> object:
-    return datetime.fromtimestamp(time.time())
+    return WALL.now()  # the scheduler's first run: it schedules on the wall clock

@@ -18,7 +18,6 @@ import functools
 import logging
 import os
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +53,7 @@ from orchestrator.storage import JobStorage, open_storage
 from orchestrator.storage.base import StorageError, UnusableStorage
 from orchestrator.storage.gcs_endpoint import STORAGE_ENDPOINT_ENV
 from orchestrator.store import queries
+from orchestrator.store.db import CLOCK
 from orchestrator.store.models import Block, Job, Operation
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,12 @@ def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None,
     ``threads > 0`` (the daemon): each provider's jobs are driven in a worker thread with its own session,
     and the pass does not wait for them; a provider whose jobs are still being driven from an earlier pass
     is skipped this time, so one provider's burst never holds up the others (their leases are renewed
-    anyway). No provider call in a pass waits on the cloud (see the module docstring).
+    anyway). No provider call in a pass waits on the cloud (see the module docstring). The pass reads the time
+    from the session's clock (``store.queries.clock_of``: the wall clock unless the session was opened on another),
+    and so do the backends it drives the jobs with.
     """
-    now = time.time()
+    clock = queries.clock_of(session)
+    now = clock.time()
     jobs = claim(session, owner, job_ids, now, max_new=NEW_PER_PASS if threads > 0 else None)
     ids = [j.id for j in jobs]
     groups: dict[str, tuple[Backend, list[tuple[str, str | None]]]] = {}
@@ -101,7 +104,7 @@ def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None,
             continue  # backing off after failed passes
         token = job.lease_token
         try:
-            backend = backend_for(job_spec(job.spec_yaml))
+            backend = backend_for(job_spec(job.spec_yaml), clock)
         except Exception as exc:  # noqa: BLE001 - a bad spec row or unusable credentials: this job only
             with guarded(session, job_id, token):
                 job_failed(session, job_id, "backend", exc)
@@ -121,7 +124,7 @@ def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None,
 
 def _drive_group_alone(bind: Engine | Connection, backend: Backend, group: list[tuple[str, str | None]]) -> None:
     try:
-        with Session(bind, expire_on_commit=False) as session:
+        with Session(bind, expire_on_commit=False, info={CLOCK: backend.clock}) as session:
             _drive_group(session, backend, group)
     except Exception:  # noqa: BLE001 - a worker thread has no caller to raise to
         log.exception("driving the jobs of %s failed; the next pass tries again", backend.key)
@@ -159,10 +162,10 @@ def _observe(session: Session, backend: Backend, group: list[tuple[str, str | No
         if isinstance(provider, SupportsSnapshots):
             snapshot = provider.snapshot()
         else:
-            started = time.time()
+            started = backend.clock.time()
             snapshot = Snapshot(tuple(provider.list([job_id for job_id, _ in group])), started)
     except Exception as exc:  # noqa: BLE001 - each job of the group gets the error, with its backoff
-        snapshot = Snapshot((), time.time(), exc, attempt=-1)
+        snapshot = Snapshot((), backend.clock.time(), exc, attempt=-1)
     if snapshot is None:
         return None
     if snapshot.error is not None:
@@ -172,9 +175,9 @@ def _observe(session: Session, backend: Backend, group: list[tuple[str, str | No
                 with guarded(session, job_id, token):
                     job_failed(session, job_id, "list", snapshot.error)
         return None
-    if snapshot.age_s > SNAPSHOT_MAX_AGE_S:
+    if snapshot.age_s(backend.clock.time()) > SNAPSHOT_MAX_AGE_S:
         log.warning("the latest listing of %s is %.0fs old; its jobs wait for a newer one", backend.key,
-                    snapshot.age_s)
+                    snapshot.age_s(backend.clock.time()))
         return None
     return snapshot
 
@@ -223,7 +226,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     operations.settle(ctx, reads.pending.get(job.id, []))  # what the provider answered since the last pass
     if seen_at is not None and _newer_than_view(job, observed, seen_at):
         return  # decided from the next listing
-    now = time.time()
+    now = backend.clock.time()
     view = job_view(session, job, spec, slots, now, backend.stable_addresses, cost=reads.costs.get(job.id))
     obs = Observation(instances=observed, procs=observe_tasks(job, backend, observed), notices=_notices(job, storage),
                       result=result.raw if result is not None else None, payload_error=result_error,

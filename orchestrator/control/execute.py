@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -139,7 +138,7 @@ def _one(ctx: JobContext, action: Action) -> None:
 def _drain(ctx: JobContext, name: str, reason: str) -> None:
     """The drain is recorded before its notice is written: a crash in between leaves a drain whose checkpoint
     never comes, which the reconciler ends at the notice window (not a notice read as a preemption)."""
-    now = time.time()
+    now = ctx.clock.time()
     queries.note(ctx.session, ctx.job.id, DRAIN_EVENT, reason, instance_id=instance_row(ctx, name).id, now=now)
     ctx.session.commit()
     ctx.storage.write_notice(name, json.dumps({"at": now, "drain": True, "reason": reason}))
@@ -280,15 +279,15 @@ def _seed_storage(ctx: JobContext, ep: Endpoint) -> None:
     t = ctx.backend.transport
     t.start(ep, "storage-seed", [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
                                  "storage", "--once"], ctx.backend.task_env)
-    deadline = time.monotonic() + SEED_TIMEOUT_S
-    while time.monotonic() < deadline:
+    deadline = ctx.clock.monotonic() + SEED_TIMEOUT_S
+    while ctx.clock.monotonic() < deadline:
         st = t.status(ep, ["storage-seed"])["storage-seed"]
         if st.state == ProcState.EXITED:
             if st.exit_code != 0:
                 raise TransportError(f"storage seed on {ep.host} exited with {st.exit_code}: cannot read "
                                      f"{ctx.storage.uri}")
             return
-        time.sleep(0.2)
+        ctx.clock.sleep(0.2)
     raise TransportError(f"storage seed on {ep.host} did not finish in {SEED_TIMEOUT_S:.0f}s")
 
 

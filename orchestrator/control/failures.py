@@ -7,7 +7,6 @@ Nothing here may raise: the daemon's other jobs go on whatever happened to this 
 from __future__ import annotations
 
 import logging
-import time
 
 import yaml
 from pydantic import ValidationError
@@ -59,7 +58,7 @@ def job_failed(session: Session, job_id: str, where: str, exc: BaseException) ->
 
 
 def _record(session: Session, job: Job, where: str, exc: BaseException) -> None:
-    now = time.time()
+    now = queries.clock_of(session).time()
     why = describe(exc)
     what = {"list": "listing its instances failed: ", "backend": "cannot set up its provider: "}.get(where, "")
     job.pass_failures += 1
@@ -128,7 +127,8 @@ def close_without_provider(session: Session, job: Job, outcome: JobStatus, reaso
         job.outcome = outcome.value
         queries.switch_status(session, job, JobStatus.TEARING_DOWN, reason[:500])
     for _name, op in queries.pending_operations(session, [job.id])[job.id]:
-        queries.close_operation(op, queries.OP_FAILED, "the job was closed without its provider", time.time())
+        queries.close_operation(op, queries.OP_FAILED, "the job was closed without its provider",
+                                queries.clock_of(session).time())
     final = JobStatus(job.outcome or outcome.value)
     tail = f"; {pending} instance(s) to delete when the provider can be reached" if pending else ""
     queries.switch_status(session, job, final, f"closed without the provider ({reason})"[:480] + tail)

@@ -9,12 +9,12 @@ with the pending deletes (``end_strays``)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.control.bake_record import close as close_bake
 from orchestrator.control.billing import provider_end_time
 from orchestrator.control.driver import job_spec
@@ -54,7 +54,8 @@ def _backends(unchecked: dict[str, str] | None = None) -> list[Backend]:
     return list(seen.values())
 
 
-def find_orphans(unchecked: dict[str, str] | None = None) -> list[tuple[Backend, ObservedInstance]]:
+def find_orphans(unchecked: dict[str, str] | None = None,
+                 clock: Clock = WALL) -> list[tuple[Backend, ObservedInstance]]:
     """Labelled instances whose job is not active: finished, or unknown to the DB.
 
     The cloud is listed before the DB is read: a job is always recorded before its first instance is
@@ -78,7 +79,7 @@ def find_orphans(unchecked: dict[str, str] | None = None) -> list[tuple[Backend,
         active = {j for (j,) in session.query(Job.id).filter(Job.status.in_([s.value for s in ACTIVE_JOB]))}
         ended = {j for (j,) in session.query(Job.id).filter(Job.id.in_(builders),
                                                              Job.status.in_([s.value for s in FINAL_JOB]))}
-    now = time.time()
+    now = clock.time()
     return [(backend, inst) for backend, inst in listed if _orphan(inst, active, ended, now)]
 
 
@@ -150,10 +151,10 @@ def end_strays() -> list[str]:
     return problems
 
 
-def close_abandoned_bakes(now: float | None = None) -> list[str]:
+def close_abandoned_bakes(now: float | None = None, clock: Clock = WALL) -> list[str]:
     """Bakes still open past their time limit: their `image bake` process died. Delete the builder where it
     is still listed, and close the record as failed (the builder's ledger row closes with it)."""
-    now = time.time() if now is None else now
+    now = clock.time() if now is None else now
     problems: list[str] = []
     with open_session() as session:
         q = select(Job).where(Job.mode == BAKE_MODE, Job.status.in_([s.value for s in ACTIVE_JOB]))

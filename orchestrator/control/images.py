@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.control.bake_record import BakeRecord
 from orchestrator.control.driver import spec_to_yaml
 from orchestrator.control.signals import Terminated, sigterm_raises
@@ -118,6 +118,7 @@ class _Bake:
         self.transport = transport if transport is not None else SshTransport()
         self.tried: list[str] = []  # zones a create was sent to: the cleanup deletes in each
         self.what = plan.what
+        self.clock: Clock = getattr(provider, "clock", WALL)  # the provider's, where it has one
 
     def run(self, spec_yaml: str, command: list[str]) -> None:
         plan = self.plan
@@ -153,7 +154,7 @@ class _Bake:
     def _create(self, record: BakeRecord) -> str:
         plan, limit = self.plan, self.limits.total_s
         _, public = job_key(plan.builder)
-        labels = {LABEL_BAKE: "1", LABEL_BAKE_UNTIL: str(int(time.time() + limit))}
+        labels = {LABEL_BAKE: "1", LABEL_BAKE_UNTIL: str(int(self.clock.time() + limit))}
         try:
             zone = self._create_in_first_zone(public, labels, int(limit))
         except (CapacityError, QuotaError) as exc:
@@ -181,7 +182,7 @@ class _Bake:
 
     def _connect(self, zone: str, record: BakeRecord) -> Endpoint:
         plan = self.plan
-        observed = _wait_running(self.provider, plan.builder, self.limits.boot_s, self.limits.poll_s)
+        observed = _wait_running(self.provider, plan.builder, self.limits.boot_s, self.limits.poll_s, self.clock)
         key_path, _ = job_key(plan.builder)
         ep = self.builder.endpoint(self.provider, plan, observed, zone, str(key_path))
         self.say(f"connecting to {plan.builder} over SSH ({ep.user or 'you'}@{ep.host}:{ep.port})")
@@ -195,7 +196,7 @@ class _Bake:
         record.step(f"recipe `{shlex.join(command)}` running", JobStatus.RUNNING, InstanceStatus.TRAINING)
         self.say(f"running {shlex.join(command)} on {plan.builder} (this takes a while)")
         _run_recipe(self.transport, ep, command, dict(plan.recipe_env), self.limits.wait_s, self.limits.poll_s,
-                    self.say)
+                    self.say, self.clock)
         if self.own_transport:
             _close(self.transport)  # the VM is about to stop; do not keep a dead connection around
 
@@ -213,27 +214,28 @@ class _Bake:
             )
 
 
-def _wait_running(provider: Provider, name: str, timeout_s: float, poll_s: float) -> ObservedInstance:
-    deadline = time.monotonic() + timeout_s
+def _wait_running(provider: Provider, name: str, timeout_s: float, poll_s: float,
+                  clock: Clock = WALL) -> ObservedInstance:
+    deadline = clock.monotonic() + timeout_s
     while True:
         found = next((o for o in provider.list([name]) if o.name == name), None)
         if found is not None and found.state == ObservedState.RUNNING and found.host:
             return found
         if found is not None and found.state == ObservedState.TERMINATED:
             raise BakeError(f"builder VM {name} stopped before the recipe ran")
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             state = found.state.value if found else "not listed"
             raise BakeError(f"builder VM {name} not running after {timeout_s:.0f}s (state: {state})")
-        time.sleep(poll_s)
+        clock.sleep(poll_s)
 
 
 def _run_recipe(
     transport: Transport, ep: Endpoint, command: list[str], env: dict[str, str], wait_s: float, poll_s: float,
-    say: Callable[[str], None],
+    say: Callable[[str], None], clock: Clock = WALL,
 ) -> None:
     """Start the recipe detached (an SSH drop does not kill it), follow its log, check its exit code."""
     transport.start(ep, PROC, command, env=env)
-    deadline = time.monotonic() + wait_s
+    deadline = clock.monotonic() + wait_s
     offset = 0
     tail: deque[str] = deque(maxlen=25)
     partial = ""
@@ -264,11 +266,11 @@ def _run_recipe(
             return
         if status.state == ProcState.ABSENT:
             raise BakeError("the recipe is not running on the builder VM (its disk was replaced?)")
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             with contextlib.suppress(TransportError):
                 transport.stop(ep, PROC)
             raise BakeError(f"the recipe did not finish within {wait_s:.0f}s (raise --wait)")
-        time.sleep(poll_s)
+        clock.sleep(poll_s)
 
 
 def _cleanup(provider: Provider, name: str, zones: list[str], say: Callable[[str], None]) -> list[str]:

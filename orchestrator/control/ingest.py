@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +159,7 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
         raise BadPayloadOutput(f"a line is {type(rec).__name__}, not an object")
     kind = rec.get("kind")
     step = _int(rec.get("step", 0), f"{kind} step")
-    at = _float(rec.get("t"), "t", time.time())
+    at = _float(rec.get("t"), "t", queries.clock_of(session).time())
     assert at is not None
     if kind == "step":
         runtime, precision = _label(rec.get("runtime"), "runtime"), _label(rec.get("precision"), "precision", 8)

@@ -10,7 +10,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.control.daemon import daemon_running
 from orchestrator.control.driver import release, run_pass, spec_to_yaml
 from orchestrator.control.gc import finish_pending_deletes
@@ -103,7 +103,7 @@ def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) 
 
 
 def _insert_job(session: Session, spec: JobSpec, plan: LaunchPlan) -> Job:
-    now = time.time()
+    now = queries.clock_of(session).time()
     storage = spec.storage if spec.storage.startswith("gs://") else str(Path(spec.storage).expanduser().resolve())
     job = Job(id=new_job_id(spec.name, session), name=spec.name, provider=spec.provider.kind, mode=spec.mode.value,
               cluster_shape=plan.shape, spec_yaml=spec_to_yaml(spec), storage_uri=storage,
@@ -142,11 +142,12 @@ def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | Non
     return job_id
 
 
-def drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter | None = None) -> None:
+def drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter | None = None,
+                     clock: Clock = WALL) -> None:
     """Drive the job here until it ends. Ctrl-C or SIGTERM cancels it: a running daemon gets the teardown
     (handed over), else it is done here; either way the launch then exits non-zero (130 / 143)."""
     with sigterm_raises():
-        code = _drive_foreground(job_id, poll_s=poll_s, reporter=reporter or LogReporter())
+        code = _drive_foreground(job_id, poll_s=poll_s, reporter=reporter or LogReporter(), clock=clock)
     if code:
         raise SystemExit(code)
 
@@ -170,11 +171,11 @@ def _cancel_on_signal(session: Session, owner: str, job_id: str, exc: KeyboardIn
     return False
 
 
-def _drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter) -> int:
+def _drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter, clock: Clock) -> int:
     owner = owner_id("launch")
     cancelled = False
     code = 0
-    with open_session() as session:
+    with open_session(clock=clock) as session:
         reporter.start()
         try:
             while True:
@@ -186,7 +187,7 @@ def _drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter) -
                     reporter.update(session, job)
                     if job.status in FINAL_JOB:
                         break
-                    time.sleep(poll_s)
+                    clock.sleep(poll_s)
                 except KeyboardInterrupt as exc:
                     session.rollback()
                     code = 143 if isinstance(exc, Terminated) else 130
@@ -219,9 +220,9 @@ class CancelResult:
     problems: tuple[str, ...] = ()
 
 
-def cancel_job(job_ref: str, wait_s: float = 120.0) -> CancelResult:
+def cancel_job(job_ref: str, wait_s: float = 120.0, clock: Clock = WALL) -> CancelResult:
     """Mark the job cancelled and tear it down now (or let its current driver do so)."""
-    with open_session() as session:
+    with open_session(clock=clock) as session:
         job = queries.get_job(session, job_ref)
         if job is None:
             raise UserError(f"no job '{job_ref}'; `orchestrator status` lists them")
@@ -237,15 +238,15 @@ def cancel_job(job_ref: str, wait_s: float = 120.0) -> CancelResult:
         session.commit()
         job_id = job.id
         owner = owner_id("cancel")
-        deadline = time.time() + wait_s
-        while time.time() < deadline:
+        deadline = clock.time() + wait_s
+        while clock.time() < deadline:
             run_pass(session, owner, [job_id])  # does nothing if another driver holds the lease
             session.expire_all()
             job = session.get(Job, job_id)
             assert job is not None
             if job.status in FINAL_JOB:
                 break
-            time.sleep(0.5)
+            clock.sleep(0.5)
         release(session, owner, [job_id])
         return _cancel_result(session, job_id)
 

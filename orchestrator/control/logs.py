@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
+from datetime import datetime
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.control.driver import job_spec
 from orchestrator.control.execute import TASK
 from orchestrator.model.errors import UserError
@@ -16,7 +17,7 @@ from orchestrator.store.db import open_session
 
 
 def print_logs(job_ref: str, *, instance: str | None, follow: bool, lines: int,
-               say: Callable[[str], None] = print) -> None:
+               say: Callable[[str], None] = print, clock: Clock = WALL) -> None:
     """The job's events (one line each, through ``say``: the CLI passes its console) or a task log."""
     with open_session() as session:
         job = queries.get_job(session, job_ref)
@@ -30,13 +31,13 @@ def print_logs(job_ref: str, *, instance: str | None, follow: bool, lines: int,
                 evs = queries.events(session, job_id)
                 start = max(shown, len(evs) - lines) if shown == 0 else shown
                 for e in evs[start:]:
-                    say(f"{time.strftime('%H:%M:%S', time.localtime(e.at))} {e.entity:8} "
+                    say(f"{datetime.fromtimestamp(e.at).strftime('%H:%M:%S')} {e.entity:8} "
                         f"{(e.from_status or ''):12} -> {e.to_status:14} {e.reason or ''}")
                 shown = len(evs)
                 job = queries.get_job(session, job_id)
                 if not follow or job is None or job.status in FINAL_JOB:
                     return
-                time.sleep(1)
+                clock.sleep(1)
         candidates = [i for i in job.instances if i.name == instance or i.slot == instance]
         if not candidates:
             raise UserError(f"--instance: no '{instance}' in {job_id}; it has: "
@@ -52,7 +53,7 @@ def print_logs(job_ref: str, *, instance: str | None, follow: bool, lines: int,
         sys.stdout.write(tail.decode(errors="replace") + "\n")
         offset = len(data)
         while follow:
-            time.sleep(1)
+            clock.sleep(1)
             more = backend.transport.read_log(ep, TASK, offset)
             offset += len(more)
             sys.stdout.write(more.decode(errors="replace"))

@@ -18,7 +18,6 @@ import errno
 import json
 import logging
 import socket
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +28,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.errors import UserError
 from orchestrator.model.status import ACTIVE_JOB, InstanceStatus
 from orchestrator.storage import open_storage
@@ -54,8 +54,9 @@ REPLACEMENT_LATENCY = Histogram("orchestrator_replacement_latency_seconds",
 class DbCollector(Collector):
     """Reads the DB at each scrape (a fresh session: the daemon's own session is never shared)."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, clock: Clock = WALL) -> None:
         self.url = url
+        self.clock = clock
 
     def describe(self) -> Iterable[Metric]:
         return []  # registering must not need the DB; the names are only known from a scrape
@@ -63,7 +64,7 @@ class DbCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         try:
             with open_session(self.url) as session:
-                return list(db_metrics(session, time.time()))
+                return list(db_metrics(session, self.clock.time()))
         except Exception:  # noqa: BLE001 - a scrape must answer; the up metric says the DB was unreadable
             log.exception("metrics: cannot read the results DB")
             up = GaugeMetricFamily("orchestrator_db_up", "1 if the last scrape could read the results DB")
@@ -170,12 +171,13 @@ _WATCH = LatencyWatch()
 
 @contextmanager
 def pass_metrics(session: Session) -> Iterator[None]:
-    """Around one daemon pass: its duration, then the latencies its rows show."""
-    started = time.monotonic()
+    """Around one daemon pass: its duration (on the session's clock), then the latencies its rows show."""
+    clock = queries.clock_of(session)
+    started = clock.monotonic()
     try:
         yield
     finally:
-        PASS_SECONDS.observe(time.monotonic() - started)
+        PASS_SECONDS.observe(clock.monotonic() - started)
         try:
             _WATCH.observe(session)
         except Exception:  # noqa: BLE001 - metrics must never break a pass

@@ -21,7 +21,6 @@ waits: GCE refuses to delete a VM that is still being inserted, and a deletion i
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from sqlalchemy.exc import IntegrityError
@@ -92,7 +91,7 @@ def _ref(op: Operation, name: str) -> OpRef:
 def create(ctx: JobContext, action: CreateInstance) -> None:
     slot = action.slot
     name = instance_name(ctx.job.id, slot.role, slot.index, action.generation)
-    inst = _requested(ctx, action, name, time.time())
+    inst = _requested(ctx, action, name, ctx.clock.time())
     if name in ctx.pending or inst.status != InstanceStatus.REQUESTED.value:
         return  # its insert is under way, or it exists already
     if not _take_start(ctx):
@@ -140,7 +139,7 @@ def _insert(ctx: JobContext, inst: Instance, zones: list[str], why: list[str]) -
         if why_blocked is not None:  # a stockout or quota seen earlier (this pass or another job's)
             why.append(f"{zone}: {why_blocked}")
             continue
-        now = time.time()
+        now = ctx.clock.time()
         op = Operation(job_id=ctx.job.id, instance_id=inst.id, kind=OpKind.INSERT.value, zone=zone,
                        zones_left=",".join(zones[k + 1:]), request_id=str(uuid.uuid4()), status=queries.OP_PENDING,
                        started_at=now)
@@ -225,7 +224,7 @@ def _blocks(ctx: JobContext) -> list[Block]:
         return []
     if ctx.blocks is None:
         return queries.active_blocks(ctx.session, provider_key(ctx.spec))
-    now = time.time()
+    now = ctx.clock.time()
     return [b for b in ctx.blocks if b.expires_at > now]  # as this pass read them, plus those it added
 
 
@@ -254,7 +253,7 @@ def delete(ctx: JobContext, name: str, reason: str, end_reason: EndReason | None
         inst.end_reason = end_reason.value
     queries.switch_status(ctx.session, inst, InstanceStatus.DELETING, reason)
     op = Operation(job_id=ctx.job.id, instance_id=inst.id, kind=OpKind.DELETE.value, zone=inst.zone, zones_left="",
-                   request_id=str(uuid.uuid4()), status=queries.OP_PENDING, started_at=time.time())
+                   request_id=str(uuid.uuid4()), status=queries.OP_PENDING, started_at=ctx.clock.time())
     ctx.session.add(op)
     ctx.session.commit()  # a crash from here on leaves DELETING and the request id, which the next pass resends
     ctx.pending[name] = op
@@ -311,9 +310,9 @@ def _settle(ctx: JobContext, name: str, op: Operation) -> OpRef | None:
         else:
             _delete_done(ctx, name, op, state)
         return ref
-    if time.time() - op.started_at > ops.operation_timeout_s:
+    if ctx.clock.time() - op.started_at > ops.operation_timeout_s:
         _unpend(ctx, name, op)
-        queries.close_operation(op, TIMED_OUT, f"not done after {ops.operation_timeout_s:.0f}s", time.time())
+        queries.close_operation(op, TIMED_OUT, f"not done after {ops.operation_timeout_s:.0f}s", ctx.clock.time())
         queries.note(ctx.session, ctx.job.id, "provider_error", f"{op.kind} of {name} in {op.zone}: operation "
                      f"{op.name or op.request_id} not done after {ops.operation_timeout_s:.0f}s; asked again")
         return ref
@@ -331,7 +330,7 @@ def _resend(ctx: JobContext, name: str, op: Operation, ref: OpRef) -> OpState:
     if op.kind == OpKind.INSERT.value:
         if inst.status != InstanceStatus.REQUESTED.value:
             return OpState(OpPhase.DONE)  # seen since: nothing left to ask
-        _ops(ctx).start_create(_request(ctx, inst, op.zone, time.time()), op.request_id)
+        _ops(ctx).start_create(_request(ctx, inst, op.zone, ctx.clock.time()), op.request_id)
     else:
         _ops(ctx).start_delete(name, op.zone, op.request_id)
     return _ops(ctx).operation(ref)
@@ -343,7 +342,7 @@ def _insert_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     s = ctx.session
     inst = instance_row(ctx, name)
     error = state.error
-    queries.close_operation(op, DONE if error is None else FAILED, error.message if error else None, time.time())
+    queries.close_operation(op, DONE if error is None else FAILED, error.message if error else None, ctx.clock.time())
     if error is None:
         if inst.status == InstanceStatus.REQUESTED.value:
             _accepted(ctx, inst)
@@ -382,7 +381,7 @@ def _delete_done(ctx: JobContext, name: str, op: Operation, state: OpState) -> N
     inst = instance_row(ctx, name)
     error = state.error
     queries.close_operation(op, DONE if error is None else FAILED, error.message if error else None,
-                            state.ended_at or time.time())
+                            state.ended_at or ctx.clock.time())
     if error is not None:  # DELETING stays: the reconciler asks again after its timeout
         queries.note(s, ctx.job.id, "provider_error", f"{error.message} (will retry)", instance_id=inst.id)
     elif inst.status == InstanceStatus.DELETING.value:
@@ -400,7 +399,7 @@ def bill_from_provider(ctx: JobContext, inst: Instance) -> None:
         return  # its ledger is closed (or it never ran)
     start = provider_start_time(ctx.backend.provider, inst.name)
     if start is not None:
-        inst.requested_at = min(start, time.time())
+        inst.requested_at = min(start, ctx.clock.time())
 
 
 def billed_until(ctx: JobContext, name: str, deleted_at: float | None = None) -> float | None:

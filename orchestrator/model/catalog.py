@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.clock import WALL
 from orchestrator.model.names import unknown_name
 from orchestrator.model.paths import data_dir
 
@@ -214,7 +215,7 @@ class Catalog:
 
     def unavailable(self, gpu: str, today: dt.date | None = None) -> LifecycleEvent | None:
         """The retirement / end of support that keeps GCE VMs from getting this GPU, if it has passed."""
-        day = today or dt.date.today()
+        day = today or WALL.now().date()
         passed = [e for e in self.lifecycle.get(gpu, ()) if e.date <= day]
         return min(passed, key=lambda e: e.date) if passed else None
 

@@ -10,10 +10,10 @@ by a minute and counts tasks waiting on disk, so the instantaneous count is the 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.costmodel import DEFAULT_CALIBRATION, Calibration
 from orchestrator.model.errors import UserError
 
@@ -44,7 +44,8 @@ def _procs_running(stat: Path) -> int | None:
     return None
 
 
-def measure(window_s: float = WINDOW_S, samples: int = SAMPLES, stat: Path = Path("/proc/stat")) -> HostLoad:
+def measure(window_s: float = WINDOW_S, samples: int = SAMPLES, stat: Path = Path("/proc/stat"),
+            clock: Clock = WALL) -> HostLoad:
     """Other runnable processes right now: the mean of ``samples`` reads of procs_running over ``window_s``,
     less one (this process, running while it reads). Without /proc: the 1-minute load average."""
     counts = []
@@ -54,7 +55,7 @@ def measure(window_s: float = WINDOW_S, samples: int = SAMPLES, stat: Path = Pat
             break
         counts.append(n)
         if i < samples - 1:
-            time.sleep(window_s / (samples - 1))
+            clock.sleep(window_s / (samples - 1))  # the host's own load: sampled in real time
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     background = sum(counts) / len(counts) - 1 if counts else load1
     return HostLoad(round(max(background, 0.0), 2), load1, os.cpu_count() or 1, True)

@@ -15,9 +15,10 @@ import os
 import resource
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from orchestrator.clock import WALL
 
 MEMORY_ERROR_EXIT = 90  # a MemoryError that escaped even the error report (sandbox names it)
 
@@ -33,11 +34,11 @@ def _limit(kind: int, value: int) -> None:
 def _watchdog(timeout_s: float) -> None:
     """Exit when the parent is gone (killed while it waited) or past the wall-time limit (a backstop: the
     parent kills the child's process group at the limit)."""
-    parent, deadline = os.getppid(), time.monotonic() + timeout_s + 5.0
+    parent, deadline = os.getppid(), WALL.monotonic() + timeout_s + 5.0  # a real process's limit: real time
 
     def watch() -> None:
-        while os.getppid() == parent and time.monotonic() < deadline:
-            time.sleep(0.5)
+        while os.getppid() == parent and WALL.monotonic() < deadline:
+            WALL.sleep(0.5)
         os._exit(124)
 
     threading.Thread(target=watch, name="profile-watchdog", daemon=True).start()

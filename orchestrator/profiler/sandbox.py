@@ -29,11 +29,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import orchestrator
+from orchestrator.clock import WALL
 from orchestrator.costmodel.profiles.model import ModelProfile
 from orchestrator.profiler.child import MEMORY_ERROR_EXIT
 from orchestrator.profiler.factory_ref import FactorySource, ProfileError
@@ -125,11 +125,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
     """Whether the child exited within ``timeout_s``; it is left unreaped (WNOWAIT), so its pid, which is
     its process group's id, cannot be reused before the group is killed."""
-    deadline = time.monotonic() + timeout_s
+    deadline = WALL.monotonic() + timeout_s  # a real child process: real time
     while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() >= deadline:
+        if WALL.monotonic() >= deadline:
             return False
-        time.sleep(0.05)
+        WALL.sleep(0.05)
     return True
 
 

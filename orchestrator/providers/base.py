@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.costmodel.launch_plan import LaunchPlan
 from orchestrator.costmodel.slots import Slot
 from orchestrator.model.instances import InstanceRequest, ObservedInstance
@@ -167,6 +168,7 @@ class Backend:
     prepare_network: Callable[[], None] | None = None  # run once before the first create (firewall)
     cloud_deadline: CloudDeadline | None = None  # None: the provider enforces no time limit itself
     network_ready: bool = False
+    clock: Clock = WALL  # what its provider and every pass over its jobs read the time from
 
     def task_port(self, previous: int | None) -> int:
         if previous is not None:

@@ -25,6 +25,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.cloud_errors import ProviderError
 from orchestrator.model.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider
@@ -144,9 +145,8 @@ class Snapshot:
     error: Exception | None = None  # the latest refresh failed: these instances are from an older one
     attempt: int = 0  # refreshes finished so far (a failure is reported once, not on every pass)
 
-    @property
-    def age_s(self) -> float:
-        return time.time() - self.started_at
+    def age_s(self, now: float) -> float:
+        return now - self.started_at
 
 
 class SupportsSnapshots(abc.ABC):
@@ -167,8 +167,9 @@ class BackgroundListing:
     """
 
     def __init__(self, list_all: Callable[[], list[ObservedInstance]], executor: Executor,
-                 every_s: float = 2.0) -> None:
+                 every_s: float = 2.0, clock: Clock = WALL) -> None:
         self._list_all = list_all
+        self._clock = clock
         self._executor = executor
         self.every_s = every_s
         self._lock = threading.Lock()
@@ -180,8 +181,8 @@ class BackgroundListing:
     def latest(self) -> Snapshot | None:
         with self._lock:
             idle = self._running is None or self._running.done()
-            if idle and time.monotonic() >= self._next_at:
-                self._next_at = time.monotonic() + self.every_s
+            if idle and self._clock.monotonic() >= self._next_at:
+                self._next_at = self._clock.monotonic() + self.every_s
                 try:
                     self._running = self._executor.submit(self._refresh)
                 except RuntimeError:  # the executor was shut down (the provider is closed)
@@ -194,7 +195,7 @@ class BackgroundListing:
             return self._latest
 
     def _refresh(self) -> None:
-        started, cpu = time.time(), time.thread_time()
+        started, cpu = self._clock.time(), time.thread_time()  # CPU time: this thread's own, real
         try:
             items = tuple(self._list_all())
             error: Exception | None = None
@@ -203,7 +204,7 @@ class BackgroundListing:
         took = time.thread_time() - cpu
         with self._lock:
             self._attempts += 1
-            self._next_at = max(self._next_at, time.monotonic() + 2 * took)
+            self._next_at = max(self._next_at, self._clock.monotonic() + 2 * took)
             if error is None:
                 self._latest = Snapshot(items, started, None, self._attempts)
             else:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec import JobSpec
 from orchestrator.model.torch_spec import payload_framework
@@ -27,7 +28,7 @@ from orchestrator.providers.ssh import backend as ssh
 from orchestrator.providers.ssh.setup import check_setup as ssh_setup
 
 __all__ = ["KINDS", "TF_PORT", "Backend", "BackendKind", "backend_for", "check_setup", "dry_run_for",
-           "image_builder_for", "quota_source"]
+           "image_builder_for", "quota_source", "use_backend"]
 S = TypeVar("S")
 
 
@@ -41,7 +42,7 @@ class BackendKind(Generic[S]):
 
     # Jobs whose provider sections and framework (model.torch_spec.payload_framework) give one key share a Backend.
     cache_key: Callable[[S, str], str]
-    build: Callable[[str, S, str], Backend]
+    build: Callable[[str, S, str, Clock], Backend]
     check_setup: ChecksSetup[S] = _nothing_to_check
     dry_run: DryRuns | None = None  # None: launch --dry-run prints the generic table
     quotas: bool = False  # the built provider is a providers.gce.quotas.QuotaSource worth asking before a launch
@@ -58,13 +59,24 @@ KINDS: dict[str, BackendKind[Any]] = {
 _cache: dict[str, Backend] = {}
 
 
-def backend_for(spec: JobSpec) -> Backend:
+def backend_for(spec: JobSpec, clock: Clock = WALL) -> Backend:
+    """The job's Backend, shared by the jobs of one cache key on one clock (a virtual clock's jobs get their own)."""
     kind = KINDS[spec.provider.kind]
     framework = payload_framework(spec)  # a cloud's default image carries the job's framework
     key = kind.cache_key(spec.provider, framework)
-    if key not in _cache:
-        _cache[key] = kind.build(key, spec.provider, framework)
-    return _cache[key]
+    cached = key if clock is WALL else f"{key}@clock{id(clock)}"
+    if cached not in _cache:
+        _cache[cached] = kind.build(key, spec.provider, framework, clock)
+    return _cache[cached]
+
+
+def use_backend(spec: JobSpec, clock: Clock, backend: Backend) -> None:
+    """Drive the jobs of ``spec``'s cache key on ``clock`` with ``backend`` (a fast-forward harness's own, its hosts
+    and payload on the virtual clock: tests/fastforward.py); the wall clock's backends are never replaced."""
+    if clock is WALL:
+        raise ValueError("use_backend is for a clock of one's own, not the wall clock")
+    kind = KINDS[spec.provider.kind]
+    _cache[f"{kind.cache_key(spec.provider, payload_framework(spec))}@clock{id(clock)}"] = backend
 
 
 def check_setup(spec: JobSpec, *, probe: bool = True) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.paths import alembic_dir, home_path, user_dir
 from orchestrator.store.env import ENV_URL as ENV_URL  # re-exported: callers read db.ENV_URL
 
@@ -86,6 +87,7 @@ def current_revision(url: str) -> str | None:
 
 
 # pg_advisory_xact_lock's key for schema migrations: any fixed 64-bit number, the same in every process.
+CLOCK = "orchestrator.clock"  # the Session.info key of the clock that stamps its writes
 MIGRATION_LOCK_KEY = 0x6F72636865737472  # "orchestr"
 
 
@@ -147,9 +149,11 @@ def session_factory(url: str | None = None) -> sessionmaker[Session]:
 
 
 @contextlib.contextmanager
-def open_session(url: str | None = None) -> Iterator[Session]:
-    """A session on an up-to-date schema; commits on success, rolls back on error."""
+def open_session(url: str | None = None, clock: Clock = WALL) -> Iterator[Session]:
+    """A session on an up-to-date schema; commits on success, rolls back on error. ``clock`` stamps what the
+    store writes through it (``queries.clock_of``)."""
     with session_factory(url)() as session:
+        session.info[CLOCK] = clock
         try:
             yield session
             session.commit()

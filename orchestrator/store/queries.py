@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, selectinload
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
 from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
 from orchestrator.costmodel.profiles.user import TORCH_PREFIX
@@ -22,6 +22,7 @@ from orchestrator.model.status import (
     JobStatus,
     TransitionError,
 )
+from orchestrator.store.db import CLOCK
 from orchestrator.store.models import (
     Block,
     Calibration,
@@ -34,6 +35,13 @@ from orchestrator.store.models import (
     Operation,
     Plan,
 )
+
+
+def clock_of(session: Session) -> Clock:
+    """The clock a session's writes are stamped with: the one it was opened with (store.db.open_session), else
+    the wall clock."""
+    clock = session.info.get(CLOCK)
+    return clock if isinstance(clock, Clock) else WALL
 
 
 def switch_status(
@@ -51,7 +59,7 @@ def switch_status(
     reconcile pass repeated after a crash is harmless. ``billed_until``: for DELETED, when the provider
     itself ended the instance (its deletion or preemption time), so the controller's downtime is not billed.
     """
-    now = time.time() if now is None else now
+    now = clock_of(session).time() if now is None else now
     current = obj.status
     if current == new.value:
         return False
@@ -93,7 +101,7 @@ def note(session: Session, job_id: str, what: str, reason: str, *, instance_id: 
          now: float | None = None) -> None:
     """An event that is not a status change (a stockout skipped, a notice delivered, a checkpoint)."""
     session.add(Event(job_id=job_id, instance_id=instance_id, entity="note", from_status=None, to_status=what,
-                      reason=reason, at=time.time() if now is None else now))
+                      reason=reason, at=clock_of(session).time() if now is None else now))
 
 
 def _close_ledger(session: Session, inst: Instance, end_at: float) -> None:
@@ -186,7 +194,7 @@ def events(session: Session, job_id: str) -> list[Event]:
 def add_block(session: Session, provider: str, scope: str, location: str, resource: str, reason: str,
               ttl_s: float, *, now: float | None = None) -> Block:
     """Remember that the provider said no here (zone stockout, region or global quota) until it expires."""
-    now = time.time() if now is None else now
+    now = clock_of(session).time() if now is None else now
     block = Block(provider=provider[:200], scope=scope, location=location[:64], resource=resource[:64],
                   reason=reason[:500], created_at=now, expires_at=now + ttl_s)
     session.add(block)
@@ -194,7 +202,7 @@ def add_block(session: Session, provider: str, scope: str, location: str, resour
 
 
 def active_blocks(session: Session, provider: str, now: float | None = None) -> list[Block]:
-    now = time.time() if now is None else now
+    now = clock_of(session).time() if now is None else now
     return list(session.scalars(select(Block).where(Block.provider == provider[:200], Block.expires_at > now)
                                 .order_by(Block.created_at)))
 
@@ -355,7 +363,7 @@ def _implied_runtime(doc: dict[str, Any]) -> str | None:
 def save_plan(session: Session, spec_name: str, chosen: dict[str, Any], candidates: list[dict[str, Any]],
               job_id: str | None = None) -> int:
     plan = Plan(job_id=job_id, spec_name=spec_name, chosen=json.dumps(chosen), candidates=json.dumps(candidates),
-                created_at=time.time())
+                created_at=clock_of(session).time())
     session.add(plan)
     session.flush()
     return plan.id
@@ -365,7 +373,7 @@ def save_intent(session: Session, job_id: str, plan: LaunchPlan, now: float | No
     """Record ``plan`` as the job's desired state: the next revision, in force from now on (flushed)."""
     last = session.scalar(select(func.max(Intent.revision)).where(Intent.job_id == job_id)) or 0
     row = Intent(job_id=job_id, revision=last + 1, version=plan.version, plan=plan.to_json(),
-                 created_at=time.time() if now is None else now)
+                 created_at=clock_of(session).time() if now is None else now)
     session.add(row)
     session.flush()
     return row.revision
@@ -396,7 +404,8 @@ def job_plan(session: Session, job: Job, spec: JobSpec) -> LaunchPlan:
 
 
 def save_calibration(session: Session, name: str, source: str, params: dict[str, Any], mape: float | None) -> int:
-    row = Calibration(name=name, source=source, params=json.dumps(params), mape=mape, created_at=time.time())
+    row = Calibration(name=name, source=source, params=json.dumps(params), mape=mape,
+                      created_at=clock_of(session).time())
     session.add(row)
     session.flush()
     return row.id

@@ -7,9 +7,9 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.instances import ProcState, ProcStatus
 from orchestrator.transport.base import (
     Endpoint,
@@ -107,12 +107,15 @@ def safe_destination(workdir: Path, local: Path, remote_rel: str) -> Path:
 
 
 class LocalTransport(Transport):
+    def __init__(self, clock: Clock = WALL) -> None:
+        self.clock = clock
+
     def wait_reachable(self, ep: Endpoint, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         while not Path(ep.workdir).is_dir():
-            if time.monotonic() > deadline:
+            if self.clock.monotonic() > deadline:
                 raise TimeoutError(f"{ep.workdir} did not appear within {timeout_s:.0f}s")
-            time.sleep(0.05)
+            self.clock.sleep(0.05)
 
     def put(self, ep: Endpoint, local: Path, remote_rel: str) -> None:
         dest = safe_destination(Path(ep.workdir), local, remote_rel)
@@ -166,9 +169,9 @@ class LocalTransport(Transport):
         except (FileNotFoundError, ValueError):
             return
         kill_group(pid)
-        deadline = time.monotonic() + 5
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        deadline = self.clock.monotonic() + 5
+        while pid_alive(pid) and self.clock.monotonic() < deadline:
+            self.clock.sleep(0.02)
         _reap()
 
     def read_log(self, ep: Endpoint, name: str, offset: int = 0) -> bytes:

@@ -21,7 +21,6 @@ import shlex
 import stat
 import tarfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.instances import ProcState, ProcStatus
 from orchestrator.transport.base import (
     Endpoint,
@@ -153,7 +153,9 @@ _ConnKey = tuple[str, int, str | None, str | None]
 
 
 class SshTransport(Transport):
-    def __init__(self, *, connect_timeout_s: float = 10.0, command_timeout_s: float = 120.0) -> None:
+    def __init__(self, *, connect_timeout_s: float = 10.0, command_timeout_s: float = 120.0,
+                 clock: Clock = WALL) -> None:
+        self.clock = clock
         self.connect_timeout_s = connect_timeout_s
         self.command_timeout_s = command_timeout_s
         self._conns: dict[_ConnKey, Connection] = {}
@@ -235,10 +237,10 @@ class SshTransport(Transport):
 
         A wrong host key is fatal at once. A refused login is too, except on a VM whose keys are published at
         boot (``host_key_source``): its guest agent installs our login key at boot as well, maybe late."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
 
         def attempt() -> None:
-            remaining = max(0.0, deadline - time.monotonic())
+            remaining = max(0.0, deadline - self.clock.monotonic())
             self._check(ep, f"mkdir -p {remote_path(ep.workdir)}", "mkdir",
                         connect_timeout_s=max(0.5, min(self.connect_timeout_s, remaining)),
                         timeout_s=max(1.0, min(self.command_timeout_s, remaining)))
@@ -256,7 +258,8 @@ class SshTransport(Transport):
             raise UnreachableError(f"{_where(ep)} not reachable within {timeout_s:.0f}s: {last}")
 
         for tried in Retrying(retry=retry_if_exception(retryable), stop=stop_after_delay(timeout_s),
-                              wait=wait_random_exponential(multiplier=0.25, max=10.0), sleep=_sleep_until(deadline),
+                              wait=wait_random_exponential(multiplier=0.25, max=10.0),
+                              sleep=_sleep_until(deadline, self.clock),
                               retry_error_callback=give_up, reraise=True):
             with tried:
                 attempt()
@@ -413,10 +416,10 @@ def _open(ep: Endpoint, connect_timeout_s: float) -> Connection:
     return conn
 
 
-def _sleep_until(deadline: float) -> Callable[[float], None]:
+def _sleep_until(deadline: float, clock: Clock) -> Callable[[float], None]:
     """tenacity's sleep, never past ``deadline`` (the last attempt then reports in time)."""
     def sleep(seconds: float) -> None:
-        time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
+        clock.sleep(max(0.0, min(seconds, deadline - clock.monotonic())))
     return sleep
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import time
 from collections.abc import Callable, Sequence
 
+from orchestrator.clock import WALL
 from orchestrator.costmodel.batches import job_precision, job_runtime, trained_gpus
 from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, runtime_key
 from orchestrator.costmodel.crossgpu import arch_gpu
@@ -109,7 +109,7 @@ def plan_warnings(
     predicted = c.time_s if math.isfinite(c.time_s) else 0.0
     horizon, why = (deadline, "its deadline") if deadline and deadline >= predicted else (predicted, "predicted")
     return (prices + idle_gpu_warnings(spec, cat, c) + precision_warnings(spec, c)
-            + lifecycle_warnings(cat, list(c.gpus), today or dt.date.today(), horizon, why))
+            + lifecycle_warnings(cat, list(c.gpus), today or WALL.now().date(), horizon, why))
 
 
 _UNITS = {"tf32": "TF32", "amp": "FP16", "bf16": "BF16"}
@@ -159,7 +159,7 @@ def plan(
     """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring.
     ``blocks``: stockouts and quotas in force (the blocks table), which placement avoids; ``today``: the
     day the job would start (GCE retirement dates are checked against it)."""
-    started = time.perf_counter()
+    started = WALL.monotonic()  # the planner's own compute time, reported as elapsed_s: real time
     context = plan_context(spec, catalog, calibration)
     cat = context.catalog
     calib = calibration or DEFAULT_CALIBRATION
@@ -203,7 +203,7 @@ def plan(
         best_infeasible=best_infeasible,
         budget_usd=policy.budget_usd,
         deadline_s=policy.deadline,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=WALL.monotonic() - started,
         calibration=calib.name,
         notes=tuple(notes),
         warnings=tuple(plan_warnings(spec, cat, best, context.book, today)),

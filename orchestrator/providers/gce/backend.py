@@ -6,6 +6,7 @@ import hashlib
 from functools import partial
 from typing import TYPE_CHECKING
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.instances import ObservedInstance
 from orchestrator.model.paths import jobs_dir
 from orchestrator.model.spec import GceProvider as GceSpec
@@ -111,7 +112,7 @@ def command_prefix(python: str) -> tuple[str, ...]:
     return ("/bin/sh", "-c", (jobs_dir() / BOOT_WAIT).read_text(), "boot_wait")  # "boot_wait": its $0
 
 
-def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
+def build(key: str, spec: GceSpec, framework: str | None = None, clock: Clock = WALL) -> Backend:
     """Everything that differs from one Compute endpoint to another comes from the spec's settings
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
     ssh port and work directory metadata): a Compute API on loopback is reached like GCE itself."""
@@ -127,6 +128,7 @@ def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
         allow_open_network=spec.allow_open_network,
         credentials=spec.credentials, api_endpoint=spec.api_endpoint, network=spec.network,
         termination_action=spec.termination_action, settings=settings)
+    provider.clock = clock
 
     def endpoint(observed: ObservedInstance) -> Endpoint:
         key_path, _ = job_key(observed.job_id)
@@ -147,7 +149,7 @@ def build(key: str, spec: GceSpec, framework: str | None = None) -> Backend:
         task_env=passed_env(),
         # One address with a port kept per slot: a replacement is where its predecessor was. A VM of its
         # own gets a new IP, so an async chief must restart to reach it.
-        stable_addresses=shared_address, cloud_deadline=cloud_max_run_s,
+        stable_addresses=shared_address, cloud_deadline=cloud_max_run_s, clock=clock,
         # The job's firewall rules are made by provider.create before its first VM (IsolatedGceProvider).
     )
 

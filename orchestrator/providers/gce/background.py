@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from google.cloud import compute_v1
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.cloud_errors import ProviderError, TransientError
 from orchestrator.model.instances import ObservedInstance, ObservedState
 from orchestrator.providers.gce.errors import op_has_code, operation_error
@@ -64,7 +64,7 @@ class _Tracked:
     state: OpState
     resource: str = ""  # the insert's GPU or machine type, named in a stockout's message
     polling: bool = False
-    polled_at: float = field(default_factory=time.monotonic)
+    polled_at: float = 0.0  # monotonic, of the background's clock (set when tracked)
     polls: int = 0
 
 
@@ -72,14 +72,15 @@ class GceBackground:
     """Started calls and their operations, by request id; the background listing."""
 
     def __init__(self, calls: GceCalls, *, threads: int = 16, poll_every_s: float = 1.0,
-                 poll_max_s: float = 30.0, list_every_s: float = 2.0) -> None:
+                 poll_max_s: float = 30.0, list_every_s: float = 2.0, clock: Clock = WALL) -> None:
         self.calls = calls
+        self.clock = clock
         self.poll_every_s = poll_every_s
         self.poll_max_s = poll_max_s  # an operation running for long is asked less often (1, 2, 4 ... 30 s)
         self._start_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-start")
         self._poll_pool = ThreadPoolExecutor(threads, thread_name_prefix="gce-poll")
         self._list_pool = ThreadPoolExecutor(1, thread_name_prefix="gce-list")
-        self.listing = BackgroundListing(calls.list_all, self._list_pool, list_every_s)
+        self.listing = BackgroundListing(calls.list_all, self._list_pool, list_every_s, clock)
         self._ops: dict[str, _Tracked] = {}
         self._prereqs: dict[str, Future[None]] = {}  # prerequisite key -> its call under way
         self._cleaning: set[str] = set()  # after-delete keys with a check under way
@@ -105,7 +106,8 @@ class GceBackground:
         with self._lock:
             if ref.request_id in self._ops:
                 return
-            tracked = self._ops[ref.request_id] = _Tracked(ref, OpState(OpPhase.STARTING), resource)
+            tracked = self._ops[ref.request_id] = _Tracked(ref, OpState(OpPhase.STARTING), resource,
+                                                           polled_at=self.clock.monotonic())
             if prerequisite is not None:
                 key, call = prerequisite
                 first = self._prereqs.get(key)
@@ -156,7 +158,7 @@ class GceBackground:
             state = OpState(OpPhase.DONE, error=TransientError(f"{type(exc).__name__}: {exc}"))
         with self._lock:
             tracked.state = state
-            tracked.polled_at = time.monotonic()
+            tracked.polled_at = self.clock.monotonic()
 
     # ---------------------------------------------------------------- following
 
@@ -172,7 +174,7 @@ class GceBackground:
             wait = min(self.poll_max_s, self.poll_every_s * 2 ** min(tracked.polls, 8))
             if ref.kind == OpKind.INSERT and self._listed().get(ref.target) == ObservedState.PENDING:
                 wait = self.poll_max_s  # its VM is listed, booting: the insert went through and ends with the boot
-            due = time.monotonic() - tracked.polled_at >= wait
+            due = self.clock.monotonic() - tracked.polled_at >= wait
             if state.phase == OpPhase.RUNNING and not tracked.polling and due:
                 tracked.polling = True
                 try:
@@ -192,7 +194,7 @@ class GceBackground:
         with self._lock:
             tracked.state = state
             tracked.polling = False
-            tracked.polled_at = time.monotonic()
+            tracked.polled_at = self.clock.monotonic()
             tracked.polls += 1
 
     def _listed(self) -> dict[str, ObservedState]:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
+from orchestrator.clock import WALL
 from orchestrator.model.catalog import CURRENT_BOOK, Catalog, CatalogError, load_catalog
 from orchestrator.model.errors import UserError
 from orchestrator.model.gce_rules import STANDARD, load_gce_rules
@@ -67,7 +68,7 @@ def plan_bake(
             raise UserError("a worker image is built for one GPU type: give --gpu (e.g. --gpu l4)")
         gpu = gpu.lower()
         zones, machine_type = _worker_placement(catalog, gpu, spec_zones, say)
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    stamp = (now or WALL.utcnow()).strftime("%Y%m%d-%H%M%S")
     family = image_family(role, gpu, framework)
     image = name or f"{family}-{stamp}"
     if not _GCE_NAME.match(image):

@@ -11,6 +11,7 @@ from functools import partial
 
 from google.cloud import compute_v1
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.instances import InstanceRequest
 from orchestrator.providers.gce.api import GceApi
 from orchestrator.providers.gce.background import GceBackground, GceCalls
@@ -25,6 +26,7 @@ class GcePasses(SupportsOperations, SupportsSnapshots):
     instances: Instances
     project: str
     background_threads = 16  # calls (and, apart, polls) under way at once for the passes
+    clock: Clock = WALL  # the Backend's (providers/gce/backend.py sets it)
     _background: GceBackground | None = None  # made by the first pass that uses it
     _background_lock: threading.Lock  # the provider's own (made in its __init__)
 
@@ -53,7 +55,7 @@ class GcePasses(SupportsOperations, SupportsSnapshots):
             if self._background is None:
                 calls = GceCalls(self.project, partial(self.instances.observed, None), self.instances.get_operation,
                                  self.instances.list_operations, self._after_delete, self._cleanup_key)
-                self._background = GceBackground(calls, threads=self.background_threads)
+                self._background = GceBackground(calls, threads=self.background_threads, clock=self.clock)
                 self.api.widen_pools(2 * self.background_threads + 4)
             return self._background
 

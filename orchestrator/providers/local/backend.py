@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.availability import load_trace
 from orchestrator.model.paths import user_dir
 from orchestrator.model.spec import LocalProvider as LocalSpec
@@ -17,12 +18,13 @@ def cache_key(spec: LocalSpec, framework: str = "") -> str:
     return f"local:{user_dir()}:{spec.time_scale}:{traces}:{spec.availability_start_tick}"
 
 
-def build(key: str, spec: LocalSpec, framework: str = "") -> Backend:
+def build(key: str, spec: LocalSpec, framework: str = "", clock: Clock = WALL) -> Backend:
     # Every instance is this machine: one free port per slot, and a replacement keeps its slot's address.
     trace = None if spec.availability_trace is None else load_trace(spec.availability_trace)
     zones = {zone: load_trace(path) for zone, path in spec.zone_availability_traces.items()}
     gpus = {gpu: load_trace(path) for gpu, path in spec.gpu_availability_traces.items()}
     provider = LocalProvider(user_dir() / "local", time_scale=spec.time_scale, availability=trace,
-                             start_tick=spec.availability_start_tick, zone_availability=zones, gpu_availability=gpus)
-    return Backend(key, provider, LocalTransport(),
-                   fixed_task_port=None, request_metadata=progress_clock_for)
+                             start_tick=spec.availability_start_tick, zone_availability=zones, gpu_availability=gpus,
+                             clock=clock)
+    return Backend(key, provider, LocalTransport(clock),
+                   fixed_task_port=None, request_metadata=progress_clock_for, clock=clock)

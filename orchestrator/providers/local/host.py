@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.providers.local.processes import end, running_in
 from orchestrator.providers.local.progress import first_step_at_least
 from orchestrator.transport.local import kill_all_in
@@ -43,22 +43,22 @@ def _check(state_path: Path) -> None:
         raise FolderGone
 
 
-def sleep_until(state_path: Path, until: float) -> None:
-    """Sleep to ``until`` (time.time()), looking for the folder every WATCH_S."""
+def sleep_until(state_path: Path, until: float, clock: Clock = WALL) -> None:
+    """Sleep to ``until`` (the clock's unix time), looking for the folder every WATCH_S."""
     while True:
         _check(state_path)
-        left = until - time.time()
+        left = until - clock.time()
         if left <= 0:
             return
-        time.sleep(min(WATCH_S, left))
+        clock.sleep(min(WATCH_S, left))
 
 
-def wait_for_step(metrics: Path, target: int, state_path: Path, poll_s: float = 0.1) -> int:
+def wait_for_step(metrics: Path, target: int, state_path: Path, poll_s: float = 0.1, clock: Clock = WALL) -> int:
     """Block until the job's metrics reach step ``target`` (its progress clock); returns the first logged step
     at or past it."""
     offset = 0
     while True:
-        time.sleep(poll_s)
+        clock.sleep(poll_s)
         _check(state_path)
         try:
             with metrics.open("rb") as fh:
@@ -74,7 +74,7 @@ def wait_for_step(metrics: Path, target: int, state_path: Path, poll_s: float = 
             offset += end_at + 1
 
 
-def run(instance_dir: Path) -> None:
+def run(instance_dir: Path, clock: Clock = WALL) -> None:
     state_path = instance_dir / "instance.json"
     try:
         state: dict[str, Any] = json.loads(state_path.read_text())
@@ -82,19 +82,20 @@ def run(instance_dir: Path) -> None:
         raise FolderGone from exc  # deleted before this process got going
     state["hypervisor_pid"] = os.getpid()  # what a delete falls back to without hypervisor.pid
     write_state(state_path, state)
-    sleep_until(state_path, state["created_at"] + state["boot_delay_s"])
+    sleep_until(state_path, state["created_at"] + state["boot_delay_s"], clock)
     state["state"] = "running"
-    state["running_at"] = time.time()
+    state["running_at"] = clock.time()
     write_state(state_path, state)
     revoke_at = state.get("revoke_at")
     if state.get("revoke_at_step") is not None:  # the progress clock: drawn, or a schedule's at_step
-        state["notice_step"] = wait_for_step(Path(state["metrics_file"]), int(state["revoke_at_step"]), state_path)
+        state["notice_step"] = wait_for_step(Path(state["metrics_file"]), int(state["revoke_at_step"]), state_path,
+                                            clock=clock)
     else:  # without a revocation: lives until the provider deletes the instance
-        sleep_until(state_path, float("inf") if revoke_at is None else revoke_at)
+        sleep_until(state_path, float("inf") if revoke_at is None else revoke_at, clock)
     # Like GCE: ACPI soft-off, the shutdown script reports a notice, hard off after the window.
     state["state"] = "stopping"
     state["preempted"] = True
-    state["notice_at"] = time.time()
+    state["notice_at"] = clock.time()
     write_state(state_path, state)
     for notice in state.get("notice_files", []):
         try:
@@ -103,8 +104,8 @@ def run(instance_dir: Path) -> None:
                                                 "window_s": state["notice_window_s"]}))
         except OSError:
             pass  # a shutdown script that cannot write does not stop the preemption
-    sleep_until(state_path, state["notice_at"] + state["notice_window_s"])
-    state["killed_at"] = time.time()
+    sleep_until(state_path, state["notice_at"] + state["notice_window_s"], clock)
+    state["killed_at"] = clock.time()
     kill_all_in(instance_dir / "disk")
     state["state"] = "terminated"
     write_state(state_path, state)

@@ -19,13 +19,13 @@ import fcntl
 import json
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orchestrator
+from orchestrator.clock import WALL, Clock
 from orchestrator.costmodel.slots import DEFAULT_BATCH, Slot
 from orchestrator.model import timings
 from orchestrator.model.availability import AvailabilityTrace
@@ -70,7 +70,12 @@ class LocalProvider(Provider, SupportsSpotCapacity):
     def __init__(self, root: Path, *, time_scale: float = 1.0, boot_delay_cloud_s: float = timings.BOOT_S,
                  notice_window_cloud_s: float = timings.NOTICE_WINDOW_S, availability: AvailabilityTrace | None = None,
                  start_tick: int = 0, zone_availability: Mapping[str, AvailabilityTrace] | None = None,
-                 gpu_availability: Mapping[str, AvailabilityTrace] | None = None) -> None:
+                 gpu_availability: Mapping[str, AvailabilityTrace] | None = None, clock: Clock = WALL,
+                 hosts: ProcessHosts | None = None) -> None:
+        self.clock = clock
+        # How each instance's emulated host runs: a detached process (the default), or, on a virtual clock, a
+        # thread that takes part in it (tests/fastforward.py).
+        self.hosts = hosts or ProcessHosts()
         self.root = root.absolute() / "instances"  # absolute: a hypervisor's command line names its folder
         self.root.mkdir(parents=True, exist_ok=True)
         self._tombs = self.root.parent / "deleted"
@@ -106,9 +111,9 @@ class LocalProvider(Provider, SupportsSpotCapacity):
                         if state is None:
                             return  # deleted since we looked: the delete wins
                         _write_atomic(d / STATE, state)  # before the hypervisor can exist
-                    elif _host_started(d):
+                    elif self.hosts.started(d):
                         return  # an earlier create started it (maybe one that died before writing its pid)
-                    pid = spawn_detached(host_argv(d), d, _env_with_package())
+                    pid = self.hosts.start(d)
                     (d / HOST_PID).write_text(str(pid))
                     return
             except FileNotFoundError:
@@ -116,7 +121,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
                     return  # deleted as we finished its create: the delete wins (a hypervisor started exits)
 
     def _new_state(self, request: InstanceRequest, d: Path) -> dict[str, Any]:
-        now = time.time()
+        now = self.clock.time()
         trace_revoke_at = self._trace_revoke_at(request, now)
         state: dict[str, Any] = {
             "name": request.name, "labels": request.all_labels(), "role": request.role.value,
@@ -163,19 +168,19 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         trace of their GPU type where it has one); None without a trace (unknown)."""
         gpu = next((s.gpu for s in slots if s.gpu in self.gpu_traces), None)
         if gpu is not None:
-            return self.gpu_traces[gpu].count_at(self._tick(job_id, time.time())) >= 1
+            return self.gpu_traces[gpu].count_at(self._tick(job_id, self.clock.time())) >= 1
         by_zone = self.spot_capacity_by_zone(job_id, slots)
         if by_zone is not None:
             return any(by_zone.values())
         if self.availability is None:
             return None
-        return self.availability.count_at(self._tick(job_id, time.time())) >= 1
+        return self.availability.count_at(self._tick(job_id, self.clock.time())) >= 1
 
     def spot_capacity_by_zone(self, job_id: str, slots: Sequence[Slot] = ()) -> dict[str, bool] | None:
         """Each zone's replayed trace now (``provider.zone_availability_traces``); None with one trace or none."""
         if not self.traces:
             return None
-        tick = self._tick(job_id, time.time())
+        tick = self._tick(job_id, self.clock.time())
         return {zone: trace.count_at(tick) >= 1 for zone, trace in self.traces.items()}
 
     def spot_capacity_count(self, job_id: str, slots: Sequence[Slot] = ()) -> int | None:
@@ -183,7 +188,7 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         (a 16-node trace counts up to 16); None where zones or GPU types replay traces of their own."""
         if self.availability is None or self.traces or any(s.gpu in self.gpu_traces for s in slots):
             return None
-        return self.availability.count_at(self._tick(job_id, time.time()))
+        return self.availability.count_at(self._tick(job_id, self.clock.time()))
 
     def _trace_revoke_at(self, request: InstanceRequest, now: float) -> tuple[float, int] | None:
         """A spot create in a stockout of the replayed trace (of its zone) is refused; else when the trace revokes
@@ -247,22 +252,22 @@ class LocalProvider(Provider, SupportsSpotCapacity):
         A delete killed half-way is finished by the next delete of the name or by ``sweep_strays``."""
         d = self._dir(name)
         for aside in sorted(self._aside.glob(f"{name}.*")):
-            _end_and_remove(aside, None)  # an earlier delete of it that was killed half-way
+            self.hosts.end_and_remove(aside, None)  # an earlier delete of it that was killed half-way
         if not d.exists():
             return  # not found is success
         state = self._state(d)
         if state is not None:  # kept for benchmarks and post-mortems (notice, kill and deletion times)
-            state["deleted_at"] = time.time()
+            state["deleted_at"] = self.clock.time()
             self._tombs.mkdir(exist_ok=True)
             _write_atomic(self._tombs / f"{name}.json", state)
-        recorded = [pid for pid in _recorded_host_pids(d, state) if is_host_of(pid, d)]
+        recorded = self.hosts.recorded(d, state)
         self._aside.mkdir(exist_ok=True)
         aside = self._aside / f"{name}.{uuid.uuid4().hex[:8]}"
         try:
             d.rename(aside)
         except FileNotFoundError:
             return  # another delete moved it first
-        _end_and_remove(aside, (d, recorded))
+        self.hosts.end_and_remove(aside, (d, recorded))
 
     @staticmethod
     def _state(d: Path) -> dict[str, Any] | None:
@@ -291,12 +296,12 @@ class LocalProvider(Provider, SupportsSpotCapacity):
                 done.append(f"pid {p.pid}: {' '.join(p.argv)[:80]}, running in the removed folder {p.cwd}")
         end([p.pid for p in strays])
         for aside in sorted(self._aside.glob("*")) if self._aside.is_dir() else []:
-            _end_and_remove(aside, None)
+            self.hosts.end_and_remove(aside, None)
             done.append(f"{aside.name}: the folder of a delete that did not finish, removed")
         for d in sorted(self.root.iterdir()):
             with contextlib.suppress(OSError):
-                if not (d / STATE).exists() and time.time() - d.stat().st_mtime > min_age_s:
-                    _end_and_remove(d, None)
+                if not (d / STATE).exists() and self.clock.time() - d.stat().st_mtime > min_age_s:
+                    self.hosts.end_and_remove(d, None)
                     done.append(f"{d.name}: the folder of a create that did not finish, removed")
         return done
 
@@ -312,7 +317,8 @@ class LocalProvider(Provider, SupportsSpotCapacity):
             if wanted is not None and labels.get(LABEL_JOB) not in wanted:
                 continue
             state = _STATES[st["state"]]
-            if state in (ObservedState.PENDING, ObservedState.RUNNING) and not _hypervisor_alive(path.parent, st):
+            alive = self.hosts.alive(path.parent, st, self.clock.time())
+            if state in (ObservedState.PENDING, ObservedState.RUNNING) and not alive:
                 state = ObservedState.TERMINATED  # the emulated host died under us
             out.append(ObservedInstance(
                 name=st["name"], job_id=labels[LABEL_JOB], role=Role(st["role"]), index=st["index"],
@@ -375,6 +381,27 @@ def _recorded_host_pids(d: Path, state: dict[str, Any] | None) -> list[int]:
     return pids
 
 
+class ProcessHosts:
+    """Each instance's emulated host as a detached process (``python -m orchestrator.providers.local.host DIR``),
+    found again through /proc by its command line and working directory."""
+
+    def start(self, d: Path) -> int:
+        return spawn_detached(host_argv(d), d, _env_with_package())
+
+    def started(self, d: Path) -> bool:
+        return _host_started(d)
+
+    def alive(self, d: Path, state: dict[str, Any], now: float) -> bool:
+        return _hypervisor_alive(d, state, now)
+
+    def recorded(self, d: Path, state: dict[str, Any] | None) -> list[int]:
+        """The recorded hypervisor pids of ``d`` that are still its hypervisor's (checked in /proc)."""
+        return [pid for pid in _recorded_host_pids(d, state) if is_host_of(pid, d)]
+
+    def end_and_remove(self, folder: Path, host: tuple[Path, list[int]] | None) -> None:
+        _end_and_remove(folder, host)
+
+
 def _host_started(d: Path) -> bool:
     """Was this instance's hypervisor ever started (by any create)? Recorded, or running without a record."""
     if (d / HOST_PID).exists():
@@ -386,10 +413,10 @@ def _host_started(d: Path) -> bool:
     return bool(_recorded_host_pids(d, state)) or bool(hosts_of(d))
 
 
-def _hypervisor_alive(d: Path, state: dict[str, Any]) -> bool:
+def _hypervisor_alive(d: Path, state: dict[str, Any], now: float) -> bool:
     recorded = _recorded_host_pids(d, state)
     if not recorded:  # its create died before starting it (a resend starts it), or is starting it right now
-        return time.time() - float(state["created_at"]) < SPAWN_GRACE_S or bool(hosts_of(d))
+        return now - float(state["created_at"]) < SPAWN_GRACE_S or bool(hosts_of(d))
     return any(is_host_of(pid, d) for pid in recorded)
 
 

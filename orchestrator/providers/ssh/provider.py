@@ -29,7 +29,6 @@ import posixpath
 import socket
 import stat
 import threading
-import time
 from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.clock import WALL, Clock
 from orchestrator.model.catalog import Catalog, load_catalog
 from orchestrator.model.cloud_errors import CapacityError
 from orchestrator.model.instances import InstanceRequest, ObservedInstance, ObservedState, Role
@@ -199,14 +199,15 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
 
     def __init__(self, inventory: str | Path, *, state_path: Path | None = None,
                  transport: SshTransport | None = None, catalog: Catalog | None = None,
-                 probe_timeout_s: float = 2.0, probe_ttl_s: float = 5.0) -> None:
+                 probe_timeout_s: float = 2.0, probe_ttl_s: float = 5.0, clock: Clock = WALL) -> None:
+        self.clock = clock
         self.inventory_path = Path(inventory).expanduser().resolve()
         self._inv_key = str(self.inventory_path)  # assignments of several inventories share the state file
         self._catalog = catalog
         self.inventory = load_inventory(self.inventory_path, catalog)
         self._mtime = self.inventory_path.stat().st_mtime_ns
         self._state = _State(state_path or user_dir() / STATE_FILE)
-        self.transport = transport or SshTransport(connect_timeout_s=5.0)
+        self.transport = transport or SshTransport(connect_timeout_s=5.0, clock=clock)
         self.probe_timeout_s = probe_timeout_s
         self.probe_ttl_s = probe_ttl_s
         self._probes: dict[tuple[str, int], tuple[float, bool]] = {}
@@ -244,7 +245,7 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
     def reachable(self, host: InventoryHost) -> bool:
         """Does the host answer with an SSH banner? Cached for ``probe_ttl_s``; no login needed."""
         key = (host.host, host.port)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._probe_lock:
             cached = self._probes.get(key)
         if cached is not None and now - cached[0] < self.probe_ttl_s:
@@ -256,7 +257,7 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
         except OSError:
             ok = False
         with self._probe_lock:
-            self._probes[key] = (time.monotonic(), ok)
+            self._probes[key] = (self.clock.monotonic(), ok)
         return ok
 
     def _probe_all(self, hosts: list[InventoryHost]) -> dict[str, bool]:
@@ -288,7 +289,7 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
                 "inventory": self._inv_key, "host": host.name, "job_id": request.job_id,
                 "role": request.role.value, "index": request.index, "generation": request.generation,
                 "zone": request.zone, "gpu": request.gpu, "spot": request.spot,
-                "labels": request.all_labels(), "created_at": time.time(),
+                "labels": request.all_labels(), "created_at": self.clock.time(),
             }
         log.info("assigned %s to host %s (%s)", request.name, host.name, host.host)
 
