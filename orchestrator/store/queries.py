@@ -147,15 +147,17 @@ def job_instances(session: Session, job_id: str) -> list[Instance]:
 # SQLite's "now" in the instance_costs view is whole seconds (strftime('%s')), so an instance requested in the
 # current second is costed at up to -1 s: each instance's open cost counts from zero, never below.
 _BILLED = "COALESCE(SUM(CASE WHEN usd > 0 THEN usd ELSE 0 END), 0)"
+# The instance_costs view's usd, open entries costed to the session's clock (the view's "now" is the database's own
+# clock): what the controller decides with (budgets) runs on its clock, a virtual one included.
+_COSTS = ("SELECT i.job_id, i.role, COALESCE(l.usd, (:now - i.requested_at) * i.price_per_hour / 3600.0) AS usd "
+          "FROM instances i LEFT JOIN ledger l ON l.instance_id = i.id WHERE i.status <> 'failed' OR l.id IS NOT NULL")
 _NOT_NEGATIVE = ("cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd", "wall_time_s")
 
 
 def job_cost(session: Session, job_id: str) -> dict[str, float]:
     """USD by role, open entries costed to now (the same figures as the ``instance_costs`` view)."""
-    rows = session.execute(
-        text(f"SELECT role, {_BILLED} FROM instance_costs WHERE job_id = :j GROUP BY role"),
-        {"j": job_id},
-    ).all()
+    rows = session.execute(text(f"SELECT role, {_BILLED} FROM ({_COSTS}) c WHERE job_id = :j GROUP BY role"),
+                           {"j": job_id, "now": clock_of(session).time()}).all()
     out = {str(r[0]): float(r[1]) for r in rows}
     out["total"] = sum(out.values())
     return out
@@ -243,8 +245,9 @@ def job_costs(session: Session, job_ids: Sequence[str]) -> dict[str, float]:
     if not job_ids:
         return {}
     marks = ", ".join(f":j{i}" for i in range(len(job_ids)))
-    rows = session.execute(text(f"SELECT job_id, {_BILLED} FROM instance_costs WHERE job_id IN ({marks}) "
-                                "GROUP BY job_id"), {f"j{i}": j for i, j in enumerate(job_ids)}).all()
+    rows = session.execute(text(f"SELECT job_id, {_BILLED} FROM ({_COSTS}) c WHERE job_id IN ({marks}) "
+                                "GROUP BY job_id"),
+                           {"now": clock_of(session).time(), **{f"j{i}": j for i, j in enumerate(job_ids)}}).all()
     costs = {j: 0.0 for j in job_ids}
     costs.update({str(r[0]): float(r[1]) for r in rows})
     return costs
