@@ -88,10 +88,14 @@ class StubTask:
     state: ProcState = ProcState.RUNNING
     code: int | None = None
     stopped: bool = False
+    joins_at: float = 0.0  # when it has set up and steps (a worker that rejoins takes START_S, as TF's import)
 
     @property
     def alive(self) -> bool:
         return self.state == ProcState.RUNNING
+
+    def stepping(self, now: float) -> bool:
+        return self.alive and now >= self.joins_at
 
     def instance_gone(self) -> bool:
         try:
@@ -116,7 +120,7 @@ class StubTransport(LocalTransport):
         if current is not None and current.alive:
             return
         workdir = Path(ep.workdir)
-        stub = StubTask(workdir, task_schema.load(workdir / "task.json"))
+        stub = StubTask(workdir, task_schema.load(workdir / "task.json"), joins_at=self.vclock.time() + START_S)
         self.tasks[ep.workdir] = stub
         self.started.append(stub.config.instance)
         self.vclock.spawn(lambda: _run_stub(self, stub), f"task {stub.config.instance}")
@@ -204,8 +208,18 @@ class _Chief:
         if cfg.mode == "sync":
             return self.stub.config.step_sleep_s + COMPUTE_S
         workers = {t.config.index: t for t in self.transport.peers(cfg.job_id) if t.config.role == "worker"}
-        rates = [1.0 / (t.config.step_sleep_s + COMPUTE_S) for t in workers.values() if t.alive]
+        now = self.transport.vclock.time()
+        rates = [1.0 / (t.config.step_sleep_s + COMPUTE_S) for t in workers.values() if t.stepping(now)]
         return 1.0 / sum(rates) if rates else None
+
+    def live_workers(self) -> set[int]:
+        """The worker indices that step now (sync: every one, the world steps together)."""
+        cfg = self.stub.config
+        if cfg.mode == "sync":
+            return set(range(len(cfg.training.batch_per_worker)))
+        now = self.transport.vclock.time()
+        return {t.config.index for t in self.transport.peers(cfg.job_id)
+                if t.config.role == "worker" and t.stepping(now)}
 
     def resume(self) -> int:
         try:
@@ -272,7 +286,7 @@ class _Chief:
                             "examples_per_s": batch / pace, "steps_per_s": 1.0 / pace, "window_s": window_s,
                             "workers": {str(i): {"steps": t.log_every, "examples_per_s": b / pace,
                                                  "step_time_s": pace}
-                                        for i, b in enumerate(t.batch_per_worker)}})
+                                        for i, b in enumerate(t.batch_per_worker) if i in self.live_workers()}})
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.train_steps:
                 self.step, at = float(step), self.step
                 self.checkpoint("periodic")
