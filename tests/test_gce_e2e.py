@@ -1,6 +1,8 @@
 """`orchestrator launch` with provider gce, end to end: the real google-cloud-compute client against the
 Compute API emulator, real SSH to a local sshd, real TensorFlow, storage in (emulated) GCS synced by the
-payload itself; one stockout fails over to the next zone, one preemption is detected and recovered."""
+payload itself; one stockout fails over to the next zone, one preemption is detected and recovered.
+
+Kept as a real-payload test (issue 53): the GCE emulator path (the Compute client, SSH, GCS sync)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-"""The whole loop on one machine with real TensorFlow: revocation survived, ledger exact, nothing left."""
+"""The whole loop on one machine with real TensorFlow: revocation survived, ledger exact, nothing left.
+
+Kept as real-payload tests (issue 53), each for a payload contract: the TF notice, checkpoint and resume through a
+real launch (the README's demo path: launch, report, logs), and the chief in worker 0's own process. The daemon's
+decisions (replacement, a daemon restart, chief-on-worker0's roll-back) run fast-forwarded in
+tests/test_ff_replacement.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import REPO, cli, processes_under, tiny_spec, wait_until
+from e2e_helpers import cli, processes_under, tiny_spec
 from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.slow
@@ -65,55 +65,6 @@ def test_local_job_survives_a_revocation(tmp_path: Path) -> None:
     rep = cli("report", "--format", "json", env=env)
     assert json.loads(rep.stdout)[0]["revocations"] >= 1
     assert "revoked" in cli("logs", summary["job_id"], env=env).stdout
-
-
-def test_daemon_killed_mid_job_and_restarted(tmp_path: Path) -> None:
-    env = _env(tmp_path)
-    spec = tmp_path / "job.yaml"
-    spec.write_text(tiny_spec("sigkill", tmp_path / "runs", schedule=[("worker-0", 200)], steps=800))
-    out = cli("launch", str(spec), "--detach", env=env)
-    assert out.returncode == 0, out.stderr
-    db_url = env["ORCHESTRATOR_DB_URL"]
-    engine = create_engine(db_url)
-
-    def job_row() -> dict[str, object]:
-        with engine.connect() as conn:
-            return dict(conn.execute(text("SELECT status, final_step FROM jobs")).mappings().one())
-
-    def start_daemon() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "daemon", "--interval", "1"],
-                                env={**os.environ, **env}, cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=open(tmp_path / "daemon.log", "ab"))
-
-    daemon = start_daemon()
-    try:
-        wait_until(lambda: (job_row()["final_step"] or 0) >= 20, timeout=240)
-        daemon.send_signal(signal.SIGKILL)  # mid-job, at whatever line it was on
-        daemon.wait()
-        time.sleep(3)
-        daemon = start_daemon()
-        wait_until(lambda: job_row()["status"] in ("succeeded", "failed", "cancelled"), timeout=400)
-    finally:
-        daemon.send_signal(signal.SIGKILL)
-        daemon.wait()
-    assert job_row()["status"] == "succeeded", (tmp_path / "daemon.log").read_text()[-3000:]
-    with engine.connect() as conn:
-        job_id = conn.execute(text("SELECT id FROM jobs")).scalar()
-        dup_metrics = conn.execute(text(
-            "SELECT COUNT(*) FROM (SELECT kind, step, worker, at FROM metrics GROUP BY kind, step, worker, at "
-            "HAVING COUNT(*) > 1) d")).scalar()
-        ledger_rows = conn.execute(text("SELECT COUNT(*) FROM ledger")).scalar()
-        instances = conn.execute(text("SELECT COUNT(*) FROM instances")).scalar()
-        drivers = conn.execute(text("SELECT COUNT(*) FROM events WHERE to_status = 'driver'")).scalar()
-    assert dup_metrics == 0 and ledger_rows == instances  # nothing counted twice
-    # The restarted daemon keeps its stable owner id (hostname + persisted id), so it takes its own lease back
-    # at once without a new "driver" note; the job finishing after the kill shows that it drove the job on.
-    assert drivers >= 1
-    _check_ledger_exact(db_url, str(job_id))
-    from orchestrator.providers.local.provider import LocalProvider
-
-    assert LocalProvider(tmp_path / "home" / "local").list(None) == []  # nothing orphaned
-    assert processes_under(tmp_path) == []
 
 
 def test_chief_on_worker0_runs_in_worker0s_process(tmp_path: Path) -> None:

@@ -1,5 +1,10 @@
 """PyTorch on the local provider end to end: real torchrun, gloo, DCP checkpoints (slow: ~3 min together).
 
+Kept as real-payload tests (issue 53), each for a payload contract: PyTorch drain, shrink and grow
+(shrinks_and_grows), a pipeline stage loss (survives the revocation of a stage), the own-script contract
+(own_script_runs_to_exit_zero). The resplit and re-partition tests stay too until the fast-forward stub speaks
+the PyTorch payload's protocol (world events, rebalance, stages); tests/fastforward.py speaks the TF one.
+
 - examples/local-torch-hetero.yaml (fewer steps): three emulated GPU types, a spot worker revoked; every
   rank checkpoints on the notice, the world shrinks 3 -> 2, the replacement joins and it grows 2 -> 3;
   accuracy in the DB, the ledger has a row per instance, nothing left running.
