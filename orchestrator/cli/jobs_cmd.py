@@ -41,10 +41,11 @@ def launch(
     SIGTERM (the job is cancelled).
     """
     from orchestrator.cli.launch_checks import print_dry_run, print_notes  # lazy: rich tables, only for launch
+    from orchestrator.cli.model_torch import profile_document  # lazy: the cost model
     from orchestrator.planning.admission import AdmitOptions, admit  # lazy: the cost model and the providers
 
     # the same check, the same calibration and the same plan as `plan`; nothing created before
-    admitted = admit(spec_path, AdmitOptions("dry-run" if dry_run else "launch"))
+    admitted = admit(spec_path, AdmitOptions("dry-run" if dry_run else "launch", profile=profile_document))
     if dry_run:
         print_dry_run(admitted)
         return

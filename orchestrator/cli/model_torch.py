@@ -244,3 +244,14 @@ def prepare_spec(spec_path: Path) -> None:
         prepare_spec_model(spec_path)
     except ProfileError as exc:
         raise UserError(f"training.model.torch: {exc}") from None
+
+
+def profile_document(document: Any, folder: Path) -> None:
+    """The same for a spec document already read (planning.admission's profile step)."""
+    from orchestrator.profiler.cache import prepare_document_model  # lazy: the profiler, only for a torch model
+    from orchestrator.profiler.factory_ref import ProfileError  # lazy: the profiler, only for a torch model
+
+    try:
+        prepare_document_model(document, folder)
+    except ProfileError as exc:
+        raise UserError(f"training.model.torch: {exc}") from None

@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from orchestrator.cli.listing import Col, check_format, print_csv, print_table
+from orchestrator.cli.model_torch import profile_document
 from orchestrator.cli.render import console, duration, err_console, money, pct
 from orchestrator.costmodel import Candidate, PlanResult
 from orchestrator.planning.admission import Admission, AdmitOptions, admit
@@ -147,7 +148,8 @@ def plan_command(spec_path: Path, json_out: bool, top: int, calibration: str | N
     row a candidate)."""
     fmt = "json" if json_out else check_format(fmt)
     try:
-        admitted = admit(spec_path, AdmitOptions("plan", calibration=calibration, host_load=load_option))
+        admitted = admit(spec_path, AdmitOptions("plan", calibration=calibration, host_load=load_option,
+                                                profile=profile_document))
     except NotLaunchable as refused:  # a plan-only spec (a pipeline model): the plan, and why launch refuses it
         _print_warnings(refused.warnings)
         _print_result(refused.name, refused.result, top, fmt == "json")

@@ -6,6 +6,7 @@ renders it and decides nothing. A refusal is a ``UserError`` (``PlanRefused`` ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,6 +34,9 @@ class AdmitOptions:
     verb: Verb
     calibration: str | None = None  # `plan --calibration`: an ID in the results DB or a JSON file
     host_load: str = "measure"  # `plan --host-load`: measure, or a number of other runnable processes
+    # Profiles the model a spec document names (the CLI's, which may run the profiler; the daemon's layers never
+    # import it): (document, the spec's folder) -> None, raising UserError.
+    profile: Callable[[Any, Path], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class Admission:
 
 def admit(spec_path: Path, options: AdmitOptions) -> Admission:
     """Admit a spec file for a verb; raises ``UserError`` (``SpecError``, ``PlanRefused``), creates nothing."""
-    spec = read_spec(spec_path)
+    spec = read_spec(spec_path, options.profile)
     if options.verb != "plan":  # `plan` is the cost model's answer and needs no cloud account
         from orchestrator.providers.registry import check_setup  # lazy: the cloud clients (~2 s), not for `plan`
 
@@ -88,16 +92,11 @@ def admit(spec_path: Path, options: AdmitOptions) -> Admission:
     return Admission(judged, calibration, load, warnings, None, interval, outlook)
 
 
-def read_spec(spec_path: Path) -> JobSpec:
+def read_spec(spec_path: Path, profile: Callable[[Any, Path], None] | None = None) -> JobSpec:
     """The spec file read once: its document, the model it names profiled (or taken from the cache), checked."""
     document = read_spec_document(spec_path)
-    from orchestrator.profiler.cache import prepare_document_model  # lazy: the profiler, only for a torch model
-    from orchestrator.profiler.factory_ref import ProfileError  # lazy: the profiler, only for a torch model
-
-    try:  # the factory runs in a child process without the controller's secrets (profiler/sandbox.py)
-        prepare_document_model(document, spec_path.resolve().parent)
-    except ProfileError as exc:
-        raise UserError(f"training.model.torch: {exc}") from None
+    if profile is not None:  # the factory runs in a child process without the controller's secrets
+        profile(document, spec_path.resolve().parent)
     return spec_from_document(document, spec_path)
 
 
@@ -113,9 +112,10 @@ def _calibration(spec: JobSpec, options: AdmitOptions) -> tuple[Calibration | No
 
 
 def _host_load(spec: JobSpec, options: AdmitOptions) -> HostLoad | None:
-    """Local workers share this host's cores with whatever else runs on it: `plan` and `launch` count the load
-    now (the dry run prints what would be created, on the calibration's own host)."""
-    if not spec.provider.emulates_gpus or options.verb == "dry-run":
+    """Local workers share this host's cores with whatever else runs on it: `plan` counts the load now. A launch
+    and its dry run plan on the calibration's own host, as before: whether a spec is admitted never depends on
+    the host's momentary load (CI 2026-12-02: a loaded host pushed a launch past its deadline)."""
+    if not spec.provider.emulates_gpus or options.verb != "plan":
         return None
     return host_load(options.host_load.strip())
 
