@@ -19,10 +19,9 @@ def cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.Com
                           env={**os.environ, **env, "COLUMNS": "200"}, timeout=timeout, cwd=REPO)
 
 
-def example_in(example: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A local example spec written under ``tmp_path`` (its storage there, its traces' paths made absolute) and the
-    environment of a CLI run with its own home and results database there."""
-    raw = yaml.safe_load(example.read_text())
+def example_doc(example: Path, tmp_path: Path) -> dict[str, Any]:
+    """A local example spec's document with its storage under ``tmp_path`` and its traces' paths made absolute."""
+    raw: dict[str, Any] = yaml.safe_load(example.read_text())
     raw["storage"] = str(tmp_path / "runs")
     local = raw["provider"]
     if "availability_trace" in local:
@@ -30,6 +29,13 @@ def example_in(example: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     for key in ("zone_availability_traces", "gpu_availability_traces"):
         if key in local:
             local[key] = {k: str((example.parent / p).resolve()) for k, p in local[key].items()}
+    return raw
+
+
+def example_in(example: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A local example spec written under ``tmp_path`` (its storage there, its traces' paths made absolute) and the
+    environment of a CLI run with its own home and results database there."""
+    raw = example_doc(example, tmp_path)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(raw))
     return spec, {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}

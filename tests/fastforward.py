@@ -45,6 +45,7 @@ from orchestrator.store.db import open_session
 from orchestrator.store.models import Event, Instance, Job, Metric
 from orchestrator.transport.base import Endpoint
 from orchestrator.transport.local import LocalTransport
+from tests.e2e_helpers import example_doc
 
 START_S = 10.0  # the stub's set-up before its first step (TensorFlow's import and the cluster's connect: 8-15 s)
 COMPUTE_S = 0.02  # a step's own compute, beside the emulated GPU's sleep
@@ -393,15 +394,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def example_spec(name: str, tmp_path: Path, **changes: Any) -> JobSpec:
     """``examples/<name>.yaml`` with its storage under ``tmp_path`` and its traces' paths made absolute; ``changes``:
     top-level sections merged over the example's (``policy={"deadline": "900s"}``)."""
-    path = EXAMPLES / f"{name}.yaml"
-    raw = yaml.safe_load(path.read_text())
-    raw["storage"] = str(tmp_path / "runs")
-    local = raw["provider"]
-    if "availability_trace" in local:
-        local["availability_trace"] = str((path.parent / local["availability_trace"]).resolve())
-    for key in ("zone_availability_traces", "gpu_availability_traces"):
-        if key in local:
-            local[key] = {k: str((path.parent / p).resolve()) for k, p in local[key].items()}
+    raw = example_doc(EXAMPLES / f"{name}.yaml", tmp_path)
     for key, value in changes.items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
     return spec_of(raw)
