@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import random
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,18 +16,7 @@ class TaskError(ValueError):
     """task.json is missing or invalid."""
 
 
-@dataclass(frozen=True)
-class Training:
-    model: str = "resnet"
-    hparam_set: str = "resnet_cifar_15"
-    problem: str = "image_cifar10"
-    data_dir: str | None = None
-    train_steps: int = 300
-    batch_per_worker: tuple[int, ...] = (32,)
-    checkpoint_every: int = 100
-    eval_every: int = 0
-    log_every: int = 10
-    seed: int = 0
+Training = task_schema.TrainingSection  # the schema's own section: no copy of its fields or defaults here
 
 
 @dataclass(frozen=True)
@@ -69,14 +58,13 @@ def _require(cond: bool, msg: str) -> None:
         raise TaskError(msg)
 
 
-def parse_task(raw: dict[str, Any]) -> Task:
+def parse_task(raw: Mapping[str, Any]) -> Task:
     """task.json checked against the shared schema (task_schema: version, fields, types), then the TF job's
     own rules; any problem is a TaskError (exit 2: a task.json from another release is never retried)."""
     try:
         cfg = task_schema.from_dict(raw)
     except task_schema.TaskSchemaError as e:
         raise TaskError(str(e)) from e
-    t = cfg.training
     task = Task(
         job_id=cfg.job_id,
         instance=cfg.instance,
@@ -85,10 +73,7 @@ def parse_task(raw: dict[str, Any]) -> Task:
         index=cfg.index,
         cluster={k: list(v) for k, v in cfg.cluster.items()},
         storage=Path(cfg.storage).resolve(),
-        training=Training(model=t.model, hparam_set=t.hparam_set, problem=t.problem, data_dir=t.data_dir,
-                          train_steps=t.train_steps, batch_per_worker=t.batch_per_worker,
-                          checkpoint_every=t.checkpoint_every, eval_every=t.eval_every, log_every=t.log_every,
-                          seed=t.seed),
+        training=cfg.training,
         step_sleep_s=cfg.step_sleep_s,
         extra={"storage_uri": cfg.storage_uri},
     )
@@ -121,12 +106,9 @@ def parse_task(raw: dict[str, Any]) -> Task:
 
 def load_task(path: str | Path) -> Task:
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise TaskError(f"cannot read task file {path}: {e}") from e
-    if not isinstance(raw, dict):
-        raise TaskError("task.json must hold an object")
-    return parse_task(raw)
+        return parse_task(task_schema.read(path))  # the schema's reader: one for the controller and both payloads
+    except task_schema.TaskSchemaError as e:
+        raise TaskError(str(e)) from e
 
 
 def chief_address(cluster: dict[str, list[str]]) -> str:

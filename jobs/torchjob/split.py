@@ -2,25 +2,8 @@
 
 from __future__ import annotations
 
-
-def proportional_split(total: int, weights: list[float]) -> list[int]:
-    """Integer shares of ``total`` proportional to ``weights`` (largest remainder), each at least 1.
-
-    The same rule as orchestrator.costmodel.slots.proportional_split: with the planner's per-slot batches as weights
-    and the full world, it returns the planner's batches unchanged; after a shrink, the survivors' shares
-    grow in the planner's proportions so that the global batch stays the same.
-    """
-    if total < len(weights):
-        raise ValueError(f"global batch {total} is smaller than the {len(weights)} ranks")
-    raw = [total * w / sum(weights) for w in weights]
-    out = [max(1, int(r)) for r in raw]
-    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
-        if sum(out) >= total:
-            break
-        out[i] += 1
-    while sum(out) > total:
-        out[out.index(max(out))] -= 1
-    return out
+# One rule with the planner's (orchestrator/model/task.py, shipped as jobs/task_schema.py): never a copy here.
+from task_schema import proportional_split as proportional_split
 
 
 def offsets(batches: list[int]) -> list[int]:

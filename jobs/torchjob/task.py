@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import task_schema  # jobs/task_schema.py: the controller's definition of task.json
-
-from torchjob.split import proportional_split
 
 
 class TaskError(ValueError):
@@ -48,7 +46,7 @@ class TorchTask:
 
     def rank_batch(self, local_rank: int) -> int:
         """This node's planned batch shared evenly by its ranks (its GPUs are alike): local rank ``local_rank``'s."""
-        return proportional_split(self.planned_batch, [1.0] * self.nproc_per_node)[local_rank]
+        return task_schema.proportional_split(self.planned_batch, [1.0] * self.nproc_per_node)[local_rank]
 
     @property
     def notice_file(self) -> Path:
@@ -59,7 +57,7 @@ class TorchTask:
         return self.storage / "checkpoints"
 
 
-def parse(raw: dict[str, Any]) -> TorchTask:
+def parse(raw: Mapping[str, Any]) -> TorchTask:
     """task.json checked against the shared schema (task_schema), then this payload's rules; a TaskError
     (exit 2) names the problem, an unknown ``version`` included."""
     try:
@@ -98,9 +96,6 @@ def parse(raw: dict[str, Any]) -> TorchTask:
 
 def load(path: str | Path) -> TorchTask:
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise TaskError(f"cannot read task file {path}: {e}") from e
-    if not isinstance(raw, dict):
-        raise TaskError("task.json must hold an object")
-    return parse(raw)
+        return parse(task_schema.read(path))  # the schema's reader: one for the controller and both payloads
+    except task_schema.TaskSchemaError as e:
+        raise TaskError(str(e)) from e

@@ -12,6 +12,7 @@ from orchestrator.costmodel.split import SplitError, split_batch
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec, TrainingMode
 from orchestrator.model.spec.training import BuiltinTraining, CommandTraining, RunTraining, payload_framework
+from orchestrator.model.task import proportional_split as proportional_split  # the payload's rule too
 
 DEFAULT_BATCH = 128
 
@@ -85,7 +86,9 @@ def _gpu_split(spec: JobSpec, gpus: list[str], calibration: Calibration | None) 
     if spec.mode == TrainingMode.SYNC:
         if spec.provider.emulates_gpus:
             # Emulated GPUs step at measured speeds (orchestrator.costmodel.emulation), not the cost model's: split
-            # the global batch in proportion to those speeds.
+            # the global batch in proportion to those speeds (below one each: min_max_split's refusal).
+            if len(gpus) > total:
+                raise SplitError(f"global batch {total} is smaller than the {len(gpus)} workers; give each at least 1")
             speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
             return proportional_split(total, speeds)
         try:
@@ -113,18 +116,3 @@ def even_split(total: int, parts: int) -> list[int]:
     """``total`` in ``parts`` integer shares that differ by at most one, the larger first."""
     share, rest = divmod(total, parts)
     return [share + (1 if i < rest else 0) for i in range(parts)]
-
-
-def proportional_split(total: int, weights: list[float]) -> list[int]:
-    """Integer shares of ``total`` proportional to ``weights`` (largest remainder), each at least 1."""
-    raw = [total * w / sum(weights) for w in weights]
-    out = [max(1, int(r)) for r in raw]
-    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
-        if sum(out) >= total:
-            break
-        out[i] += 1
-    while sum(out) > total:
-        out[out.index(max(out))] -= 1
-    return out
-
-

@@ -2,14 +2,15 @@
 
 The controller builds a ``TaskConfig`` and writes ``to_json()``; the payloads (jobs/tfjob, jobs/torchjob)
 read it with ``load``. This file is also the payload's copy: the controller pushes it beside jobs/ as
-``jobs/task_schema.py`` (control/execute.py), so it imports only the standard library. A payload given a
-``version`` it does not know exits with ``EXIT_FATAL`` (model/exits.py: retrying cannot help).
+``jobs/task_schema.py`` (control/execute.py), so it imports only the standard library. ``proportional_split``
+lives here for the same reason: the planner and the payload split a batch by one rule, never two copies.
+A payload given a ``version`` it does not know exits with ``EXIT_FATAL`` (model/exits.py: retrying cannot help).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,27 @@ class TaskConfig:
         return json.dumps(self.to_dict(), indent=1)
 
 
+def proportional_split(total: int, weights: Sequence[float]) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights`` (largest remainder), each at least 1.
+
+    The planner splits a global batch over emulated GPUs by their speeds with it (costmodel/batches.py); the
+    PyTorch payload splits its global batch over its ranks (jobs/torchjob): with the planner's per-slot
+    batches as weights and the full world it returns them unchanged; after a shrink the survivors' shares grow
+    in the planner's proportions, so the global batch stays the same.
+    """
+    if total < len(weights):
+        raise ValueError(f"global batch {total} is smaller than the {len(weights)} ranks")
+    raw = [total * w / sum(weights) for w in weights]
+    out = [max(1, int(r)) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True):
+        if sum(out) >= total:
+            break
+        out[i] += 1
+    while sum(out) > total:
+        out[out.index(max(out))] -= 1
+    return out
+
+
 def _get(raw: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
     if key not in raw:
         if default is ...:
@@ -230,9 +252,14 @@ def from_dict(raw: object) -> TaskConfig:
     return task
 
 
-def load(path: str | Path) -> TaskConfig:
+def read(path: str | Path) -> Mapping[str, Any]:
+    """task.json's object, version checked; the payloads' readers (jobs/tfjob, jobs/torchjob) start here too."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise TaskSchemaError(f"cannot read task file {path}: {exc}") from exc
-    return from_dict(raw)
+    return check_version(raw)
+
+
+def load(path: str | Path) -> TaskConfig:
+    return from_dict(read(path))
