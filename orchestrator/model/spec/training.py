@@ -17,7 +17,19 @@ class TrainingMode(StrEnum):
     SYNC = "sync"  # all-reduce, per-worker batch split
 
 
-class BuiltinTraining(StrictModel):
+class TrainingLoop(StrictModel):
+    """The loop fields every ``training:`` kind shares (the spec field names users write): how long it trains,
+    its batch (per worker, or global and split by the planner) and how often it checkpoints, evaluates, logs."""
+
+    train_steps: int = Field(default=1000, gt=0, le=10_000_000)
+    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
+    global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
+    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
+    eval_every: int = Field(default=0, ge=0, le=10_000_000)
+    log_every: int = Field(default=10, gt=0, le=10_000_000)
+
+
+class BuiltinTraining(TrainingLoop):
     job: Literal["resnet-cifar"] = "resnet-cifar"
     model: Literal["resnet"] = "resnet"
     hparam_set: Literal["resnet_tiny", "resnet_cifar_15", "resnet_cifar_32", "resnet_cifar_56"] = "resnet_cifar_32"
@@ -27,12 +39,7 @@ class BuiltinTraining(StrictModel):
     framework: Literal["tensorflow", "pytorch"] = "tensorflow"
     min_workers: int | None = Field(default=None, ge=1, le=256, description="pytorch: fewest nodes that train on")
     mode: TrainingMode = TrainingMode.ASYNC
-    train_steps: int = Field(default=64000, gt=0, le=10_000_000)
-    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
-    global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
-    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
-    eval_every: int = Field(default=0, ge=0, le=10_000_000)
-    log_every: int = Field(default=10, gt=0, le=10_000_000)
+    train_steps: int = Field(default=64000, gt=0, le=10_000_000)  # the 2019 study's run (the others: 1000)
     # pytorch: every N steps each rank times its own compute and the ranks re-split the global batch until
     # they finish within 5% of each other (jobs/torchjob/rebalance.py); 0 keeps the planned split.
     resplit_every: int = Field(default=20, ge=0, le=1_000_000)
@@ -76,17 +83,11 @@ class TorchModel(StrictModel):
                        description="MODULE:FACTORY, e.g. own-script/models.py:resnet50 or torchvision:resnet50")
 
 
-class CommandTraining(StrictModel):
+class CommandTraining(TrainingLoop):
     job: Literal["command"]
     command: str = Field(min_length=1, description="run on every instance; TF_CONFIG and TASK_JSON are set")
     files: list[Path] = Field(default_factory=list, description="files/folders pushed to every instance")
     mode: TrainingMode = TrainingMode.ASYNC
-    train_steps: int = Field(default=1000, gt=0, le=10_000_000)
-    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
-    global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
-    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
-    eval_every: int = Field(default=0, ge=0, le=10_000_000)
-    log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
     model: TorchModel | None = None  # the user's own PyTorch model; replaces hparam_set in the cost model
     # what the user's script trains in, for the cost model only (the script sets it itself): fp32, TF32 matmuls
@@ -130,7 +131,7 @@ class SecretRef(StrictModel):
         return self
 
 
-class RunTraining(StrictModel):
+class RunTraining(TrainingLoop):
     """The user's own command under torchrun on every node (``run:``, PyTorch only)."""
 
     job: Literal["run"] = "run"
@@ -142,12 +143,6 @@ class RunTraining(StrictModel):
     secrets: list[SecretRef] = Field(default_factory=list)
     mode: Literal[TrainingMode.SYNC] = TrainingMode.SYNC
     min_workers: int | None = Field(default=None, ge=1, le=256)
-    train_steps: int = Field(default=1000, gt=0, le=10_000_000)
-    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
-    global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
-    checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
-    eval_every: int = Field(default=0, ge=0, le=10_000_000)
-    log_every: int = Field(default=10, gt=0, le=10_000_000)
     hparam_set: str = "resnet_cifar_32"  # the profile the cost model uses to predict step times
     model: TorchModel | None = None  # the user's own PyTorch model; replaces hparam_set in the cost model
     # what the user's script trains in, for the cost model only (the script sets it itself): fp32, TF32 matmuls
