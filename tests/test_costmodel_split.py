@@ -141,3 +141,50 @@ def test_a_pytorch_node_on_a_multi_gpu_machine_type_runs_a_rank_per_gpu() -> Non
     doc["training"]["parallelism"] = "pipeline"
     piped = validate_spec(doc)
     assert trained_gpus(piped, cat, "a3-highgpu-2g") == 1
+
+
+@pytest.mark.parametrize(("mode", "batch"), [("sync", {"global_batch": 96}), ("async", {"global_batch": 96}),
+                                            ("sync", {"batch_per_worker": 40}), ("async", {})])
+def test_a_pinned_and_a_searched_cluster_take_their_batches_by_one_rule(mode: str, batch: dict[str, int]) -> None:
+    # The same GPUs pinned (costmodel/batches.worker_batches, the controller's) and as a searched layout (the
+    # planner's Evaluator) get the same batches: a global batch split by speed (sync) or evenly (async), else each
+    # worker's batch_per_worker or the one default.
+    from orchestrator.costmodel.batches import DEFAULT_BATCH, worker_batches
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION
+    from orchestrator.costmodel.planner.evaluate import Evaluator
+    from orchestrator.costmodel.slots import price_book_for
+    from orchestrator.model.catalog import load_catalog
+    from orchestrator.model.spec import validate_spec
+
+    gpus = ["t4", "l4", "a100"]
+    training = {"job": "resnet-cifar", "hparam_set": "resnet_cifar_32", "mode": mode, **batch}
+    base = {"name": "rule", "provider": {"kind": "gce", "project": "my-gcp-project", "zones": ["us-central1-a"]},
+            "storage": "gs://bucket/orchestrator", "training": training}
+    pinned = validate_spec({**base, "cluster": {"workers": [{"gpu": g} for g in gpus]}})
+    searched = validate_spec({**base, "search": {"gpus": gpus, "max_workers": 3}})
+    cat = load_catalog()
+    evaluator = Evaluator(searched, cat, DEFAULT_CALIBRATION, price_book_for(searched, cat))
+    found, err = evaluator.batches([(g, None) for g in gpus])
+    assert err is None and found == worker_batches(pinned, cat, DEFAULT_CALIBRATION), found
+    if "global_batch" in batch:
+        assert sum(found) == 96 and (mode == "async") == (max(found) - min(found) <= 1), found
+    else:
+        assert found == [batch.get("batch_per_worker", DEFAULT_BATCH)] * 3
+
+
+def test_the_payload_splits_by_the_planners_rule() -> None:
+    # jobs/torchjob takes proportional_split from the shipped schema (jobs/task_schema.py loads
+    # orchestrator/model/task.py), as the planner does: one definition, no copy.
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "jobs"))
+    split = importlib.import_module("torchjob.split")  # the payload's package, on the path the payload runs with
+
+    from orchestrator.costmodel import batches
+    from orchestrator.model import task
+
+    assert batches.proportional_split is task.proportional_split
+    assert Path(split.proportional_split.__code__.co_filename).resolve() == Path(task.__file__).resolve()
+    assert split.proportional_split(96, [20.0, 46.0]) == task.proportional_split(96, [20.0, 46.0]) == [29, 67]

@@ -5,16 +5,19 @@ Here, below both, so that ``costmodel.slots`` and ``costmodel.planner`` do not i
 
 from __future__ import annotations
 
-from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME, Calibration
+from collections.abc import Callable, Sequence
+
+from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME, Calibration, FloatArray, step_fn
 from orchestrator.costmodel.emulation import REFERENCE_BATCH, emulated_step_s
-from orchestrator.costmodel.memory import MemoryParams
-from orchestrator.costmodel.split import SplitError, split_batch
+from orchestrator.costmodel.memory import MemoryParams, max_batch
+from orchestrator.costmodel.split import SplitError, min_max_split
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec, TrainingMode
+from orchestrator.model.spec.training import DEFAULT_BATCH as DEFAULT_BATCH  # the one default, the spec's
 from orchestrator.model.spec.training import BuiltinTraining, CommandTraining, RunTraining, payload_framework
 from orchestrator.model.task import proportional_split as proportional_split  # the payload's rule too
 
-DEFAULT_BATCH = 128
+TableFn = Callable[[str, int], FloatArray]  # (gpu, longest batch wanted) -> step times of batches 1..its cap
 
 
 def job_runtime(training: BuiltinTraining | CommandTraining | RunTraining) -> str:
@@ -50,21 +53,26 @@ def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | No
 
 def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None
                    ) -> list[int]:
-    """Per-worker (per-instance) batch: the group's, the spec's per-worker batch, or the global batch split by
-    speed (the speeds of ``calibration``, the one the job is planned with; None: the shipped one). An instance
-    whose machine type carries k GPUs (a3-highgpu-2g) trains as k GPU-workers, so it gets k GPUs' shares."""
+    """Per-worker (per-instance) batches of a pinned cluster by :func:`gpu_batches` (the speeds of
+    ``calibration``, the one the job is planned with; None: the shipped one). An instance whose machine type
+    carries k GPUs (a3-highgpu-2g) trains as k GPU-workers: a split total gives it k GPUs' shares; a batch
+    given per worker is its GPUs' batch. A pipeline-capable job whose model no worker holds whole gets an even
+    split for its records (its stages take the whole global batch in micro-batches); data parallel refuses."""
     cluster = spec.pinned
-    training = spec.training
-    explicit = [g.batch for g in cluster.workers for _ in range(g.count)]
-    if training.global_batch is None:
-        per = training.batch_per_worker or DEFAULT_BATCH
-        return [b or per for b in explicit]
+    gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
+    if planned_total(spec) is None:  # each instance its own batch, which each of its GPUs trains
+        return gpu_batches(spec, gpus, fixed=[g.batch for g in cluster.workers for _ in range(g.count)])
     cat = catalog or load_catalog()
     per_instance = [trained_gpus(spec, cat, g.machine_type or cat.gpu(g.gpu).default_machine_type)
                     if spec.provider.is_cloud else 1 for g in cluster.workers for _ in range(g.count)]
-    gpus = [g.gpu for g in cluster.workers for _ in range(g.count)]
     per_gpu = [gpu for gpu, k in zip(gpus, per_instance, strict=True) for _ in range(k)]
-    return _fold(_gpu_split(spec, per_gpu, calibration), per_instance)
+    try:
+        split = gpu_batches(spec, per_gpu, calibration, cat)
+    except SplitError:
+        if getattr(spec.training, "parallelism", "data") == "data":
+            raise
+        split = even_split(int(spec.training.global_batch or 0), len(per_gpu))
+    return _fold(split, per_instance)
 
 
 def trained_gpus(spec: JobSpec, catalog: Catalog, machine_type: str) -> int:
@@ -79,28 +87,57 @@ def trained_gpus(spec: JobSpec, catalog: Catalog, machine_type: str) -> int:
     return catalog.gpus_per_instance(machine_type)
 
 
-def _gpu_split(spec: JobSpec, gpus: list[str], calibration: Calibration | None) -> list[int]:
-    """The global batch split over GPU-workers: by speed for a sync job, else evenly."""
-    training = spec.training
-    total = int(training.global_batch or 0)
-    if spec.mode == TrainingMode.SYNC:
-        if spec.provider.emulates_gpus:
-            # Emulated GPUs step at measured speeds (orchestrator.costmodel.emulation), not the cost model's: split
-            # the global batch in proportion to those speeds (below one each: min_max_split's refusal).
-            if len(gpus) > total:
-                raise SplitError(f"global batch {total} is smaller than the {len(gpus)} workers; give each at least 1")
-            speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
-            return proportional_split(total, speeds)
-        try:
-            # fast GPUs get more
-            return list(split_batch(training.profile_name, gpus, total, calibration,
-                                    runtime=job_runtime(training), precision=job_precision(training)))
-        except SplitError:
-            # No worker holds the whole model: a job that may run as a pipeline (whose stages take the whole
-            # global batch, in micro-batches) gets an even split for its records; data parallel refuses.
-            if getattr(training, "parallelism", "data") == "data":
-                raise
-    return even_split(total, len(gpus))
+def gpu_batches(spec: JobSpec, gpus: Sequence[str], calibration: Calibration | None = None,
+                catalog: Catalog | None = None, fixed: Sequence[int | None] | None = None,
+                tables: TableFn | None = None) -> list[int]:
+    """The one batch rule, for a pinned cluster (``worker_batches``) and a searched one (the planner's
+    ``Evaluator``): each GPU-worker's batch. The total of :func:`planned_total` is split by
+    :func:`split_total`; without one, each worker trains its own batch (``fixed[i]``, a worker group's), the
+    spec's ``batch_per_worker``, or ``DEFAULT_BATCH``. Raises SplitError where the total cannot be split."""
+    total = planned_total(spec)
+    if total is None:
+        given = list(fixed) if fixed is not None else [None] * len(gpus)
+        return [b or spec.training.batch_per_worker or DEFAULT_BATCH for b in given]
+    return split_total(spec, gpus, total, calibration, catalog, tables)
+
+
+def planned_total(spec: JobSpec) -> int | None:
+    """The batch the rule splits over the workers: the spec's ``global_batch``; None: each worker trains its own
+    batch (``batch_per_worker`` means each worker's, in both modes, as the payload's ORCHESTRATOR_LOCAL_BATCH_SIZE
+    reads it: a split by speed is asked with ``global_batch``)."""
+    return None if spec.training.global_batch is None else int(spec.training.global_batch)
+
+
+def split_total(spec: JobSpec, gpus: Sequence[str], total: int, calibration: Calibration | None = None,
+                catalog: Catalog | None = None, tables: TableFn | None = None) -> list[int]:
+    """``total`` split over GPU-workers: for a sync job by speed (fast GPUs get more), the slowest step made
+    fastest under each GPU's memory cap (split.min_max_split over ``tables(gpu, longest)``: step times of
+    batches 1..cap); an async job's workers do not wait for each other: evenly."""
+    if spec.mode != TrainingMode.SYNC:
+        return even_split(total, len(gpus))
+    if len(gpus) > total:
+        raise SplitError(f"global batch {total} is smaller than the {len(gpus)} workers; give each at least 1")
+    if spec.provider.emulates_gpus:
+        # Emulated GPUs step at measured speeds (orchestrator.costmodel.emulation), not the cost model's: split
+        # the global batch in proportion to those speeds.
+        speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
+        return proportional_split(total, speeds)
+    table = tables or step_tables(spec, calibration, catalog or load_catalog())
+    longest = max(1, total - len(gpus) + 1)
+    by_gpu = {g: table(g, longest) for g in dict.fromkeys(gpus)}  # one array per GPU type: grouped in the split
+    return min_max_split([by_gpu[g] for g in gpus], total)
+
+
+def step_tables(spec: JobSpec, calibration: Calibration | None, catalog: Catalog) -> TableFn:
+    """Step times of batches 1..min(memory cap, longest) on a GPU, for ``split_total``."""
+    model, runtime, precision = spec.training.profile_name, job_runtime(spec.training), job_precision(spec.training)
+    memory = memory_params(spec)
+
+    def table(gpu: str, longest: int) -> FloatArray:
+        cap = max_batch(model, gpu, catalog, memory)
+        return step_fn(model, gpu, calibration, catalog, runtime, precision).table(max(0, min(cap, longest)))
+
+    return table
 
 
 def _fold(per_gpu: list[int], per_instance: list[int]) -> list[int]:

@@ -16,14 +16,16 @@ from typing import Any
 from orchestrator.costmodel.accounting import local_worker_steps, run_accounting
 from orchestrator.costmodel.batches import (
     even_split,
+    gpu_batches,
     job_precision,
     job_runtime,
     memory_params,
+    planned_total,
     trained_gpus,
     worker_batches,
 )
 from orchestrator.costmodel.cluster import ClusterEstimate, estimate_from_compute
-from orchestrator.costmodel.compute import Calibration, StepTimeFn, step_fn
+from orchestrator.costmodel.compute import Calibration, FloatArray, StepTimeFn, step_fn
 from orchestrator.costmodel.memory import max_batch, memory_bytes
 from orchestrator.costmodel.partition import Partitioner
 from orchestrator.costmodel.pipeline_plan import plan_pipeline
@@ -32,7 +34,7 @@ from orchestrator.costmodel.planner.layouts import Layout
 from orchestrator.costmodel.planner.strategies import DATA, Revocations, Strategy, choose, pipeline_strategies
 from orchestrator.costmodel.profiles import get_profile
 from orchestrator.costmodel.risk import load_revocation_rates
-from orchestrator.costmodel.split import SplitError, min_max_split
+from orchestrator.costmodel.split import SplitError
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.model.spec import JobSpec, TrainingMode
@@ -104,44 +106,26 @@ class Evaluator:
         return None
 
     def batches(self, slots: Sequence[tuple[str, int | None]]) -> tuple[list[int], str | None]:
-        """Per-worker batches of a searched cluster and an error, if the batch cannot be placed.
-
-        async: ``training.batch_per_worker`` or, with ``training.global_batch``, the split that equalises
-        step times, else the profile's default; sync: the global batch (``global_batch``, or the per-worker
-        batch times the workers) split so the slowest worker is fastest.
-        """
+        """Per-worker batches of a searched cluster by the pinned clusters' rule (``batches.gpu_batches``),
+        and an error, if the batch cannot be placed (then each worker holds an even share, for the records)."""
         key = tuple(slots)
         if key in self._batches:
             return self._batches[key]
-        tr = self.spec.training
-        n = len(slots)
-        fixed = [b for _, b in slots]
-        free = [i for i, b in enumerate(fixed) if b is None]
-        out = [b or 0 for b in fixed]
+        gpus, fixed = [g for g, _ in slots], [b for _, b in slots]
         err: str | None = None
-        if free:
-            per_worker = tr.batch_per_worker or (None if tr.global_batch else self.profile.default_batch)
-            if self.mode == "async" and per_worker is not None:
-                for i in free:
-                    out[i] = per_worker
-            else:
-                total = tr.global_batch or (per_worker or self.profile.default_batch) * n
-                remaining = total - sum(b for b in fixed if b is not None)
-                gpus = [slots[i][0] for i in free]
-                longest = max(1, remaining - len(free) + 1)
-                tables = {g: self.fn(g).table(max(0, min(self.cap(g), longest))) for g in set(gpus)}
-                try:
-                    split = min_max_split([tables[g] for g in gpus], remaining)
-                    for i, b in zip(free, split, strict=True):
-                        out[i] = b
-                except SplitError as exc:
-                    err = str(exc)
-                    for i in free:
-                        out[i] = max(1, remaining // len(free))
+        try:
+            out = gpu_batches(self.spec, gpus, self.calibration, self.catalog, fixed, self._table)
+        except SplitError as exc:
+            err = str(exc)
+            out = [max(1, (planned_total(self.spec) or len(slots)) // len(slots))] * len(slots)
         if err is None:
-            err = self._check_caps([g for g, _ in slots], out)
+            err = self._check_caps(gpus, out)
         self._batches[key] = (out, err)
         return out, err
+
+    def _table(self, gpu: str, longest: int) -> FloatArray:
+        """This plan's cached step function, tabulated to the GPU's memory cap (``batches.split_total``)."""
+        return self.fn(gpu).table(max(0, min(self.cap(gpu), longest)))
 
     def estimate(
         self,
@@ -312,7 +296,7 @@ class Evaluator:
         # Batches are per GPU; a global batch the controller splits per instance is shared by its GPUs (evenly:
         # they are the same GPU), so the GPUs' batches still add up to it.
         per_slot, err = self.pinned_batches()
-        if self.spec.training.global_batch is None:
+        if planned_total(self.spec) is None:  # each GPU trains its instance's batch
             return [per_slot[i] for i in owner], err
         shares = {i: even_split(per_slot[i], self.gpus_per_instance(machines[i])) for i in set(owner)}
         return [max(1, shares[i].pop(0)) for i in owner], err

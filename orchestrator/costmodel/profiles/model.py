@@ -122,7 +122,7 @@ class ModelProfile:
     description: str
     example: str  # what one example is
     input_shape: Shape
-    default_batch: int  # per-worker batch when the spec gives none
+    default_batch: int  # kept in the profile format; a spec without a batch trains at spec.training.DEFAULT_BATCH
     layers: tuple[Layer, ...] = field(repr=False)
 
     # ---- totals

@@ -11,6 +11,10 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from orchestrator.model.spec.base import FieldValueError, StrictModel
 from orchestrator.model.specfile import command_problem, env_name_problem, env_problem
 
+# The per-worker batch of a spec that gives none (no batch_per_worker, global_batch or worker group batch): the
+# one default, for a pinned and a searched cluster alike (costmodel/batches.py) and so for the payload.
+DEFAULT_BATCH = 128
+
 
 class TrainingMode(StrEnum):
     ASYNC = "async"  # parameter servers, asynchronous updates (the 2019 study)
