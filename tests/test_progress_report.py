@@ -106,6 +106,13 @@ def test_report_fits_80_columns_and_keeps_json_csv(job_db: tuple[str, str]) -> N
     assert max(len(line) for line in out.stdout.splitlines()) <= 80
     assert job_id in out.stdout  # the job id is not folded across lines
     assert "$" in out.stdout and "1/1/0" in out.stdout
+    # the batch each worker ran beside the one it was planned, and the global batch
+    rows = json.loads(run_cli(url, "report", "--format", "json").stdout)
+    planned = {w: b["planned"] for w, b in rows[0]["worker_batches"].items()}
+    reported = {w: b["reported"] for w, b in rows[0]["worker_batches"].items()}
+    assert reported.get("0") == 32, rows[0]["worker_batches"]
+    line = " ".join(out.stdout.split())
+    assert f"batch planned → reported: w0 {planned.get('0') or '—'} → 32" in line, out.stdout
     wide = run_cli(url, "report", columns=200)
     assert "restarts" in wide.stdout and "workers" in wide.stdout
     rows = json.loads(run_cli(url, "report", "--format", "json").stdout)

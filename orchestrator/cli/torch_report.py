@@ -83,6 +83,22 @@ def worker_batches(session: Session, job_id: str) -> dict[str, dict[str, int | N
             for w in sorted(set(planned) | set(reported))}
 
 
+def batch_line(session: Session, job_id: str) -> str | None:
+    """Each worker's batch as planned beside the batch it last reported running, and their sums (the global
+    batch); None for a job with neither."""
+    batches = worker_batches(session, job_id)
+    if not batches:
+        return None
+
+    def total(key: str) -> str:
+        values = [b[key] for b in batches.values()]
+        return "—" if any(v is None for v in values) else str(sum(v or 0 for v in values))
+
+    each = ", ".join(f"w{w} {'—' if b['planned'] is None else b['planned']} → "
+                     f"{'—' if b['reported'] is None else b['reported']}" for w, b in batches.items())
+    return f"batch planned → reported: {each}; global {total('planned')} → {total('reported')}"
+
+
 def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
     """One line per job: framework, world sizes over steps, mean examples/s, accuracy, cost."""
     lines = []
@@ -100,6 +116,8 @@ def training_section(session: Session, rows: list[dict[str, Any]]) -> list[str]:
         # Two short lines, so the report still fits 80 columns.
         lines.append(f"{job.id}: {framework_of(job.spec_yaml)}; world (size@step) {world}")
         lines.append(f"  {rate} examples/s (mean of its step logs); accuracy {acc}; cost {cost}")
+        if (batch := batch_line(session, job.id)) is not None:  # what ran beside what was planned
+            lines += textwrap.wrap(batch, 76, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
         for d in stage_losses(session, job.id):  # a pipeline's lost stages, wrapped to fit 80 columns
             lines += textwrap.wrap(d["reason"] or "", 76, initial_indent="  ", subsequent_indent="    ",
                                    break_on_hyphens=False)
