@@ -97,7 +97,7 @@ def gpu_batches(spec: JobSpec, gpus: Sequence[str], calibration: Calibration | N
     total = planned_total(spec)
     if total is None:
         given = list(fixed) if fixed is not None else [None] * len(gpus)
-        return [b or spec.training.batch_per_worker or DEFAULT_BATCH for b in given]
+        return [b or spec.training.batch or DEFAULT_BATCH for b in given]
     return split_total(spec, gpus, total, calibration, catalog, tables)
 
 

@@ -146,8 +146,8 @@ def emulated_step_s(gpu: str, batch: float, k80_s: float, reference_batch: float
 def reference_batch(spec: JobSpec) -> float:
     """The per-worker batch that stands for the study's batch of 128."""
     training = spec.training
-    if training.batch_per_worker:
-        return float(training.batch_per_worker)
+    if training.batch:
+        return float(training.batch)
     if training.global_batch and spec.worker_count:
         return training.global_batch / spec.worker_count
     # Every group pins its batch: their mean, as the same split written as a global batch would give (else a

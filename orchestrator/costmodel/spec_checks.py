@@ -22,7 +22,7 @@ def batch_fit_errors(spec: JobSpec, catalog: Catalog | None = None) -> list[Fiel
     cat = catalog or load_catalog()
     errors: list[FieldError] = []
     for i, group in enumerate(cluster.workers):
-        batch, gpu = group.batch or training.batch_per_worker, cat.gpus.get(group.gpu)
+        batch, gpu = group.batch or training.batch, cat.gpus.get(group.gpu)
         if batch is None or gpu is None:  # an unknown GPU is the spec's own error
             continue
         try:

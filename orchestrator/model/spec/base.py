@@ -78,7 +78,10 @@ class StrictModel(BaseModel):
     """The base of every spec model: unknown fields, inf/nan and a true/false number are errors."""
 
     # No inf/nan anywhere; no string of a novel's length in any field.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=10_000)
+    # A field with a spec spelling of its own (training.batch: batch_per_worker) dumps under it, so a dumped spec
+    # (the stored spec_yaml) validates again.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=10_000,
+                              serialize_by_alias=True)
 
     @field_validator("*", mode="after")
     @classmethod
@@ -97,8 +100,11 @@ class StrictModel(BaseModel):
     def _no_bool_as_number(cls, data: Any) -> Any:
         # Pydantic's lax mode reads YAML `true` as 1: `count: true` would launch one worker without a word.
         if isinstance(data, dict):
+            # a field is written under its spec name: its validation alias where it has one (batch_per_worker)
+            spelled = {f.validation_alias if isinstance(f.validation_alias, str) else n: f
+                       for n, f in cls.model_fields.items()}
             for name, v in data.items():
-                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                field = spelled.get(name) if isinstance(name, str) else None
                 if isinstance(v, bool) and field is not None and _is_number_type(field.annotation):
                     raise NotANumberError(name)
         return data

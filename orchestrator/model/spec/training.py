@@ -26,7 +26,9 @@ class TrainingLoop(StrictModel):
     its batch (per worker, or global and split by the planner) and how often it checkpoints, evaluates, logs."""
 
     train_steps: int = Field(default=1000, gt=0, le=10_000_000)
-    batch_per_worker: int | None = Field(default=None, gt=0, le=65536)
+    # Each worker's batch, the name it has at every hop to the payload (a worker group's batch, a slot's, a
+    # plan's); the spec spells it batch_per_worker (a user contract), the payload's task.json too.
+    batch: int | None = Field(default=None, gt=0, le=65536, alias="batch_per_worker")
     global_batch: int | None = Field(default=None, gt=0, le=1_048_576)
     checkpoint_every: int = Field(default=1000, gt=0, le=10_000_000)
     eval_every: int = Field(default=0, ge=0, le=10_000_000)
@@ -66,7 +68,7 @@ class BuiltinTraining(TrainingLoop):
 
     @model_validator(mode="after")
     def _batch(self) -> BuiltinTraining:
-        if self.batch_per_worker is not None and self.global_batch is not None:
+        if self.batch is not None and self.global_batch is not None:
             raise ValueError("give batch_per_worker or global_batch, not both")
         if self.framework == "pytorch" and self.mode == TrainingMode.ASYNC:
             raise ValueError("framework: pytorch trains with synchronous DDP; use mode: sync (or leave mode out)")
