@@ -16,10 +16,9 @@ from orchestrator.costmodel import (
     SplitError,
     get_profile,
     predict_step_time,
-    split_batch,
 )
 from orchestrator.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
-from orchestrator.costmodel.batches import job_precision, job_runtime, trained_gpus
+from orchestrator.costmodel.batches import job_precision, job_runtime, split_total, trained_gpus
 from orchestrator.costmodel.cluster import estimate_from_compute
 from orchestrator.costmodel.compute import step_fn
 from orchestrator.costmodel.emulation import emulation_sleep
@@ -349,8 +348,7 @@ def _cost_model_rate_fn(
         gpus = [members[i].gpu or "" for i in owner]
         if global_batch is not None and resplit:
             try:
-                batches = [int(b) for b in split_batch(profile, gpus, global_batch, calibration, runtime,
-                                                          precision)]
+                batches = split_total(spec, gpus, global_batch, calibration, catalog)  # the planner's rule
             except SplitError:  # the survivors cannot hold the global batch: no step until the world grows back
                 cache[key] = 0.0
                 return 0.0
