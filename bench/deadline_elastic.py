@@ -39,7 +39,7 @@ from deadline_policy import OVERHEADS_MIN, SLACKS_H, WORK_H  # noqa: E402
 from deadline_policy import TRACES as ALL_TRACES  # noqa: E402
 from deadline_policy import starts as study_starts  # noqa: E402
 
-from orchestrator.decide import elastic  # noqa: E402
+from orchestrator.decide import knobs  # noqa: E402
 from orchestrator.model.catalog import load_catalog  # noqa: E402
 from orchestrator.sim.availability import HISTORY_H, Job, Outcome, load_trace, saving_share  # noqa: E402
 from orchestrator.sim.elastic import ONLINE, POLICIES, run_elastic  # noqa: E402
@@ -104,10 +104,10 @@ def score(cells: Cells) -> tuple[int, int, int, float]:
 
 # The first grid (TOPUP_LINE 0.5/1/2, DROP_LINE 2/4, GROW_FRAC 0.25/0.5, HOP_AGE 0/1/3, TOPUP_EXTRA 0/1) was
 # flat within 0.87-0.91 of the saving; this one keeps its best corner and adds the gates of the deadline
-# policy's hop off on-demand (HOP_LINE, the stretch gate HOP_GAIN) and DELEGATE (1: that policy decides when
+# policy's hop off on-demand (HOP_LINE, the stretch gate GROW_GAIN) and DELEGATE (1: that policy decides when
 # all or none of N spot VMs can be had).
 GRID = {"TOPUP_LINE": (1.0, 2.0), "DROP_LINE": (4.0,), "GROW_FRAC": (0.25, 0.5), "HOP_AGE": (0.0, 1.0),
-        "TOPUP_EXTRA": (1,), "HOP_LINE": (0.25, 0.5), "HOP_GAIN": (1.0, 2.0), "DELEGATE": (0, 1)}
+        "TOPUP_EXTRA": (1,), "HOP_LINE": (0.25, 0.5), "GROW_GAIN": (1.0, 2.0), "DELEGATE": (0, 1)}
 
 
 def tune(book: str, sizes: tuple[int, ...]) -> None:
@@ -120,7 +120,7 @@ def tune(book: str, sizes: tuple[int, ...]) -> None:
     best: tuple[tuple[int, int, int, float], dict[str, float]] | None = None
     for values in itertools.product(*GRID.values()):
         for key, v in zip(GRID, values, strict=True):
-            setattr(elastic, key, v)
+            setattr(knobs, key, v)
         cells = run_all(0, book, sizes, ("elastic",), optimum)
         for key, runs in cells.items():
             for r, b in zip(runs, base[key], strict=True):

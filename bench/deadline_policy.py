@@ -103,8 +103,8 @@ from scipy.stats import spearmanr
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.decide import deadline as policy  # noqa: E402
 from orchestrator.decide import deadline_mpc as core_mpc  # noqa: E402
+from orchestrator.decide import knobs, policies  # noqa: E402
 from orchestrator.model.catalog import load_catalog  # noqa: E402
 from orchestrator.sim.availability import HISTORY_H, Job, Outcome, load_trace, run_policy, saving_share, study  # noqa: E402,E501
 from orchestrator.sim.multizone import Market, run_multi, study_multi  # noqa: E402
@@ -116,13 +116,13 @@ WORK_H = 48
 SLACKS_H = (4, 22)
 OVERHEADS_MIN = (3, 12)
 START_POINTS = 8
-NAMES = policy.DEADLINE_POLICIES
+NAMES = policies.DEADLINE_POLICIES
 NO_HISTORY = "deadline-in-job"  # as the daemon decides: the stretches seen during the job, none before
 OVERLAP_HOPS: float | None = None  # --overlap-hops: a hop's share of the overhead when its spot VM boots alongside
 ORACLE_STATS = False  # --oracle-stats: the learning policies' history is the WHOLE trace, future included (a bound)
 ZONES_IN_JOB = "deadline-zones-in-job"  # as the daemon decides on GCE: each zone's stretches seen during the job
-ZONES = ("deadline-zones", "optimal-zones")  # the deadline policy moving between a group's zones; their optimum
-MARKETS = ("deadline-markets", "optimal-markets")  # ... between every zone and GPU type of the region; their optimum
+ZONES = policies.ZONE_POLICIES  # the deadline policy moving between a group's zones; their optimum
+MARKETS = policies.MARKET_POLICIES  # ... between every zone and GPU type of the region; their optimum
 MARKETS_IN_JOB = "deadline-markets-in-job"  # the same, each market's stretches seen during the job only
 STEP_TIMES = REPO / "data" / "measurements" / "icac19-gce-resnet32-tf.csv"  # measured step per GPU: the speeds
 
@@ -206,7 +206,7 @@ def run_all(parity: int, book: str, zones: bool = False, names: tuple[str, ...] 
                           None if OVERLAP_HOPS is None else round(OVERLAP_HOPS * ovh))
                 run = {o.policy: o for o in study(job, tr, start, NAMES if names is None else names)}
                 if ORACLE_STATS:  # the same policies, knowing the trace's stretches (not their order) in advance
-                    for name in (n for n in (NAMES if names is None else names) if n in policy.LEARNING_POLICIES):
+                    for name in (n for n in (NAMES if names is None else names) if n in policies.LEARNING_POLICIES):
                         run[name] = run_policy(name, job, tr.available()[start:], tr.tick_min, history=tr.available())
                 if zones or no_history:  # as the daemon decides: only the stretches seen during the job
                     run[NO_HISTORY] = run_policy("deadline", job, tr.available()[start:], tr.tick_min, history=())
@@ -260,7 +260,7 @@ def tune(book: str) -> None:
     best: tuple[tuple[int, int, int, float], dict[str, float]] | None = None
     for values in itertools.product(*grid.values()):
         for key, v in zip(grid, values, strict=True):
-            setattr(policy, key, v)
+            setattr(knobs, key, v)
         cells = run_all(0, book, names=("deadline",), no_history=True)
         for cell, runs in cells.items():
             for run, base in zip(runs, fixed[cell], strict=True):
@@ -284,7 +284,7 @@ def ceiling(book: str) -> None:
     best: dict[tuple[str, int, int], tuple[float, dict[str, float]]] = {}
     for values in itertools.product(*GRID.values()):
         for key, v in zip(GRID, values, strict=True):
-            setattr(policy, key, v)
+            setattr(knobs, key, v)
         for cell, runs in run_all(1, book, names=("deadline",)).items():
             for run, base in zip(runs, fixed[cell], strict=True):
                 run.update(base)
@@ -327,7 +327,7 @@ def table(book: str) -> None:
 
 
 def _goal(cells: Cells) -> None:
-    if NAMES[-1] in policy.TRIAL_POLICIES:
+    if NAMES[-1] in policies.TRIAL_POLICIES:
         _trial_goal(cells, NAMES[-1])
     missed, dearer, low, avg = score(cells)
     runs_n = sum(len(r) for r in cells.values())
@@ -537,7 +537,7 @@ def main() -> None:
               "26 days after the start included (the job's own ticks then counted twice): they know how long spot "
               "stays and stays away there, not when. No online policy can know this; it bounds what learning can add.")
     if args.mpc:
-        NAMES = (*NAMES, *policy.TRIAL_POLICIES)
+        NAMES = (*NAMES, *policies.TRIAL_POLICIES)
     if args.overlap_hops is not None:
         if not 0 <= args.overlap_hops < 1:
             ap.error("--overlap-hops: a share of the overhead, from 0 up to (not including) 1")

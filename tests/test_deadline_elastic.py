@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.decide import elastic
+from orchestrator.decide import knobs
 from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy, safe, topup_needed
 from orchestrator.sim.availability import Job, load_trace, run_policy
 from orchestrator.sim.elastic import ONLINE, all_or_nothing, optimal_cost, replay, run_elastic
@@ -38,8 +38,8 @@ def test_no_top_up_while_ahead_of_the_line_and_spot_is_plentiful() -> None:
 def test_top_up_covers_the_rate_the_deadline_needs_and_no_more() -> None:
     p = state(elapsed_h=30.0, work_done_h=18.0, running=Members(3, 0), spot_can=3)  # behind the line (20.6 h)
     need = topup_needed(p, 3)
-    rate = 30.0 / (40.0 - elastic.RESERVE * 0.2)  # the rest: 30 h of work in 40 h less the reserve
-    assert need == math.ceil(rate * 8) + elastic.TOPUP_EXTRA - 3 < 5 + elastic.TOPUP_EXTRA  # 7 of 8, 3 on spot
+    rate = 30.0 / (40.0 - knobs.RESERVE * 0.2)  # the rest: 30 h of work in 40 h less the reserve
+    assert need == math.ceil(rate * 8) + knobs.TOPUP_EXTRA - 3 < 5 + knobs.TOPUP_EXTRA  # 7 of 8, 3 on spot
     assert elastic_policy(p) == Members(3, need)
 
 

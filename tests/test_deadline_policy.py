@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.costmodel.slots import Slot
 from orchestrator.decide import deadline as policy
+from orchestrator.decide import knobs, policies
 from orchestrator.decide.actions import (
     CreateInstance,
     DeleteInstance,
@@ -52,7 +53,7 @@ def progress(**kw: object) -> Progress:
 def test_safety_net_takes_on_demand_when_waiting_could_miss_the_deadline() -> None:
     p = progress(elapsed_h=10.0, work_done_h=6.0 - 0.3)  # slack 0.3 h: one more idle tick leaves < overhead
     for name in ("greedy", "uniform-progress", "deadline"):
-        assert policy.decide_deadline(name, p) == Mode.ON_DEMAND
+        assert policies.decide_one(name, p) == Mode.ON_DEMAND
     assert policy.greedy_policy(progress(work_done_h=9.0)) == Mode.IDLE  # slack 3 h: greedy waits
 
 
@@ -75,14 +76,14 @@ def test_deadline_policy_keeps_ahead_of_the_uniform_progress_line_by_a_margin() 
     seen = Availability(up_h=2.0, down_h=1.0)
     d = 0.2  # the line is at 10 h x 48 / 52 = 9.23 h of work
     assert policy.deadline_policy(progress(work_done_h=9.23 + 2 * d), seen) == Mode.IDLE  # ahead: wait
-    margin = 9.23 + 0.9 * policy.LINE_WAIT * d  # ahead of the line, but by less than the margin
+    margin = 9.23 + 0.9 * knobs.LINE_WAIT * d  # ahead of the line, but by less than the margin
     assert policy.uniform_progress_policy(progress(work_done_h=margin)) == Mode.IDLE
     assert policy.deadline_policy(progress(work_done_h=margin), seen) == Mode.ON_DEMAND
 
 
 def test_deadline_policy_waits_out_an_outage_seen_to_be_a_blip_when_on_the_line() -> None:
     tick, d = 1 / 6, 0.2
-    on_line = progress(work_done_h=9.23 + 0.5 * policy.LINE_WAIT * d)  # inside the margin, above the line
+    on_line = progress(work_done_h=9.23 + 0.5 * knobs.LINE_WAIT * d)  # inside the margin, above the line
     blips = Availability(up_h=2.0, down_h=tick, ups=(2.0,), downs=(tick, tick, 2 * tick))
     assert policy.short_outage(on_line, blips)
     assert policy.deadline_policy(on_line, blips) == Mode.IDLE  # on-demand and a hop back: two restarts
@@ -91,7 +92,7 @@ def test_deadline_policy_waits_out_an_outage_seen_to_be_a_blip_when_on_the_line(
     assert policy.deadline_policy(on_line, Availability(up_h=2.0, down_h=tick)) == Mode.ON_DEMAND  # none seen
     behind = progress(work_done_h=9.23 - 0.05)  # below the line: a blip is no reason to fall further
     assert policy.deadline_policy(behind, blips) == Mode.ON_DEMAND
-    old = replace(on_line, outage_h=policy.WAIT_SHORT * d)  # it outlived every outage seen: expected to go on as long
+    old = replace(on_line, outage_h=knobs.WAIT_SHORT * d)  # it outlived every outage seen: expected to go on as long
     assert not policy.short_outage(old, blips) and policy.deadline_policy(old, blips) == Mode.ON_DEMAND
 
 
@@ -327,7 +328,7 @@ def test_simulate_availability_trace_json(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert {"work_h", "restart_overhead_h", "spot_usd_per_h", "on_demand_usd_per_h", "policies"} <= doc.keys()
-    assert [p["policy"] for p in doc["policies"]] == list(policy.DEADLINE_POLICIES)
+    assert [p["policy"] for p in doc["policies"]] == list(policies.DEADLINE_POLICIES)
     for p in doc["policies"]:
         assert {"policy", "cost_usd", "finish_h", "deadline_met"} <= p.keys()
         assert p["deadline_met"] or p["policy"] == "on-demand"

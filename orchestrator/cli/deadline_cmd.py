@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.render import console, money, table
-from orchestrator.decide import deadline as policy
+from orchestrator.decide import policies
+from orchestrator.decide.policies import MARKET_POLICIES
 from orchestrator.model.catalog import load_catalog
 from orchestrator.model.errors import UserError
 from orchestrator.model.names import unknown_name
@@ -84,8 +85,8 @@ def _check_args(specs: list[Path], policy_name: str, also: list[str] | None,
     if len(specs) != 1:
         raise UserError("--availability-trace takes exactly one job spec",
                         hint="orchestrator simulate examples/local-deadline.yaml --availability-trace FILE.json")
-    names = policy.DEADLINE_POLICIES if policy_name == "all" else (policy_name,)
-    known = (*policy.DEADLINE_POLICIES, *policy.TRIAL_POLICIES, "elastic")
+    names = policies.DEADLINE_POLICIES if policy_name == "all" else (policy_name,)
+    known = (*policies.DEADLINE_POLICIES, *policies.TRIAL_POLICIES, "elastic")
     if policy_name != "all" and policy_name not in known:
         raise UserError(f"--policy '{policy_name}' is not a policy; use one of: all, {', '.join(known)}")
     if also and policy_name not in ("all", "deadline"):
@@ -151,7 +152,6 @@ def _print_availability(name: str, trace: AvailabilityTrace, start_tick: int, jo
                           f"/h spot)" for k, (g, p, _, m) in enumerate(markets)), highlight=False)
 
 
-MARKET_POLICIES = ("deadline-markets", "optimal-markets")  # rows of --also-trace: the job holding every market at once
 
 
 def _also_markets(spec: JobSpec, also: list[str], trace: AvailabilityTrace, work_s: float,

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+from orchestrator.decide import knobs
+
 
 class Mode(StrEnum):
     IDLE = "idle"
@@ -168,12 +170,6 @@ HISTORY_H: Final = 24.0  # the availability a policy may have seen before the jo
 # Without any history: up stretches of 2 h and outages of 1 h, about the medians of the means of the
 # NSDI'24 availability traces (shared/spot-traces; 1.1-4.4 h up, 0.5-3 h down, one 12 h outlier).
 DEFAULT_AVAILABILITY: Final = Availability(2.0, 1.0)
-# Tuned (bench/deadline_policy.py --tune) on the EVEN start points of every trace; the odd ones are held out.
-LINE_WAIT: Final = 1.0  # spot out: on-demand once less than this many overheads ahead of uniform progress
-LINE_HOP: Final = 1.0  # no stretch seen yet: on-demand -> spot only when this many overheads ahead of the line
-HOP_GAIN: Final = 1.0  # a hop must be expected to save this many times its cost
-HOP_BUDGET: Final = 0.75  # hops the slack left pays for: this many times slack left / (2 overheads)
-WAIT_SHORT: Final = 4.0  # spot out, on or above the line: wait out an outage expected to end within this many overheads
 
 
 def _safe(p: Progress, choice: Mode) -> Mode:
@@ -245,7 +241,7 @@ def hop_age_h(p: Progress, seen: Availability) -> float:
     before the deadline (time left / (mean up + mean down)), only the longest of them are worth one, and
     the stretches seen say which age only those reach. 0: the slack pays for every stretch."""
     chances = (p.deadline_h - p.elapsed_h) / max(1e-9, seen.up_h + seen.down_h)
-    budget = HOP_BUDGET * max(0.0, p.slack_h) / (p.hop_h + p.overhead_h)
+    budget = knobs.HOP_BUDGET * max(0.0, p.slack_h) / (p.hop_h + p.overhead_h)
     if not seen.ups or chances <= budget:
         return 0.0
     longest = sorted(seen.ups, reverse=True)
@@ -264,9 +260,9 @@ def hop_pays(p: Progress, seen: Availability) -> bool:
     stretch, without history): the mean stretch, and only when LINE_HOP overheads ahead of the line."""
     d, left, age = p.overhead_h, p.work_h - p.work_done_h, p.spot_up_h
     save = p.on_demand_usd_per_h - p.spot_usd_per_h
-    cost = HOP_GAIN * d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
+    cost = knobs.HOP_GAIN * d * (p.spot_usd_per_h + p.on_demand_usd_per_h)
     if not seen.ups:
-        return ahead_h(p) >= LINE_HOP * d and save * min(seen.up_left(age), left) >= cost
+        return ahead_h(p) >= knobs.LINE_HOP * d and save * min(seen.up_left(age), left) >= cost
     if age < hop_age_h(p, seen) - 1e-9:
         return False
     rest = [x - age for x in seen.ups if x > age + 1e-9]  # what is left of each stretch that lived this long
@@ -297,7 +293,7 @@ def deadline_policy(p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> M
         return Mode.ON_DEMAND  # stay until spot is back (and worth the hop)
     if ahead >= 0 and short_outage(p, seen):
         return _safe(p, Mode.IDLE)
-    return _safe(p, Mode.ON_DEMAND if ahead < LINE_WAIT * d else Mode.IDLE)
+    return _safe(p, Mode.ON_DEMAND if ahead < knobs.LINE_WAIT * d else Mode.IDLE)
 
 
 def short_outage(p: Progress, seen: Availability) -> bool:
@@ -305,29 +301,11 @@ def short_outage(p: Progress, seen: Availability) -> bool:
     within WAIT_SHORT overheads, counting this tick. Bridging it on on-demand costs that VM's start and then a
     hop back (two restarts, in money and slack, and the hop gate may hold the job on on-demand longer), while
     waiting costs only the outage's slack: on a trace of one-tick blips, on-demand at each blip is all loss."""
-    return bool(seen.downs) and seen.down_left(p.outage_h) + p.tick_h <= WAIT_SHORT * p.overhead_h
+    return bool(seen.downs) and seen.down_left(p.outage_h) + p.tick_h <= knobs.WAIT_SHORT * p.overhead_h
 
 
 def on_demand_policy(p: Progress) -> Mode:
     return Mode.ON_DEMAND
-
-
-def decide_deadline(name: str, p: Progress, seen: Availability = DEFAULT_AVAILABILITY) -> Mode:
-    """What to run next under the named online policy (``DEADLINE_POLICIES``; the simulator runs the trial
-    ``deadline-mpc`` itself, from decide.deadline_mpc, which builds on this module)."""
-    if name == "deadline":
-        return deadline_policy(p, seen)
-    return {"on-demand": on_demand_policy, "greedy": greedy_policy,
-            "uniform-progress": uniform_progress_policy}[name](p)
-
-
-ONLINE_POLICIES: Final = ("on-demand", "greedy", "uniform-progress", "deadline")
-DEADLINE_POLICIES: Final = (*ONLINE_POLICIES, "optimal")  # optimal: offline, knows the trace (sim only)
-# Named only, never in "all" (nor in plan's outlook): the model-predictive deadline policy (decide.deadline_mpc).
-# On the held-out bench it captures as much of the saving as ``deadline`` but is dearer than uniform progress in
-# more cells and ~15x slower to simulate, so ``deadline`` stays the rule (bench/deadline_policy.py --mpc).
-TRIAL_POLICIES: Final = ("deadline-mpc",)
-LEARNING_POLICIES: Final = ("deadline", "deadline-mpc")  # read the availability seen (the others ignore it)
 
 
 def choose_zone(current: str | None, up_ages_h: dict[str, float], seen: dict[str, Availability]) -> str | None:

@@ -2,7 +2,7 @@
 other speeds and prices (issue 23, item 2). Pure: the simulator (``sim.multizone``) calls it each tick, the daemon
 each pass where the job may move its spot workers to other GPU types (``decide.deadline_gpus``, ``policy.also_gpus``).
 
-The deadline rule (``policy.decide_deadline``) reads the markets at least as fast as the job's GPU as its spot,
+The deadline rule (``policy.deadline_policy``) reads the markets at least as fast as the job's GPU as its spot,
 each priced per hour of the job's work, and ``policy.choose_zone`` picks among them. Where the rule waits out an
 outage of those, the job trains on a slower GPU's spot if ``choose_slower_spot`` finds it pays.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
 
 from orchestrator.decide import deadline as policy
+from orchestrator.decide import knobs
 from orchestrator.decide.deadline import Availability, Mode, Progress
 
 
@@ -36,10 +36,6 @@ class SlowerSpot:
     up_left_h: float  # how much longer its spot stretch is expected to last, at its age
 
 
-# While the deadline rule waits out an outage of the job's own spot, work done on a slower GPU's spot is worth the
-# job's spot price plus this share of on-demand's premium: the work it takes off the end of the job, some of
-# which the deadline would have put on on-demand. Set on the bench's even start points (0.25-1 alike, 0 lower).
-SLOWER_VALUE: Final = 0.5
 
 
 def decide(base: Progress, markets: Mapping[str, MarketView], current: str | None,
@@ -56,7 +52,7 @@ def decide(base: Progress, markets: Mapping[str, MarketView], current: str | Non
                 overhead_left_h=0.0 if on_slower else base.overhead_left_h, spot_available=where is not None,
                 spot_up_h=up[where] if where is not None else 0.0,
                 spot_usd_per_h=m.spot_usd_per_h / m.speed if m is not None else base.spot_usd_per_h)
-    c = policy.decide_deadline("deadline", p, policy.zone_availability(m.seen if m is not None else None, outages))
+    c = policy.deadline_policy(p, policy.zone_availability(m.seen if m is not None else None, outages))
     if c != Mode.IDLE:
         return c, where if c == Mode.SPOT else None
     slower = {n: SlowerSpot(markets[n].speed, markets[n].spot_usd_per_h, seen[n].up_left(a))
@@ -74,7 +70,7 @@ def choose_slower_spot(p: Progress, outages: Availability, slower: dict[str, Slo
     if current is not None and current in slower:
         return current
     outage_left = outages.down_left(p.outage_h)
-    value = p.spot_usd_per_h + SLOWER_VALUE * max(0.0, p.on_demand_usd_per_h - p.spot_usd_per_h)
+    value = p.spot_usd_per_h + knobs.SLOWER_VALUE * max(0.0, p.on_demand_usd_per_h - p.spot_usd_per_h)
 
     def gain(s: SlowerSpot) -> float:
         run = min(outage_left, s.up_left_h)

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+from orchestrator.decide import knobs
 from orchestrator.decide.deadline import DEFAULT_AVAILABILITY, Availability, Mode, Progress, deadline_policy
 
 
@@ -69,16 +70,6 @@ class ElasticState:
         return self.work_done_h - self.elapsed_h * self.work_h / self.deadline_h
 
 
-# Tuned (bench/deadline_elastic.py --tune) on the EVEN start points of the 16-node traces; odd ones held out.
-TOPUP_LINE: Final = 1.0  # top up with on-demand once less than this many overheads ahead of the line
-DROP_LINE: Final = 4.0  # trade on-demand VMs for fewer than GROW_FRAC new spot VMs once this far ahead
-GROW_FRAC: Final = 0.5  # grow onto newly free spot VMs (a restart) only for at least this share of N
-HOP_AGE: Final = 1.0  # ... and only once they have been up this many overheads (stretches are heavy-tailed)
-RESERVE: Final = 2.0  # overheads of the time left held back for restarts when sizing the top-up
-TOPUP_EXTRA: Final = 1  # on-demand VMs added beyond the need, so the next shortfall needs no restart
-HOP_LINE: Final = 0.25  # trade on-demand VMs for spot only once this many overheads ahead of the line
-DELEGATE: Final = True  # with all or none of N spot VMs to be had, decide as the all-or-nothing deadline policy
-HOP_GAIN: Final = 2.0  # ... and only when the spot stretch left saves this many times the restart's cost
 
 
 def _slack_after(p: ElasticState, m: Members) -> float:
@@ -102,11 +93,11 @@ def safe(p: ElasticState, m: Members) -> Members:
 def topup_needed(p: ElasticState, spot: int) -> int:
     """On-demand VMs to add to ``spot`` spot workers: none while ahead of the line of uniform progress by
     TOPUP_LINE overheads, else enough for the rate that finishes the rest with RESERVE overheads to spare."""
-    if p.ahead_h >= TOPUP_LINE * p.overhead_h:
+    if p.ahead_h >= knobs.TOPUP_LINE * p.overhead_h:
         return 0
-    room = p.deadline_h - p.elapsed_h - p.overhead_left_h - RESERVE * p.overhead_h
+    room = p.deadline_h - p.elapsed_h - p.overhead_left_h - knobs.RESERVE * p.overhead_h
     rate = 1.0 if room <= 0 else min(1.0, (p.work_h - p.work_done_h) / room)
-    return max(0, min(p.workers - spot, math.ceil(rate * p.workers - 1e-9) + TOPUP_EXTRA - spot))
+    return max(0, min(p.workers - spot, math.ceil(rate * p.workers - 1e-9) + knobs.TOPUP_EXTRA - spot))
 
 
 def _worth(p: ElasticState, cur: Members, new: Members) -> bool:
@@ -118,7 +109,7 @@ def _worth(p: ElasticState, cur: Members, new: Members) -> bool:
     gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * (new.spot - cur.spot) * stretch
     cost = p.overhead_h * (new.spot * p.spot_usd_per_h + new.on_demand * p.on_demand_usd_per_h
                            + new.workers * p.on_demand_usd_per_h)
-    return gain >= HOP_GAIN * cost
+    return gain >= knobs.GROW_GAIN * cost
 
 
 def _as_deadline(p: ElasticState, top: int) -> Members:
@@ -147,13 +138,13 @@ def elastic_policy(p: ElasticState) -> Members:
     unless a preemption restarts it anyway, the deadline needs more workers, more spot VMs can be had than
     the cluster has workers (taken at once: that tuned better than gating it), or enough came free
     (GROW_FRAC of N, or any while far enough ahead: DROP_LINE overheads) and have been up HOP_AGE overheads,
-    and the spot stretch left is expected to repay the restart (HOP_GAIN). Spot VMs replace on-demand ones
+    and the spot stretch left is expected to repay the restart (GROW_GAIN). Spot VMs replace on-demand ones
     one for one; on-demand VMs are never dropped just to wait, and a spot blip is not worth a restart."""
     n, d = p.workers, p.overhead_h
     spot = min(p.spot_can, n)
     top = topup_needed(p, spot)
     want, cur = Members(spot, top), p.running
-    if DELEGATE and spot in (0, n) and (p.restart_due or cur.spot in (0, n)):
+    if knobs.DELEGATE and spot in (0, n) and (p.restart_due or cur.spot in (0, n)):
         return safe(p, _as_deadline(p, top))
     if p.restart_due or cur == IDLE:  # restarting (or starting) anyway: take the best membership now ...
         if top == 0 and spot and not _worth(p, IDLE, want):
@@ -162,9 +153,9 @@ def elastic_policy(p: ElasticState) -> Members:
     if want.workers > cur.workers:
         return safe(p, want)  # behind (the deadline needs more workers), or more spot VMs than workers now
     trade = Members(spot, max(top, cur.on_demand - (spot - cur.spot)))  # spot replaces on-demand 1 for 1
-    more = spot - cur.spot >= max(1, GROW_FRAC * n) or (cur.on_demand and p.ahead_h >= DROP_LINE * d)
-    if trade.on_demand < cur.on_demand and p.ahead_h < HOP_LINE * d:
+    more = spot - cur.spot >= max(1, knobs.GROW_FRAC * n) or (cur.on_demand and p.ahead_h >= knobs.DROP_LINE * d)
+    if trade.on_demand < cur.on_demand and p.ahead_h < knobs.HOP_LINE * d:
         more = False  # a failed hop off on-demand spends slack: only once ahead (as the deadline policy)
-    if spot > cur.spot and more and p.spot_age_h >= HOP_AGE * d and _worth(p, cur, trade):
+    if spot > cur.spot and more and p.spot_age_h >= knobs.HOP_AGE * d and _worth(p, cur, trade):
         return safe(p, trade)
     return safe(p, cur)

@@ -284,7 +284,7 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
     The deadline bounds the run, so ``max_replacements`` does not apply to these hops."""
     progress, seen, zone = _deadline_progress(p, slots, by_slot)
     gpus = _deadline_gpus(p, slots, by_slot, progress, seen)
-    choice = policy.decide_deadline("deadline", progress, seen) if gpus is None else gpus.mode
+    choice = policy.deadline_policy(progress, seen) if gpus is None else gpus.mode
     on_other = {s.name: s for s in gpus.market.slots} if gpus is not None and gpus.market is not None else {}
     for slot in slots:
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)

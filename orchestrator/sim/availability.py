@@ -22,7 +22,7 @@ import numpy as np
 
 from orchestrator.costmodel import Calibration
 from orchestrator.decide import deadline as policy
-from orchestrator.decide import deadline_mpc
+from orchestrator.decide import policies
 from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
 from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
 from orchestrator.model.paths import data_dir
@@ -109,7 +109,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     mode = Mode.IDLE
     standby: int | None = None  # a standby spot VM's boot ticks to go (0: up), while on-demand trains
     log = AvailabilityLog()
-    learn = learn and name in policy.LEARNING_POLICIES
+    learn = learn and name in policies.LEARNING_POLICIES
     for x in history if learn else ():
         log.add(x)
     out = Outcome(name, 0.0, 0.0, False)
@@ -172,9 +172,7 @@ def _switch(job: Job, tick: int, mode: Mode, c: Mode, r: int, standby: int | Non
 
 
 def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
-    if name == "deadline-mpc":  # the trial policy (decide.deadline.TRIAL_POLICIES): the simulator only
-        return deadline_mpc.mpc_policy(p, seen)
-    return policy.decide_deadline(name, p, seen)
+    return policies.decide_one(name, p, seen)
 
 
 def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float, list[Mode]] | None:
@@ -270,7 +268,7 @@ def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[tuple[np.n
     return out
 
 
-def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policy.DEADLINE_POLICIES,
+def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policies.DEADLINE_POLICIES,
           need: int = 1, prior: bool = True, history_h: float = HISTORY_H) -> list[Outcome]:
     """Every named policy on ``trace`` from ``start_tick``; the learning policies have seen the ``history_h``
     hours before it (the others need no history), or with ``prior=False`` only the ticks of the job, as the
@@ -292,7 +290,8 @@ def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[
                 o = run_policy("optimal", job, avail, tick, choices=opt[1])
             out.append(o)
         else:
-            out.append(run_policy(name, job, avail, tick, history=history if name in policy.LEARNING_POLICIES else ()))
+            seen = history if name in policies.LEARNING_POLICIES else ()
+            out.append(run_policy(name, job, avail, tick, history=seen))
     return out
 
 
@@ -361,7 +360,7 @@ def bundled_traces(counted: bool = False) -> list[Path]:
 
 
 def outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,
-            names: tuple[str, ...] = policy.ONLINE_POLICIES) -> list[Outlook]:
+            names: tuple[str, ...] = policies.ONLINE_POLICIES) -> list[Outlook]:
     """Each online policy's mean cost and chance of meeting the deadline, replayed from ``starts`` start ticks
     spread over each trace (after ``HISTORY_H`` of trace): what ``plan`` prints. The deadline policy sees only
     the job's own ticks, as the daemon that will run it does."""

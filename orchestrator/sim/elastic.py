@@ -25,6 +25,7 @@ from typing import Final
 import numpy as np
 
 from orchestrator.decide import deadline as policy
+from orchestrator.decide import policies
 from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
 from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy
 from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError
@@ -38,8 +39,8 @@ from orchestrator.sim.availability import (
     summed,
 )
 
-ONLINE: Final = ("on-demand", "uniform-progress", "deadline", "elastic")
-POLICIES: Final = (*ONLINE, "optimal")
+ONLINE: Final = policies.COUNTED_ONLINE
+POLICIES: Final = policies.COUNTED_POLICIES
 _EPS: Final = 1e-9
 
 Decide = Callable[[ElasticState], Members]
@@ -146,7 +147,7 @@ def all_or_nothing(name: str, job: Job, history: tuple[int, ...] = ()) -> Decide
                         spot_usd_per_h=n * job.spot_usd_per_h, on_demand_usd_per_h=n * job.on_demand_usd_per_h)
         seen = log.seen(p.tick_h) if name == "deadline" else policy.DEFAULT_AVAILABILITY
         log.add(a)
-        choice = policy.decide_deadline(name, prog, seen)
+        choice = policies.decide_one(name, prog, seen)
         return {Mode.SPOT: Members(n, 0), Mode.ON_DEMAND: Members(0, n), Mode.IDLE: IDLE}[choice]
 
     return decide
