@@ -17,9 +17,35 @@ class Mode(StrEnum):
     ON_DEMAND = "on-demand"
 
 
+class Standing:
+    """Where a job stands against its deadline, the state every family of deadline policy reads (hours from the
+    job's start; ``decide.policies``): one market (``Progress``), several (``decide.deadline_markets.MarketSet``, a
+    ``Progress`` and its markets) and elastic counts (``decide.elastic.ElasticState``, its work in full-cluster hours).
+    The line of uniform progress and the slack are computed here alone."""
+
+    elapsed_h: float
+    work_done_h: float
+    work_h: float
+    deadline_h: float
+    overhead_h: float
+    tick_h: float
+    overhead_left_h: float
+
+    @property
+    def slack_h(self) -> float:
+        """Hours the job can still lose (waiting, restarts) and finish on time."""
+        return self.deadline_h - self.elapsed_h - (self.work_h - self.work_done_h) - self.overhead_left_h
+
+    @property
+    def ahead_h(self) -> float:
+        """Hours of work done beyond the line of uniform progress (work_h / deadline_h per hour). It equals the
+        slack left less the slack's even share of the time left: how much slack has been spent faster than evenly."""
+        return self.work_done_h - self.elapsed_h * self.work_h / self.deadline_h
+
+
 @dataclass(frozen=True)
-class Progress:
-    """Where a job stands against its deadline (hours from the job's start)."""
+class Progress(Standing):
+    """Where a job stands against its deadline in one spot market (hours from the job's start)."""
 
     elapsed_h: float
     work_done_h: float  # training time done, in no-revocation hours of the job's work
@@ -40,11 +66,6 @@ class Progress:
     def hop_h(self) -> float:
         """The slack a hop from on-demand to spot costs: the whole overhead, unless the spot VM boots alongside."""
         return self.overhead_h if self.hop_overhead_h is None else self.hop_overhead_h
-
-    @property
-    def slack_h(self) -> float:
-        """Hours the job can still lose (waiting, restarts) and finish on time."""
-        return self.deadline_h - self.elapsed_h - (self.work_h - self.work_done_h) - self.overhead_left_h
 
 
 @dataclass(frozen=True)
@@ -228,10 +249,9 @@ def _paper_safety_net(p: Progress, choice: Mode) -> Mode:
     return choice
 
 
-def ahead_h(p: Progress) -> float:
-    """Hours of work done beyond the line of uniform progress (work_h / deadline_h per hour). It equals the
-    slack left less the slack's even share of the time left: how much slack has been spent faster than evenly."""
-    return p.work_done_h - p.elapsed_h * p.work_h / p.deadline_h
+def ahead_h(p: Standing) -> float:
+    """``Standing.ahead_h``: hours of work done beyond the line of uniform progress."""
+    return p.ahead_h
 
 
 def hop_age_h(p: Progress, seen: Availability) -> float:

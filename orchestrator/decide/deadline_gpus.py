@@ -17,7 +17,7 @@ from orchestrator.decide.actions import RecordSpotAvailability
 from orchestrator.decide.deadline import Availability, Mode, Progress
 from orchestrator.decide.state import GpuMarket, InstanceView, JobView
 
-OWN = ""  # the market of the job's own GPU types (in its zones: decide.deadline_zones picks one)
+OWN = deadline_markets.OWN  # the market of the job's own GPU types (in its zones: decide.deadline_zones picks one)
 
 
 def market_key(gpu: str) -> str:

@@ -27,6 +27,32 @@ class MarketView:
     up_age_h: float | None  # the age of its spot stretch; None: no spot there now
 
 
+OWN = ""  # the name of the job's own market in a set of one (``MarketSet.of_one``)
+
+
+@dataclass(frozen=True)
+class MarketSet:
+    """Where the job stands with the markets it may run spot in: the several-markets family's state
+    (``decide.policies``). ``base``: the job against its deadline (its ``mode`` SPOT while a spot VM runs in
+    ``current``); ``outages``: the outages of spot in every market as fast as the job's GPU at once."""
+
+    base: Progress
+    markets: Mapping[str, MarketView]
+    current: str | None
+    outages: Availability
+
+    @classmethod
+    def of_one(cls, p: Progress, seen: Availability) -> MarketSet:
+        """One market is a market set of one: the job's own, whose ``decide`` is ``policy.deadline_policy``'s."""
+        own = MarketView(1.0, p.spot_usd_per_h, seen, p.spot_up_h if p.spot_available else None)
+        return cls(p, {OWN: own}, OWN if p.mode == Mode.SPOT else None, seen)
+
+
+def decide_set(s: MarketSet) -> tuple[Mode, str | None]:
+    """``decide`` of a ``MarketSet``: the several-markets family's ``decide.policies.Rule``."""
+    return decide(s.base, s.markets, s.current, s.outages)
+
+
 @dataclass(frozen=True)
 class SlowerSpot:
     """Spot on a slower GPU type than the job's (another market the job may move to while its own is out)."""

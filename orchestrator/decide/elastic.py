@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from orchestrator.decide import knobs
-from orchestrator.decide.deadline import DEFAULT_AVAILABILITY, Availability, Mode, Progress, deadline_policy
+from orchestrator.decide.deadline import DEFAULT_AVAILABILITY, Availability, Mode, Progress, Standing, deadline_policy
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,9 @@ IDLE: Final = Members()
 
 
 @dataclass(frozen=True)
-class ElasticState:
-    """Where an N-worker job stands (hours from its start; work in full-cluster hours)."""
+class ElasticState(Standing):
+    """Where an N-worker job stands (hours from its start; work in full-cluster hours): a count of spot VMs over the
+    same market the one-market ``Progress`` reads (``whole``: that view, for the whole cluster)."""
 
     workers: int  # N, the job's full size
     elapsed_h: float
@@ -59,15 +60,15 @@ class ElasticState:
     on_demand_usd_per_h: float = 1.0
     seen_full: Availability = field(default=DEFAULT_AVAILABILITY)  # stretches with >= N spot VMs seen so far
 
-    @property
-    def slack_h(self) -> float:
-        """Hours the job can still lose and finish on time on the whole cluster."""
-        return self.deadline_h - self.elapsed_h - (self.work_h - self.work_done_h) - self.overhead_left_h
-
-    @property
-    def ahead_h(self) -> float:
-        """Work done beyond the line of uniform progress (as ``decide.deadline.ahead_h``)."""
-        return self.work_done_h - self.elapsed_h * self.work_h / self.deadline_h
+    def whole(self, mode: Mode, spot_up_h: float, outage_h: float = 0.0) -> Progress:
+        """The job as one market of N VMs at once, all or nothing (spot can be had: k >= N; prices N-fold):
+        what ``decide.deadline``'s one-market policies read. ``mode``: what the whole cluster runs."""
+        n = self.workers
+        return Progress(elapsed_h=self.elapsed_h, work_done_h=self.work_done_h, work_h=self.work_h,
+                        deadline_h=self.deadline_h, overhead_h=self.overhead_h, mode=mode,
+                        spot_available=self.spot_can >= n, tick_h=self.tick_h, overhead_left_h=self.overhead_left_h,
+                        outage_h=outage_h, spot_up_h=spot_up_h, spot_usd_per_h=n * self.spot_usd_per_h,
+                        on_demand_usd_per_h=n * self.on_demand_usd_per_h)
 
 
 
@@ -120,11 +121,7 @@ def _as_deadline(p: ElasticState, top: int) -> Members:
     mode = Mode.IDLE
     if not p.restart_due and cur != IDLE:
         mode = Mode.SPOT if cur == Members(n, 0) else Mode.ON_DEMAND if cur.spot == 0 else Mode.IDLE
-    prog = Progress(elapsed_h=p.elapsed_h, work_done_h=p.work_done_h, work_h=p.work_h, deadline_h=p.deadline_h,
-                    overhead_h=p.overhead_h, mode=mode, spot_available=p.spot_can >= n, tick_h=p.tick_h,
-                    overhead_left_h=p.overhead_left_h, spot_up_h=p.spot_age_h if p.spot_can >= n else 0.0,
-                    spot_usd_per_h=n * p.spot_usd_per_h, on_demand_usd_per_h=n * p.on_demand_usd_per_h)
-    choice = deadline_policy(prog, p.seen_full)
+    choice = deadline_policy(p.whole(mode, p.spot_age_h if p.spot_can >= n else 0.0), p.seen_full)
     if choice == Mode.SPOT:
         return Members(n, 0)
     if choice == Mode.ON_DEMAND:

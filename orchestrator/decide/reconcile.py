@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 from orchestrator.costmodel.slots import Slot
 from orchestrator.decide import deadline as policy
-from orchestrator.decide import deadline_elastic, deadline_gpus, deadline_zones, job_end, stage_loss_step
+from orchestrator.decide import (
+    deadline_elastic,
+    deadline_gpus,
+    deadline_markets,
+    deadline_zones,
+    job_end,
+    stage_loss_step,
+)
 from orchestrator.decide import replacement as replacing
 from orchestrator.decide.actions import (
     Action,
@@ -29,6 +36,7 @@ from orchestrator.decide.actions import (
     SetJobStatus,
     StartTask,
 )
+from orchestrator.decide.deadline_markets import MarketSet
 from orchestrator.decide.state import InstanceView, JobView, Observation
 from orchestrator.model import timings
 from orchestrator.model.blocks import prefer_unblocked
@@ -284,7 +292,8 @@ def _deadline_fill(p: _Pass, slots: tuple[Slot, ...], by_slot: dict[str, list[In
     The deadline bounds the run, so ``max_replacements`` does not apply to these hops."""
     progress, seen, zone = _deadline_progress(p, slots, by_slot)
     gpus = _deadline_gpus(p, slots, by_slot, progress, seen)
-    choice = policy.deadline_policy(progress, seen) if gpus is None else gpus.mode
+    # one market is a market set of one (the simulator and the tests decide it as ``policy.deadline_policy``)
+    choice = deadline_markets.decide_set(MarketSet.of_one(progress, seen))[0] if gpus is None else gpus.mode
     on_other = {s.name: s for s in gpus.market.slots} if gpus is not None and gpus.market is not None else {}
     for slot in slots:
         insts = sorted(by_slot.get(slot.name, []), key=lambda i: i.generation)

@@ -125,13 +125,7 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
         elif t >= job.deadline_min:
             c = Mode.ON_DEMAND
         else:
-            p = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60,
-                         deadline_h=job.deadline_min / 60, overhead_h=job.overhead_min / 60, mode=mode,
-                         spot_available=a, tick_h=tick / 60, overhead_left_h=r / 60,
-                         outage_h=max(0, down - 1) * tick / 60, spot_up_h=max(0, up - 1) * tick / 60,
-                         spot_usd_per_h=job.spot_usd_per_h,
-                         on_demand_usd_per_h=job.on_demand_usd_per_h,
-                         hop_overhead_h=None if job.hop_overhead_min is None else job.hop_overhead_min / 60)
+            p = progress_at(job, tick, t, w, r, mode, a, down=down, up=up)
             c = _decide(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
         if c == Mode.SPOT and not a:
             raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
@@ -150,6 +144,19 @@ def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, histo
     out.timeline.append((t, "done"))
     out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
     return out
+
+
+def progress_at(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, available: bool, *, down: int, up: int,
+                hops: bool = True) -> Progress:
+    """The policy's state at minute ``t`` of a replay (work done ``w``, ``r`` minutes of the start still to run),
+    spot out for ``down`` ticks or up for ``up``, this one included: every simulator builds it here (one market;
+    ``sim.multizone``'s base of its market set). ``hops``: the job's make-before-break what-if applies."""
+    hop = job.hop_overhead_min if hops else None
+    return Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
+                    overhead_h=job.overhead_min / 60, mode=mode, spot_available=available, tick_h=tick / 60,
+                    overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
+                    spot_up_h=max(0, up - 1) * tick / 60, spot_usd_per_h=job.spot_usd_per_h,
+                    on_demand_usd_per_h=job.on_demand_usd_per_h, hop_overhead_h=None if hop is None else hop / 60)
 
 
 def _switch(job: Job, tick: int, mode: Mode, c: Mode, r: int, standby: int | None

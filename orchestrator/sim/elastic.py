@@ -26,7 +26,7 @@ import numpy as np
 
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import policies
-from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
+from orchestrator.decide.deadline import AvailabilityLog, Mode
 from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy
 from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError
 from orchestrator.sim.availability import (
@@ -140,11 +140,9 @@ def all_or_nothing(name: str, job: Job, history: tuple[int, ...] = ()) -> Decide
         mode = {Members(n, 0): Mode.SPOT, Members(0, n): Mode.ON_DEMAND}.get(p.running, Mode.IDLE)
         if p.restart_due:
             mode = Mode.IDLE  # the cluster was preempted (the survivors are of no use all-or-nothing)
-        prog = Progress(elapsed_h=p.elapsed_h, work_done_h=p.work_done_h, work_h=p.work_h, deadline_h=p.deadline_h,
-                        overhead_h=p.overhead_h, mode=mode, spot_available=a, tick_h=p.tick_h,
-                        overhead_left_h=p.overhead_left_h, outage_h=max(0, ages["down"] - 1) * p.tick_h,
-                        spot_up_h=max(0, ages["up"] - 1) * p.tick_h,
-                        spot_usd_per_h=n * job.spot_usd_per_h, on_demand_usd_per_h=n * job.on_demand_usd_per_h)
+        # the ages of the stretches of k >= N since the job's start (the state's spot_age_h counts the history too)
+        prog = replace(p, spot_usd_per_h=job.spot_usd_per_h, on_demand_usd_per_h=job.on_demand_usd_per_h).whole(
+            mode, max(0, ages["up"] - 1) * p.tick_h, max(0, ages["down"] - 1) * p.tick_h)
         seen = log.seen(p.tick_h) if name == "deadline" else policy.DEFAULT_AVAILABILITY
         log.add(a)
         choice = policies.decide_one(name, prog, seen)

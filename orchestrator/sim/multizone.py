@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.decide import deadline_markets
-from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
+from orchestrator.decide.deadline import AvailabilityLog, Mode
 from orchestrator.model.availability import AvailabilityTrace
 from orchestrator.sim.availability import (
     OUTLOOK_STARTS,
@@ -31,6 +31,7 @@ from orchestrator.sim.availability import (
     Outlook,
     outlook_starts,
     price_per_min,
+    progress_at,
     summed,
 )
 
@@ -148,10 +149,7 @@ def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, 
     """``decide.deadline_markets.decide`` over the markets (with one GPU type: ``choose_zone`` over the zones)."""
     views = {str(z): deadline_markets.MarketView(ms[z].speed, ms[z].spot_usd_per_h or 0.0, logs[z].seen(tick / 60),
                                                  (ups[z] - 1) * tick / 60 if a[z] else None) for z in range(len(a))}
-    base = Progress(elapsed_h=t / 60, work_done_h=w / 60, work_h=job.work_min / 60, deadline_h=job.deadline_min / 60,
-                    overhead_h=job.overhead_min / 60, mode=mode, spot_available=False, tick_h=tick / 60,
-                    overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
-                    spot_usd_per_h=job.spot_usd_per_h, on_demand_usd_per_h=job.on_demand_usd_per_h)
+    base = progress_at(job, tick, t, w, r, mode, False, down=down, up=1, hops=False)  # spot: the markets say
     c, where = deadline_markets.decide(base, views, str(zone) if mode == Mode.SPOT else None, any_log.seen(tick / 60))
     return c, int(where) if where is not None else -1
 
