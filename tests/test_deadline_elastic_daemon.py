@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deadline_replay import ReplayedDaemon
 
 from orchestrator.costmodel.slots import Slot
 from orchestrator.decide.deadline_elastic import assign
@@ -18,6 +17,7 @@ from orchestrator.model.instances import Role
 from orchestrator.model.paths import data_dir
 from orchestrator.model.status import InstanceStatus
 from orchestrator.sim.availability import Job, load_trace
+from orchestrator.sim.daemon_replay import ReplayedDaemon
 from orchestrator.sim.elastic import replay
 
 TRACE = data_dir() / "spot-availability" / "16-node" / "aws-08-27-2023_us-west-2c_v100_1.json"

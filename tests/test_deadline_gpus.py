@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deadline_replay import ReplayedDaemon
 
 from orchestrator.costmodel.slots import Slot
 from orchestrator.decide import deadline_gpus
@@ -26,6 +25,7 @@ from orchestrator.model.paths import data_dir
 from orchestrator.model.spec import OnRevocation, TrainingMode
 from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.sim.availability import Job, load_trace
+from orchestrator.sim.daemon_replay import ReplayedDaemon
 from orchestrator.sim.multizone import Market, minutes_for, run_multi, work_in
 
 TRACES = data_dir() / "spot-availability"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deadline_replay import ReplayedDaemon
 
 from orchestrator.costmodel.slots import Slot
 from orchestrator.decide import deadline_zones
@@ -25,6 +24,7 @@ from orchestrator.model.paths import data_dir
 from orchestrator.model.spec import OnRevocation, TrainingMode
 from orchestrator.model.status import InstanceStatus, JobStatus
 from orchestrator.sim.availability import Job, load_trace
+from orchestrator.sim.daemon_replay import ReplayedDaemon
 from orchestrator.sim.multizone import run_multi
 
 TRACE = data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json"

@@ -1,5 +1,8 @@
-"""A daemon replayed pass by pass over availability traces (the deadline policy's tests): the actions ``reconcile``
-returns applied as the controller would, at once. A create starts training at once, a drained VM checkpoints
+"""The deadline policy's replay engine that drives the real daemon decision: ``decide.reconcile`` replayed pass by pass
+over availability traces (the deadline policy's daemon tests: the simulator's replays in ``sim.availability``,
+``sim.multizone`` and ``sim.elastic`` decide by the same functions, and these replays check that the daemon's
+reconcile makes the simulator's choices). The actions ``reconcile`` returns are applied as the controller would, at
+once. A create starts training at once, a drained VM checkpoints
 half a second later, and the note events the daemon would record are kept as the DB keeps them, to be read back
 as ``control.deadline`` does (each market's changes under its zone or market key)."""
 
@@ -27,6 +30,8 @@ from orchestrator.model.status import InstanceStatus, JobStatus
 
 
 class ReplayedDaemon:
+    """The DB and the controller of one job, as far as ``reconcile`` reads and acts on them, on a virtual clock."""
+
     def __init__(self) -> None:
         self.insts: dict[str, InstanceView] = {}
         self.spot_seen: list[tuple[float, bool]] = []
