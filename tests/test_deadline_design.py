@@ -94,3 +94,20 @@ def test_each_online_one_market_policy_decides_by_name() -> None:
     for name, _ in itertools.product(policies.ONLINE_POLICIES, range(50)):
         p = _progress(rng)
         assert policies.decide_one(name, p) in set(Mode)
+
+
+def test_the_daemon_plans_a_deadline_job_through_one_planning_object() -> None:
+    """The daemon's pace never calls the planner itself (issue 52, item 1): control.deadline asks
+    planning.outlook.DeadlinePlans, and its caches are objects', not module dicts."""
+    from orchestrator.control import deadline as ctl
+    from orchestrator.planning.outlook import DeadlinePlans
+
+    tree = ast.parse(Path(ctl.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                and n.module.startswith("orchestrator.sim") for a in n.names}
+    assert imported == set()
+    module_dicts = [t.id for n in tree.body if isinstance(n, ast.AnnAssign | ast.Assign)
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                    if isinstance(t, ast.Name) and isinstance(n.value, ast.Dict)]
+    assert module_dicts == []
+    assert isinstance(ctl.CACHE.plans, DeadlinePlans)

@@ -344,7 +344,7 @@ def test_a_fold_during_a_deadline_job_leaves_its_planned_figures_alone() -> None
     shipped = deadline_figures(spec).work_s
     with open_session() as session:
         assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
-        deadline._FIGURES.clear()  # a daemon started after the fold
+        deadline.CACHE.clear()  # a daemon started after the fold
         assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
 
 

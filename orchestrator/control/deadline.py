@@ -16,70 +16,55 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.costmodel.slots import Slot, on_gpu
+from orchestrator.costmodel.slots import Slot
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import deadline_zones
 from orchestrator.decide.state import DeadlineInputs, GpuMarket
-from orchestrator.model import timings
-from orchestrator.model.availability import load_trace
 from orchestrator.model.instances import ObservedInstance, ObservedState, Role
 from orchestrator.model.spec import JobSpec, OnRevocation, SpecError, validate_spec
 from orchestrator.model.status import EndReason
-from orchestrator.planning.calibration import launched_calibration
+from orchestrator.planning.outlook import DeadlineFigures, DeadlinePlans
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
-from orchestrator.sim.availability import DeadlineFigures, deadline_figures, on_gpu_figures
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job, Metric
 
-_FIGURES: dict[tuple[str, float], tuple[DeadlineFigures, float]] = {}  # (job id, created) -> figures, tick (s)
-_GPU_MARKETS: dict[tuple[str, float], tuple[GpuMarket, ...]] = {}  # (job id, created) -> policy.also_gpus planned
-_MARKETS: dict[str, str | None] = {}  # job id -> its spot market (a job's spec never changes)
-_BEFORE: dict[str, tuple[tuple[bool, float], ...]] = {}  # started job id -> spot_before (fixed once it started)
-_MAX_CACHED = 256
+
+class DeadlineCache:
+    """What the daemon keeps between passes for its deadline jobs, in one object rather than module globals: each
+    job's planned figures (``planning.outlook.DeadlinePlans``, the one planning call), its spot market, and the spot
+    capacity earlier jobs in that market saw before it started (fixed once it started). ``CACHE`` is the one a
+    daemon process uses; a test that plays a daemon started anew passes a fresh one."""
+
+    def __init__(self, max_cached: int = 256) -> None:
+        self.plans = DeadlinePlans(max_cached)
+        self.markets: dict[str, str | None] = {}  # job id -> its spot market (a job's spec never changes)
+        self.before: dict[str, tuple[tuple[bool, float], ...]] = {}  # started job id -> spot_before
+        self.max_cached = max_cached
+
+    def clear(self) -> None:
+        self.plans.clear()
+        self.markets.clear()
+        self.before.clear()
 
 
-def _figures(session: Session, job: Job, spec: JobSpec) -> tuple[DeadlineFigures, float]:
-    key = (job.id, job.created_at)  # its figures are fixed at launch
-    found = _FIGURES.get(key)
-    if found is None:
-        # The calibration `launch` planned the job with (planning.calibration's one rule)
-        launched_with = launched_calibration(session, spec, job.created_at)
-        fig = deadline_figures(spec, calibration=launched_with)
-        local = spec.provider.as_local()
-        if local is not None and local.traces:  # the replayed traces' pace (one tick length: spec validation)
-            tick = load_trace(next(iter(local.traces.values()))).gap_s / local.time_scale
-        else:
-            tick = timings.DEADLINE_TICK_S / fig.time_scale
-        if len(_FIGURES) >= _MAX_CACHED:
-            _FIGURES.clear()
-        found = _FIGURES[key] = (fig, tick)
-    return found
+CACHE = DeadlineCache()
 
 
-def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot]) -> tuple[GpuMarket, ...]:
-    """The GPU types of ``policy.also_gpus`` as the job was planned: its spot workers moved there, planned with the
-    calibration it launched with, give the speed (its predicted work over the work there) and the spot price."""
-    if not spec.policy.also_gpus or not slots:  # no slots to move: no other market to choose
-        return ()
-    key = (job.id, job.created_at)
-    found = _GPU_MARKETS.get(key)
-    if found is None:
-        fig = _figures(session, job, spec)[0]
-        launched_with = launched_calibration(session, spec, job.created_at)
-        out = []
-        for gpu in spec.policy.also_gpus:
-            speed, price = on_gpu_figures(spec, gpu, fig.work_s, calibration=launched_with)
-            out.append(GpuMarket(gpu, speed, price,
-                                 tuple(on_gpu(spec, s, gpu) for s in slots if s.spot and s.role == Role.WORKER)))
-        if len(_GPU_MARKETS) >= _MAX_CACHED:
-            _GPU_MARKETS.clear()
-        found = _GPU_MARKETS[key] = tuple(out)
-    return found
+def _figures(session: Session, job: Job, spec: JobSpec, cache: DeadlineCache | None = None
+             ) -> tuple[DeadlineFigures, float]:
+    return (cache or CACHE).plans.figures(session, job.id, job.created_at, spec)
 
 
-def planned_figures(session: Session, job: Job, spec: JobSpec) -> DeadlineFigures:
+def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot],
+                cache: DeadlineCache | None = None) -> tuple[GpuMarket, ...]:
+    """The GPU types of ``policy.also_gpus`` as the job was planned (``DeadlinePlans.gpu_markets``)."""
+    return (cache or CACHE).plans.gpu_markets(session, job.id, job.created_at, spec, slots)
+
+
+def planned_figures(session: Session, job: Job, spec: JobSpec, cache: DeadlineCache | None = None
+                    ) -> DeadlineFigures:
     """The work, restart overhead and prices the daemon plans ``job`` with (what `report` shows it planned)."""
-    return _figures(session, job, spec)[0]
+    return _figures(session, job, spec, cache)[0]
 
 
 def measured_overhead_s(session: Session, job: Job, now: float) -> float:
@@ -152,17 +137,17 @@ def shrunk_spans(session: Session, job_id: str, now: float) -> tuple[tuple[float
     return tuple(spans) + (((since, now),) if since is not None else ())
 
 
-def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots: Sequence[Slot] = ()
-                    ) -> DeadlineInputs | None:
+def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots: Sequence[Slot] = (),
+                    cache: DeadlineCache | None = None) -> DeadlineInputs | None:
     """The work is the predicted no-revocation time until the job has measured its own pace, then the steps at
     that pace: a prediction off by its interval (+-20% and more) would otherwise spend slack the job has not got,
     or keep on-demand it does not need."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE:
         return None
-    fig, tick = _figures(session, job, spec)
+    fig, tick = _figures(session, job, spec, cache)
     step, _ = queries.latest_step(session, job.id)
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
-    markets = gpu_markets(session, job, spec, slots)
+    markets = gpu_markets(session, job, spec, slots, cache)
     pace = own_pace_s(session, job, spec, now)
     work_s = fig.work_s if pace is None else pace * job.train_steps
     anywhere, by_zone, counts, choice = seen_changes(session, job.id)
@@ -171,7 +156,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots
                           on_demand_usd_per_h=fig.on_demand_usd_per_h, time_scale=fig.time_scale,
                           spot_seen=anywhere, zone_spot_seen=by_zone, spot_counts=counts, elastic_choice=choice,
                           drains=drains(session, job.id),
-                          spot_before=spot_before(session, job, spec, now),
+                          spot_before=spot_before(session, job, spec, now, cache),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
                               Metric.job_id == job.id, Metric.kind == "checkpoint")), markets=markets)
 
@@ -270,18 +255,20 @@ def spot_market(spec: JobSpec) -> str | None:
     return f"gce/{gce.project}/{','.join(sorted(gce.zones))}/{','.join(sorted(gpus))}"
 
 
-def _market_of(job: Job) -> str | None:
-    if job.id not in _MARKETS:
-        if len(_MARKETS) >= _MAX_CACHED:
-            _MARKETS.clear()
+def _market_of(job: Job, cache: DeadlineCache) -> str | None:
+    markets = cache.markets
+    if job.id not in markets:
+        if len(markets) >= cache.max_cached:
+            markets.clear()
         try:
-            _MARKETS[job.id] = spot_market(validate_spec(yaml.safe_load(job.spec_yaml)))
+            markets[job.id] = spot_market(validate_spec(yaml.safe_load(job.spec_yaml)))
         except (SpecError, yaml.YAMLError):  # one an older version wrote that no longer validates: nothing to learn
-            _MARKETS[job.id] = None
-    return _MARKETS[job.id]
+            markets[job.id] = None
+    return markets[job.id]
 
 
-def spot_before(session: Session, job: Job, spec: JobSpec, now: float) -> tuple[tuple[bool, float], ...]:
+def spot_before(session: Session, job: Job, spec: JobSpec, now: float, cache: DeadlineCache | None = None
+                ) -> tuple[tuple[bool, float], ...]:
     """The stretches of spot capacity that other jobs in this job's spot market saw end within the
     ``policy.HISTORY_H`` hours before it started, (available, seconds) each, oldest first: the history the
     simulator gives the deadline policy. A stretch counts only between two changes one job recorded (its first
@@ -289,10 +276,12 @@ def spot_before(session: Session, job: Job, spec: JobSpec, now: float) -> tuple[
     market = spot_market(spec)
     if market is None:
         return ()
-    if job.id in _BEFORE:
-        return _BEFORE[job.id]
-    if len(_BEFORE) >= _MAX_CACHED:
-        _BEFORE.clear()
+    cache = cache or CACHE
+    before = cache.before
+    if job.id in before:
+        return before[job.id]
+    if len(before) >= cache.max_cached:
+        before.clear()
     started = job.started_at if job.started_at is not None else now
     kinds = {v: k for k, v in policy.SPOT_SEEN_EVENTS.items()}
     rows = session.execute(select(Event.job_id, Event.at, Event.to_status).where(
@@ -302,10 +291,10 @@ def spot_before(session: Session, job: Job, spec: JobSpec, now: float) -> tuple[
     for job_id, at, what in rows:
         by_job.setdefault(str(job_id), []).append((float(at), kinds[what]))
     others = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(list(by_job))))}
-    stretches = [(start, available, end - start)
-                 for job_id, changes in by_job.items() if job_id in others and _market_of(others[job_id]) == market
+    mine = {job_id for job_id in by_job if job_id in others and _market_of(others[job_id], cache) == market}
+    stretches = [(start, available, end - start) for job_id, changes in by_job.items() if job_id in mine
                  for (start, available), (end, _) in pairwise(changes[1:])]
     found = tuple((available, seconds) for _, available, seconds in sorted(stretches))
     if job.started_at is not None:
-        _BEFORE[job.id] = found
+        before[job.id] = found
     return found
