@@ -25,10 +25,9 @@ from orchestrator.sim.availability import (
     deadline_figures,
     load_trace,
     on_gpu_figures,
-    outlook,
 )
-from orchestrator.sim.elastic import elastic_outlook
-from orchestrator.sim.multizone import Market, zones_outlook
+from orchestrator.sim.deadline_outlook import Markets, outlook_rows
+from orchestrator.sim.multizone import Market
 
 
 @dataclass(frozen=True)
@@ -64,21 +63,15 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
     # Zones replayed together (zone_availability_traces): also the policy that moves between them, as the daemon;
     # GPU types replayed with the job's own (gpu_availability_traces, policy.also_gpus): the one moving between them.
     zoned = local is not None and bool(local.zone_availability_traces)
-    typed = [g for g in spec.policy.also_gpus if local is not None and g in local.gpu_availability_traces]
-    markets = (Market(), *(Market(*on_gpu_figures(spec, g, fig.work_s, calibration=calibration)) for g in typed))
-    typed_traces = [*traces, *(load_trace(local.gpu_availability_traces[g]) for g in typed if local is not None)]
-
-
-    def rows(j: Job) -> list[Outlook]:
-        return outlook(j, traces) + ([zones_outlook(j, traces)] if zoned else []) + (
-            [zones_outlook(j, typed_traces, markets=markets, name="deadline-markets")] if typed else []) + (
-            [elastic_outlook(j, elastic, traces)] if elastic else [])
-
-    found = DeadlineOutlook(job, rows(job), [p.name for p in paths])
+    typed = {g: local.gpu_availability_traces[g] for g in spec.policy.also_gpus
+             if local is not None and g in local.gpu_availability_traces}
+    markets = Markets(traces, zoned, tuple((Market(*on_gpu_figures(spec, g, fig.work_s, calibration=calibration)),
+                                            load_trace(path)) for g, path in typed.items()), elastic)
+    found = DeadlineOutlook(job, outlook_rows(job, markets), [p.name for p in paths])
     if slow_by is None or slow_by <= 0:
         return found
     slow = replace(job, work_min=max(1, round(job.work_min * (1 + slow_by))))
-    return replace(found, slow_by=slow_by, slow_rows=rows(slow))
+    return replace(found, slow_by=slow_by, slow_rows=outlook_rows(slow, markets))
 
 
 class DeadlinePlans:
