@@ -111,3 +111,21 @@ def test_the_daemon_plans_a_deadline_job_through_one_planning_object() -> None:
                     if isinstance(t, ast.Name) and isinstance(n.value, ast.Dict)]
     assert module_dicts == []
     assert isinstance(ctl.CACHE.plans, DeadlinePlans)
+
+
+def test_the_one_market_optimum_is_the_market_set_of_one_optimum() -> None:
+    """The offline optimum of one market and that of a set of one market agree, cost and choices: the one-market
+    program stays only for its make-before-break what-if (``Job.hop_overhead_min``), which the other lacks."""
+    from orchestrator.model.paths import data_dir
+    from orchestrator.sim.availability import Job, load_trace, optimal_choices
+    from orchestrator.sim.multizone import optimal_multi
+
+    trace = load_trace(data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json")
+    avail = trace.available()
+    for start, deadline in ((200, 600), (1100, 900)):
+        job = Job(480, deadline, 12, 0.9, 3.06)
+        one = optimal_choices(job, avail[start:], trace.tick_min)
+        of_one = optimal_multi(job, (avail[start:],), trace.tick_min)
+        assert one is not None and of_one is not None
+        assert one[0] == of_one[0]
+        assert one[1] == [mode for mode, _ in of_one[1]]
