@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -102,12 +103,40 @@ class _ZoneAdjust:
 
 @dataclass
 class _GpuFit:
+    """One GPU type's (or the pool's) rows and each model kind fitted to them, fitted when first asked for: a
+    plan samples one kind of a few GPU types, and the bathtub's censored likelihood fit is most of its CPU time."""
+
     key: str
     times: FloatArray
     events: BoolArray
     zones: dict[str, tuple[FloatArray, BoolArray]]
-    dists: dict[str, LifetimeDist] = field(default_factory=dict)
-    zone_adjust: dict[str, dict[str, _ZoneAdjust]] = field(default_factory=dict)  # kind -> zone -> adj
+    cap_s: float
+    _dists: dict[str, LifetimeDist] = field(default_factory=dict)
+    _zone_adjust: dict[str, dict[str, _ZoneAdjust]] = field(default_factory=dict)  # kind -> zone -> adj
+
+    def dist(self, kind: str) -> LifetimeDist:
+        if kind not in self._dists:
+            self._dists[kind] = _FITTERS[kind](self.times, self.events, self.cap_s)
+        return self._dists[kind]
+
+    def zone_adjust(self, kind: str) -> dict[str, _ZoneAdjust]:
+        if kind not in self._zone_adjust:
+            dist, adj = self.dist(kind), {}
+            for zone, (zt, ze) in self.zones.items():
+                expected = float(np.sum(dist.cum_hazard(zt)))
+                d = int(ze.sum())
+                mult = (d + ZONE_PRIOR_STRENGTH) / (expected + ZONE_PRIOR_STRENGTH) if math.isfinite(expected) else 1.0
+                adj[zone] = _ZoneAdjust(mult, d, expected, len(zt))
+            self._zone_adjust[kind] = adj
+        return self._zone_adjust[kind]
+
+
+_FITTERS: Final[dict[str, Callable[[FloatArray, BoolArray, float], LifetimeDist]]] = {
+    "empirical": lambda t, e, cap: fit_empirical(t, e),
+    "exponential": lambda t, e, cap: fit_exponential(t, e),
+    "weibull": lambda t, e, cap: fit_weibull(t, e),
+    "bathtub": fit_bathtub,
+}
 
 
 class LifetimeModel(Protocol):
@@ -153,29 +182,14 @@ class RevocationModel:
             zones = {} if key == POOLED else {z: trace.select(key, z) for z in trace.zones(key)}
             self._gpu[key] = self._fit_group(key, times, events, zones)
         self._cpu = self._cpu_models(summaries.get(CPU))
-        self._fits = self._summaries()
+        self._fits: list[FitSummary] | None = None  # every kind of every group: simulate --fits alone
 
     # ---- fitting
 
     def _fit_group(
         self, key: str, times: FloatArray, events: BoolArray, zones: dict[str, tuple[FloatArray, BoolArray]]
     ) -> _GpuFit:
-        fit = _GpuFit(key, times, events, zones)
-        fit.dists = {
-            "empirical": fit_empirical(times, events),
-            "exponential": fit_exponential(times, events),
-            "weibull": fit_weibull(times, events),
-            "bathtub": fit_bathtub(times, events, self.cap_s),
-        }
-        for kind, dist in fit.dists.items():
-            adj: dict[str, _ZoneAdjust] = {}
-            for zone, (zt, ze) in zones.items():
-                expected = float(np.sum(dist.cum_hazard(zt)))
-                d = int(ze.sum())
-                mult = (d + ZONE_PRIOR_STRENGTH) / (expected + ZONE_PRIOR_STRENGTH) if math.isfinite(expected) else 1.0
-                adj[zone] = _ZoneAdjust(mult, d, expected, len(zt))
-            fit.zone_adjust[kind] = adj
-        return fit
+        return _GpuFit(key, times, events, zones, self.cap_s)
 
     @staticmethod
     def _cpu_models(summary: RevocationSummary | None) -> dict[str, LifetimeDist]:
@@ -194,11 +208,11 @@ class RevocationModel:
         out: list[FitSummary] = []
         for key, fit in self._gpu.items():
             for kind in KINDS:
-                out.append(self._summary(key, None, kind, fit.times, fit.events, fit.dists[kind], 1.0))
+                out.append(self._summary(key, None, kind, fit.times, fit.events, fit.dist(kind), 1.0))
             for zone, (zt, ze) in fit.zones.items():
                 for kind in KINDS:
-                    adj = fit.zone_adjust[kind][zone]
-                    out.append(self._summary(key, zone, kind, zt, ze, fit.dists[kind], adj.multiplier, adj))
+                    adj = fit.zone_adjust(kind)[zone]
+                    out.append(self._summary(key, zone, kind, zt, ze, fit.dist(kind), adj.multiplier, adj))
         cpu_summary = self.summaries.get(CPU)
         for kind in ("exponential", "weibull"):
             dist = self._cpu[kind]
@@ -290,8 +304,8 @@ class RevocationModel:
         if gpu is None:
             return self._cpu[kind], 1.0
         fit = self._gpu.get(gpu.lower()) or self._gpu[POOLED]
-        adj = fit.zone_adjust[kind].get(zone) if zone else None
-        return fit.dists[kind], (adj.multiplier if adj else 1.0)
+        adj = fit.zone_adjust(kind).get(zone) if zone else None
+        return fit.dist(kind), (adj.multiplier if adj else 1.0)
 
     def coverage(self, gpu: str | None, kind: str = DEFAULT_KIND) -> str:
         """Which revocation model an instance of ``gpu`` gets, in words (simulate prints it)."""
@@ -305,6 +319,8 @@ class RevocationModel:
 
     def fits(self) -> list[FitSummary]:
         """Every fitted model: per GPU type (and ``all``) pooled, per zone, and the CPU model."""
+        if self._fits is None:
+            self._fits = self._summaries()
         return list(self._fits)
 
     def prob_revoked_within(
