@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize
 
 from orchestrator.costmodel.revocation.traces import BoolArray, FloatArray
 
@@ -250,6 +249,8 @@ def fit_weibull(times: FloatArray, events: BoolArray) -> Weibull:
         k = math.exp(log_k)
         return -(d * math.log(k) - d * math.log(float(np.sum(th**k)) / d) + (k - 1.0) * sum_log_e - d)
 
+    from scipy import optimize  # lazy: a plan whose fits are cached never imports SciPy (0.4-0.7 s)
+
     res = optimize.minimize_scalar(neg_profile, bounds=(math.log(0.05), math.log(20.0)), method="bounded")
     k = math.exp(float(res.x))
     scale_h = (float(np.sum(th**k)) / d) ** (1.0 / k)
@@ -286,6 +287,8 @@ def fit_bathtub(times: FloatArray, events: BoolArray, cap: float) -> Bathtub:
             - float(np.sum((th_cap / s2) ** k2))
         )
         return -ll if math.isfinite(ll) else 1e300
+
+    from scipy import optimize  # lazy: see fit_weibull
 
     w = fit_weibull(times, events)
     k1_0 = min(max(w.shape, _K1_BOUNDS[0]), 0.95)

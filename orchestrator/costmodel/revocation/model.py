@@ -26,6 +26,7 @@ from typing import Final, Protocol
 
 import numpy as np
 
+from orchestrator.costmodel.revocation import fit_cache
 from orchestrator.costmodel.revocation.distributions import (
     HOUR,
     LifetimeDist,
@@ -135,8 +136,17 @@ _FITTERS: Final[dict[str, Callable[[FloatArray, BoolArray, float], LifetimeDist]
     "empirical": lambda t, e, cap: fit_empirical(t, e),
     "exponential": lambda t, e, cap: fit_exponential(t, e),
     "weibull": lambda t, e, cap: fit_weibull(t, e),
-    "bathtub": fit_bathtub,
+    "bathtub": lambda t, e, cap: _bathtub(t, e, cap),
 }
+
+
+def _bathtub(times: FloatArray, events: BoolArray, cap: float) -> LifetimeDist:
+    key = fit_cache.digest(times, events, cap)
+    fit = fit_cache.cached(key)
+    if fit is None:
+        fit = fit_bathtub(times, events, cap)
+        fit_cache.keep(key, fit)
+    return fit
 
 
 class LifetimeModel(Protocol):
