@@ -333,3 +333,23 @@ def test_a_long_quoted_value_is_cut_but_not_the_text_between_two_quoted_values()
     assert FieldError(path="a", message=between).message == between
     long = FieldError(path="a", message="value '" + "z" * 100 + "' is bad").message
     assert "z" * 100 not in long and "…' is bad" in long
+
+
+def test_fault_tolerance_is_checked_and_named() -> None:
+    from orchestrator.model.torch_spec import fault_tolerance
+
+    doc = copy.deepcopy(GOOD)
+    doc["training"].update(framework="pytorch", fault_tolerance="torchft", parallelism="data")
+    spec = validate_spec(doc)
+    assert fault_tolerance(spec) == "torchft"
+    doc["training"]["fault_tolerance"] = "elastic"
+    assert any(m.startswith("training.fault_tolerance:") for m in errors_of(doc))
+    doc["training"].update(fault_tolerance="torchft", parallelism="pipeline")
+    assert any(m.startswith("training.fault_tolerance:") and "pipeline" in m for m in errors_of(doc))
+    doc["training"].update(framework="tensorflow", mode="async", parallelism="auto")
+    assert any(m.startswith("training.fault_tolerance:") and "pytorch" in m for m in errors_of(doc))
+    run = copy.deepcopy(GOOD)
+    run["training"] = {"run": "python train.py"}
+    assert fault_tolerance(validate_spec(run)) == "torchrun"  # a run: script opts in
+    run["training"]["fault_tolerance"] = "torchft"
+    assert fault_tolerance(validate_spec(run)) == "torchft"

@@ -39,6 +39,16 @@ def exit_zero_is_done(spec: JobSpec) -> bool:
     return getattr(spec.training, "job", "") in ("run", "command")
 
 
+def fault_tolerance(spec: JobSpec) -> str:
+    """How a PyTorch job's nodes survive a lost one: ``torchft`` (replica groups, jobs/torchjob/ft_step.py) or
+    ``torchrun`` (elastic re-rendezvous). The spec's ``training.fault_tolerance`` where given; else torchrun until
+    the controller starts a Lighthouse for the built-in job (issue 54, item 2), and always for a pipeline."""
+    given = getattr(spec.training, "fault_tolerance", None)
+    if given is not None:
+        return str(given)
+    return "torchrun"
+
+
 def argv(cmd: str | None) -> list[str] | None:
     return shlex.split(cmd) if cmd else None
 

@@ -21,6 +21,11 @@ class TrainingMode(StrEnum):
     SYNC = "sync"  # all-reduce, per-worker batch split
 
 
+FaultTolerance = Literal["torchft", "torchrun"]
+FT_NOTE = ("torchft: each worker node is a replica group of a per-step quorum (a Lighthouse with the controller); "
+           "a lost node costs the survivors the step in flight. torchrun: elastic re-rendezvous (restarts the group)")
+
+
 class TrainingLoop(StrictModel):
     """The loop fields every ``training:`` kind shares (the spec field names users write): how long it trains,
     its batch (per worker, or global and split by the planner) and how often it checkpoints, evaluates, logs."""
@@ -57,6 +62,9 @@ class BuiltinTraining(TrainingLoop):
     # pipeline: stages sized to each GPU (mini-max, the default) or as many layers each (equal-layers: the
     # heterogeneity-blind baseline, for comparison)
     partition: Literal["mini-max", "equal-layers"] = "mini-max"
+    # pytorch data parallel: torchft replica groups or torchrun's elastic restarts (None: the payload's default,
+    # model.torch_spec.fault_tolerance)
+    fault_tolerance: FaultTolerance | None = Field(default=None, description=FT_NOTE)
 
     @model_validator(mode="before")
     @classmethod
@@ -74,6 +82,11 @@ class BuiltinTraining(TrainingLoop):
             raise ValueError("framework: pytorch trains with synchronous DDP; use mode: sync (or leave mode out)")
         if self.framework == "tensorflow" and self.min_workers is not None:
             raise ValueError("min_workers is for framework: pytorch (elastic training); drop it")
+        if self.fault_tolerance is not None and self.framework != "pytorch":
+            raise FieldValueError("fault_tolerance", "is for framework: pytorch (data parallel); drop it")
+        if self.fault_tolerance == "torchft" and self.parallelism == "pipeline":
+            raise FieldValueError("fault_tolerance", "torchft replicates whole models (data parallel); a pipeline "
+                                  "needs every stage: use torchrun or parallelism: data")
         return self
 
     @property
@@ -159,6 +172,9 @@ class RunTraining(TrainingLoop):
     # fits. The optimizer decides the memory each parameter costs (sgd: momentum, one slot; adam: two).
     parallelism: Literal["auto", "data", "pipeline"] = "auto"
     optimizer: Literal["sgd", "adam"] = "sgd"
+    # Opt-in (default torchrun): torchft runs the script once per node with TORCHFT_LIGHTHOUSE and REPLICA_GROUP_ID
+    # set, and the script builds its own torchft Manager (docs/pytorch.md).
+    fault_tolerance: FaultTolerance = Field(default="torchrun", description=FT_NOTE)
 
     @field_validator("run", "setup")
     @classmethod
@@ -187,6 +203,9 @@ class RunTraining(TrainingLoop):
             if ref.name in seen:
                 raise FieldValueError("secrets", f"{ref.name} is listed twice; give each secret once")
             seen.add(ref.name)
+        if self.fault_tolerance == "torchft" and self.parallelism == "pipeline":
+            raise FieldValueError("fault_tolerance", "torchft replicates whole models (data parallel); a pipeline "
+                                  "needs every stage: use torchrun or parallelism: data")
         return self
 
     @property
