@@ -39,6 +39,7 @@ def main() -> None:
     delay = float(os.environ.get("FT_LATE_S", "0"))
     until_world = int(os.environ.get("FT_UNTIL_WORLD", "1"))  # go on past STEPS until a step had this world
     world = 0
+    stop = Path(os.environ["FT_STOP_FILE"]) if os.environ.get("FT_STOP_FILE") else None  # bench: ends a run
 
     def loss_of(offset: int, batch: int) -> torch.Tensor:
         if delay:  # this group comes late to the step's all-reduce: its peers wait inside it meanwhile
@@ -48,7 +49,7 @@ def main() -> None:
         return F.cross_entropy(model(x[offset:offset + batch]), y[offset:offset + batch], reduction="sum") / GLOBAL
 
     with open(out, "a", encoding="utf-8") as f:  # noqa: PTH123
-        while replica.manager.current_step() < steps or world < until_world:
+        while (replica.manager.current_step() < steps or world < until_world) and not (stop and stop.exists()):
             info, loss = ft_step.step_once(replica, [0.0, 0.0], loss_of)
             if loss is None or info is None:
                 f.write(json.dumps({"retry": True, "t": time.time(), "pid": os.getpid()}) + "\n")
