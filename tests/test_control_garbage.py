@@ -33,7 +33,9 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
                     max_leaves=12)
 FIELDS = st.fixed_dictionaries({}, optional={
-    "kind": st.sampled_from(["step", "eval", "checkpoint", "start", "bogus"]) | JSON, "step": JSON, "t": JSON,
+    "kind": st.sampled_from(["step", "eval", "checkpoint", "start", "quorum", "heal", "bogus"]) | JSON, "step": JSON,
+    "t": JSON, "world_before": JSON, "world_after": JSON, "survivors_pause_s": JSON, "from_worker": JSON,
+    "heal_s": JSON,
     "loss": JSON, "accuracy": JSON, "examples_per_s": JSON, "seconds": JSON, "reason": JSON, "resumed": JSON,
     "workers": st.dictionaries(st.text(max_size=3) | st.sampled_from(["0", "1", "-1", "99"]),
                                JSON | st.fixed_dictionaries({}, optional={"examples_per_s": JSON,

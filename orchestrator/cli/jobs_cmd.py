@@ -129,6 +129,7 @@ def report(
         if plot is not None:
             _write_plot(session, ids[0], plot)
         from orchestrator.cli.torch_report import (  # lazy: the ORM
+            quorum_changes,
             resplits,
             stage_losses,
             training_section,
@@ -144,11 +145,12 @@ def report(
                 r["worker_batches"] = worker_batches(session, r["job_id"])
                 r["resplits"] = resplits(session, r["job_id"])
                 r["stage_losses"] = stage_losses(session, r["job_id"])
+                r["quorum_changes"] = quorum_changes(session, r["job_id"])
     keys = ["job_id", "name", "provider", "mode", "cluster_shape", "status", "price_book", "train_steps",
             "final_step", "accuracy", "wall_time_s", "cost_usd", "worker_cost_usd", "ps_cost_usd", "chief_cost_usd",
             "revocations", "replacements", "restarts"]
     if fmt == "json":
-        keys += ["worker_batches", "resplits", "stage_losses"]
+        keys += ["worker_batches", "resplits", "stage_losses", "quorum_changes"]
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], default=str, indent=2) + "\n")
     elif fmt == "csv":
         buf = io.StringIO()

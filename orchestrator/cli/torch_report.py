@@ -61,6 +61,31 @@ def resplits(session: Session, job_id: str) -> list[dict[str, Any]]:
     return out
 
 
+_QUORUM = re.compile(r"quorum (\d+) -> (\d+) at step (\d+)(?:; survivors' pause ([0-9.]+) s)?")
+_HEAL = re.compile(r"heal worker-(\d+) from worker-(\d+) in ([0-9.]+) s at step (\d+)")
+
+
+def quorum_changes(session: Session, job_id: str) -> list[dict[str, Any]]:
+    """Each quorum change of a job on torchft replica groups: the step, the groups before and after, the survivors'
+    pause from the loss to their next step, and for a group that joined, the worker it healed from and how long."""
+    rows = session.scalars(select(Event).where(Event.job_id == job_id, Event.entity == "note",
+                                               Event.to_status.in_(("quorum", "heal"))).order_by(Event.at, Event.id))
+    changes: list[dict[str, Any]] = []
+    heals: dict[int, tuple[int, float]] = {}
+    for ev in rows:
+        if (q := _QUORUM.match(ev.reason or "")) is not None:
+            changes.append({"step": int(q.group(3)), "world_before": int(q.group(1)), "world_after": int(q.group(2)),
+                            "survivors_pause_s": float(q.group(4)) if q.group(4) else None,
+                            "healed_from": None, "heal_s": None})
+        elif (h := _HEAL.match(ev.reason or "")) is not None:
+            heals[int(h.group(4))] = (int(h.group(2)), float(h.group(3)))
+    for change in changes:  # a heal belongs to the quorum that grew at its step
+        if change["world_after"] > change["world_before"] and change["step"] in heals:
+            source, seconds = heals[change["step"]]
+            change["healed_from"], change["heal_s"] = f"worker-{source}", seconds
+    return changes
+
+
 def stage_losses(session: Session, job_id: str) -> list[dict[str, Any]]:
     """Each lost pipeline stage: waited for or re-partitioned without, with both options' predicted time and cost
     (decide.stage_loss_step)."""

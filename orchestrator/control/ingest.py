@@ -195,6 +195,26 @@ def _metric_rows(session: Session, job: Job, workers: dict[int, Slot], line: byt
                          now=at)
         return [Metric(job_id=job.id, kind="checkpoint", worker=-1, step=step,
                        step_time_s=_float(rec.get("seconds"), "seconds"), at=at)]
+    if kind in ("quorum", "heal"):
+        what, reason = _quorum_event(rec, step)
+        queries.note(session, job.id, what, reason, now=at)
+        return []
     if kind == "start" and rec.get("resumed"):
         queries.note(session, job.id, "resumed", f"training resumed from the checkpoint at step {step}", now=at)
     return []
+
+
+QUORUM_EVENTS = ("quorum", "heal")  # torchft replica groups (jobs/torchjob/ft_step.py): report's quorum_changes
+
+
+def _quorum_event(rec: dict[str, Any], step: int) -> tuple[str, str]:
+    """A torchft quorum change or heal line as the event's (kind, reason): ``quorum 3 -> 2 at step S; survivors'
+    pause P s`` and ``heal worker-2 from worker-0 in T s at step S``."""
+    if rec.get("kind") == "quorum":
+        before, after = _int(rec.get("world_before"), "world_before"), _int(rec.get("world_after"), "world_after")
+        pause = _float(rec.get("survivors_pause_s"), "survivors_pause_s")
+        tail = f"; survivors' pause {pause:.3f} s" if pause is not None else ""
+        return "quorum", f"quorum {before} -> {after} at step {step}{tail}"
+    worker, source = _int(rec.get("worker"), "worker"), _int(rec.get("from_worker"), "from_worker")
+    seconds = _float(rec.get("heal_s"), "heal_s", 0.0)
+    return "heal", f"heal worker-{worker} from worker-{source} in {seconds:.3f} s at step {step}"
