@@ -125,3 +125,16 @@ def test_cost_model_step_rates() -> None:
     four = c.rate_fn((2, 3, 4, 5))
     three = c.rate_fn((2, 3, 4))
     assert 0 < three <= 1.01 * four  # past the PS plateau the incast penalty may cost a little
+
+
+def test_torchft_groups_pause_for_the_measured_quorum_not_a_world_restart() -> None:
+    from pathlib import Path
+
+    from orchestrator.model.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples/local-torch-hetero.yaml")
+    doc = spec.model_dump(mode="json", exclude_none=True)
+    torchrun = cluster_from_spec(validate_spec(doc))
+    doc["training"]["fault_tolerance"] = "torchft"
+    torchft = cluster_from_spec(validate_spec(doc))
+    assert torchft.regroup_s == timings.TORCHFT_PAUSE_S < torchrun.regroup_s

@@ -30,6 +30,7 @@ from orchestrator.costmodel.slots import Slot, expand, price_book_for
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
+from orchestrator.model.torch_spec import fault_tolerance, is_pytorch
 from orchestrator.providers.local import revocations as local_revocations
 from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
 from orchestrator.sim.engine import (
@@ -177,12 +178,13 @@ class _Delays(TypedDict):
 
 def _delays(spec: JobSpec, acc: RunAccounting, local: bool) -> _Delays:
     """The run's real-world delays (``SimCluster``): boot, and a local replacement task starts its framework again;
-    in sync the whole world restarts instead (``regroup_s``); a local revoked instance is billed through
-    its notice window."""
+    in sync the whole world restarts instead (``regroup_s``), or with torchft replica groups the survivors only
+    pause for the quorum (timings.TORCHFT_PAUSE_S); a local revoked instance is billed through its notice window."""
     sync = spec.mode == TrainingMode.SYNC
+    regroup = (timings.TORCHFT_PAUSE_S if is_pytorch(spec) and fault_tolerance(spec) == "torchft" else acc.startup_s)
     return {"boot_delay_s": acc.boot_s, "spot_extra_boot_s": acc.spot_extra_boot_s,
             "startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
-            "regroup_s": acc.startup_s if sync else 0.0, "teardown_s": acc.teardown_s,
+            "regroup_s": regroup if sync else 0.0, "teardown_s": acc.teardown_s,
             # A preempted VM runs (and bills) through the notice window it really has (30 s, 120 s if asked).
             "notice_s": timings.notice_window_s(spec.provider) / spec.provider.time_scale
             if local or spec.provider.is_cloud else 0.0}
