@@ -10,6 +10,8 @@ import random
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import deadline_markets, knobs, policies
 from orchestrator.decide.deadline import Availability, Mode, Progress, Standing
@@ -113,19 +115,23 @@ def test_the_daemon_plans_a_deadline_job_through_one_planning_object() -> None:
     assert isinstance(ctl.CACHE.plans, DeadlinePlans)
 
 
-def test_the_one_market_optimum_is_the_market_set_of_one_optimum() -> None:
-    """The offline optimum of one market and that of a set of one market agree, cost and choices: the one-market
-    program stays only for its make-before-break what-if (``Job.hop_overhead_min``), which the other lacks."""
+def test_one_offline_optimum_with_its_make_before_break_what_if() -> None:
+    """One offline optimum (``sim.optimum``): one market is a market set of one, and the make-before-break what-if
+    (``Job.hop_overhead_min``) is the optimum's own, for any market set: two markets with one trace cost what one
+    does, and the one-market simulator replays the set of one's choices to its cost."""
     from orchestrator.model.paths import data_dir
-    from orchestrator.sim.availability import Job, load_trace, optimal_choices
-    from orchestrator.sim.multizone import optimal_multi
+    from orchestrator.sim import availability
+    from orchestrator.sim.availability import Job, load_trace, run_policy
+    from orchestrator.sim.optimum import optimal_multi
 
+    assert not hasattr(availability, "optimal_choices")
     trace = load_trace(data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json")
     avail = trace.available()
-    for start, deadline in ((200, 600), (1100, 900)):
-        job = Job(480, deadline, 12, 0.9, 3.06)
-        one = optimal_choices(job, avail[start:], trace.tick_min)
-        of_one = optimal_multi(job, (avail[start:],), trace.tick_min)
-        assert one is not None and of_one is not None
-        assert one[0] == of_one[0]
-        assert one[1] == [mode for mode, _ in of_one[1]]
+    for start, deadline, hop in ((200, 600, None), (1100, 900, 3), (2000, 700, 0)):
+        job = Job(480, deadline, 12, 0.9, 3.06, hop)
+        one = optimal_multi(job, (avail[start:],), trace.tick_min)
+        two = optimal_multi(job, (avail[start:],) * 2, trace.tick_min)
+        assert one is not None and two is not None
+        assert two[0] == pytest.approx(one[0])
+        replayed = run_policy("optimal", job, avail[start:], trace.tick_min, choices=[mode for mode, _ in one[1]])
+        assert replayed.cost_usd == pytest.approx(one[0]) and replayed.deadline_met

@@ -35,10 +35,10 @@ from orchestrator.sim.availability import (
     boot_bill,
     boot_ticks,
     load_trace,
-    optimal_choices,
     run_policy,
     study,
 )
+from orchestrator.sim.optimum import optimal_multi
 
 TRACE = data_dir() / "spot-availability" / "aws-10-26-2022_us-west-2b_v100_1.json"
 
@@ -150,9 +150,9 @@ def test_optimum_is_exact_feasible_and_never_beaten(start: int, deadline_h: int,
     trace = load_trace(TRACE)
     job = Job(48 * 60, deadline_h * 60, overhead_min, 0.918, 3.06, hop_min)
     avail = trace.available()[start:]
-    opt = optimal_choices(job, avail, trace.tick_min)
+    opt = optimal_multi(job, (avail,), trace.tick_min)  # one market: a market set of one
     assert opt is not None
-    replayed = run_policy("optimal", job, avail, trace.tick_min, choices=opt[1])
+    replayed = run_policy("optimal", job, avail, trace.tick_min, choices=[mode for mode, _ in opt[1]])
     assert replayed.cost_usd == pytest.approx(opt[0])  # the DP and the simulator share one model
     assert replayed.deadline_met
     for o in study(job, trace, start):
@@ -377,7 +377,7 @@ def test_report_segments_show_spot_on_demand_and_waiting() -> None:
 # ---------------------------------------------------------------- several zones at once (move instead of waiting)
 
 def test_one_zone_multizone_run_and_optimum_are_the_single_trace_ones() -> None:
-    from orchestrator.sim.multizone import optimal_multi, run_multi
+    from orchestrator.sim.multizone import run_multi
 
     trace = load_trace(TRACE)
     job = Job(12 * 60, 14 * 60, 12, 0.861, 2.144)
@@ -385,12 +385,15 @@ def test_one_zone_multizone_run_and_optimum_are_the_single_trace_ones() -> None:
         avail, hist = trace.available()[start:], trace.available()[start - 144:start]
         one = run_policy("deadline", job, avail, trace.tick_min, history=hist)
         assert run_multi(job, (avail,), trace.tick_min, history=(hist,)).cost_usd == pytest.approx(one.cost_usd)
-        opt, multi = optimal_choices(job, avail, trace.tick_min), optimal_multi(job, (avail,), trace.tick_min)
-        assert opt is not None and multi is not None and multi[0] == pytest.approx(opt[0])
+        multi = optimal_multi(job, (avail,), trace.tick_min)
+        assert multi is not None
+        best = run_policy("optimal", job, avail, trace.tick_min, choices=[mode for mode, _ in multi[1]])
+        assert run_multi(job, (avail,), trace.tick_min, choices=multi[1]).cost_usd == pytest.approx(best.cost_usd)
+        assert best.cost_usd == pytest.approx(multi[0])
 
 
 def test_two_zones_move_instead_of_waiting_and_the_optimum_is_exact() -> None:
-    from orchestrator.sim.multizone import optimal_multi, run_multi
+    from orchestrator.sim.multizone import run_multi
 
     a = (True,) * 6 + (False,) * 12 + (True,) * 30
     b = (False,) * 4 + (True,) * 44
@@ -402,7 +405,7 @@ def test_two_zones_move_instead_of_waiting_and_the_optimum_is_exact() -> None:
     assert best is not None
     assert run_multi(job, (a, b), 10, choices=best[1]).cost_usd == pytest.approx(best[0])
     for one in (a, b):  # holding both zones is never dearer than either alone
-        single = optimal_choices(job, one, 10)
+        single = optimal_multi(job, (one,), 10)
         assert single is not None and best[0] <= single[0] + 1e-9
 
 

@@ -5,9 +5,9 @@ A job needs ``work`` of training; each tick a policy picks spot (if it can be ha
 Starting a VM (from nothing, after a preemption, or switching pricing) costs the restart overhead: time
 billed at that VM's price without progress. A spot VM is lost at the first tick the trace has none.
 
-Time is counted in whole minutes of cloud time, so the offline optimum (dynamic programming over tick,
-work done, what runs and the overhead still to run) and the online policies share one exact model:
-``run_policy`` replays the optimum's choices to the same cost (tests/test_deadline_policy.py).
+Time is counted in whole minutes of cloud time, so the offline optimum (``sim.optimum``'s, on a market set of
+one) and the online policies share one exact model: ``run_policy`` replays the optimum's choices to the same
+cost (tests/test_deadline_policy.py).
 The online policies are ``decide.deadline``'s pure decision functions, the same the daemon applies.
 """
 
@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
-
 from orchestrator.costmodel import Calibration
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import policies
@@ -27,42 +25,16 @@ from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
 from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
 from orchestrator.model.paths import data_dir
 from orchestrator.model.spec import JobSpec
+from orchestrator.sim.deadline_job import Job, boot_bill, boot_ticks, price_per_min
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
+from orchestrator.sim.optimum import optimal_multi
 
-__all__ = ["AvailabilityTrace", "AvailabilityTraceError", "load_trace"]  # the trace loader, for the callers here
-_MODES: Final = (Mode.IDLE, Mode.SPOT, Mode.ON_DEMAND)
+# The trace loader and the job, for the callers here.
+__all__ = ["AvailabilityTrace", "AvailabilityTraceError", "Job", "boot_bill", "boot_ticks", "load_trace",
+           "price_per_min"]
 HISTORY_H: Final = policy.HISTORY_H  # the availability a policy may have seen before the job starts
 OUTLOOK_STARTS: Final = 24  # start ticks per trace behind plan's figures per policy
-
-
-@dataclass(frozen=True)
-class Job:
-    """The study's job, in minutes of cloud time."""
-
-    work_min: int
-    deadline_min: int
-    overhead_min: int
-    spot_usd_per_h: float
-    on_demand_usd_per_h: float
-    # A what-if (bench/deadline_policy.py --overlap-hops): make-before-break hops. From on-demand, spot means a
-    # standby spot VM boots while the on-demand one trains (the boot, overhead - this, billed at the spot price);
-    # once it is up (and spot still there) the hop costs only this much (restore). Spot going while it boots
-    # takes only the boot's money. None: a hop costs the whole overhead, as the daemon's hops do today.
-    hop_overhead_min: int | None = None
-
-
-def boot_ticks(job: Job, tick: int) -> int:
-    """Ticks a standby spot VM boots before it can take over (``Job.hop_overhead_min``)."""
-    assert job.hop_overhead_min is not None
-    return max(1, math.ceil((job.overhead_min - job.hop_overhead_min) / tick))
-
-
-def boot_bill(job: Job, tick: int, left: int) -> float:
-    """Dollars of a standby's boot billed in a tick with ``left`` boot ticks to go, this one included."""
-    assert job.hop_overhead_min is not None
-    done = (boot_ticks(job, tick) - left) * tick
-    return price_per_min(job, Mode.SPOT) * max(0, min(tick, job.overhead_min - job.hop_overhead_min - done))
 
 
 @dataclass
@@ -78,10 +50,6 @@ class Outcome:
         return {"policy": self.policy, "cost_usd": round(self.cost_usd, 4), "finish_h": round(self.finish_min / 60, 4),
                 "deadline_met": self.deadline_met,
                 "timeline": [{"t_h": round(t / 60, 4), "mode": m} for t, m in self.timeline]}
-
-
-def price_per_min(job: Job, mode: Mode) -> float:
-    return {Mode.IDLE: 0.0, Mode.SPOT: job.spot_usd_per_h, Mode.ON_DEMAND: job.on_demand_usd_per_h}[mode] / 60.0
 
 
 def step_tick(job: Job, c: Mode, tick: int, t: int, w: int, r: int, cost: float
@@ -182,99 +150,6 @@ def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:
     return policies.decide_one(name, p, seen)
 
 
-def optimal_choices(job: Job, avail: tuple[bool, ...], tick: int) -> tuple[float, list[Mode]] | None:
-    """The offline optimum: least cost to finish by the deadline knowing the whole trace, and its choice
-    at each tick; None when no schedule finishes in time. Backward dynamic programming over (tick, work
-    done in minutes, what runs, overhead still to run; with make-before-break hops, also on-demand with a
-    standby spot VM booting), vectorised over the work done."""
-    W, D, d, h = job.work_min, job.deadline_min, job.overhead_min, job.hop_overhead_min
-    n = math.ceil(D / tick)
-    kb = 0 if h is None else boot_ticks(job, tick)
-    firsts = {d} if h is None else {d, h}
-    rs = sorted({0, *firsts, *(x - k * tick for x in firsts for k in range(1, x // tick + 1) if x - k * tick > 0)})
-    r_idx = {r: k for k, r in enumerate(rs)}
-    w = np.arange(W + 1)
-    nxt = np.full((3, len(rs), W + 1), math.inf)
-    nxt_sb = np.full((kb, W + 1), math.inf)  # on-demand trains, a standby has this many boot ticks to go
-    nxt[:, :, W] = nxt_sb[:, W] = 0.0
-    best: list[tuple[np.ndarray, np.ndarray]] = []
-    for i in range(n - 1, -1, -1):
-        a = avail[i] if i < len(avail) else False
-        room = min(tick, D - i * tick)
-
-        def into(c: Mode, rc: int, then: np.ndarray, room: int = room) -> np.ndarray:
-            """Running ``c`` with ``rc`` minutes of overhead still to run this tick: finish, or go on to ``then``."""
-            price, need = price_per_min(job, c), rc + W - w
-            v, fin = np.full(W + 1, math.inf), need <= room
-            v[fin] = price * need[fin]
-            nw = w + max(0, tick - rc)
-            go = (~fin) & (nw < W)
-            v[go] = price * tick + then[nw[go]]
-            return v
-
-        run = {(ci, rc): into(_MODES[ci], rc, nxt[ci, r_idx[max(0, rc - tick)]])
-               for ci in ((1, 2) if a else (2,)) for rc in {d, *rs}}
-        booting = [boot_bill(job, tick, j + 1) + into(Mode.ON_DEMAND, 0, nxt_sb[j]) for j in range(kb)] if a else []
-        cur = np.full((3, len(rs), W + 1), math.inf)
-        arg = np.zeros((3, len(rs), W + 1), dtype=np.int8)
-        for mi in range(3):
-            for ri, r in enumerate(rs):
-                if mi == 0 and r:
-                    continue
-                cands = [(ci, run[ci, r] if ci == mi else booting[kb - 1] if booting and mi == 2 and ci == 1 and r == 0
-                          else run[ci, d]) for ci in ((1, 2) if a else (2,))]
-                cur[mi, ri], arg[mi, ri] = _least(nxt[0, 0], cands)
-        cur_sb = np.full((kb, W + 1), math.inf)
-        arg_sb = np.zeros((kb, W + 1), dtype=np.int8)
-        for j in range(kb):  # spot: go on booting, or hop once it is up; on-demand: give the standby up
-            if a:
-                assert h is not None
-                cur_sb[j], arg_sb[j] = _least(nxt[0, 0], [(1, booting[j - 1] if j else run[1, h]), (2, run[2, 0])])
-            else:  # the standby is lost with spot: on-demand trains on as before
-                cur_sb[j], arg_sb[j] = cur[2, r_idx[0]], arg[2, r_idx[0]]
-        if not a:  # a spot VM is lost at this tick: its state is that of nothing running
-            cur[1], arg[1] = cur[0, 0], arg[0, 0]
-        cur[:, :, W] = cur_sb[:, W] = 0.0
-        best.append((arg, arg_sb))
-        nxt, nxt_sb = cur, cur_sb
-    if not math.isfinite(nxt[0, 0, 0]):
-        return None
-    best.reverse()
-    return float(nxt[0, 0, 0]), _forward(job, avail, tick, best, r_idx)
-
-
-def _least(wait: np.ndarray, cands: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The cheapest of waiting (``wait``: the next tick's value of nothing running) and each (choice, value)."""
-    v, k = wait.copy(), np.zeros(len(wait), dtype=np.int8)
-    for ci, cand in cands:
-        better = cand < v
-        v[better], k[better] = cand[better], ci
-    return v, k
-
-
-def _forward(job: Job, avail: tuple[bool, ...], tick: int, best: list[tuple[np.ndarray, np.ndarray]],
-             r_idx: dict[int, int]) -> list[Mode]:
-    """The optimum's choice at each tick, following its argmins from the start (as ``run_policy`` replays them)."""
-    w, r, mode, out = 0, 0, Mode.IDLE, []
-    standby: int | None = None
-    for i, (arg, arg_sb) in enumerate(best):
-        a = avail[i] if i < len(avail) else False
-        if mode == Mode.SPOT and not a:
-            mode, r = Mode.IDLE, 0
-        if not a:
-            standby = None
-        c = _MODES[int(arg_sb[standby, w] if standby is not None else arg[_MODES.index(mode), r_idx[r], w])]
-        out.append(c)
-        c, r, standby, _ = _switch(job, tick, mode, c, r, standby)
-        if c != Mode.IDLE:
-            if r + job.work_min - w <= tick:
-                break
-            w += max(0, tick - r)
-            r = max(0, r - tick)
-        mode = c
-    return out
-
-
 def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[str, ...] = policies.DEADLINE_POLICIES,
           need: int = 1, prior: bool = True, history_h: float = HISTORY_H) -> list[Outcome]:
     """Every named policy on ``trace`` from ``start_tick``; the learning policies have seen the ``history_h``
@@ -289,12 +164,12 @@ def study(job: Job, trace: AvailabilityTrace, start_tick: int = 0, names: tuple[
     out = []
     for name in names:
         if name == "optimal":
-            opt = optimal_choices(job, avail, tick)
+            opt = optimal_multi(job, (avail,), tick)  # one market: a market set of one
             if opt is None:
                 o = run_policy("optimal", job, avail, tick, choices=[Mode.ON_DEMAND])
                 o.deadline_met = False
             else:
-                o = run_policy("optimal", job, avail, tick, choices=opt[1])
+                o = run_policy("optimal", job, avail, tick, choices=[mode for mode, _ in opt[1]])
             out.append(o)
         else:
             seen = history if name in policies.LEARNING_POLICIES else ()

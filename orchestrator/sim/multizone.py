@@ -5,8 +5,8 @@ tick for tick). A spot VM in zone z is lost at the first tick z has none; starti
 nothing, after a preemption, on another zone or switching pricing) costs the restart overhead, as in
 ``sim.availability``. The online policy is ``decide.deadline``'s deadline decision, fed with "can spot be had
 in any zone", and ``decide.deadline.choose_zone`` for where: after a preemption it moves to a zone that has
-spot instead of waiting. The offline optimum is the same dynamic program as ``sim.availability``'s, over
-the modes idle, on-demand and spot in each zone; with one zone both give the same cost (tests).
+spot instead of waiting. The offline optimum is ``sim.optimum``'s, over the modes idle, on-demand and spot in
+each zone (one zone: ``sim.availability``'s, a market set of one).
 
 A trace may also be another GPU type's (a ``Market``: its speed and spot price; on-demand runs the job's own GPU).
 The rule then reads the markets at least as fast as the job's GPU as its spot, priced per hour of the job's work;
@@ -16,10 +16,7 @@ market (``simulate --also-trace``, the bench's ``deadline-markets``).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import numpy as np
+from dataclasses import replace
 
 from orchestrator.decide import deadline_markets
 from orchestrator.decide.deadline import AvailabilityLog, Mode
@@ -34,40 +31,9 @@ from orchestrator.sim.availability import (
     progress_at,
     summed,
 )
+from orchestrator.sim.optimum import Market, aligned, markets_of, minutes_for, optimal_multi, work_in
 
-
-@dataclass(frozen=True)
-class Market:
-    """Where a spot VM may run besides the job's own zone: another zone, or another GPU type. ``speed``: work
-    per minute there, relative to the GPU the job's work is measured on (its step time / this GPU's, measured);
-    ``spot_usd_per_h``: its spot price (None: the job's). On-demand always runs the job's own GPU."""
-
-    speed: float = 1.0
-    spot_usd_per_h: float | None = None
-
-
-def _markets(job: Job, k: int, markets: tuple[Market, ...] | None, tick: int) -> tuple[Market, ...]:
-    """One market per trace, each with its price, and its speed rounded to whole minutes of work per tick (so a
-    tick's work and the minutes to finish are exact inverses, ``work_in`` and ``minutes_for``)."""
-    ms = markets or (Market(),) * k
-    assert len(ms) == k, "one market per trace"
-    return tuple(Market(max(1, round(m.speed * tick)) / tick,
-                        job.spot_usd_per_h if m.spot_usd_per_h is None else m.spot_usd_per_h) for m in ms)
-
-
-def work_in(speed: float, minutes: int) -> int:
-    """Whole minutes of the job's work done in ``minutes`` of training on a GPU of ``speed``."""
-    return minutes if speed == 1.0 else math.floor(speed * minutes + 1e-9)
-
-
-def minutes_for(speed: float, work: int) -> int:
-    """Minutes of training a GPU of ``speed`` needs for ``work`` minutes of the job's work (``work_in``'s inverse)."""
-    return work if speed == 1.0 else math.ceil(work / speed - 1e-9)
-
-
-def minutes_for_each(speed: float, work: np.ndarray) -> np.ndarray:
-    """``minutes_for`` of each element of ``work``."""
-    return work if speed == 1.0 else np.ceil(work / speed - 1e-9).astype(int)
+__all__ = ["Market", "minutes_for", "optimal_multi", "work_in"]  # the optimum's, for the callers here
 
 
 def _step(job: Job, c: Mode, m: Market, tick: int, t: int, w: int, r: int, cost: float
@@ -85,11 +51,6 @@ def _step(job: Job, c: Mode, m: Market, tick: int, t: int, w: int, r: int, cost:
     return t + tick, w, r, cost, False
 
 
-def _aligned(avails: tuple[tuple[bool, ...], ...], i: int) -> tuple[bool, ...]:
-    """Each zone's availability at tick ``i`` (past a trace's end: none)."""
-    return tuple(a[i] if i < len(a) else False for a in avails)
-
-
 def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
               history: tuple[tuple[bool, ...], ...] = (), choices: list[tuple[Mode, int]] | None = None,
               name: str = "deadline-zones", markets: tuple[Market, ...] | None = None) -> Outcome:
@@ -98,7 +59,7 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
     before the start, which the policy has seen. ``markets``: each trace's GPU speed and spot price (default:
     the job's GPU and price in every zone)."""
     k = len(avails)
-    ms = _markets(job, k, markets, tick)
+    ms = markets_of(job, k, markets, tick)
     logs = [AvailabilityLog() for _ in range(k)]
     any_log = AvailabilityLog()
     for z, h in enumerate(history):
@@ -112,7 +73,7 @@ def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
     mode, zone = Mode.IDLE, -1
     out = Outcome(name, 0.0, 0.0, False)
     while True:
-        a = _aligned(avails, i)
+        a = aligned(avails, i)
         if mode == Mode.SPOT and not a[zone]:
             mode, r = Mode.IDLE, 0  # preempted
         ups = [u + 1 if x else 0 for u, x in zip(ups, a, strict=True)]
@@ -154,87 +115,6 @@ def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, 
     return c, int(where) if where is not None else -1
 
 
-Choices = list[tuple[Mode, int]]  # (mode, zone index; -1 unless spot) per tick
-
-
-def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int,
-                  markets: tuple[Market, ...] | None = None) -> tuple[float, Choices] | None:
-    """The offline optimum over the zones (``markets``: as ``run_multi``'s): least cost to finish by the deadline
-    knowing every trace, and its (mode, zone) at each tick; None when no schedule finishes in time. Modes: 0 idle,
-    1..K spot in zone k-1, K+1 on-demand."""
-    k = len(avails)
-    ms = _markets(job, k, markets, tick)
-    od = k + 1
-    W, D, d = job.work_min, job.deadline_min, job.overhead_min
-    n = math.ceil(D / tick)
-    rs = sorted({0, *(d - j * tick for j in range(1, d // tick + 1) if d - j * tick > 0)})
-    r_idx = {r: j for j, r in enumerate(rs)}
-    w = np.arange(W + 1)
-    nxt = np.full((k + 2, len(rs), W + 1), math.inf)
-    nxt[:, :, W] = 0.0
-    best: list[np.ndarray] = []
-    for i in range(n - 1, -1, -1):
-        a = _aligned(avails, i)
-        room = min(tick, D - i * tick)
-        opts = [z + 1 for z in range(k) if a[z]] + [od]
-        run: dict[tuple[int, int], np.ndarray] = {}
-        for ci in opts:
-            speed = 1.0 if ci == od else ms[ci - 1].speed
-            price = price_per_min(job, Mode.ON_DEMAND) if ci == od else (ms[ci - 1].spot_usd_per_h or 0.0) / 60
-            for rc in {d, *rs}:
-                need = rc + minutes_for_each(speed, W - w)
-                v = np.full(W + 1, math.inf)
-                fin = need <= room
-                v[fin] = price * need[fin]
-                nw = w + work_in(speed, max(0, tick - rc))
-                go = (~fin) & (nw < W)
-                v[go] = price * tick + nxt[ci, r_idx[max(0, rc - tick)], nw[go]]
-                run[ci, rc] = v
-        cur = np.full((k + 2, len(rs), W + 1), math.inf)
-        arg = np.zeros((k + 2, len(rs), W + 1), dtype=np.int8)
-        for mi in range(k + 2):
-            for ri, r in enumerate(rs):
-                if mi == 0 and r:
-                    continue
-                v, g = nxt[0, 0].copy(), np.zeros(W + 1, dtype=np.int8)  # wait
-                for ci in opts:
-                    cand = run[ci, r if ci == mi else d]
-                    better = cand < v
-                    v[better], g[better] = cand[better], ci
-                cur[mi, ri], arg[mi, ri] = v, g
-        for z in range(k):
-            if not a[z]:  # a spot VM in this zone is lost at this tick
-                cur[z + 1], arg[z + 1] = cur[0, 0], arg[0, 0]
-        cur[:, :, W] = 0.0
-        best.append(arg)
-        nxt = cur
-    if not math.isfinite(nxt[0, 0, 0]):
-        return None
-    best.reverse()
-    return float(nxt[0, 0, 0]), _forward_multi(job, avails, tick, best, r_idx, ms)
-
-
-def _forward_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, best: list[np.ndarray],
-                   r_idx: dict[int, int], ms: tuple[Market, ...]) -> Choices:
-    k = len(avails)
-    w, r, m, out = 0, 0, 0, []
-    for i, arg in enumerate(best):
-        a = _aligned(avails, i)
-        if 1 <= m <= k and not a[m - 1]:
-            m, r = 0, 0
-        c = int(arg[m, r_idx[r], w])
-        out.append((Mode.IDLE, -1) if c == 0 else (Mode.ON_DEMAND, -1) if c == k + 1 else (Mode.SPOT, c - 1))
-        r = r if c == m else (job.overhead_min if c != 0 else 0)
-        if c != 0:
-            speed = ms[c - 1].speed if c <= k else 1.0
-            if r + minutes_for(speed, job.work_min - w) <= tick:
-                break
-            w += work_in(speed, max(0, tick - r))
-            r = max(0, r - tick)
-        m = c
-    return out
-
-
 def zones_outlook(job: Job, traces: list[AvailabilityTrace], starts: int = OUTLOOK_STARTS,
                   markets: tuple[Market, ...] | None = None, name: str = "deadline-zones") -> Outlook:
     """``plan``'s row for a job holding the traces' zones (or ``markets``: GPU types) at once (replayed tick for
@@ -252,7 +132,8 @@ def study_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, start
     now = tuple(a[start:] for a in avails)
     hist = tuple(a[max(0, start - history_ticks):start] for a in avails)
     online = run_multi(job, now, tick, history=hist, markets=markets)
-    opt = optimal_multi(job, now, tick, markets=markets)
+    # The zone moves' replay has no make-before-break hops: the optimum it is judged against has none either.
+    opt = optimal_multi(replace(job, hop_overhead_min=None), now, tick, markets=markets)
     if opt is None:
         best = run_multi(job, now, tick, choices=[(Mode.ON_DEMAND, -1)], name="optimal-zones", markets=markets)
         best.deadline_met = False
