@@ -135,3 +135,11 @@ def test_one_offline_optimum_with_its_make_before_break_what_if() -> None:
         assert two[0] == pytest.approx(one[0])
         replayed = run_policy("optimal", job, avail[start:], trace.tick_min, choices=[mode for mode, _ in one[1]])
         assert replayed.cost_usd == pytest.approx(one[0]) and replayed.deadline_met
+
+
+def test_one_simulator_loop() -> None:
+    """The one-market and the several-market replays are ``sim.market_replay``'s one loop (one market: a set of
+    one), with no loop of their own."""
+    loops = {name: [n for n in ast.walk(ast.parse((PACKAGE / "sim" / name).read_text())) if isinstance(n, ast.While)]
+             for name in ("availability.py", "multizone.py", "market_replay.py")}
+    assert not loops["availability.py"] and not loops["multizone.py"] and len(loops["market_replay.py"]) == 1

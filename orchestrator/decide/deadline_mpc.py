@@ -10,7 +10,7 @@ be short). Each bucket has its own hazard, fitted from the stretches seen (with 
 ``DEFAULT_AVAILABILITY``'s means as pseudo-counts). The deadline is a hard constraint (a large cost for
 missing it); ``policy._safe`` still guards every choice.
 
-Cost and timing follow ``sim.availability.step_tick`` exactly (whole minutes, price per minute), so the
+Cost and timing follow ``sim.market_replay``'s tick exactly (whole minutes, price per minute), so the
 MDP's ideal is the simulator's ideal. The solution is a table of choices over every state, cached by the
 job and the model quantised on a coarse grid: the decision is a pure function of ``Progress`` and
 ``Availability``, and a run re-solves only when the fitted model moves across the grid.

@@ -14,104 +14,47 @@ The online policies are ``decide.deadline``'s pure decision functions, the same 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from orchestrator.costmodel import Calibration
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import policies
-from orchestrator.decide.deadline import AvailabilityLog, Mode, Progress
+from orchestrator.decide.deadline import Mode, Progress
 from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError, load_trace
 from orchestrator.model.paths import data_dir
 from orchestrator.model.spec import JobSpec
-from orchestrator.sim.deadline_job import Job, boot_bill, boot_ticks, price_per_min
+from orchestrator.sim.deadline_job import Job, Outcome, boot_bill, boot_ticks, price_per_min
 from orchestrator.sim.engine import NoRevocations, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
+from orchestrator.sim.market_replay import Now, replay
 from orchestrator.sim.optimum import optimal_multi
 
 # The trace loader and the job, for the callers here.
-__all__ = ["AvailabilityTrace", "AvailabilityTraceError", "Job", "boot_bill", "boot_ticks", "load_trace",
+__all__ = ["AvailabilityTrace", "AvailabilityTraceError", "Job", "Outcome", "boot_bill", "boot_ticks", "load_trace",
            "price_per_min"]
 HISTORY_H: Final = policy.HISTORY_H  # the availability a policy may have seen before the job starts
 OUTLOOK_STARTS: Final = 24  # start ticks per trace behind plan's figures per policy
 
 
-@dataclass
-class Outcome:
-    policy: str
-    cost_usd: float
-    finish_min: float
-    deadline_met: bool
-    timeline: list[tuple[float, str]] = field(default_factory=list)  # (minute, mode) at each change
-    work_at: list[tuple[float, float]] = field(default_factory=list)  # (minute, work done) per tick
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "cost_usd": round(self.cost_usd, 4), "finish_h": round(self.finish_min / 60, 4),
-                "deadline_met": self.deadline_met,
-                "timeline": [{"t_h": round(t / 60, 4), "mode": m} for t, m in self.timeline]}
-
-
-def step_tick(job: Job, c: Mode, tick: int, t: int, w: int, r: int, cost: float
-              ) -> tuple[int, int, int, float, bool]:
-    """One tick running ``c`` from time ``t``, work done ``w`` and restart overhead still to run ``r`` (minutes):
-    the new (t, w, r, cost) and whether the job finished within the tick (then ``t`` is when)."""
-    need = r + job.work_min - w
-    if c != Mode.IDLE and need <= tick:
-        return t + need, w, r, cost + price_per_min(job, c) * need, True
-    if c != Mode.IDLE:
-        w += max(0, tick - r)
-        r = max(0, r - tick)
-        cost += price_per_min(job, c) * tick
-    return t + tick, w, r, cost, False
-
-
 def run_policy(name: str, job: Job, avail: tuple[bool, ...], tick: int, *, history: tuple[bool, ...] = (),
                choices: list[Mode] | None = None, learn: bool = True) -> Outcome:
     """Replay ``avail`` (one per tick from the job's start) under the named online policy (or the given
-    ``choices``, one per tick). Past the deadline, or past the trace's end, it finishes on on-demand.
-    ``learn``: the deadline policy reads the up and down stretches seen so far (``history``, then the
-    ticks it lived through); else it keeps ``decide.deadline.DEFAULT_AVAILABILITY``. The daemon
-    learns as ``learn=True, history=()`` does: from the ticks of the job alone."""
-    t, w, r, i, cost, down, up = 0, 0, 0, 0, 0.0, 0, 0
-    mode = Mode.IDLE
-    standby: int | None = None  # a standby spot VM's boot ticks to go (0: up), while on-demand trains
-    log = AvailabilityLog()
+    ``choices``, one per tick): ``sim.market_replay``'s loop on a market set of one. Past the deadline, or past the
+    trace's end, it finishes on on-demand. ``learn``: the deadline policy reads the up and down stretches seen so
+    far (``history``, then the ticks it lived through); else it keeps ``decide.deadline.DEFAULT_AVAILABILITY``.
+    The daemon learns as ``learn=True, history=()`` does: from the ticks of the job alone."""
     learn = learn and name in policies.LEARNING_POLICIES
-    for x in history if learn else ():
-        log.add(x)
-    out = Outcome(name, 0.0, 0.0, False)
-    while True:
-        a = avail[i] if i < len(avail) else False
-        if mode == Mode.SPOT and not a:
-            mode, r = Mode.IDLE, 0  # preempted
-        if not a:
-            standby = None  # preempted while it booted (or before it took over)
-        down, up = (0, up + 1) if a else (down + 1, 0)
-        if choices is not None:
-            c = choices[i] if i < len(choices) else Mode.ON_DEMAND
-        elif t >= job.deadline_min:
-            c = Mode.ON_DEMAND
-        else:
-            p = progress_at(job, tick, t, w, r, mode, a, down=down, up=up)
-            c = _decide(name, p, log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
-        if c == Mode.SPOT and not a:
-            raise AssertionError(f"policy {name} chose spot at tick {i}, when none could be had")
-        log.add(a)
-        c, r, standby, billed = _switch(job, tick, mode, c, r, standby)
-        cost += billed
-        if not out.timeline or out.timeline[-1][1] != c.value:  # a preemption into waiting shows too
-            out.timeline.append((t, c.value))
-        mode = c
-        out.work_at.append((t, w))
-        t, w, r, cost, done = step_tick(job, c, tick, t, w, r, cost)
-        if done:
-            break
-        i += 1
-    out.work_at.append((t, job.work_min))
-    out.timeline.append((t, "done"))
-    out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
-    return out
+
+    def decide(now: Now) -> tuple[Mode, int]:
+        p = progress_at(job, tick, now.t, now.w, now.r, now.mode, now.a[0], down=now.down, up=now.ups[0])
+        c = _decide(name, p, now.any_log.seen(tick / 60) if learn else policy.DEFAULT_AVAILABILITY)
+        return c, 0 if c == Mode.SPOT else -1
+
+    one = None if choices is None else [(c, 0 if c == Mode.SPOT else -1) for c in choices]
+    return replay(job, (avail,), tick, decide, name=name, history=(history,) if learn else (), choices=one,
+                  zone_labels=False)
 
 
 def progress_at(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, available: bool, *, down: int, up: int,
@@ -125,25 +68,6 @@ def progress_at(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, availab
                     overhead_left_h=r / 60, outage_h=max(0, down - 1) * tick / 60,
                     spot_up_h=max(0, up - 1) * tick / 60, spot_usd_per_h=job.spot_usd_per_h,
                     on_demand_usd_per_h=job.on_demand_usd_per_h, hop_overhead_h=None if hop is None else hop / 60)
-
-
-def _switch(job: Job, tick: int, mode: Mode, c: Mode, r: int, standby: int | None
-            ) -> tuple[Mode, int, int | None, float]:
-    """Choosing ``c`` where ``mode`` runs with ``r`` minutes of its start to go: what runs this tick, its start
-    still to run, the standby spot VM's boot ticks to go (``Job.hop_overhead_min``; None: no standby) and the
-    standby's boot billed this tick. Spot chosen while on-demand trains boots (or goes on booting) a standby; any
-    other choice gives it up, and a standby that is up takes over for the hop's own overhead."""
-    boots = mode == Mode.ON_DEMAND and c == Mode.SPOT and standby != 0 and (standby is not None or r == 0)
-    if boots and job.hop_overhead_min is not None:
-        left = boot_ticks(job, tick) if standby is None else standby
-        return Mode.ON_DEMAND, r, left - 1, boot_bill(job, tick, left)
-    if c == mode:
-        return c, r, None, 0.0
-    if c == Mode.IDLE:
-        return c, 0, None, 0.0
-    if c == Mode.SPOT and standby == 0 and job.hop_overhead_min is not None:
-        return c, job.hop_overhead_min, None, 0.0
-    return c, job.overhead_min, None, 0.0
 
 
 def _decide(name: str, p: Progress, seen: policy.Availability) -> Mode:

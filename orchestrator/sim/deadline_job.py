@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.decide.deadline import Mode
 
@@ -22,6 +23,21 @@ class Job:
     # once it is up (and spot still there) the hop costs only this much (restore). Spot going while it boots
     # takes only the boot's money. None: a hop costs the whole overhead, as the daemon's hops do today.
     hop_overhead_min: int | None = None
+
+
+@dataclass
+class Outcome:
+    policy: str
+    cost_usd: float
+    finish_min: float
+    deadline_met: bool
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (minute, mode) at each change
+    work_at: list[tuple[float, float]] = field(default_factory=list)  # (minute, work done) per tick
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "cost_usd": round(self.cost_usd, 4), "finish_h": round(self.finish_min / 60, 4),
+                "deadline_met": self.deadline_met,
+                "timeline": [{"t_h": round(t / 60, 4), "mode": m} for t, m in self.timeline]}
 
 
 def price_per_min(job: Job, mode: Mode) -> float:

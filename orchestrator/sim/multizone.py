@@ -27,85 +27,34 @@ from orchestrator.sim.availability import (
     Outcome,
     Outlook,
     outlook_starts,
-    price_per_min,
     progress_at,
     summed,
 )
-from orchestrator.sim.optimum import Market, aligned, markets_of, minutes_for, optimal_multi, work_in
+from orchestrator.sim.market_replay import Now, replay
+from orchestrator.sim.optimum import Market, markets_of, minutes_for, optimal_multi, work_in
 
 __all__ = ["Market", "minutes_for", "optimal_multi", "work_in"]  # the optimum's, for the callers here
-
-
-def _step(job: Job, c: Mode, m: Market, tick: int, t: int, w: int, r: int, cost: float
-          ) -> tuple[int, int, int, float, bool]:
-    """``sim.availability.step_tick`` on market ``m`` (spot) or the job's own GPU (on-demand)."""
-    speed = m.speed if c == Mode.SPOT else 1.0
-    price = (m.spot_usd_per_h or 0.0) / 60 if c == Mode.SPOT else price_per_min(job, c)
-    need = r + minutes_for(speed, job.work_min - w)
-    if c != Mode.IDLE and need <= tick:
-        return t + need, w, r, cost + price * need, True
-    if c != Mode.IDLE:
-        w += work_in(speed, max(0, tick - r))
-        r = max(0, r - tick)
-        cost += price * tick
-    return t + tick, w, r, cost, False
 
 
 def run_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int, *,
               history: tuple[tuple[bool, ...], ...] = (), choices: list[tuple[Mode, int]] | None = None,
               name: str = "deadline-zones", markets: tuple[Market, ...] | None = None) -> Outcome:
     """Replay the zones' availability (one tuple per zone, from the job's start) under the deadline policy
-    with zone moves (or the given ``choices``: (mode, zone) per tick). ``history``: each zone's ticks
-    before the start, which the policy has seen. ``markets``: each trace's GPU speed and spot price (default:
-    the job's GPU and price in every zone)."""
-    k = len(avails)
-    ms = markets_of(job, k, markets, tick)
-    logs = [AvailabilityLog() for _ in range(k)]
-    any_log = AvailabilityLog()
-    for z, h in enumerate(history):
-        for x in h:
-            logs[z].add(x)
-    fast = [z for z in range(k) if ms[z].speed >= 1.0]  # the outages the rule reads: of spot as fast as its own
-    for xs in zip(*history, strict=True) if history else ():
-        any_log.add(any(xs[z] for z in fast))
-    t, w, r, i, cost, down = 0, 0, 0, 0, 0.0, 0
-    ups = [0] * k
-    mode, zone = Mode.IDLE, -1
-    out = Outcome(name, 0.0, 0.0, False)
-    while True:
-        a = aligned(avails, i)
-        if mode == Mode.SPOT and not a[zone]:
-            mode, r = Mode.IDLE, 0  # preempted
-        ups = [u + 1 if x else 0 for u, x in zip(ups, a, strict=True)]
-        down = 0 if any(a[z] for z in fast) else down + 1
-        if choices is not None:
-            c, cz = choices[i] if i < len(choices) else (Mode.ON_DEMAND, -1)
-        elif t >= job.deadline_min:
-            c, cz = Mode.ON_DEMAND, -1
-        else:
-            c, cz = _decide(job, tick, t, w, r, mode, zone, a, ups, down, logs, any_log, ms)
-        if c == Mode.SPOT and not a[cz]:
-            raise AssertionError(f"{name} chose spot in zone {cz} at tick {i}, when none could be had")
-        for z in range(k):
-            logs[z].add(a[z])
-        any_log.add(any(a[z] for z in fast))
-        label = c.value if c != Mode.SPOT else f"spot@{cz}"
-        if not out.timeline or out.timeline[-1][1] != label:
-            out.timeline.append((t, label))
-        same = c == mode and (c != Mode.SPOT or cz == zone)
-        r = r if same else (job.overhead_min if c != Mode.IDLE else 0)
-        mode, zone = c, cz if c == Mode.SPOT else -1
-        t, w, r, cost, done = _step(job, c, ms[cz] if c == Mode.SPOT else Market(), tick, t, w, r, cost)
-        if done:
-            break
-        i += 1
-    out.timeline.append((t, "done"))
-    out.cost_usd, out.finish_min, out.deadline_met = cost, t, t <= job.deadline_min
-    return out
+    with zone moves (or the given ``choices``: (mode, zone) per tick): ``sim.market_replay``'s loop. ``history``:
+    each zone's ticks before the start, which the policy has seen. ``markets``: each trace's GPU speed and spot
+    price (default: the job's GPU and price in every zone). Zone moves have no make-before-break hops."""
+    ms = markets_of(job, len(avails), markets, tick)
+
+    def decide(now: Now) -> tuple[Mode, int]:
+        return _decide(job, tick, now.t, now.w, now.r, now.mode, now.zone, now.a, now.ups, now.down, now.logs,
+                       now.any_log, ms)
+
+    return replay(replace(job, hop_overhead_min=None), avails, tick, decide, name=name, markets=markets,
+                  history=history, choices=choices)
 
 
 def _decide(job: Job, tick: int, t: int, w: int, r: int, mode: Mode, zone: int, a: tuple[bool, ...],
-            ups: list[int], down: int, logs: list[AvailabilityLog], any_log: AvailabilityLog,
+            ups: tuple[int, ...], down: int, logs: tuple[AvailabilityLog, ...], any_log: AvailabilityLog,
             ms: tuple[Market, ...]) -> tuple[Mode, int]:
     """``decide.deadline_markets.decide`` over the markets (with one GPU type: ``choose_zone`` over the zones)."""
     views = {str(z): deadline_markets.MarketView(ms[z].speed, ms[z].spot_usd_per_h or 0.0, logs[z].seen(tick / 60),

@@ -63,7 +63,7 @@ Standby = tuple[int, int]  # a standby spot VM's market and its boot ticks to go
 
 
 @dataclass(frozen=True)
-class _Grid:
+class Grid:
     """The program's dimensions. Modes: 0 idle, 1..K spot in market k-1, K+1 (``od``) on-demand."""
 
     job: Job
@@ -111,7 +111,7 @@ def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int,
     """The offline optimum over the markets (``markets``: each trace's speed and spot price, as ``run_multi``'s;
     one trace: the job's own market): least cost to finish by the deadline knowing every trace, and its (mode,
     market) at each tick; None when no schedule finishes in time."""
-    g = _Grid(job, tick, markets_of(job, len(avails), markets, tick))
+    g = Grid(job, tick, markets_of(job, len(avails), markets, tick))
     rs = g.overheads()
     r_idx = {r: j for j, r in enumerate(rs)}
     nxt = np.full((g.k + 2, len(rs), job.work_min + 1), math.inf)
@@ -129,7 +129,7 @@ def optimal_multi(job: Job, avails: tuple[tuple[bool, ...], ...], tick: int,
     return float(nxt[0, 0, 0]), _forward(g, avails, best, r_idx)
 
 
-def _tick(g: _Grid, a: tuple[bool, ...], room: int, nxt: np.ndarray, nxt_sb: np.ndarray, r_idx: dict[int, int]
+def _tick(g: Grid, a: tuple[bool, ...], room: int, nxt: np.ndarray, nxt_sb: np.ndarray, r_idx: dict[int, int]
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One tick of the backward program: each state's least cost from here, and its choice (0: wait)."""
     job, od, kb, d, h = g.job, g.od, g.kb, g.job.overhead_min, g.job.hop_overhead_min
@@ -176,7 +176,7 @@ def _least(wait: np.ndarray, cands: list[tuple[int, np.ndarray]]) -> tuple[np.nd
     return v, k
 
 
-def switch(g: _Grid, m: int, c: int, r: int, sb: Standby | None) -> tuple[int, int, Standby | None]:
+def switch(g: Grid, m: int, c: int, r: int, sb: Standby | None) -> tuple[int, int, Standby | None]:
     """Choosing mode ``c`` where ``m`` runs with ``r`` minutes of its start to go: what runs this tick, its start
     still to run and the standby. With make-before-break hops, spot chosen while on-demand trains boots (or goes on
     booting) a standby there, and a standby that is up takes over for the hop's own overhead."""
@@ -190,7 +190,7 @@ def switch(g: _Grid, m: int, c: int, r: int, sb: Standby | None) -> tuple[int, i
     return c, (g.job.overhead_min if c != 0 else 0), None
 
 
-def _forward(g: _Grid, avails: tuple[tuple[bool, ...], ...], best: list[tuple[np.ndarray, np.ndarray]],
+def _forward(g: Grid, avails: tuple[tuple[bool, ...], ...], best: list[tuple[np.ndarray, np.ndarray]],
              r_idx: dict[int, int]) -> Choices:
     """The optimum's choice at each tick, following its argmins from the start (as the simulators replay them)."""
     w, r, m, out = 0, 0, 0, []
