@@ -100,19 +100,24 @@ def test_each_online_one_market_policy_decides_by_name() -> None:
 
 def test_the_daemon_plans_a_deadline_job_through_one_planning_object() -> None:
     """The daemon's pace never calls the planner itself (issue 52, item 1): control.deadline asks
-    planning.outlook.DeadlinePlans, and its caches are objects', not module dicts."""
+    planning.outlook.DeadlinePlans, and its caches are objects', not module dicts: the driver's loop owns them
+    (``control.driver.DriverState``, passed down run_pass -> drive -> job_view), with its work in flight."""
     from orchestrator.control import deadline as ctl
+    from orchestrator.control import driver
     from orchestrator.planning.outlook import DeadlinePlans
 
     tree = ast.parse(Path(ctl.__file__).read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("orchestrator.sim") for a in n.names}
     assert imported == set()
-    module_dicts = [t.id for n in tree.body if isinstance(n, ast.AnnAssign | ast.Assign)
-                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                    if isinstance(t, ast.Name) and isinstance(n.value, ast.Dict)]
-    assert module_dicts == []
-    assert isinstance(ctl.CACHE.plans, DeadlinePlans)
+    held = [t.id for n in tree.body if isinstance(n, ast.AnnAssign | ast.Assign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Name) and (isinstance(n.value, ast.Dict) or (
+                isinstance(n.value, ast.Call) and getattr(n.value.func, "id", "") == "DeadlineCache"))]
+    assert held == []
+    assert not hasattr(ctl, "CACHE") and not any(
+        hasattr(driver, n) for n in ("_inflight", "_pools", "_reported"))  # the pass loop's, in its DriverState
+    assert isinstance(driver.DriverState().deadline.plans, DeadlinePlans)
 
 
 def test_one_offline_optimum_with_its_make_before_break_what_if() -> None:

@@ -343,9 +343,11 @@ def test_a_fold_during_a_deadline_job_leaves_its_planned_figures_alone() -> None
     _store_calibration(_slow_t4("refined after launch"), created_at=11.0)
     shipped = deadline_figures(spec).work_s
     with open_session() as session:
-        assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
-        deadline.CACHE.clear()  # a daemon started after the fold
-        assert deadline.planned_figures(session, job, spec).work_s == pytest.approx(shipped, rel=1e-9)
+        planned = deadline.DeadlineCache()  # the daemon that planned it before the fold
+        assert deadline.planned_figures(session, job, spec, planned).work_s == pytest.approx(shipped, rel=1e-9)
+        assert deadline.planned_figures(session, job, spec, planned).work_s == pytest.approx(shipped, rel=1e-9)
+        after = deadline.DeadlineCache()  # a daemon started after the fold
+        assert deadline.planned_figures(session, job, spec, after).work_s == pytest.approx(shipped, rel=1e-9)
 
 
 def test_a_pinned_global_batch_is_split_by_the_calibration_the_launch_plans_with(tmp_path: Path) -> None:

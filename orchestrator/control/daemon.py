@@ -18,7 +18,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import select
 
 from orchestrator.clock import WALL, Clock
-from orchestrator.control.driver import run_pass
+from orchestrator.control.driver import DriverState, run_pass
 from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
 from orchestrator.control.metrics import METRICS_HOST, pass_metrics
 from orchestrator.control.metrics import serve as serve_metrics
@@ -36,10 +36,11 @@ _held: list[IO[str]] = []  # lock files held for the life of the process
 THREADS = 8  # providers driven at once; a slow cloud holds up only its own jobs
 
 
-def tick(owner: str, threads: int = THREADS, clock: Clock = WALL) -> None:
+def tick(owner: str, threads: int = THREADS, clock: Clock = WALL, state: DriverState | None = None) -> None:
+    """One pass; ``state``: what this daemon keeps across its passes (None: a pass on its own)."""
     with open_session(clock=clock) as session, pass_metrics(session):  # pass duration, revocation latencies
         try:
-            run_pass(session, owner, threads=threads)
+            run_pass(session, owner, threads=threads, state=state)
         except BaseException:
             session.rollback()  # the pass's latencies are then read from a clean session, not a failed one
             raise
@@ -48,12 +49,12 @@ def tick(owner: str, threads: int = THREADS, clock: Clock = WALL) -> None:
 _last_failure: list[str] = []  # the previous pass's failure, if it failed
 
 
-def scheduled_tick(owner: str, threads: int = THREADS, clock: Clock = WALL) -> None:
+def scheduled_tick(owner: str, threads: int = THREADS, clock: Clock = WALL, state: DriverState | None = None) -> None:
     """A pass of the running daemon: one that fails as a whole (the DB refuses writes, or is unreachable) is one
     log line, and the next pass tries again. The same failure repeats every pass until the DB is fixed, so its
     traceback would only bury the log (a read-only DB: 180 in 30 s); another error's is logged the first time."""
     try:
-        tick(owner, threads, clock)
+        tick(owner, threads, clock, state)
     except Exception as exc:  # noqa: BLE001 - the scheduler's next pass is the retry
         text = _one_line(exc)
         first = _last_failure != [text]
@@ -191,9 +192,10 @@ def _serve(scheduler: BlockingScheduler, *, interval_s: float, gc_every_s: float
     if once:
         tick(owner, threads=0)  # one whole pass, waited for
         return
-    # One pass at a time (max_instances=1); a late pass is merged, not queued (coalesce).
-    scheduler.add_job(scheduled_tick, "interval", args=[owner], seconds=interval_s, max_instances=1, coalesce=True,
-                      next_run_time=_now(), id="reconcile")
+    # One pass at a time (max_instances=1); a late pass is merged, not queued (coalesce). One DriverState for the
+    # daemon's life: its deadline plans, its providers' work in flight.
+    scheduler.add_job(scheduled_tick, "interval", args=[owner], kwargs={"state": DriverState()}, seconds=interval_s,
+                      max_instances=1, coalesce=True, next_run_time=_now(), id="reconcile")
     scheduler.add_job(sweep, "interval", seconds=gc_every_s, max_instances=1, coalesce=True, id="gc")
     log.info("daemon %s: reconcile every %.1fs, orphan sweep every %.0fs", owner, interval_s, gc_every_s)
     scheduler.start()
@@ -204,8 +206,9 @@ def run_on(clock: Clock, owner: str, *, interval_s: float, gc_every_s: float, un
     ``gc_every_s``), each waited for, until ``until()`` holds after a pass. On a virtual clock (tests/fastforward.py)
     this is the daemon of ``run_daemon`` with its passes back to back."""
     next_sweep = clock.monotonic() + gc_every_s
+    state = DriverState()  # this daemon's, for its life: one started again starts afresh
     while True:
-        scheduled_tick(owner, threads=0, clock=clock)
+        scheduled_tick(owner, threads=0, clock=clock, state=state)
         if clock.monotonic() >= next_sweep:
             sweep(clock)
             next_sweep = clock.monotonic() + gc_every_s

@@ -32,8 +32,8 @@ from orchestrator.store.models import Event, Instance, Job, Metric
 class DeadlineCache:
     """What the daemon keeps between passes for its deadline jobs, in one object rather than module globals: each
     job's planned figures (``planning.outlook.DeadlinePlans``, the one planning call), its spot market, and the spot
-    capacity earlier jobs in that market saw before it started (fixed once it started). ``CACHE`` is the one a
-    daemon process uses; a test that plays a daemon started anew passes a fresh one."""
+    capacity earlier jobs in that market saw before it started (fixed once it started). The daemon's pass loop
+    owns one (``control.driver.DriverState``, passed down each pass); a call given none plans afresh."""
 
     def __init__(self, max_cached: int = 256) -> None:
         self.plans = DeadlinePlans(max_cached)
@@ -47,18 +47,19 @@ class DeadlineCache:
         self.before.clear()
 
 
-CACHE = DeadlineCache()
+def _or_fresh(cache: DeadlineCache | None) -> DeadlineCache:
+    return DeadlineCache() if cache is None else cache
 
 
 def _figures(session: Session, job: Job, spec: JobSpec, cache: DeadlineCache | None = None
              ) -> tuple[DeadlineFigures, float]:
-    return (cache or CACHE).plans.figures(session, job.id, job.created_at, spec)
+    return _or_fresh(cache).plans.figures(session, job.id, job.created_at, spec)
 
 
 def gpu_markets(session: Session, job: Job, spec: JobSpec, slots: Sequence[Slot],
                 cache: DeadlineCache | None = None) -> tuple[GpuMarket, ...]:
     """The GPU types of ``policy.also_gpus`` as the job was planned (``DeadlinePlans.gpu_markets``)."""
-    return (cache or CACHE).plans.gpu_markets(session, job.id, job.created_at, spec, slots)
+    return _or_fresh(cache).plans.gpu_markets(session, job.id, job.created_at, spec, slots)
 
 
 def planned_figures(session: Session, job: Job, spec: JobSpec, cache: DeadlineCache | None = None
@@ -144,6 +145,7 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots
     or keep on-demand it does not need."""
     if spec.policy.on_revocation != OnRevocation.DEADLINE:
         return None
+    cache = _or_fresh(cache)  # one for the figures, the markets and the spot before, planned once
     fig, tick = _figures(session, job, spec, cache)
     step, _ = queries.latest_step(session, job.id)
     overhead = max(fig.overhead_s, measured_overhead_s(session, job, now))
@@ -276,7 +278,7 @@ def spot_before(session: Session, job: Job, spec: JobSpec, now: float, cache: De
     market = spot_market(spec)
     if market is None:
         return ()
-    cache = cache or CACHE
+    cache = _or_fresh(cache)
     before = cache.before
     if job.id in before:
         return before[job.id]

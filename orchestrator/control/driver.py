@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.control import deadline, operations, stage_loss, torch_task
 from orchestrator.control.context import Budget, fail_job
+from orchestrator.control.deadline import DeadlineCache
 from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
@@ -58,7 +59,7 @@ from orchestrator.store.models import Block, Job, Operation
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LEASE_S", "claim", "drive", "ingest_metrics", "job_spec", "job_view", "release", "run_pass"]
+__all__ = ["LEASE_S", "DriverState", "claim", "drive", "ingest_metrics", "job_spec", "job_view", "release", "run_pass"]
 
 
 @functools.lru_cache(maxsize=512)
@@ -72,20 +73,29 @@ def spec_to_yaml(spec: JobSpec) -> str:
 
 NEW_PER_PASS = 8  # a daemon takes on at most this many more jobs per pass (several daemons spread them)
 STARTS_PER_PASS = 100  # creates and deletes one pass starts for one provider's jobs (a burst waits a pass)
-_inflight: dict[str, Future[None]] = {}  # backend key -> its group's work still running (daemon)
-_reported: dict[str, int] = {}  # backend key -> its background listing's failed attempt already reported
 SNAPSHOT_MAX_AGE_S = 300.0  # a background listing older than this is not acted on (its refresh is stuck)
-_pools: list[ThreadPoolExecutor] = []
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    if not _pools:
-        _pools.append(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="backend"))
-    return _pools[0]
+@dataclass
+class DriverState:
+    """What a driver keeps from one pass to the next, owned by its loop (the daemon's ``run_on`` and scheduler, a
+    ``launch --wait``) rather than by module globals: a driver started anew starts with a fresh one."""
+
+    deadline: DeadlineCache = field(default_factory=DeadlineCache)  # the deadline jobs' plans and spot history
+    inflight: dict[str, Future[None]] = field(default_factory=dict)  # backend key -> its group's work still running
+    reported: dict[str, int] = field(default_factory=dict)  # backend key -> its listing's failed attempt reported
+    _pool: ThreadPoolExecutor | None = None
+
+    def pool(self, threads: int) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="backend")
+        return self._pool
 
 
-def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None, *, threads: int = 0) -> list[str]:
-    """Drive every job this owner may drive; returns their ids.
+def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None, *, threads: int = 0,
+             state: DriverState | None = None) -> list[str]:
+    """Drive every job this owner may drive; returns their ids. ``state``: what the driver keeps across its
+    passes (None: a pass on its own, with a fresh one).
 
     ``threads > 0`` (the daemon): each provider's jobs are driven in a worker thread with its own session,
     and the pass does not wait for them; a provider whose jobs are still being driven from an earlier pass
@@ -94,6 +104,7 @@ def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None,
     from the session's clock (``store.queries.clock_of``: the wall clock unless the session was opened on another),
     and so do the backends it drives the jobs with.
     """
+    state = DriverState() if state is None else state
     clock = queries.clock_of(session)
     now = clock.time()
     jobs = claim(session, owner, job_ids, now, max_new=NEW_PER_PASS if threads > 0 else None)
@@ -112,26 +123,28 @@ def run_pass(session: Session, owner: str, job_ids: Sequence[str] | None = None,
         groups.setdefault(backend.key, (backend, []))[1].append((job_id, token))
     for key, (backend, group) in groups.items():
         if threads <= 0:
-            _drive_group(session, backend, group)
+            _drive_group(session, backend, group, state)
             continue
-        running = _inflight.get(key)
+        running = state.inflight.get(key)
         if running is not None and not running.done():
             log.debug("provider %s is still busy with an earlier pass; %d job(s) wait", key, len(group))
             continue
-        _inflight[key] = _pool(threads).submit(_drive_group_alone, session.get_bind(), backend, group)
+        state.inflight[key] = state.pool(threads).submit(_drive_group_alone, session.get_bind(), backend, group, state)
     return ids
 
 
-def _drive_group_alone(bind: Engine | Connection, backend: Backend, group: list[tuple[str, str | None]]) -> None:
+def _drive_group_alone(bind: Engine | Connection, backend: Backend, group: list[tuple[str, str | None]],
+                       state: DriverState) -> None:
     try:
         with Session(bind, expire_on_commit=False, info={CLOCK: backend.clock}) as session:
-            _drive_group(session, backend, group)
+            _drive_group(session, backend, group, state)
     except Exception:  # noqa: BLE001 - a worker thread has no caller to raise to
         log.exception("driving the jobs of %s failed; the next pass tries again", backend.key)
 
 
-def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str | None]]) -> None:
-    snapshot = _observe(session, backend, group)
+def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str | None]], state: DriverState
+                 ) -> None:
+    snapshot = _observe(session, backend, group, state.reported)
     if snapshot is None:
         return
     by_job: dict[str, dict[str, ObservedInstance]] = defaultdict(dict)
@@ -144,7 +157,7 @@ def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str 
                 job = reads.jobs.get(job_id)
                 if job is None or job.lease_token != token:
                     continue  # taken over since the claim
-                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at, reads)
+                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at, reads, state.deadline)
                 job_recovered(session, job)
             except LeaseLost as exc:
                 session.rollback()
@@ -153,7 +166,8 @@ def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str 
                 job_failed(session, job_id, "drive", exc)
 
 
-def _observe(session: Session, backend: Backend, group: list[tuple[str, str | None]]) -> Snapshot | None:
+def _observe(session: Session, backend: Backend, group: list[tuple[str, str | None]], reported: dict[str, int]
+             ) -> Snapshot | None:
     """What the group's provider reports now: its background listing's latest snapshot (never waits), or one
     ``list()`` call where listing is instant (local, ssh). None: nothing to decide from this pass (the first
     listing is under way, or listing failed: each failure is an event on every job of the group, once)."""
@@ -169,8 +183,8 @@ def _observe(session: Session, backend: Backend, group: list[tuple[str, str | No
     if snapshot is None:
         return None
     if snapshot.error is not None:
-        if snapshot.attempt < 0 or _reported.get(backend.key) != snapshot.attempt:
-            _reported[backend.key] = snapshot.attempt
+        if snapshot.attempt < 0 or reported.get(backend.key) != snapshot.attempt:
+            reported[backend.key] = snapshot.attempt
             for job_id, token in group:
                 with guarded(session, job_id, token):
                     job_failed(session, job_id, "list", snapshot.error)
@@ -211,8 +225,9 @@ class GroupReads:
 
 
 def drive(session: Session, job: Job, backend: Backend, observed: dict[str, ObservedInstance],
-          seen_at: float | None = None, reads: GroupReads | None = None) -> None:
-    """One job's pass; ``seen_at``: when the listing ``observed`` comes from began; ``reads``: the group's."""
+          seen_at: float | None = None, reads: GroupReads | None = None, cache: DeadlineCache | None = None) -> None:
+    """One job's pass; ``seen_at``: when the listing ``observed`` comes from began; ``reads``: the group's;
+    ``cache``: the driver's deadline cache (``DriverState.deadline``; None: planned afresh)."""
     reads = reads or GroupReads.load(session, [job.id])
     spec = job_spec(job.spec_yaml)
     plan = reads.plans.get(job.id) or queries.job_plan(session, job, spec)  # the desired state stored at launch
@@ -227,7 +242,8 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     if seen_at is not None and _newer_than_view(job, observed, seen_at):
         return  # decided from the next listing
     now = backend.clock.time()
-    view = job_view(session, job, spec, slots, now, backend.stable_addresses, cost=reads.costs.get(job.id))
+    view = job_view(session, job, spec, slots, now, backend.stable_addresses, cost=reads.costs.get(job.id),
+                    cache=cache)
     obs = Observation(instances=observed, procs=observe_tasks(job, backend, observed), notices=_notices(job, storage),
                       result=result.raw if result is not None else None, payload_error=result_error,
                       failed_zones=blocked_zones(session, spec, slots, ctx.blocks),
@@ -354,7 +370,7 @@ def observe_tasks(job: Job, backend: Backend, observed: dict[str, ObservedInstan
 
 
 def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: float,
-             stable_addresses: bool = True, cost: float | None = None) -> JobView:
+             stable_addresses: bool = True, cost: float | None = None, cache: DeadlineCache | None = None) -> JobView:
     cost = queries.job_cost(session, job.id)["total"] if cost is None else cost
     instances = tuple(
         InstanceView(id=i.id, name=i.name, role=Role(i.role), index=i.slot_index, generation=i.generation,
@@ -370,7 +386,7 @@ def job_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot], now: 
                    deadline_s=job.deadline_s, started_at=job.started_at, restarts=job.restarts, cost_usd=cost,
                    cancel_requested=job.cancel_requested, zones=zones, stable_addresses=stable_addresses,
                    fatal_exits=job.fatal_exits,
-                   deadline_inputs=deadline.deadline_inputs(session, job, spec, now, slots),
+                   deadline_inputs=deadline.deadline_inputs(session, job, spec, now, slots, cache),
                    notice_s=timings.notice_window_s(spec.provider),
                    **torch_view(spec, slots), **_stage_loss_view(session, job, spec, slots))
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.clock import WALL, Clock
 from orchestrator.control.daemon import daemon_running
-from orchestrator.control.driver import release, run_pass, spec_to_yaml
+from orchestrator.control.driver import DriverState, release, run_pass, spec_to_yaml
 from orchestrator.control.gc import finish_pending_deletes
 from orchestrator.control.signals import Terminated, sigterm_raises
 from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
@@ -175,12 +175,13 @@ def _drive_foreground(job_id: str, *, poll_s: float, reporter: LaunchReporter, c
     owner = owner_id("launch")
     cancelled = False
     code = 0
+    state = DriverState()  # this foreground driver's, across its passes
     with open_session(clock=clock) as session:
         reporter.start()
         try:
             while True:
                 try:
-                    run_pass(session, owner, [job_id])
+                    run_pass(session, owner, [job_id], state=state)
                     session.expire_all()
                     job = session.get(Job, job_id)
                     assert job is not None
@@ -239,8 +240,9 @@ def cancel_job(job_ref: str, wait_s: float = 120.0, clock: Clock = WALL) -> Canc
         job_id = job.id
         owner = owner_id("cancel")
         deadline = clock.time() + wait_s
+        state = DriverState()
         while clock.time() < deadline:
-            run_pass(session, owner, [job_id])  # does nothing if another driver holds the lease
+            run_pass(session, owner, [job_id], state=state)  # does nothing if another driver holds the lease
             session.expire_all()
             job = session.get(Job, job_id)
             assert job is not None
