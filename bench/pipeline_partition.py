@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.costmodel.compute import step_time  # noqa: E402
 from orchestrator.costmodel.memory import MemoryParams, fits  # noqa: E402
 from orchestrator.costmodel.partition import Partitioner, StageDevice  # noqa: E402
+from orchestrator.costmodel.stepmodel import step_time  # noqa: E402
 from orchestrator.model.catalog import load_catalog  # noqa: E402
 
 CASES = [  # model, optimizer slots, global batch, GPUs

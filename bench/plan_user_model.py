@@ -1,6 +1,6 @@
 """How well does `plan` predict a user's own model on a GPU? The planner's step time of a `torch:` model, held out.
 
-`plan` prices a spec's `training.model: {torch: MODULE:FACTORY}` with ``compute.step_fn`` under the shipped
+`plan` prices a spec's `training.model: {torch: MODULE:FACTORY}` with ``stepmodel.step_fn`` under the shipped
 calibration (data/calibration.json: fitted on data/measurements, whose GPU rows are the H100's CIFAR ResNets and
 the 2019 study's K80 / P100 / V100 TensorFlow runs). No torchvision model and no H200 or A100 row is in it, so
 every question here is held out: another model, another GPU, another script.
@@ -17,9 +17,9 @@ Truth (measured, never this model's output):
 Predictors, each ``step_fn(torch:torchvision:M, gpu, calibration, runtime=..., precision=...)``:
   tf1 arch      what `plan` computed before 2026-11-28: the TF job's runtime (tf1-graph) for every job
   eager arch    the job's runtime (pytorch-eager), the op-class roofline with the committed efficiencies and
-                the runtime's fitted host overhead (``compute.arch_step_fn``)
+                the runtime's fitted host overhead (``stepmodel.arch_step_fn``)
   eager machine the same runtime through the calibration's machine fits (``Calibration.machines``: host_fit
-                on the eager rows; ``compute.machine_step_fn``), what `model predict --torch` computes
+                on the eager rows; ``stepmodel.machine_step_fn``), what `model predict --torch` computes
 
 Needs torchvision (the models are profiled on the meta device; see bench/cross_gpu_torchvision.py for the
 wheel and its ``sitecustomize.py``):
@@ -43,8 +43,9 @@ from cross_gpu_torchvision import BATCH, TABLE, load_rows  # noqa: E402
 from h200_heldout import ROWS as H200_TRAIN  # noqa: E402
 from h200_torchvision_heldout import load_h200  # noqa: E402
 
-from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn  # noqa: E402
+from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from orchestrator.costmodel.crossgpu import load_efficiencies, none_interval  # noqa: E402
+from orchestrator.costmodel.stepmodel import step_fn  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 
 PREDICTORS = ("tf1 arch", "eager arch", "eager machine")

@@ -21,15 +21,9 @@ from orchestrator.costmodel import (
     predict_step_time,
 )
 from orchestrator.costmodel.calibration import comm_s, fit_report, predict
-from orchestrator.costmodel.compute import (
-    REFERENCE_ELEMENTS,
-    SMOOTH_MAX_P,
-    layer_arrays,
-    model_profile,
-    prior_for,
-    step_fn,
-)
+from orchestrator.costmodel.compute import REFERENCE_ELEMENTS, SMOOTH_MAX_P, layer_arrays, model_profile, prior_for
 from orchestrator.costmodel.memory import MemoryParams, memory_bytes, needed_activation_bytes
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.catalog import load_catalog
 from orchestrator.model.paths import data_dir
 
@@ -229,3 +223,16 @@ def test_a_payloads_key_falls_back_to_its_runtimes_on_a_gpu_measured_only_in_tha
     assert calib.lookup("t4", "pytorch-eager")[0] == "prior:pytorch-eager"
     assert base_runtime_key(f"{TORCHJOB_RUNTIME}+bf16") == "pytorch-eager+bf16"  # the precision stays
     assert calib.lookup("v100", f"{TORCHJOB_RUNTIME}+bf16")[0] == "v100/pytorch-eager+bf16"
+
+
+def test_one_step_model_per_source() -> None:
+    """A built-in profile takes the calibrated step model; its StepTime is step_fn's step with an interval around it
+    and the worker's memory (costmodel/stepmodel.py)."""
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION
+    from orchestrator.costmodel.stepmodel import CalibratedStep, cost_step_model
+
+    steps = cost_step_model("resnet_cifar_32", DEFAULT_CALIBRATION)
+    assert isinstance(steps, CalibratedStep) and steps.source == "calibrated"
+    got = steps.step("resnet_cifar_32", "v100", 128, "fp32", "tf1-graph")
+    assert got.mean_s == step_fn("resnet_cifar_32", "v100", DEFAULT_CALIBRATION).at(128.0)
+    assert got.interval_s[0] < got.mean_s < got.interval_s[1] and got.memory_gb > 0

@@ -217,7 +217,8 @@ def test_a_pytorch_job_is_planned_under_its_own_runtime_and_a_tf_job_under_tf1()
     pytorch-eager+torchjob, and the daemon folds them under that label), not the TF job's; a GPU without
     points of that payload falls back to eager PyTorch's key."""
     from orchestrator.costmodel.batches import job_runtime
-    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, TORCHJOB_RUNTIME, step_fn
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, TORCHJOB_RUNTIME
+    from orchestrator.costmodel.stepmodel import step_fn
 
     pinned = {"workers": [{"gpu": "h100", "count": 1, "machine_type": "a3-highgpu-1g", "spot": True}]}
     torch_doc = search_spec(training={"framework": "pytorch", "mode": "sync", "train_steps": 1000,
@@ -244,8 +245,9 @@ def test_a_scripts_precision_is_what_its_steps_are_planned_at() -> None:
     """`training.precision` of a `run:` script: the calibration's bf16 machine fit of the H100, not its fp32
     one; the built-in jobs plan in fp32."""
     from orchestrator.costmodel.batches import job_precision
-    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, model_profile, step_fn
+    from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, model_profile
     from orchestrator.costmodel.profiles.user import register_profile
+    from orchestrator.costmodel.stepmodel import step_fn
 
     name = "torch:tests.planner:model"
     register_profile(replace(model_profile("resnet_cifar_56"), name=name), persist=False)

@@ -31,8 +31,9 @@ from orchestrator.costmodel import (
 from orchestrator.costmodel.accounting import CPU_REFERENCE, fit_local_host
 from orchestrator.costmodel.calibration import FitReport, fit_report, measurements_from_dicts, unprofiled_models
 from orchestrator.costmodel.calibration import mape as in_sample_mape
-from orchestrator.costmodel.compute import layer_times, runtime_key, step_fn
+from orchestrator.costmodel.compute import runtime_key
 from orchestrator.costmodel.memory import memory_bytes, usable_bytes
+from orchestrator.costmodel.stepmodel import layer_times, step_fn
 from orchestrator.model.catalog import CatalogError, load_catalog
 from orchestrator.model.errors import UserError
 from orchestrator.planning.calibration import latest_calibration, resolve_calibration

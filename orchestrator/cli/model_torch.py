@@ -31,6 +31,7 @@ from orchestrator.costmodel.crossgpu import (
 )
 from orchestrator.costmodel.machine_fit import Fits
 from orchestrator.costmodel.profiles import ModelProfile, UnknownModelError
+from orchestrator.costmodel.stepmodel import MachineFitStep
 from orchestrator.model.errors import UserError
 from orchestrator.store.db import db_exists, open_session
 
@@ -180,12 +181,13 @@ def predict_torch(ref: str, gpu: str, batch: int, precision: str, runtime: str, 
         calib = latest_real_calibration()
         fits, fits_source = calib.machine_fits(runtime), f"calibration {calib.name}"
     prior, work = RUNTIME_PRIORS[runtime], class_work(p)
+    steps = MachineFitStep(fits=fits)  # the step `plan` takes for a user's model with a machine fit
 
     def kernels(precision: str) -> float:
         return layer_arrays(p.name).kernel_count(runtime, precision)
 
     def model_s(gpu_key: str, precision: str, b: int) -> float:
-        return host_fit.machine_step_s(work, kernels(precision), gpu_key, precision, b, fits, prior)
+        return steps.curve(p.name, gpu_key, precision, runtime).at(float(b))
 
     def host_share(gpu_key: str, precision: str, b: int) -> float:
         return host_fit.machine_host_share(work, kernels(precision), gpu_key, precision, b, fits, prior)

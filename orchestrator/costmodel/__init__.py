@@ -31,7 +31,6 @@ from orchestrator.costmodel.compute import (
     Efficiency,
     NetParams,
     load_calibration,
-    step_time,
 )
 from orchestrator.costmodel.memory import max_batch
 from orchestrator.costmodel.planner import plan
@@ -39,6 +38,7 @@ from orchestrator.costmodel.planner.candidates import Candidate, PlanResult
 from orchestrator.costmodel.planner.scoring import AnalyticScorer, Score, Scorer
 from orchestrator.costmodel.profiles import MODEL_NAMES, ModelProfile, UnknownModelError, get_profile
 from orchestrator.costmodel.split import SplitError, split_batch
+from orchestrator.costmodel.stepmodel import step_time
 
 
 def predict_step_time(model: str, gpu: str, batch: int, calibration: Calibration | None = None,

@@ -13,7 +13,8 @@ from orchestrator.costmodel.comm import (
     worker_ps_comm_time,
     zone_rtt_s,
 )
-from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration, step_fn
+from orchestrator.costmodel.compute import DEFAULT_CALIBRATION, Calibration
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.catalog import Catalog, load_catalog
 
 

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from orchestrator.costmodel.crossgpu import PrecisionError, arch_gpu, check_precision, class_work, layer_seconds
-from orchestrator.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for, gpu_precision
+from orchestrator.costmodel.crossgpu import PrecisionError, arch_gpu, check_precision
+from orchestrator.costmodel.machine_fit import Fits, MachineFit, fit_for, gpu_precision
 from orchestrator.costmodel.profiles import (
     BYTES_PER_VALUE,
     ModelProfile,
@@ -63,7 +63,7 @@ from orchestrator.costmodel.profiles import (
     resnet_cifar,
 )
 from orchestrator.costmodel.profiles.user import is_user_model
-from orchestrator.model.catalog import Catalog, Gpu, load_catalog
+from orchestrator.model.catalog import Gpu
 from orchestrator.model.paths import data_dir
 
 FloatArray = npt.NDArray[np.float64]
@@ -521,75 +521,3 @@ def build_step_fn(
     w = WEIGHT_TRAFFIC_FACTOR * arrays.weight_bytes / bw
     h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
     return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
-
-
-def step_fn(
-    model: str,
-    gpu: str,
-    calibration: Calibration | None = None,
-    catalog: Catalog | None = None,
-    runtime: str = DEFAULT_RUNTIME,
-    precision: str = "fp32",
-) -> StepTimeFn:
-    cat = catalog or load_catalog()
-    g = cat.gpu(gpu)
-    calib = calibration or DEFAULT_CALIBRATION
-    key, eff = calib.lookup(g.key, runtime_key(runtime, precision), model)
-    if is_user_model(model) and not key.endswith(f"/{model}"):  # no measured figure of this model on this GPU
-        machine = calib.machine_fit(g.key, runtime, precision)
-        if machine is not None:
-            return machine_step_fn(model_profile(model), layer_arrays(model), g, machine[1], precision, runtime)
-        return arch_step_fn(model_profile(model), layer_arrays(model), g, eff, precision, runtime)
-    return build_step_fn(layer_arrays(model), g, eff, precision, runtime)
-
-
-def arch_step_fn(
-    profile: ModelProfile, arrays: LayerArrays, gpu: Gpu, eff: Efficiency, precision: str, runtime: str
-) -> StepTimeFn:
-    """A user's model (its op-class split measured by the profiler) on a GPU from its architecture
-    (``crossgpu``: op-class roofline, efficiencies fitted on public measurements); the runtime's host
-    overhead and the GPU's occupancy as in ``build_step_fn``."""
-    c, m, w = layer_seconds(class_work(profile), arch_gpu(gpu.key), check_precision(precision))
-    h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
-    return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
-
-
-def machine_step_fn(
-    profile: ModelProfile, arrays: LayerArrays, gpu: Gpu, fit: MachineFit, precision: str, runtime: str
-) -> StepTimeFn:
-    """A user's model on a GPU through a machine fit (``host_fit``: fitted on other models' measured steps):
-    each layer's roofline time scaled by the fit's compute, memory or depthwise scale (``crossgpu.gpu_parts``'
-    split), the weights' passes by its memory scale, host and GPU time added (``machine_fit.OVERLAP``); no
-    occupancy term, as the fit has none. ``host_fit.machine_step_s`` is the same step, summed."""
-    work = class_work(profile)
-    c, m, w = layer_seconds(work, arch_gpu(gpu.key), check_precision(precision))
-    dw = work.depthwise.astype(bool) if work.depthwise is not None else np.zeros(len(c), dtype=bool)
-    scale = np.where(dw, fit.depthwise_scale, np.where(c >= m, fit.compute_scale, fit.memory_scale))
-    per_example = scale * np.maximum(c, m)
-    zero = np.zeros_like(per_example)
-    host = fit.host_s(arrays.kernel_count(runtime, precision))
-    return StepTimeFn(host, per_example, zero, fit.memory_scale * w, zero, OVERLAP)
-
-
-def step_time(
-    model: str,
-    gpu: str,
-    batch: int,
-    calibration: Calibration | None = None,
-    catalog: Catalog | None = None,
-    runtime: str = DEFAULT_RUNTIME,
-    precision: str = "fp32",
-) -> float:
-    """Compute-only step time in seconds (no parameter-server or all-reduce traffic)."""
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    return step_fn(model, gpu, calibration, catalog, runtime, precision).at(float(batch))
-
-
-def layer_times(
-    model: str, gpu: str, batch: int, calibration: Calibration | None = None, catalog: Catalog | None = None
-) -> tuple[FloatArray, FloatArray]:
-    """Per-layer (compute seconds, memory seconds) of one training step, in profile order."""
-    cat = catalog or load_catalog()
-    g = cat.gpu(gpu)
-    return step_fn(model, g.key, calibration, cat).layer_s(float(batch))

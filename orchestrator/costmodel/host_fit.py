@@ -52,6 +52,7 @@ from orchestrator.costmodel.crossgpu import (
 )
 from orchestrator.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for
 from orchestrator.costmodel.profiles import UnknownModelError
+from orchestrator.costmodel.stepmodel import machine_curve
 
 __all__ = ["MIN_POINTS", "OVERLAP", "Fits", "MachineFit", "Sample", "fit_for", "fit_machines", "fit_runtimes",
            "machine_host_share", "machine_step_s", "sample"]
@@ -138,12 +139,15 @@ def fit_runtimes(rows: Sequence[tuple[str, str, str, str, int, float]]
 
 def machine_step_s(work: ClassWork, kernels: float, gpu: str, precision: str, batch: int, fits: Fits,
                    prior: Efficiency, eff: Efficiencies | None = None) -> float:
-    """The model's step on one machine: its fit (or its architecture's, ``fit_for``) where there is one, else the
-    runtime prior's host and the committed GPU time (what ``model predict --torch`` computes without other
-    models' rows)."""
-    c, m, d = gpu_parts(work, gpu, precision, batch, eff)
+    """The model's step on one machine: its fit (or its architecture's, ``fit_for``) where there is one
+    (``stepmodel.machine_curve``, the planner's assembly), else the runtime prior's host and the committed GPU
+    time. The fits' held-out form, on a model's work without a profile; ``model predict --torch`` takes
+    ``stepmodel.MachineFitStep``, as ``plan`` does."""
     f = fit_for(fits, gpu, precision)
-    return f.step_s(kernels, c, m, d) if f else smooth_max(prior.host_s(kernels), c + m + d)
+    if f is not None:
+        return machine_curve(work, kernels, gpu, f, precision, eff).at(float(batch))
+    c, m, d = gpu_parts(work, gpu, precision, batch, eff)
+    return smooth_max(prior.host_s(kernels), c + m + d)
 
 
 def machine_host_share(work: ClassWork, kernels: float, gpu: str, precision: str, batch: int, fits: Fits,

@@ -15,17 +15,7 @@ from typing import Any
 from orchestrator.costmodel.compute import Calibration, runtime_key
 from orchestrator.costmodel.crossgpu import load_efficiencies, none_interval
 from orchestrator.costmodel.planner.candidates import Candidate, PlanResult
-from orchestrator.costmodel.profiles.user import is_user_model
-
-
-def _kind(model: str, gpu: str, runtime: str, calibration: Calibration) -> str:
-    key, _ = calibration.lookup(gpu, runtime, model)
-    measured = bool(calibration.points.get(key))
-    if key.endswith(f"/{model}") and measured:
-        return "same-gpu"
-    if not is_user_model(model):  # a built-in model: the calibration's points stand for its family
-        return "same-gpu" if measured else "other-gpu"
-    return "other-gpu" if any(k.endswith(f"/{model}") for k in calibration.points) else "none"
+from orchestrator.costmodel.stepmodel import question_kind
 
 
 def _objective(c: Candidate, objective: str) -> float:
@@ -41,7 +31,7 @@ def plan_interval(
         return None
     eff = load_efficiencies()
     order = ["same-gpu", "other-gpu", "other-gpu-precision", "none"]
-    kinds = [_kind(result.model, w.gpu, runtime_key(runtime, precision), calibration) for w in chosen.workers]
+    kinds = [question_kind(result.model, w.gpu, runtime_key(runtime, precision), calibration) for w in chosen.workers]
     kind = max(kinds, key=order.index)
     rel = none_interval(eff) if kind == "none" else float(eff.interval[kind])
     flips = None

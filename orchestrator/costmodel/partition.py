@@ -29,16 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.costmodel.compute import (
-    DEFAULT_RUNTIME,
-    SMOOTH_MAX_P,
-    Calibration,
-    StepTimeFn,
-    layer_arrays,
-    step_fn,
-)
+from orchestrator.costmodel.compute import DEFAULT_RUNTIME, SMOOTH_MAX_P, Calibration, StepTimeFn, layer_arrays
 from orchestrator.costmodel.memory import DEFAULT_MEMORY, MemoryParams, usable_bytes
 from orchestrator.costmodel.profiles import ModelProfile, get_profile
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.catalog import Catalog, load_catalog
 
 GBIT = 1e9 / 8

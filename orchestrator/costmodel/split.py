@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrator.costmodel.compute import DEFAULT_RUNTIME, Calibration, FloatArray, step_fn
+from orchestrator.costmodel.compute import DEFAULT_RUNTIME, Calibration, FloatArray
 from orchestrator.costmodel.memory import max_batch
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.catalog import load_catalog
 
 

@@ -20,13 +20,13 @@ from orchestrator.costmodel import (
 from orchestrator.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
 from orchestrator.costmodel.batches import job_precision, job_runtime, split_total, trained_gpus
 from orchestrator.costmodel.cluster import estimate_from_compute
-from orchestrator.costmodel.compute import step_fn
 from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.partition import Partitioner
 from orchestrator.costmodel.pipeline_plan import partitioner_for, stage_devices
 from orchestrator.costmodel.planner import chosen_strategy
 from orchestrator.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
 from orchestrator.costmodel.slots import Slot, expand, price_book_for
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode

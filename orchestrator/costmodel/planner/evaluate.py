@@ -25,7 +25,7 @@ from orchestrator.costmodel.batches import (
     worker_batches,
 )
 from orchestrator.costmodel.cluster import ClusterEstimate, estimate_from_compute
-from orchestrator.costmodel.compute import Calibration, FloatArray, StepTimeFn, step_fn
+from orchestrator.costmodel.compute import Calibration, FloatArray, StepTimeFn
 from orchestrator.costmodel.memory import max_batch, memory_bytes
 from orchestrator.costmodel.partition import Partitioner
 from orchestrator.costmodel.pipeline_plan import plan_pipeline
@@ -35,6 +35,7 @@ from orchestrator.costmodel.planner.strategies import DATA, Revocations, Strateg
 from orchestrator.costmodel.profiles import get_profile
 from orchestrator.costmodel.risk import load_revocation_rates
 from orchestrator.costmodel.split import SplitError
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.model.spec import JobSpec, TrainingMode
