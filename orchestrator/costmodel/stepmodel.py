@@ -1,8 +1,8 @@
 """One step-model interface: a worker's step time, its interval and its memory, from one source of physics.
 
 ``StepModel.step(profile, gpu, batch, precision, runtime) -> StepTime(mean_s, interval_s, memory_gb)``, and
-``curve`` for the vectorised step the batch split searches over. One implementation per source, chosen once
-per plan (``orchestrator.planning.steps``):
+``curve`` for the vectorised step the batch split searches over. One implementation per source, chosen by
+:func:`cost_step_model` from the model's source:
 
 * :class:`CalibratedStep`: a built-in profile, the layer roofline with the calibration's fitted efficiencies
   (``compute.build_step_fn``);
@@ -10,7 +10,9 @@ per plan (``orchestrator.planning.steps``):
   GPU's occupancy: :func:`arch_step_fn`);
 * :class:`MachineFitStep`: a user's model through a machine fit (``host_fit``: host time and GPU-time scales
   fitted on other models' steps: :func:`machine_step_fn`); ``model predict --torch`` and ``plan`` both call it;
-* the local provider's emulation (``orchestrator.providers.local.emulation``), which wraps one of these.
+* (not yet here: the local provider's emulation is still ``costmodel.emulation`` behind ``emulates_gpus``
+  branches; it is to become a fourth implementation in providers/local, wrapping one of these, with the
+  planning layer choosing once per plan.)
 
 A user's model that the calibration measured on a GPU takes the calibrated step there (its own figure beats any
 transfer); a user's model with a machine fit falls back to its op-class step on a GPU no fit covers.
@@ -19,7 +21,7 @@ Besides the worker's step, a step model says what its cluster's run costs around
 ``replacement_delay``), the compute seconds of a cluster's workers (``worker_steps``), the speeds a pinned global
 batch is split by (``split_speeds``) and the plan's note on where
 its figures come from (``note``): the cost model's implementations answer with the cloud's figures
-(:class:`CostSteps`), the emulation with the host's.
+(:class:`CostSteps`); these are the hooks the emulation will answer with the host's (no caller reads them yet).
 """
 
 from __future__ import annotations
