@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME, Calibration, FloatArray, step_fn
+from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME, Calibration, FloatArray
 from orchestrator.costmodel.emulation import REFERENCE_BATCH, emulated_step_s
 from orchestrator.costmodel.memory import MemoryParams, max_batch
 from orchestrator.costmodel.split import SplitError, min_max_split
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec, TrainingMode
 from orchestrator.model.spec.training import DEFAULT_BATCH as DEFAULT_BATCH  # the one default, the spec's
