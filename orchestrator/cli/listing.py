@@ -22,7 +22,7 @@ import typer
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
-from orchestrator.cli.render import console
+from orchestrator.cli.render import console, err_console
 from orchestrator.model.errors import UserError
 
 FORMATS = ("table", "json", "csv")
@@ -105,20 +105,22 @@ def _line(cells: Sequence[str], cols: Sequence[Col], widths: Sequence[int]) -> s
 
 
 def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Any]],
-                note: str | None = None) -> None:
-    """A fitted table: title (word-wrapped), header, rule, one line per row, an optional footnote."""
+                note: str | None = None, err: bool = False) -> None:
+    """A fitted table: title (word-wrapped), header, rule, one line per row, an optional footnote (``err``: on
+    stderr, where stdout is a command's JSON)."""
+    out = err_console if err else console
     cells = [["" if v is None else str(v) for v in r] for r in rows]
-    widths = fit_widths(cols, cells, console.width)
+    widths = fit_widths(cols, cells, out.width)
     if title:
-        console.print(Text(title, style="bold"))
+        out.print(Text(title, style="bold"))
     header = _line([c.header for c in cols], cols, widths)
-    console.print(Text(header, style="bold"), no_wrap=True, crop=False, soft_wrap=True)
-    console.print("─" * min(_total(widths), max(cell_len(header), console.width)),
-                  style="dim", highlight=False, markup=False, soft_wrap=True)
+    out.print(Text(header, style="bold"), no_wrap=True, crop=False, soft_wrap=True)
+    out.print("─" * min(_total(widths), max(cell_len(header), out.width)),
+              style="dim", highlight=False, markup=False, soft_wrap=True)
     for r in cells:
-        console.print(_line(r, cols, widths), highlight=False, markup=False, soft_wrap=True)
+        out.print(_line(r, cols, widths), highlight=False, markup=False, soft_wrap=True)
     if note:
-        console.print(Text(note, style="dim"))
+        out.print(Text(note, style="dim"))
 
 
 def print_json(data: Any) -> None:

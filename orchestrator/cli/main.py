@@ -12,7 +12,7 @@ import typer.core
 from rich.markup import escape
 
 from orchestrator import __version__
-from orchestrator.cli import catalog_cmd, dashboard, db_cmd, image_cmd, jobs_cmd, model_cmd
+from orchestrator.cli import catalog_cmd, dashboard, db_cmd, image_cmd, jobs_cmd, model_cmd, probe_cmd
 from orchestrator.cli.options import PORT_MAX, finite, plot_file, positive_seconds
 from orchestrator.cli.render import err_console
 from orchestrator.model.catalog import CatalogError
@@ -61,13 +61,22 @@ def plan(
     fmt: str = typer.Option("table", "--format", help="table | json | csv (csv: one row a candidate)"),
     load: str = typer.Option("measure", "--host-load", help="local provider: other runnable processes sharing "
                              "this host's cores: measure (now) or a number (0 = an idle host)"),
+    probe_first: bool = typer.Option(False, "--probe", help="first measure the candidate points (`orchestrator "
+                                     "probe`: short jobs, billed), then plan on the measured figures"),
+    max_probes: int = typer.Option(4, "--max-probes", min=1, help="with --probe: at most this many points"),
+    yes: bool = typer.Option(False, "--yes", help="with --probe: create the probes without asking"),
 ) -> None:
     """Predict step times, PS load, time and cost of candidate clusters; print the Pareto front."""
     from orchestrator.cli.plan_cmd import plan_command  # lazy: the simulator loads only for this verb
 
+    if probe_first:  # the probes' figures on stderr: stdout is the plan
+        from orchestrator.cli.probe_cmd import probe_command  # lazy: the control layer
+
+        probe_command(spec, max_probes, yes, 1.0, json_out=False, to_stderr=True)
     plan_command(spec, json_out, top, calibration, fmt, load)
 
 
+app.command("probe")(probe_cmd.probe)
 app.command("status")(jobs_cmd.status)
 app.command("logs")(jobs_cmd.logs)
 app.command("cancel")(jobs_cmd.cancel)

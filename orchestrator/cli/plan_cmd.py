@@ -187,6 +187,8 @@ def _plan_doc(admitted: Admission, top: int) -> dict[str, Any]:
     """`plan --format json`: the plan, its interval, and what admission found."""
     judged, load, idle = admitted.judged, admitted.load, admitted.judged.idle
     doc = {**judged.result.to_dict(top=top), "prediction_interval": admitted.interval}
+    if admitted.sources:  # each chosen worker group's step: measured by a probe, or predicted
+        doc["worker_groups"] = [s.to_dict() for s in admitted.sources]
     if judged.notes:
         doc["inventory_notes"] = list(judged.notes)
     if admitted.outlook is not None:
@@ -208,6 +210,11 @@ def _print_admitted(admitted: Admission, top: int) -> None:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if admitted.interval is not None:
         _print_interval(judged.result, admitted.interval)
+    if any(s.step_source == "measured" for s in admitted.sources):
+        console.print("step times: " + "; ".join(
+            f"{s.gpu} b{s.batch} {s.step_source}" + (f" (probe: {s.measured_step_s * 1e3:.1f} ms alone, "
+                                                     f"{s.samples} windows)" if s.measured_step_s else "")
+            + f" {s.step_low_s * 1e3:.1f} .. {s.step_high_s * 1e3:.1f} ms" for s in admitted.sources), highlight=False)
     if admitted.outlook is not None:
         from orchestrator.cli.deadline_cmd import print_outlook  # lazy: the availability simulator, deadline specs
 
@@ -241,7 +248,8 @@ def _load_note(load: HostLoad, idle: RunFigures | None, loaded: Candidate | None
 
 
 def _print_interval(result: PlanResult, interval: dict[str, Any]) -> None:
-    why = {"same-gpu": "measured on these GPUs", "other-gpu": "measured on other GPUs only",
+    why = {"measured": "every GPU probed: the probes' own spread",
+           "same-gpu": "measured on these GPUs", "other-gpu": "measured on other GPUs only",
            "other-gpu-precision": "measured at another precision", "none": "no measured step of this model"}
     console.print(
         f"prediction interval: +-{interval['relative']:.0%} ({why[interval['kind']]}; held-out error, "

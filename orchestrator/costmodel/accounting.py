@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from orchestrator.costmodel.compute import Calibration
+from orchestrator.costmodel.compute import Calibration, runtime_key
 from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.host_share import lockstep_steps, shared_steps
+from orchestrator.costmodel.job_runtime import job_precision, job_runtime
+from orchestrator.costmodel.measured import measured_at
 from orchestrator.costmodel.profiles import get_profile
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog
@@ -133,8 +135,12 @@ def local_worker_steps(
     host = local_host(calibration)
     sleep = emulation_sleep(spec)
     model, framework = spec.training.profile_name, cpu_framework(spec)
-    cpu = [local_cpu_step_s(model, b, host, framework) for b in batches]
     naps = [sleep(g, b) for g, b in zip(gpus, batches, strict=True)]
+    cpu = [local_cpu_step_s(model, b, host, framework) for b in batches]
+    # a probe of this point timed the worker alone on the host: its CPU part is the step less the emulated sleep
+    rt = runtime_key(job_runtime(spec.training), job_precision(spec.training))
+    probed = [measured_at(calibration, g, rt, model, b) for g, b in zip(gpus, batches, strict=True)]
+    cpu = [c if p is None else max(0.0, p.step_s - n) for c, p, n in zip(cpu, probed, naps, strict=True)]
     # "background": other runnable processes on the host, measured at plan / launch time (planning/host_load.py)
     return _host_steps(cpu, naps, float(host.get("cores", os.cpu_count() or 1)), spec.mode == TrainingMode.SYNC,
                        host.get("background", 0.0))

@@ -7,26 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME, Calibration, FloatArray
+from orchestrator.costmodel.compute import Calibration, FloatArray
 from orchestrator.costmodel.emulation import REFERENCE_BATCH, emulated_step_s
+from orchestrator.costmodel.job_runtime import job_precision as job_precision
+from orchestrator.costmodel.job_runtime import job_runtime as job_runtime
 from orchestrator.costmodel.memory import MemoryParams, max_batch
 from orchestrator.costmodel.split import SplitError, min_max_split
 from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec, TrainingMode
 from orchestrator.model.spec.training import DEFAULT_BATCH as DEFAULT_BATCH  # the one default, the spec's
-from orchestrator.model.spec.training import BuiltinTraining, CommandTraining, RunTraining, payload_framework
+from orchestrator.model.spec.training import payload_framework
 from orchestrator.model.task import proportional_split as proportional_split  # the payload's rule too
 
 TableFn = Callable[[str, int], FloatArray]  # (gpu, longest batch wanted) -> step times of batches 1..its cap
-
-
-def job_runtime(training: BuiltinTraining | CommandTraining | RunTraining) -> str:
-    """The calibration runtime a job's steps are predicted under (its workers report the same label): the TF
-    job's, the built-in PyTorch job's own, or eager PyTorch for a user's script."""
-    if payload_framework(training) == "tensorflow":
-        return DEFAULT_RUNTIME
-    return TORCHJOB_RUNTIME if isinstance(training, BuiltinTraining) else "pytorch-eager"
 
 
 def memory_params(spec: JobSpec) -> MemoryParams:
@@ -36,12 +30,6 @@ def memory_params(spec: JobSpec) -> MemoryParams:
     slots = 2 if getattr(spec.training, "optimizer", "sgd") == "adam" else 1
     half = job_precision(spec.training) in ("amp", "bf16")
     return MemoryParams(optimizer_slots=slots, activation_fraction=0.5 if half else 1.0)
-
-
-def job_precision(training: BuiltinTraining | CommandTraining | RunTraining) -> str:
-    """The precision a job's steps are predicted at: the spec's ``training.precision`` for a user's script; the
-    built-in jobs train in FP32 (the PyTorch one with TF32 off)."""
-    return str(getattr(training, "precision", "fp32"))
 
 
 def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None) -> PriceBook:

@@ -248,6 +248,7 @@ class Calibration:
     # per runtime label (pytorch-eager, pytorch-eager+torchjob): host_fit's fits per GPU x precision, what a
     # user's model (no point of its own) is predicted with, as `model predict --torch` does
     machines: Mapping[str, Fits] = field(default_factory=dict)
+    measured: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # probes' points: costmodel/measured
 
     def lookup(self, gpu: str, runtime: str = DEFAULT_RUNTIME, model: str | None = None) -> tuple[str, Efficiency]:
         """A payload's own key (``pytorch-eager+torchjob``) first, then its runtime's (``pytorch-eager``): a
@@ -323,6 +324,7 @@ class Calibration:
             "net": self.net.to_dict(),
             "machines": {rt: {f"{g}/{p}": f.to_dict() for (g, p), f in sorted(fits.items())}
                          for rt, fits in sorted(self.machines.items())},
+            **({"measured": dict(sorted(self.measured.items()))} if self.measured else {}),
         }
 
     @classmethod
@@ -341,6 +343,7 @@ class Calibration:
             local_host={str(k): float(v) for k, v in (d.get("local_host") or {}).items()},
             machines={str(rt): {gpu_precision(k): MachineFit.from_dict(v) for k, v in fits.items()}
                       for rt, fits in (d.get("machines") or {}).items()},
+            measured={str(k): dict(v) for k, v in (d.get("measured") or {}).items()},
         )
 
     def to_json(self) -> str:

@@ -59,6 +59,7 @@ from orchestrator.costmodel.crossgpu import (
     none_interval,
 )
 from orchestrator.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for
+from orchestrator.costmodel.measured import through_measured
 from orchestrator.costmodel.memory import DEFAULT_MEMORY, MemoryParams, memory_bytes
 from orchestrator.costmodel.profiles import ModelProfile
 from orchestrator.costmodel.profiles.user import is_user_model
@@ -270,8 +271,11 @@ def step_fn(
     runtime: str = DEFAULT_RUNTIME,
     precision: str = "fp32",
 ) -> StepTimeFn:
-    """The model's step curve on ``gpu`` from its cost-model step model (:func:`cost_step_model`)."""
-    return cost_step_model(model, calibration, catalog, runtime=runtime).curve(model, gpu, precision, runtime)
+    """The model's step curve on ``gpu`` from its cost-model step model (:func:`cost_step_model`), through a
+    probe's measured points where the calibration has any (``costmodel.measured``)."""
+    chosen = cost_step_model(model, calibration, catalog, runtime=runtime)
+    fn = chosen.curve(model, gpu, precision, runtime)
+    return through_measured(fn, calibration, chosen.gpu(gpu).key, runtime_key(runtime, precision), model)
 
 
 def step_time(

@@ -22,11 +22,12 @@ from orchestrator.planning.calibration import planning_calibration, resolve_cali
 from orchestrator.planning.host_load import HostLoad, host_load, with_load
 from orchestrator.planning.judge import Judged, PlanRefused, judge
 from orchestrator.planning.quotas import QuotaRead, read_spec_quotas, refuse_short_quota
+from orchestrator.planning.step_sources import StepSource, measured_interval, step_sources
 
 if TYPE_CHECKING:
     from orchestrator.planning.outlook import DeadlineOutlook
 
-Verb = Literal["plan", "launch", "dry-run"]
+Verb = Literal["plan", "launch", "dry-run", "probe"]  # probe: creates probe jobs, as launch, and needs the interval
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Admission:
     quotas: QuotaRead | None = None  # a cloud's quota read (launch, dry run)
     interval: dict[str, Any] | None = None  # the prediction interval (plan)
     outlook: DeadlineOutlook | None = None  # each deadline policy on real traces (plan of a deadline spec)
+    sources: tuple[StepSource, ...] = ()  # each chosen worker group's step: measured by a probe, or predicted
 
     @property
     def spec(self) -> JobSpec:
@@ -62,7 +64,7 @@ def admit(spec_path: Path, options: AdmitOptions) -> Admission:
     if options.verb != "plan":  # `plan` is the cost model's answer and needs no cloud account
         from orchestrator.providers.registry import check_setup  # lazy: the cloud clients (~2 s), not for `plan`
 
-        check_setup(spec, probe=options.verb == "launch")  # the dry run sends nothing
+        check_setup(spec, probe=options.verb in ("launch", "probe"))  # the dry run sends nothing
     base, warnings = _calibration(spec, options)
     load = _host_load(spec, options)
     calibration = with_load(base, load) if load is not None else base
@@ -74,9 +76,9 @@ def admit(spec_path: Path, options: AdmitOptions) -> Admission:
     except PlanRefused as refused:
         refused.warnings = warnings  # `plan` shows them with the refused plan
         raise
-    if options.verb != "plan":
-        if problems := secret_problems(judged.spec):  # a typo fails before anything is created
-            raise UserError("; ".join(problems) + "; nothing was created")
+    if options.verb != "plan" and (problems := secret_problems(judged.spec)):  # before anything is created
+        raise UserError("; ".join(problems) + "; nothing was created")
+    if options.verb in ("launch", "dry-run"):
         quotas = read_spec_quotas(judged.spec, judged.plan)  # regions.get / projects.get: reads, not requests
         if quotas is not None and quotas.unread is not None:
             warnings = (*warnings, quotas.unread)
@@ -85,11 +87,15 @@ def admit(spec_path: Path, options: AdmitOptions) -> Admission:
         return Admission(judged, calibration, load, warnings, quotas)
     interval = plan_interval(judged.result, calibration or DEFAULT_CALIBRATION, job_runtime(judged.spec.training),
                              job_precision(judged.spec.training))
+    sources = step_sources(judged.spec, judged.result, calibration, interval["relative"] if interval else 0.0)
+    interval = measured_interval(interval, sources, judged.result)  # every group probed: the probes' spread
+    if options.verb == "probe":
+        return Admission(judged, calibration, load, warnings, None, interval, None, sources)
     from orchestrator.planning.outlook import deadline_outlook  # lazy: the availability simulator, deadline specs
 
     # on_revocation: deadline: each policy on real traces, also with the work at the interval's slow end
     outlook = deadline_outlook(judged.spec, interval["relative"] if interval is not None else None, calibration)
-    return Admission(judged, calibration, load, warnings, None, interval, outlook)
+    return Admission(judged, calibration, load, warnings, None, interval, outlook, sources)
 
 
 def read_spec(spec_path: Path, profile: Callable[[Any, Path], None] | None = None) -> JobSpec:

@@ -1,0 +1,183 @@
+"""`orchestrator probe` (issue 55): the points it picks, the refusal past policy.budget_usd (exit 2, nothing
+created), the ledger of its jobs, the clean-up after a probe that fails or is interrupted (SIGTERM), and the
+plan built on what was measured (`plan --format json`: step_source measured | predicted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import REPO, example_doc, processes_under, wait_until
+from sqlalchemy import create_engine, text
+
+from orchestrator.costmodel import DEFAULT_CALIBRATION
+from orchestrator.costmodel.accounting import local_worker_steps
+from orchestrator.costmodel.compute import step_fn
+from orchestrator.costmodel.measured import MeasuredStep, point_key, with_points
+from orchestrator.model.spec import load_spec
+from orchestrator.planning.admission import judge_file
+from orchestrator.planning.probe import candidate_points, probe_spec
+from orchestrator.store import queries
+from orchestrator.store.db import open_session
+from tests.cli_inproc import run_cli
+
+HETERO = REPO / "examples" / "local-hetero.yaml"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "COLUMNS": "160",
+            "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+
+
+def _hetero(tmp_path: Path, **policy: object) -> Path:
+    doc = example_doc(HETERO, tmp_path)
+    doc["policy"].update(policy)
+    path = tmp_path / "hetero.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _command_spec(tmp_path: Path, command: str, gpus: tuple[str, ...] = ("k80",), budget: float = 5.0) -> Path:
+    workers = ", ".join(f"{{gpu: {g}, count: 1, spot: true}}" for g in gpus)
+    path = tmp_path / "job.yaml"
+    path.write_text(f"""name: probed
+provider: {{kind: local, time_scale: 600, revocations: none, emulation_k80_step_s: 0}}
+storage: {tmp_path / 'runs'}
+training: {{job: command, command: "{command}", mode: sync, train_steps: 10}}
+cluster:
+  parameter_servers: {{count: 0}}
+  workers: [{workers}]
+policy: {{on_revocation: replace, max_replacements: 0, budget_usd: {budget}}}
+pricing: {{book: 2019-02}}
+""")
+    return path
+
+
+def _measured(spec_path: Path, gpu: str, step_s: float, spread: float = 0.05) -> dict[str, MeasuredStep]:
+    spec = load_spec(spec_path)
+    key = point_key(gpu, "tf1-graph", spec.training.profile_name, 32)
+    return {key: MeasuredStep(step_s, step_s * (1 - spread), step_s * (1 + spread), 6, "test")}
+
+
+def test_a_measured_point_is_what_the_curve_passes_through() -> None:
+    calib = with_points(DEFAULT_CALIBRATION, {point_key("v100", "tf1-graph", "resnet_cifar_15", 64):
+                                              MeasuredStep(0.2, 0.19, 0.21, 6)}, "t", "t", emulated=False)
+    before, after = step_fn("resnet_cifar_15", "v100", DEFAULT_CALIBRATION), step_fn("resnet_cifar_15", "v100", calib)
+    assert after.at(64.0) == pytest.approx(0.2)
+    assert after.at(128.0) / after.at(64.0) == pytest.approx(before.at(128.0) / before.at(64.0))  # same shape
+    assert step_fn("resnet_cifar_15", "p100", calib).at(64.0) == step_fn("resnet_cifar_15", "p100").at(64.0)
+
+
+def test_a_local_probe_sets_the_workers_cpu_part(tmp_path: Path) -> None:
+    spec = load_spec(_hetero(tmp_path))
+    calib = with_points(DEFAULT_CALIBRATION, _measured(tmp_path / "hetero.yaml", "k80", 2.0), "t", "t", True)
+    alone = local_worker_steps(spec, ["k80"], [32], calib)
+    assert alone[0] == pytest.approx(2.0, rel=0.02)  # one worker alone: the measured step
+    shared = local_worker_steps(spec, ["k80", "p100"], [32, 32], calib)
+    assert shared[0] > local_worker_steps(spec, ["k80", "p100"], [32, 32])[0]  # the measured CPU shared too
+
+
+def test_points_are_the_plans_overlapping_candidates_unmeasured_and_on_spot(tmp_path: Path) -> None:
+    path = _hetero(tmp_path)
+    judged = judge_file(path)
+    points, skipped = candidate_points(judged.spec, judged.result, None, 0.23)
+    assert [(p[0], p[3], p[4]) for p in points] == [("k80", 32, True), ("p100", 32, True), ("v100", 32, True)]
+    calib = with_points(DEFAULT_CALIBRATION, _measured(path, "p100", 0.3), "t", "t", True)
+    points, skipped = candidate_points(judged.spec, judged.result, calib, 0.23)
+    assert [p[0] for p in points] == ["k80", "v100"] and skipped == ["p100 n1-standard-8 fp32 b32: measured already"]
+    probe = probe_spec(judged.spec, "k80", "n1-standard-4", 32, True, None)
+    assert probe.worker_count == 1 and probe.training.train_steps == 40 and probe.training.checkpoint_every > 40
+    assert probe.training.hparam_set == judged.spec.training.hparam_set and probe.name == "local-demo-probe"
+
+
+def test_probe_past_the_budget_is_refused_in_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    out = run_cli(["probe", str(_hetero(tmp_path, budget_usd=0.001)), "--yes", "--json"], env, tmp_path)
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: policy.budget_usd:"), out.stderr
+    assert "nothing was created" in errors[0] and out.stdout == ""
+    assert not (tmp_path / "results.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_probe_without_yes_and_no_terminal_creates_nothing(tmp_path: Path) -> None:
+    out = run_cli(["probe", str(_hetero(tmp_path))], _env(tmp_path), tmp_path)
+    assert out.returncode == 2 and "pass --yes" in out.stderr and "k80" in out.stderr, out.stderr
+    assert not (tmp_path / "results.db").exists()
+
+
+def test_plan_marks_measured_groups_and_reranks_on_them(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    path = _hetero(tmp_path)
+    before = json.loads(run_cli(["plan", str(path), "--format", "json", "--host-load", "0"], env, tmp_path).stdout)
+    assert {g["step_source"] for g in before["worker_groups"]} == {"predicted"}
+    points = {**_measured(path, "k80", 1.5), **_measured(path, "p100", 0.4), **_measured(path, "v100", 0.35)}
+    calib = with_points(DEFAULT_CALIBRATION, points, "probed", "test", emulated=True)
+    with open_session() as session:  # as control.probe_run stores a probe's fold
+        queries.save_calibration(session, "probed", "test", calib.to_dict(), None)
+        session.commit()
+    after = json.loads(run_cli(["plan", str(path), "--format", "json", "--host-load", "0"], env, tmp_path).stdout)
+    groups = {g["gpu"]: g for g in after["worker_groups"]}
+    assert {g["step_source"] for g in groups.values()} == {"measured"}
+    k80 = groups["k80"]
+    assert k80["measured_step_s"] == 1.5 and k80["step_low_s"] == pytest.approx(k80["step_s"] * 0.95)
+    assert after["prediction_interval"]["kind"] == "measured"
+    assert after["prediction_interval"]["relative"] == pytest.approx(0.05)
+    assert after["chosen"]["time_s"] > before["chosen"]["time_s"]  # the slow measured K80 moved the plan
+
+
+def _jobs(db_url: str) -> list[tuple[str, str, float]]:
+    with create_engine(db_url).connect() as conn:
+        return [(r[0], r[1], float(r[2] or 0)) for r in conn.execute(text(
+            "SELECT j.id, j.status, (SELECT COUNT(*) FROM ledger l WHERE l.job_id = j.id) FROM jobs j"))]
+
+
+def test_a_failed_probe_is_torn_down_billed_and_the_next_point_tried(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    out = run_cli(["probe", str(_command_spec(tmp_path, "exit 3", ("k80", "p100"))), "--yes", "--json",
+                   "--poll", "0.2"], env, tmp_path)
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert [p["gpu"] for p in doc["probes"]] == ["k80", "p100"]
+    assert all(set(p) == {"gpu", "machine_type", "precision", "batch", "step_ms", "steps", "wall_s", "cost_usd"}
+               for p in doc["probes"])
+    assert set(doc) == {"probes", "total_cost_usd"} and all(p["step_ms"] is None for p in doc["probes"])
+    jobs = _jobs(env["ORCHESTRATOR_DB_URL"])
+    assert len(jobs) == 2 and all(status == "failed" and ledger >= 1 for _, status, ledger in jobs), jobs
+    with open_session() as session:  # every cent under the probe's job: the JSON is the ledger's sum
+        ledger = sum(queries.job_cost(session, job_id)["total"] for job_id, _, _ in jobs)
+    assert doc["total_cost_usd"] == pytest.approx(ledger) and ledger > 0
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        assert {r[0] for r in conn.execute(text("SELECT status FROM instances"))} == {"deleted"}
+    assert processes_under(tmp_path) == []
+
+
+def _training(db_url: str) -> bool:
+    try:
+        with create_engine(db_url).connect() as conn:
+            return conn.execute(text("SELECT COUNT(*) FROM instances WHERE status = 'training'")).scalar() == 1
+    except Exception:  # noqa: BLE001 - the DB may not exist yet
+        return False
+
+
+def test_sigterm_tears_the_running_probe_down_and_creates_no_later_one(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    spec = _command_spec(tmp_path, "sleep 600", ("k80", "p100"))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "probe", str(spec), "--yes", "--poll",
+                             "0.2"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_until(lambda: _training(env["ORCHESTRATOR_DB_URL"]), timeout=120)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "Traceback" not in out
+    jobs = _jobs(env["ORCHESTRATOR_DB_URL"])
+    assert [status for _, status, _ in jobs] == ["cancelled"], (jobs, out)  # the p100 probe never created
+    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
+        assert {r[0] for r in conn.execute(text("SELECT status FROM instances"))} == {"deleted"}
+    wait_until(lambda: processes_under(tmp_path) == [], timeout=20)
