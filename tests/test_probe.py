@@ -31,8 +31,9 @@ HETERO = REPO / "examples" / "local-hetero.yaml"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "COLUMNS": "160",
-            "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
+    """conftest's home and DB (tmp_path/home/orchestrator.db), which this process's store opens too."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return {**os.environ, "COLUMNS": "160"}
 
 
 def _hetero(tmp_path: Path, **policy: object) -> Path:
@@ -103,13 +104,13 @@ def test_probe_past_the_budget_is_refused_in_one_line_and_creates_nothing(tmp_pa
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: policy.budget_usd:"), out.stderr
     assert "nothing was created" in errors[0] and out.stdout == ""
-    assert not (tmp_path / "results.db").exists() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "home" / "orchestrator.db").exists() and not (tmp_path / "runs").exists()
 
 
 def test_probe_without_yes_and_no_terminal_creates_nothing(tmp_path: Path) -> None:
     out = run_cli(["probe", str(_hetero(tmp_path))], _env(tmp_path), tmp_path)
     assert out.returncode == 2 and "pass --yes" in out.stderr and "k80" in out.stderr, out.stderr
-    assert not (tmp_path / "results.db").exists()
+    assert not (tmp_path / "home" / "orchestrator.db").exists()
 
 
 def test_plan_marks_measured_groups_and_reranks_on_them(tmp_path: Path) -> None:
