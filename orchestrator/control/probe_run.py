@@ -117,7 +117,7 @@ def figures(session: Session, point: ProbePoint, job_id: str) -> ProbeResult:
     windows' spread; its wall time (recorded to ended) and its cost (the ledger)."""
     job = session.get(Job, job_id)
     assert job is not None
-    windows = [float(t) for (t,) in session.execute(
+    windows = [float(t or 0.0) for (t,) in session.execute(
         select(Metric.step_time_s).where(Metric.job_id == job_id, Metric.kind == "worker",
                                          Metric.step > WARMUP_STEPS, Metric.step_time_s.is_not(None))
         .order_by(Metric.step)).all()]

@@ -36,7 +36,7 @@ from orchestrator.model.spec import (
     WorkerGroup,
 )
 from orchestrator.model.specfile import short
-from orchestrator.planning.admission import Admission, AdmitOptions, admit, read_spec
+from orchestrator.planning.admission import AdmitOptions, admit, read_spec
 from orchestrator.planning.calibration import planning_calibration
 from orchestrator.planning.judge import PlanRefused, judge
 
@@ -93,7 +93,7 @@ def plan_probes(spec_path: Path, max_probes: int = 4,
     if max_probes < 1:
         raise UserError("--max-probes: give at least 1")
     try:
-        admitted: Admission | None = admit(spec_path, AdmitOptions("probe", profile=profile))
+        admitted = admit(spec_path, AdmitOptions("probe", profile=profile))
         spec, result, calibration = admitted.spec, admitted.judged.result, admitted.calibration
         rel = float((admitted.interval or {}).get("relative", 0.0))
         warnings = admitted.warnings
