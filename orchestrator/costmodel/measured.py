@@ -9,10 +9,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from orchestrator.costmodel.compute import Calibration, StepTimeFn
+# compute.step_fn calls this module: it names compute's types by what it reads of them, not by import (no cycle)
+
+
+class _HasPoints(Protocol):
+    @property
+    def measured(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+Calibration = _HasPoints
+StepFn = TypeVar("StepFn")  # compute.StepTimeFn
+CalibT = TypeVar("CalibT", bound=_HasPoints)  # compute.Calibration
 
 
 @dataclass(frozen=True)
@@ -74,22 +83,25 @@ def measured_points(calibration: Calibration | None, gpu: str, runtime_key: str,
     return out
 
 
-def through_measured(fn: StepTimeFn, calibration: Calibration | None, gpu: str, runtime_key: str,
-                     model: str) -> StepTimeFn:
+def through_measured(fn: StepFn, calibration: Calibration | None, gpu: str, runtime_key: str,
+                     model: str) -> StepFn:
     """``fn`` scaled by the geometric mean of measured / predicted over this GPU's measured batches: the curve
     passes through a single measured point exactly (t is homogeneous in its host and GPU parts), keeps its shape
     in the batch, and is ``fn`` itself where nothing was measured."""
     points = measured_points(calibration, gpu, runtime_key, model)
-    ratios = [p.step_s / fn.at(float(b)) for b, p in points.items() if p.step_s > 0 and fn.at(float(b)) > 0]
+    f: Any = fn
+    ratios = [p.step_s / f.at(float(b)) for b, p in points.items() if p.step_s > 0 and f.at(float(b)) > 0]
     if not ratios:
         return fn
     k = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    return replace(fn, host_s=fn.host_s * k, c=fn.c * k, m=fn.m * k, w=fn.w * k)
+    scaled: StepFn = replace(f, host_s=f.host_s * k, c=f.c * k, m=f.m * k, w=f.w * k)
+    return scaled
 
 
-def with_points(calibration: Calibration, points: Mapping[str, MeasuredStep], name: str,
-                source: str, emulated: bool) -> Calibration:
+def with_points(calibration: CalibT, points: Mapping[str, MeasuredStep], name: str,
+                source: str, emulated: bool) -> CalibT:
     """The calibration with these points added (a point measured again replaces the older one)."""
-    merged = {**calibration.measured, **{k: v.to_dict() for k, v in points.items()}}
-    return replace(calibration, measured=merged, name=name, source=source,
-                   emulated=calibration.emulated or emulated)
+    c: Any = calibration
+    merged = {**c.measured, **{k: v.to_dict() for k, v in points.items()}}
+    out: CalibT = replace(c, measured=merged, name=name, source=source, emulated=c.emulated or emulated)
+    return out
