@@ -46,7 +46,7 @@ def save_state(root: Path, state: dict[str, object], step: int) -> float | None:
     t0 = time.perf_counter()
     dcp.save({**state, "step": torch.tensor(step)}, checkpoint_id=str(path))
     seconds = time.perf_counter() - t0
-    if dist.get_rank() == 0:
+    if not dist.is_initialized() or dist.get_rank() == 0:  # torchft's rank 0 saves alone, with no group
         for old in complete(root)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
     return seconds

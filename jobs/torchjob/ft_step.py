@@ -43,6 +43,7 @@ class StepInfo:
     slots: list[int]
     sent: list[bool]  # which participants sent their state to a healing peer at this quorum
     flags: list[float]
+    healed_s: list[float | None] = field(default_factory=list)  # each participant's heal at this quorum (None: none)
 
     @property
     def batch(self) -> int:
@@ -115,9 +116,10 @@ def agree(replica: FtReplica, flags: list[float]) -> StepInfo | None:
     n, rank = m.num_participants(), m.participating_rank()
     if rank is None:
         return None
-    info = torch.zeros(3 * n + FLAGS, dtype=torch.float64)
+    info = torch.zeros(4 * n + FLAGS, dtype=torch.float64)
     info[rank], info[n + rank], info[2 * n + rank] = replica.weight, float(replica.slot), float(replica.sent_state)
-    info[3 * n:] = torch.tensor(flags, dtype=torch.float64)
+    info[3 * n + rank] = -1.0 if replica.healed_s is None else replica.healed_s  # rank 0 reports every heal
+    info[4 * n:] = torch.tensor(flags, dtype=torch.float64)
     m.allreduce(info, reduce_op=ReduceOp.SUM).wait()
     if m.errored() is not None:
         return None
@@ -128,13 +130,14 @@ def agree(replica: FtReplica, flags: list[float]) -> StepInfo | None:
     return StepInfo(step=m.current_step(), world=n, rank=rank,
                     batches=proportional_split(replica.global_batch, weights),
                     slots=[int(round(s)) for s in vals[n:2 * n]], sent=[v > 0.5 for v in vals[2 * n:3 * n]],
-                    flags=vals[3 * n:])
+                    flags=vals[4 * n:], healed_s=[v if v >= 0 else None for v in vals[3 * n:4 * n]])
 
 
 def train_step(replica: FtReplica, info: StepInfo, loss_of: Callable[[int, int], torch.Tensor]) -> torch.Tensor | None:
     """Forward + backward of this replica's slice (``loss_of(offset, batch)``: sum of cross-entropies / G), one
-    SUM all-reduce of the gradients and share-weighted batch-norm buffers, then the optimizer step where the
-    quorum commits. Returns the loss share, or None when the step did not commit (buffers put back)."""
+    SUM all-reduce of the gradients, share-weighted batch-norm buffers and the loss shares, then the optimizer step
+    where the quorum commits. Returns the global batch's loss, or None when the step did not commit (buffers put
+    back)."""
     model, m = replica.model, replica.manager
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     saved = [b.detach().clone() for b in buffers]
@@ -143,12 +146,13 @@ def train_step(replica: FtReplica, info: StepInfo, loss_of: Callable[[int, int],
     loss.backward()
     share = info.batch / replica.global_batch
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-    flat = _flatten_dense_tensors([*grads, *(b.detach() * share for b in buffers)])
+    total = loss.detach().reshape(1).to(grads[0].dtype)  # the loss shares ride along: the global loss, no extra call
+    flat = _flatten_dense_tensors([*grads, *(b.detach() * share for b in buffers), total])
     m.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
     if m.errored() is None:
-        out = _unflatten_dense_tensors(flat, [*grads, *buffers])
+        out = _unflatten_dense_tensors(flat, [*grads, *buffers, total])
         with torch.no_grad():
-            for dst, src in zip([*grads, *buffers], out, strict=True):
+            for dst, src in zip([*grads, *buffers, total], out, strict=True):
                 dst.copy_(src)
     if not m.should_commit():
         with torch.no_grad():
@@ -156,7 +160,7 @@ def train_step(replica: FtReplica, info: StepInfo, loss_of: Callable[[int, int],
                 b.copy_(v)
         return None
     replica.opt.step()
-    return loss.detach()
+    return total
 
 
 def step_once(replica: FtReplica, flags: list[float],

@@ -1,6 +1,7 @@
 """One instance of a PyTorch job: ``python jobs/torchjob/node.py --task task.json`` (cwd = the instance's disk).
 
-Runs the spec's ``setup:`` command once (if any), then replaces itself with ``torchrun``: elastic c10d
+Runs the spec's ``setup:`` command once (if any), then replaces itself with ``ft_worker.py`` (task
+``torch.fault_tolerance: torchft``: this node is one torchft replica group) or else with ``torchrun``: elastic c10d
 rendezvous (``--nnodes=MIN:MAX``) at an endpoint on a node that is never revoked, one process per GPU of
 the node (``--nproc-per-node``: a multi-GPU machine type's count, 1 elsewhere), the built-in ``worker.py`` or
 the user's ``run:`` command wrapped by ``user_entry.py``. The ORCHESTRATOR_* variables
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,17 @@ def torchrun_argv(task: TorchTask, task_path: Path) -> list[str]:
     return argv + [str(HERE / "worker.py"), "--task", str(task_path)]
 
 
+def torchft_argv(task: TorchTask, task_path: Path) -> list[str]:
+    """A torchft replica group of one process: no torchrun, no restarts (a lost peer only shrinks the quorum)."""
+    if task.run:
+        return list(task.run)  # the user's script builds its own Manager from TORCHFT_LIGHTHOUSE / REPLICA_GROUP_ID
+    return [sys.executable, str(HERE / "ft_worker.py"), "--task", str(task_path)]
+
+
+def torchft_env(task: TorchTask) -> dict[str, str]:
+    return {"TORCHFT_LIGHTHOUSE": task.lighthouse or "", "REPLICA_GROUP_ID": str(task.slot_index)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="node.py", description=__doc__)
     parser.add_argument("--task", required=True)
@@ -82,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             log(f"setup exited with {code}")
             return code
-    cmd = torchrun_argv(task, task_path)
+    torchft = task.fault_tolerance == "torchft"
+    if torchft:
+        env.update(torchft_env(task))
+    cmd = torchft_argv(task, task_path) if torchft else torchrun_argv(task, task_path)
+    if torchft and task.run:
+        cmd[0] = shutil.which(cmd[0], path=env["PATH"]) or cmd[0]  # execve takes a path, the script a name
     log(f"{task.instance}: {' '.join(cmd)}")
     sys.stdout.flush()
     sys.stderr.flush()

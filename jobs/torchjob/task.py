@@ -43,6 +43,8 @@ class TorchTask:
     slowdowns: list[tuple[int, float]] = field(default_factory=list)  # local emulation: (at step, factor)
     pipeline: task_schema.PipelineSection | None = None  # a pipeline job's stages (pipe.py); None: DDP
     nproc_per_node: int = 1  # ranks on this node, one per GPU (a multi-GPU machine type); they share planned_batch
+    fault_tolerance: str = "torchrun"  # torchft: this node is one replica group (ft_worker.py), no torchrun
+    lighthouse: str | None = None  # torchft: the Lighthouse's address
 
     def rank_batch(self, local_rank: int) -> int:
         """This node's planned batch shared evenly by its ranks (its GPUs are alike): local rank ``local_rank``'s."""
@@ -80,7 +82,8 @@ def parse(raw: Mapping[str, Any]) -> TorchTask:
         sleep_table=[[a, b] for a, b in t.sleep_table],
         run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
         resplit_every=t.resplit_every, slowdowns=[(int(a), float(f)) for a, f in t.slowdowns],
-        pipeline=t.pipeline, nproc_per_node=t.nproc_per_node,
+        pipeline=t.pipeline, nproc_per_node=t.nproc_per_node, fault_tolerance=t.fault_tolerance,
+        lighthouse=t.lighthouse,
     )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")
@@ -89,6 +92,8 @@ def parse(raw: Mapping[str, Any]) -> TorchTask:
                         f"{task.planned_batch}")
     if task.pipeline is not None and task.nproc_per_node != 1:
         raise TaskError("torch.nproc_per_node must be 1 for a pipeline job (one stage per node)")
+    if task.fault_tolerance == "torchft" and (task.pipeline is not None or task.nproc_per_node != 1):
+        raise TaskError("torch.fault_tolerance torchft runs one data-parallel process per node (no pipeline)")
     if task.train_steps <= 0 or task.log_every <= 0 or task.checkpoint_every <= 0:
         raise TaskError("train_steps, log_every and checkpoint_every must be > 0")
     return task

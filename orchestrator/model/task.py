@@ -19,6 +19,7 @@ TASK_VERSION = 1  # bump on any change a payload must know about; payloads refus
 EXIT_FATAL = 2  # the same as model.exits.EXIT_FATAL (this file cannot import it: it ships alone)
 MODES = ("async", "sync")
 ROLES = ("ps", "chief", "worker")
+FAULT_TOLERANCE = ("torchrun", "torchft")
 
 
 class TaskSchemaError(ValueError):
@@ -73,6 +74,8 @@ class TorchSection:
     slowdowns: tuple[tuple[int, float], ...] = ()  # local emulation: this node's GPU slows (at step, factor)
     pipeline: PipelineSection | None = None  # a pipeline job's stages; None: data parallel
     nproc_per_node: int = 1  # data-parallel ranks on this node: one per GPU of a multi-GPU machine type
+    fault_tolerance: str = "torchrun"  # torchrun (elastic restarts) | torchft (replica groups: ft_worker.py)
+    lighthouse: str | None = None  # torchft: the Lighthouse's address (http://host:port), with the controller
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class TaskConfig:
                             "setup": None if p.setup is None else list(p.setup), "env": dict(p.env),
                             "resplit_every": p.resplit_every, "slowdowns": [list(r) for r in p.slowdowns],
                             "nproc_per_node": p.nproc_per_node,
+                            # torchft only: a torchrun task's file stays as it was
+                            **({"fault_tolerance": p.fault_tolerance, "lighthouse": p.lighthouse}
+                               if p.fault_tolerance != "torchrun" else {}),
                             "pipeline": None if p.pipeline is None else {
                                 "stage_slots": list(p.pipeline.stage_slots),
                                 "modules": [list(m) for m in p.pipeline.modules],
@@ -202,7 +208,18 @@ def _torch(raw: Mapping[str, Any]) -> TorchSection:
         sleep_table=sleep, run=_argv(raw, "run"), setup=_argv(raw, "setup"),
         env={str(k): str(v) for k, v in env.items()}, resplit_every=_get(raw, "resplit_every", int, w, 0),
         slowdowns=slowdowns, pipeline=_pipeline(_opt(raw, "pipeline", dict, w)),
-        nproc_per_node=_get(raw, "nproc_per_node", int, w, 1))
+        nproc_per_node=_get(raw, "nproc_per_node", int, w, 1), **_fault_tolerance(raw))
+
+
+def _fault_tolerance(raw: Mapping[str, Any]) -> dict[str, Any]:
+    how = _get(raw, "fault_tolerance", str, "torch.", "torchrun")
+    if how not in FAULT_TOLERANCE:
+        raise TaskSchemaError(f"task.json: torch.fault_tolerance must be one of {', '.join(FAULT_TOLERANCE)}, "
+                              f"got {how!r}")
+    lighthouse = _opt(raw, "lighthouse", str, "torch.")
+    if how == "torchft" and not lighthouse:
+        raise TaskSchemaError("task.json: torch.lighthouse is missing (fault_tolerance torchft needs it)")
+    return {"fault_tolerance": how, "lighthouse": lighthouse}
 
 
 def _pipeline(raw: Mapping[str, Any] | None) -> PipelineSection | None:

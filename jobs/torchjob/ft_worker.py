@@ -1,0 +1,240 @@
+"""The built-in job on torchft replica groups: ``python ft_worker.py --task task.json`` (node.py execs it).
+
+Each node is one replica group of one process (jobs/torchjob/ft_step.py); no torchrun and no restarts. The loop
+is ``ft_step.step_once``: a lost peer makes the step in flight retry at the next quorum, and a replacement heals
+from a live peer's weights and optimizer state. A DCP checkpoint is read only when the first quorum has every group
+at step 0 (a fresh job resuming); the participating rank 0 saves one every ``checkpoint_every`` steps, at the end
+and at the step after a notice, and writes the metrics lines (start, step, ``quorum``, ``heal``, eval) and
+result.json as the torchrun trainer does (jobs/README.md). A noticed node leaves at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # jobs/
+
+from torchjob import EXIT_BAD_TASK  # noqa: E402
+from torchjob.runtime import log  # noqa: E402
+from torchjob.task import TaskError, TorchTask, load  # noqa: E402
+
+RUNTIME = "pytorch-eager+torchft"
+
+
+class FtTrainer:
+    def __init__(self, task: TorchTask) -> None:
+        import torch
+        from tfjob.data import load_split
+        from tfjob.hparams import get_hparams
+
+        from torchjob import ft_step
+        from torchjob.model import param_groups, resnet
+        from torchjob.train import to_tensors
+
+        self.task = task
+        torch.set_num_threads(task.threads or 1)
+        torch.manual_seed(task.seed)  # every group starts alike: a heal then only brings a late one forward
+        self.model = resnet(task.hparam_set).train()
+        hp = get_hparams(task.hparam_set)
+        self.base_lr = hp.scaled_lr(task.global_batch)
+        self.opt = torch.optim.SGD(param_groups(self.model, hp.weight_decay), lr=self.base_lr,
+                                   momentum=hp.momentum, nesterov=hp.nesterov)
+        assert task.lighthouse
+        self.replica = ft_step.make_replica(self.model, self.opt, lighthouse=task.lighthouse,
+                                            replica_id=f"{task.job_id}-slot{task.slot_index}", slot=task.slot_index,
+                                            weight=float(task.planned_batch), global_batch=task.global_batch,
+                                            timeout_s=float(os.environ.get("TORCHJOB_TIMEOUT_S", 10)))
+        self.x_all, self.y_all = to_tensors(*load_split(task.data_dir, "train"))
+        self.metrics: Any = None  # opened by whichever process is participating rank 0
+        self.world = 0  # the last committed step's groups
+        self.failed_at: float | None = None  # the first failed attempt since the last commit (a peer was lost)
+        self.first_quorum = True
+        self.started = False
+        self.window: tuple[float, int, float] = (time.monotonic(), 0, 0.0)  # since the last step line
+
+    def run(self) -> None:
+        from torchjob import ft_step
+
+        task, m, t_start = self.task, self.replica.manager, time.monotonic()
+        while m.current_step() < task.train_steps:
+            noticed = task.notice_file.exists()
+            t0 = time.time()
+            info = ft_step.agree(self.replica, [1.0 if noticed else 0.0, 0.0])
+            if info is None:
+                m.should_commit()  # closes the failed attempt (it says no)
+                self.failed_at = self.failed_at or t0
+                continue
+            if self.first_quorum:
+                self.first_quorum = False
+                self._resume(info)
+            self._set_lr(m.current_step())
+            loss = ft_step.train_step(self.replica, info, self._loss_of(m.current_step()))
+            if loss is None:
+                self.failed_at = self.failed_at or t0
+                continue
+            self._committed(info, float(loss), t0)
+            if info.flags[0] > 0:  # a group was noticed: its state is saved before it goes (all could go)
+                self._checkpoint("notice")
+                if noticed:
+                    self._leave()
+            elif m.current_step() % task.checkpoint_every == 0:
+                self._checkpoint("periodic")
+        self._checkpoint("final")
+        if m.participating_rank() == 0 and self._metrics() is not None:
+            self._evaluate(time.monotonic() - t_start)
+
+    def _resume(self, info: Any) -> None:
+        """A fresh job resumes from its newest checkpoint when every group of the first quorum is at step 0 (all
+        read the same one); a group joining a running job heals from a peer instead (its quorum's step > 0)."""
+        from torchjob import ckpt
+
+        step = 0
+        if info.step == 0:
+            step = ckpt.restore(self.task.checkpoint_dir, self.model, self.opt)
+            if step:
+                m = self.replica.manager
+                m.load_state_dict({"step": step, "batches_committed": step * self.task.global_batch})
+        if info.rank == 0 and self._metrics() is not None:
+            self.metrics.write("start", step=step or info.step, resumed=step > 0, mode="sync", framework="pytorch",
+                               workers=info.world, fault_tolerance="torchft")
+            self.started = True
+
+    def _loss_of(self, step: int) -> Any:
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        from torchjob.split import interpolate
+        from torchjob.train import global_indices
+
+        task = self.task
+
+        def loss_of(offset: int, batch: int) -> torch.Tensor:
+            idx = global_indices(task.seed, step, len(self.y_all), task.global_batch)[offset:offset + batch]
+            idx_t = torch.from_numpy(np.ascontiguousarray(idx))
+            x, y = self.x_all[idx_t], self.y_all[idx_t]
+            if task.data_dir and step % 2:
+                x = x.flip(3)
+            loss = F.cross_entropy(self.model(x), y, reduction="sum") / task.global_batch
+            extra = interpolate(task.sleep_table, batch)  # local provider: the emulated GPU's time
+            if extra > 0:
+                time.sleep(extra)
+            return loss
+
+        return loss_of
+
+    def _set_lr(self, step: int) -> None:
+        lr = self.base_lr * 0.5 * (1 + math.cos(math.pi * step / self.task.train_steps))
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+    def _committed(self, info: Any, loss: float, t0: float) -> None:
+        """Rank 0's metrics for a committed step: a quorum change (with the survivors' pause), heals, step lines."""
+        step, now = self.replica.manager.current_step(), time.time()
+        before, self.world = self.world, info.world
+        failed, self.failed_at = self.failed_at, None
+        if info.rank != 0 or self._metrics() is None:
+            return
+        if before and before != info.world:
+            pause = now - (failed if failed is not None else t0)
+            self.metrics.write("quorum", step=step, world_before=before, world_after=info.world,
+                               survivors_pause_s=round(pause, 3))
+            log(f"quorum {before} -> {info.world} at step {step}; survivors' pause {pause:.3f} s")
+        senders = [s for s, sent in zip(info.slots, info.sent, strict=True) if sent]
+        for slot, healed in zip(info.slots, info.healed_s, strict=True):
+            if healed is not None and senders:
+                self.metrics.write("heal", step=step, worker=slot, from_worker=senders[0], heal_s=round(healed, 3))
+        t_w, steps, loss_sum = self.window
+        steps, loss_sum = steps + 1, loss_sum + loss
+        if step % self.task.log_every and step != self.task.train_steps:
+            self.window = (t_w, steps, loss_sum)
+            return
+        secs = max(time.monotonic() - t_w, 1e-9)
+        workers = {str(s): {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
+                            "step_time_s": round(secs / steps, 5), "compute_s": None, "gpus": 1}
+                   for s, b in zip(info.slots, info.batches, strict=True)}
+        self.metrics.write("step", step=step, loss=round(loss_sum / steps, 5),
+                           examples_per_s=round(self.task.global_batch * steps / secs, 3),
+                           steps_per_s=round(steps / secs, 4), window_s=round(secs, 4), world_size=info.world,
+                           workers=workers, runtime=RUNTIME, precision="fp32")
+        self.window = (time.monotonic(), 0, 0.0)
+
+    def _metrics(self) -> Any:
+        if self.metrics is None:
+            from tfjob.reporting import MetricsWriter
+
+            self.metrics = MetricsWriter(self.task.storage / "metrics.jsonl")
+        return self.metrics
+
+    def _checkpoint(self, reason: str) -> None:
+        """The participating rank 0 alone saves (the replicas are equal): DCP without a process group."""
+        from torchjob import ckpt
+
+        m = self.replica.manager
+        if m.participating_rank() != 0:
+            return
+        step = m.current_step()
+        seconds = ckpt.save(self.task.checkpoint_dir, self.model, self.opt, step)
+        if seconds is not None:
+            self._metrics().write("checkpoint", step=step, reason=reason, seconds=round(seconds, 4),
+                                  world_size=self.world)
+            log(f"checkpoint at step {step} ({reason}) in {seconds:.3f}s")
+
+    def _leave(self) -> None:
+        """A noticed node leaves between steps: its manager stops (no heartbeat: the next quorum goes on without
+        it at once) and the process ends as a revoked node's does."""
+        log(f"{self.task.instance} was noticed: leaving the quorum at step {self.replica.manager.current_step()}")
+        self.replica.manager.shutdown(wait=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _evaluate(self, train_seconds: float) -> None:
+        import torch
+        from tfjob.data import load_split
+        from tfjob.reporting import write_json_atomic
+
+        from torchjob.train import to_tensors
+
+        x, y = to_tensors(*load_split(self.task.data_dir, "test"))
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        with torch.no_grad():
+            for i in range(0, len(y), 500):
+                logits = self.model(x[i:i + 500])
+                correct += int((logits.argmax(1) == y[i:i + 500]).sum())
+                loss_sum += float(torch.nn.functional.cross_entropy(logits, y[i:i + 500], reduction="sum"))
+        n, step = len(y), self.replica.manager.current_step()
+        acc = correct / max(n, 1)
+        self.metrics.write("eval", step=step, accuracy=round(acc, 5), loss=round(loss_sum / max(n, 1), 5), examples=n)
+        write_json_atomic(self.task.storage / "result.json", {
+            "step": step, "accuracy": acc, "loss": loss_sum / max(n, 1), "eval_examples": n,
+            "train_seconds": round(train_seconds, 3), "mode": "sync", "framework": "pytorch",
+            "world_size": self.world, "fault_tolerance": "torchft"})
+        log(f"done: step {step}, accuracy {acc:.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ft_worker.py")
+    parser.add_argument("--task", required=True)
+    args = parser.parse_args(argv)
+    try:
+        task = load(args.task)
+    except TaskError as e:
+        log(str(e))
+        return EXIT_BAD_TASK
+    FtTrainer(task).run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the manager's threads and the gloo group: no teardown to hang in
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The built-in job on torchft replica groups (jobs/torchjob/ft_worker.py), started as the controller starts it.
+
+Three real processes (``node.py`` with ``torch.fault_tolerance: torchft``, gloo on the CPU) train through one
+Lighthouse in this test's process. Worker 0's notice makes it leave at the next step boundary after a checkpoint;
+the two survivors go on in the same processes (no torchrun, no restart) with the planned global batch, lose no step,
+and rank 0 writes the quorum change, the step lines, the eval and result.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torchft")
+from torchft.coordination import LighthouseServer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+STEPS = 40
+
+
+def _task(storage: Path, index: int, lighthouse: str) -> dict[str, Any]:
+    return {
+        "version": 1, "job_id": "ft", "instance": f"ft-worker-{index}-0", "mode": "sync", "role": "worker",
+        "index": index, "cluster": {"worker": []}, "storage": str(storage), "gpu": None,
+        "training": {"hparam_set": "resnet_tiny", "train_steps": STEPS, "batch_per_worker": [8, 8, 16],
+                     "checkpoint_every": 10, "log_every": 1},
+        "torch": {"rdzv_endpoint": "127.0.0.1:1", "min_nodes": 1, "max_nodes": 3, "threads": 1,
+                  "fault_tolerance": "torchft", "lighthouse": lighthouse},
+    }
+
+
+def _records(storage: Path) -> list[dict[str, Any]]:
+    path = storage / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def test_a_noticed_replica_group_leaves_and_the_survivors_train_on_in_the_same_processes(tmp_path: Path) -> None:
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=1000, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=1000)
+    lighthouse = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    storage = tmp_path / "storage"
+    env = {**os.environ, "TORCHJOB_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    procs = []
+    for i in range(3):
+        path = tmp_path / f"task-{i}.json"
+        path.write_text(json.dumps(_task(storage, i, lighthouse)))
+        log = (tmp_path / f"node-{i}.log").open("wb")  # noqa: SIM115 - the child's, closed with the folder
+        procs.append(subprocess.Popen([sys.executable, str(JOBS / "torchjob" / "node.py"), "--task", str(path)],
+                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        end = time.monotonic() + 180
+        while not any(r["kind"] == "step" and r["step"] >= 8 and r["world_size"] == 3 for r in _records(storage)):
+            assert time.monotonic() < end and all(p.poll() is None for p in procs), "no 3-group step came"
+            time.sleep(0.1)
+        (storage / "notices").mkdir(parents=True, exist_ok=True)
+        (storage / "notices" / "ft-worker-0-0").write_text("{}")
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        server.shutdown()
+    logs = "\n".join((tmp_path / f"node-{i}.log").read_text()[-2000:] for i in range(3))
+    assert codes == [-9, 0, 0], logs  # worker 0 left as a revoked node does; the survivors were never restarted
+    records = _records(storage)
+    steps = [r["step"] for r in records if r["kind"] == "step"]
+    assert steps == list(range(1, STEPS + 1)), logs  # every step once: none lost, none repeated
+    quorum = [r for r in records if r["kind"] == "quorum"]
+    assert [(q["world_before"], q["world_after"]) for q in quorum] == [(3, 2)]
+    after = [r for r in records if r["kind"] == "step" and r["step"] > quorum[0]["step"]]
+    assert after and all(sum(w["batch"] for w in r["workers"].values()) == 32 for r in after)  # the planned batch
+    assert any(r["kind"] == "checkpoint" and r["reason"] == "notice" for r in records)
+    assert json.loads((storage / "result.json").read_text())["step"] == STEPS
+    assert sum(r["kind"] == "start" for r in records) == 1
