@@ -11,6 +11,7 @@ result.json as the torchrun trainer does (jobs/README.md). A noticed node leaves
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import signal
@@ -26,6 +27,7 @@ from torchjob.runtime import log  # noqa: E402
 from torchjob.task import TaskError, TorchTask, load  # noqa: E402
 
 RUNTIME = "pytorch-eager+torchft"
+MEMBERS = "torchft_members.jsonl"  # each group's process id at each quorum change it saw: no restart, checkable
 
 
 class FtTrainer:
@@ -101,7 +103,7 @@ class FtTrainer:
             if step:
                 m = self.replica.manager
                 m.load_state_dict({"step": step, "batches_committed": step * self.task.global_batch})
-        if info.rank == 0 and self._metrics() is not None:
+        if info.step == 0 and info.rank == 0 and self._metrics() is not None:  # a joiner healed: no new start
             self.metrics.write("start", step=step or info.step, resumed=step > 0, mode="sync", framework="pytorch",
                                workers=info.world, fault_tolerance="torchft")
             self.started = True
@@ -136,11 +138,20 @@ class FtTrainer:
             group["lr"] = lr
 
     def _committed(self, info: Any, loss: float, t0: float) -> None:
-        """Rank 0's metrics for a committed step: a quorum change (with the survivors' pause), heals, step lines."""
+        """The writer's metrics for a committed step: a quorum change (with the survivors' pause), heals, step lines
+        (every group keeps the window: the writer may change with the quorum)."""
         step, now = self.replica.manager.current_step(), time.time()
         before, self.world = self.world, info.world
         failed, self.failed_at = self.failed_at, None
-        if info.rank != 0 or self._metrics() is None:
+        if before != info.world:
+            with open(self.task.storage / MEMBERS, "a", encoding="utf-8") as f:  # noqa: PTH123
+                f.write(json.dumps({"instance": self.task.instance, "slot": self.task.slot_index, "pid": os.getpid(),
+                                    "step": step, "world": info.world, "t": round(now, 3)}) + "\n")
+        t_w, steps, loss_sum = self.window
+        self.window = (t_w, steps + 1, loss_sum + loss)
+        if info.rank != _writer(info) or self._metrics() is None:
+            if step % self.task.log_every == 0:
+                self.window = (time.monotonic(), 0, 0.0)
             return
         if before and before != info.world:
             pause = now - (failed if failed is not None else t0)
@@ -151,11 +162,11 @@ class FtTrainer:
         for slot, healed in zip(info.slots, info.healed_s, strict=True):
             if healed is not None and senders:
                 self.metrics.write("heal", step=step, worker=slot, from_worker=senders[0], heal_s=round(healed, 3))
+        if step % self.task.log_every == 0 or step == self.task.train_steps:
+            self._log_step(step, info)
+
+    def _log_step(self, step: int, info: Any) -> None:
         t_w, steps, loss_sum = self.window
-        steps, loss_sum = steps + 1, loss_sum + loss
-        if step % self.task.log_every and step != self.task.train_steps:
-            self.window = (t_w, steps, loss_sum)
-            return
         secs = max(time.monotonic() - t_w, 1e-9)
         workers = {str(s): {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
                             "step_time_s": round(secs / steps, 5), "compute_s": None, "gpus": 1}
@@ -219,6 +230,11 @@ class FtTrainer:
             "train_seconds": round(train_seconds, 3), "mode": "sync", "framework": "pytorch",
             "world_size": self.world, "fault_tolerance": "torchft"})
         log(f"done: step {step}, accuracy {acc:.4f}")
+
+
+def _writer(info: Any) -> int:
+    """Who writes a step's metrics: the first participant that did not just heal (it knows the previous quorum)."""
+    return next((r for r, healed in enumerate(info.healed_s) if healed is None), 0)
 
 
 def main(argv: list[str] | None = None) -> int:

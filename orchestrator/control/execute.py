@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.control import operations, stage_loss, torch_task
+from orchestrator.control import lighthouse, operations, stage_loss, torch_task
 from orchestrator.control.calibration_fold import fold_finished_job
 from orchestrator.control.context import TASK, JobContext, fail_job, instance_row
 from orchestrator.costmodel.slots import DEFAULT_BATCH
@@ -44,7 +44,7 @@ from orchestrator.model.cloud_errors import AuthError, InvalidRequestError, Prov
 from orchestrator.model.instances import ProcState, Role
 from orchestrator.model.paths import jobs_dir
 from orchestrator.model.spec import BuiltinTraining, CommandTraining, JobSpec, TrainingMode
-from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
+from orchestrator.model.status import FINAL_JOB, EndReason, InstanceStatus, JobStatus
 from orchestrator.model.task import TaskConfig, TrainingSection
 from orchestrator.model.torch_spec import SecretError, is_pytorch, payload_env
 from orchestrator.providers.base import SupportsHostGpus
@@ -99,6 +99,8 @@ def _one(ctx: JobContext, action: Action) -> None:
             s.commit()
             if status == JobStatus.SUCCEEDED:
                 _fold(ctx)
+            if status in FINAL_JOB and torch_task.uses_torchft(ctx.spec):
+                lighthouse.stop(ctx.storage)
         case SetInstanceStatus(name=name, status=status, reason=reason, end_reason=end_reason):
             inst = instance_row(ctx, name)
             if end_reason is not None and inst.end_reason is None:
@@ -320,7 +322,9 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     host_gpus = provider.gpus_on(inst.name) if isinstance(provider, SupportsHostGpus) else None
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
                                       ctx.emulation_sleep, stage_loss.dropped_slots(ctx.session, ctx.job),
-                                      host_gpus=host_gpus)
+                                      host_gpus=host_gpus,
+                                      lighthouse=lighthouse.ensure(ctx.storage) if torch_task.uses_torchft(spec)
+                                      else None)
              if is_pytorch(spec) else None)
     return TaskConfig(
         job_id=ctx.job.id, instance=inst.name, mode=spec.mode.value, role=inst.role, index=inst.slot_index,

@@ -24,7 +24,7 @@ from orchestrator.model.instances import Role
 from orchestrator.model.spec import JobSpec
 from orchestrator.model.status import EndReason
 from orchestrator.model.task import PipelineSection, TorchSection
-from orchestrator.model.torch_spec import argv, is_pytorch, is_run_job
+from orchestrator.model.torch_spec import argv, fault_tolerance, is_pytorch, is_run_job
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job
@@ -43,6 +43,8 @@ def torch_view(spec: JobSpec, slots: list[Slot]) -> dict[str, Any]:
     """JobView fields for the reconciler (elastic world, rendezvous slot); empty for other payloads."""
     if not is_pytorch(spec):
         return {}
+    if uses_torchft(spec):
+        return {"elastic": True, "rdzv_slot": None}  # the Lighthouse is with the controller: any node may go
     host = rendezvous_slot(slots)
     return {"elastic": True, "rdzv_slot": host.name if host is not None else None}
 
@@ -58,10 +60,12 @@ def _current(instances: list[Instance], slot: Slot) -> Instance | None:
 
 def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], inst: Instance, global_batch: int,
                   emulation_sleep: Callable[[str | None, int], float],
-                  dropped: frozenset[str] = frozenset(), host_gpus: int | None = None) -> TorchSection:
+                  dropped: frozenset[str] = frozenset(), host_gpus: int | None = None,
+                  lighthouse: str | None = None) -> TorchSection:
     """task.json's ``torch`` section for one node (see jobs/torchjob/task.py). ``dropped``: the stages a pipeline was
     re-partitioned without (control/stage_loss.py): its stages and its world are the other workers. ``host_gpus``:
-    the GPUs of the host the node was placed on where its machine type does not say (an ssh inventory host's)."""
+    the GPUs of the host the node was placed on where its machine type does not say (an ssh inventory host's).
+    ``lighthouse``: the torchft Lighthouse's address of a job on replica groups (control/lighthouse.py)."""
     host_slot = rendezvous_slot(slots)
     host = _current(instances, host_slot) if host_slot is not None else None
     address = host.host if host is not None and host.host else "127.0.0.1"
@@ -92,7 +96,14 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         slowdowns=slowdowns,
         pipeline=pipeline,
         nproc_per_node=_ranks(spec, slot, pipeline, host_gpus, planned),
+        fault_tolerance="torchft" if lighthouse is not None else "torchrun",
+        lighthouse=lighthouse,
     )
+
+
+def uses_torchft(spec: JobSpec) -> bool:
+    """A data-parallel PyTorch job whose nodes are torchft replica groups (its Lighthouse runs here)."""
+    return is_pytorch(spec) and fault_tolerance(spec) == "torchft" and not is_pipeline(spec)
 
 
 def _ranks(spec: JobSpec, slot: Slot | None, pipeline: PipelineSection | None, host_gpus: int | None,
