@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, text
 
 from orchestrator.costmodel import DEFAULT_CALIBRATION
 from orchestrator.costmodel.accounting import local_worker_steps
-from orchestrator.costmodel.compute import step_fn
 from orchestrator.costmodel.measured import MeasuredStep, point_key, with_points
+from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.spec import load_spec
 from orchestrator.planning.admission import judge_file
 from orchestrator.planning.probe import candidate_points, probe_spec
