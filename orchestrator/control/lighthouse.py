@@ -35,7 +35,9 @@ def _free_port() -> int:
 
 
 def _bind(port: int) -> str:
-    return f"[::]:{port}"
+    # loopback only: the local provider's workers run on this host, and a training port is reachable only inside
+    # the cluster (a cloud job's Lighthouse would bind the controller's cluster address: not built yet)
+    return f"127.0.0.1:{port}"
 
 
 def find(port: int, proc: Path = Path("/proc")) -> int | None:
