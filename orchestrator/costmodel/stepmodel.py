@@ -16,23 +16,15 @@
 
 A user's model that the calibration measured on a GPU takes the calibrated step there (its own figure beats any
 transfer); a user's model with a machine fit falls back to its op-class step on a GPU no fit covers.
-
-Besides the worker's step, a step model says what its cluster's run costs around the steps (``accounting``,
-``replacement_delay``), the compute seconds of a cluster's workers (``worker_steps``), the speeds a pinned global
-batch is split by (``split_speeds``) and the plan's note on where
-its figures come from (``note``): the cost model's implementations answer with the cloud's figures
-(:class:`CostSteps`); these are the hooks the emulation will answer with the host's (no caller reads them yet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from orchestrator.costmodel.accounting import RunAccounting, run_accounting
 from orchestrator.costmodel.compute import (
     DEFAULT_CALIBRATION,
     DEFAULT_RUNTIME,
@@ -63,9 +55,7 @@ from orchestrator.costmodel.measured import through_measured
 from orchestrator.costmodel.memory import DEFAULT_MEMORY, MemoryParams, memory_bytes
 from orchestrator.costmodel.profiles import ModelProfile
 from orchestrator.costmodel.profiles.user import is_user_model
-from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, Gpu, load_catalog
-from orchestrator.model.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -82,20 +72,6 @@ class StepModel(Protocol):
     def curve(self, profile: str, gpu: str, precision: str, runtime: str) -> StepTimeFn: ...
 
     def step(self, profile: str, gpu: str, batch: float, precision: str, runtime: str) -> StepTime: ...
-
-    def worker_steps(self, spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], precision: str,
-                     runtime: str) -> list[float]: ...
-
-    def accounting(self, spec: JobSpec) -> RunAccounting: ...
-
-    def replacement_delay(self, spec: JobSpec) -> tuple[float, float]: ...
-
-    def split_speeds(self, spec: JobSpec, gpus: Sequence[str]) -> list[float] | None: ...
-
-    @property
-    def weighs_strategies(self) -> bool: ...
-
-    def note(self, spec: JobSpec, gpus: Sequence[str], precision: str, runtime: str) -> str: ...
 
 
 def question_kind(model: str, gpu: str, runtime: str, calibration: Calibration) -> str:
@@ -134,33 +110,6 @@ class CostSteps:
         rel = none_interval(eff) if kind == "none" else float(eff.interval[kind])
         memory_gb = memory_bytes(profile, int(batch), self.memory) / 1e9
         return StepTime(mean, (mean / (1 + rel), mean * (1 + rel)), memory_gb)
-
-    def worker_steps(self, spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], precision: str,
-                     runtime: str) -> list[float]:
-        """Each worker's compute seconds a step: its own GPU's step at its batch."""
-        model = spec.training.profile_name
-        return [self.curve(model, g, precision, runtime).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
-
-    def accounting(self, spec: JobSpec) -> RunAccounting:
-        return run_accounting(spec, self.catalog, self.calibration)
-
-    def replacement_delay(self, spec: JobSpec) -> tuple[float, float]:
-        """(seconds a revoked instance's replacement takes, the factor hazards speed up by)."""
-        return timings.BOOT_S + timings.gce_boot_extra_s(spec), 1.0  # a gce VM's image route adds its first boot
-
-    def split_speeds(self, spec: JobSpec, gpus: Sequence[str]) -> list[float] | None:
-        return None  # the cost model's min-max split of the step curves
-
-    @property
-    def weighs_strategies(self) -> bool:
-        return True
-
-    def note(self, spec: JobSpec, gpus: Sequence[str], precision: str, runtime: str) -> str:
-        """Which calibration (and how many measured points) stands behind each GPU's step time."""
-        model = spec.training.profile_name
-        return f"calibration ({runtime}, {precision}): " + "; ".join(
-            f"{g}: {self.calibration.describe(g, runtime_key(runtime, precision), model, precision)}"
-            for g in dict.fromkeys(gpus))
 
 
 @dataclass(frozen=True)
