@@ -1,8 +1,8 @@
 """The whole loop on one machine with real TensorFlow: revocation survived, ledger exact, nothing left.
 
 Kept as real-payload tests (issue 53), each for a payload contract: the TF notice, checkpoint and resume through a
-real launch (the README's demo path: launch, report, logs), and the chief in worker 0's own process. The daemon's
-decisions (replacement, a daemon restart, chief-on-worker0's roll-back) run fast-forwarded in
+real launch (the README's demo path: launch, report, logs), and (the extended tier) the chief in worker 0's own
+process. The daemon's decisions (replacement, a daemon restart, chief-on-worker0's roll-back) run fast-forwarded in
 tests/test_ff_replacement.py."""
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def test_local_job_survives_a_revocation(tmp_path: Path) -> None:
     assert "revoked" in cli("logs", summary["job_id"], env=env).stdout
 
 
+@pytest.mark.extended
 def test_chief_on_worker0_runs_in_worker0s_process(tmp_path: Path) -> None:
     # cluster.chief.on_worker0 (the ICAC'19 setup): no chief instance, no chief ledger row; worker 0's task
     # runs the chief, and worker 0's revocation rolls training back like a chief's would, then it finishes.

@@ -41,18 +41,20 @@ def test_the_survivors_keep_their_processes_through_the_revocation_of_worker_0(t
     members = [json.loads(ln) for ln in (storage / "torchft_members.jsonl").read_text().splitlines()]
     for slot in (1, 2):
         mine = [m for m in members if m["slot"] == slot]
-        assert [m["world"] for m in mine][:2] == [3, 2], members
+        worlds = [m["world"] for m in mine]
+        assert 2 in worlds and worlds[worlds.index(2) - 1] == 3, members  # a late first group may make it 2, 3, 2
         assert len({m["pid"] for m in mine}) == 1, members  # one process from the start to the end
     records = [json.loads(ln) for ln in (storage / "metrics.jsonl").read_text().splitlines()]
     notice = next(r["step"] for r in records if r["kind"] == "checkpoint" and r["reason"] == "notice")
-    quorum = [r for r in records if r["kind"] == "quorum"]
-    assert quorum[0]["world_before"] == 3 and quorum[0]["world_after"] == 2
-    assert quorum[0]["step"] == notice + 1  # the survivors' next step after the notice: none lost or repeated
+    # The revocation's change is the first shrink (a group that starts late on a loaded host grows the first quorum)
+    shrinks = [r for r in records if r["kind"] == "quorum" and r["world_after"] < r["world_before"]]
+    assert shrinks[0]["world_before"] == 3 and shrinks[0]["world_after"] == 2
+    assert shrinks[0]["step"] == notice + 1  # the survivors' next step after the notice: none lost or repeated
     steps = [r["step"] for r in records if r["kind"] == "step"]
     assert steps == sorted(set(steps)) and steps[-1] == spec["training"]["train_steps"]
     assert any(r["kind"] == "heal" for r in records)  # the replacement healed from a live peer
     report = json.loads(cli("report", "--format", "json", env=env).stdout)
-    changes = report[0]["quorum_changes"]
-    assert changes and (changes[0]["world_before"], changes[0]["world_after"]) == (3, 2), changes
+    changes = [c for c in report[0]["quorum_changes"] if c["world_after"] < c["world_before"]]
+    assert changes and (changes[0]["world_before"], changes[0]["world_after"]) == (3, 2), report[0]["quorum_changes"]
     assert lighthouse.find(json.loads((storage / "lighthouse.json").read_text())["port"]) is None
     assert processes_under(tmp_path) == []

@@ -20,6 +20,7 @@ def _check_common(c: Cluster, steps: int) -> None:
     assert c.metrics("checkpoint")[-1]["reason"] == "final"
 
 
+@pytest.mark.extended
 def test_async_trains_to_high_accuracy(make_cluster: MakeCluster) -> None:
     c = make_cluster("async", train_steps=120, log_every=10, eval_every=60)
     c.start_all()
@@ -40,6 +41,7 @@ def test_async_trains_to_high_accuracy(make_cluster: MakeCluster) -> None:
     assert c.procs["ps:0"].poll() is None and c.procs["worker:0"].poll() is None  # servers run until killed
 
 
+@pytest.mark.extended
 def test_async_emulated_slow_worker(make_cluster: MakeCluster) -> None:
     c = make_cluster("async", train_steps=200, log_every=20)
     c.sleeps = {"worker:1": 0.2}
@@ -63,6 +65,7 @@ def test_async_emulated_slow_worker(make_cluster: MakeCluster) -> None:
     assert 0.1 < t1 - t0 < 0.4
 
 
+@pytest.mark.extended
 def test_async_survives_worker_loss(make_cluster: MakeCluster) -> None:
     c = make_cluster("async", train_steps=500, log_every=10)
     c.sleeps = {"worker:0": 0.04, "worker:1": 0.04}
@@ -80,6 +83,7 @@ def test_async_survives_worker_loss(make_cluster: MakeCluster) -> None:
     print(f"replacement worker ran its first step {rejoined[0]['t'] - t_restart:.1f}s after its restart")
 
 
+@pytest.mark.extended
 def test_async_chief_exits_nonzero_on_ps_loss(make_cluster: MakeCluster) -> None:
     c = make_cluster("async", train_steps=5000)
     c.start_all()
@@ -91,6 +95,7 @@ def test_async_chief_exits_nonzero_on_ps_loss(make_cluster: MakeCluster) -> None
     assert not (c.storage / "result.json").exists()
 
 
+@pytest.mark.extended
 def test_async_resume_from_checkpoint(make_cluster: MakeCluster) -> None:
     c = make_cluster("async", train_steps=200, checkpoint_every=50)
     c.start_all()

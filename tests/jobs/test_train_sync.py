@@ -15,6 +15,7 @@ from tfjob import data  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.extended
 def test_sync_unequal_batches_with_notice(make_cluster: MakeCluster) -> None:
     c: Cluster = make_cluster(
         "sync", workers=2, train_steps=150, batch_per_worker=[48, 16], log_every=10, checkpoint_every=60
@@ -46,6 +47,7 @@ def test_sync_unequal_batches_with_notice(make_cluster: MakeCluster) -> None:
     assert reasons[0] == "notice" and reasons[-1] == "final" and "periodic" in reasons
 
 
+@pytest.mark.extended
 def test_sync_cifar_pickle_data_dir_and_resume(make_cluster: MakeCluster, tmp_path: Path) -> None:
     # a CIFAR-10 python-pickle folder holding the (learnable) digits images
     ddir = tmp_path / "cifar-10-batches-py"
