@@ -178,3 +178,22 @@ def test_with_all_or_none_of_the_spot_vms_elastic_is_the_deadline_policy() -> No
         ela = replay(job, n, counts[start:], tr.tick_min, elastic_policy, "elastic", history)
         assert ela.timeline == aon.timeline
         assert ela.cost_usd == pytest.approx(aon.cost_usd)
+
+
+def test_on_replica_groups_a_change_costs_the_workers_that_stay_a_pause_not_a_restart() -> None:
+    """torchft (issue 54 item 3): growing 4 -> 8 boots the 4 joiners; the 4 that run go on after a quorum's pause,
+    where elastic torchrun restarts all 8 for the whole overhead (0.2 h, longer than the 5-minute tick)."""
+    from orchestrator.decide.elastic import _slack_after, _worth
+
+    pause_h = 1.1 / 3600
+    restart = state(running=Members(4, 0), spot_can=8)
+    groups = state(running=Members(4, 0), spot_can=8, change_h=pause_h)
+    grow, tick = Members(8, 0), 1 / 12
+    assert groups.kept(grow) == 4 and restart.kept(grow) == 0
+    # torchrun: no step this tick and 0.2 - tick h late; torchft: 4 of 8 workers step all but the pause
+    gained = 4 * (tick - pause_h) / 8 + (0.2 - tick)
+    assert _slack_after(groups, grow) - _slack_after(restart, grow) == pytest.approx(gained)
+    assert _slack_after(groups, Members(4, 0)) == pytest.approx(_slack_after(restart, Members(4, 0)))  # no change
+    cheap = state(running=Members(4, 0), spot_can=8, change_h=pause_h, spot_left_h=1.0)
+    dear = state(running=Members(4, 0), spot_can=8, spot_left_h=1.0)
+    assert _worth(cheap, cheap.running, grow) and not _worth(dear, dear.running, grow)  # a restart of 8 would not pay

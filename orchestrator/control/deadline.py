@@ -20,9 +20,11 @@ from orchestrator.costmodel.slots import Slot
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import deadline_zones
 from orchestrator.decide.state import DeadlineInputs, GpuMarket
+from orchestrator.model import timings
 from orchestrator.model.instances import ObservedInstance, ObservedState, Role
 from orchestrator.model.spec import JobSpec, OnRevocation, SpecError, validate_spec
 from orchestrator.model.status import EndReason
+from orchestrator.model.torch_spec import replica_groups
 from orchestrator.planning.outlook import DeadlineFigures, DeadlinePlans
 from orchestrator.providers.base import Provider, SupportsSpotCapacity
 from orchestrator.store import queries
@@ -160,7 +162,8 @@ def deadline_inputs(session: Session, job: Job, spec: JobSpec, now: float, slots
                           drains=drains(session, job.id),
                           spot_before=spot_before(session, job, spec, now, cache),
                           checkpoint_at=session.scalar(select(func.max(Metric.at)).where(
-                              Metric.job_id == job.id, Metric.kind == "checkpoint")), markets=markets)
+                              Metric.job_id == job.id, Metric.kind == "checkpoint")), markets=markets,
+                          change_s=timings.TORCHFT_PAUSE_S if replica_groups(spec) else None)
 
 
 ZoneChanges = tuple[tuple[str, tuple[tuple[float, bool], ...]], ...]

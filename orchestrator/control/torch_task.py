@@ -24,7 +24,7 @@ from orchestrator.model.instances import Role
 from orchestrator.model.spec import JobSpec
 from orchestrator.model.status import EndReason
 from orchestrator.model.task import PipelineSection, TorchSection
-from orchestrator.model.torch_spec import argv, fault_tolerance, is_pytorch, is_run_job
+from orchestrator.model.torch_spec import argv, is_pytorch, is_run_job, replica_groups
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job
@@ -103,7 +103,7 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
 
 def uses_torchft(spec: JobSpec) -> bool:
     """A data-parallel PyTorch job whose nodes are torchft replica groups (its Lighthouse runs here)."""
-    return is_pytorch(spec) and fault_tolerance(spec) == "torchft" and not is_pipeline(spec)
+    return replica_groups(spec) and not is_pipeline(spec)
 
 
 def _ranks(spec: JobSpec, slot: Slot | None, pipeline: PipelineSection | None, host_gpus: int | None,

@@ -103,7 +103,8 @@ def elastic_state(job: JobView, di: DeadlineInputs, now: float, count: int, coun
         running=Members(sum(i.spot for i in live), sum(not i.spot for i in live)), spot_can=count,
         restart_due=preempted_now, overhead_left_h=left_s / h, spot_age_h=age_h,
         spot_left_h=seen.up_left(age_h) if level else 0.0, spot_usd_per_h=di.spot_usd_per_h / workers,
-        on_demand_usd_per_h=di.on_demand_usd_per_h / workers, seen_full=full)
+        on_demand_usd_per_h=di.on_demand_usd_per_h / workers, seen_full=full,
+        change_h=None if di.change_s is None else di.change_s / h)
 
 
 def assign(slots: Sequence[Slot], live: Mapping[str, InstanceView], draining: Sequence[InstanceView],

@@ -4,7 +4,8 @@ A data-parallel job of N workers may run on fewer: n workers progress n/N as fas
 global batch is kept by more accumulation steps, so the work in full-cluster hours is unchanged). At each
 decision point k spot VMs can be had; the job runs ``spot`` of them (at most min(k, N)) and tops up with
 ``on_demand`` VMs. Any change of membership (a start, a grow, a shrink, a preemption that the job rides
-out) restarts the whole cluster (elastic torchrun): the restart overhead, billed for every VM, no progress.
+out) restarts the whole cluster (elastic torchrun): the restart overhead, billed for every VM, no progress; on
+torchft replica groups (``change_h``) only the joiners boot, and the workers that stay pause for a quorum.
 
 The all-or-nothing policies of ``decide.deadline`` see "spot can be had" as k >= N and run the whole cluster
 on one pricing; ``elastic_policy`` is the product's decision for the elastic case. When all or none of the N
@@ -59,6 +60,15 @@ class ElasticState(Standing):
     spot_usd_per_h: float = 0.3  # per VM
     on_demand_usd_per_h: float = 1.0
     seen_full: Availability = field(default=DEFAULT_AVAILABILITY)  # stretches with >= N spot VMs seen so far
+    # torchft replica groups: a change of membership costs the workers that stay only this (a quorum's pause), and
+    # a joiner its boot (``overhead_h``); None: every change restarts the whole cluster (elastic torchrun).
+    change_h: float | None = None
+
+    def kept(self, m: Members) -> int:
+        """Workers of ``m`` that run now and go on through a change to ``m`` (replica groups; else none)."""
+        if self.change_h is None:
+            return 0
+        return min(m.spot, self.running.spot) + min(m.on_demand, self.running.on_demand)
 
     def whole(self, mode: Mode, spot_up_h: float, outage_h: float = 0.0) -> Progress:
         """The job as one market of N VMs at once, all or nothing (spot can be had: k >= N; prices N-fold):
@@ -74,12 +84,15 @@ class ElasticState(Standing):
 
 
 def _slack_after(p: ElasticState, m: Members) -> float:
-    """The slack left after running ``m`` for one tick (a change of membership restarts it first)."""
+    """The slack left after running ``m`` for one tick (a change of membership restarts it first; on replica
+    groups only the joiners start, and the workers kept pause for ``change_h``)."""
     restart = m != p.running or p.restart_due
     r = (p.overhead_h if restart else p.overhead_left_h) if m.workers else 0.0
-    run = max(0.0, p.tick_h - r)
-    return (p.deadline_h - p.elapsed_h - p.tick_h - (p.work_h - p.work_done_h - run * m.workers / p.workers)
-            - max(0.0, r - p.tick_h))
+    kept = p.kept(m) if restart else 0
+    pause = p.change_h or 0.0
+    run = kept * max(0.0, p.tick_h - pause) + (m.workers - kept) * max(0.0, p.tick_h - r)
+    late = max(0.0, (pause if kept else r) - p.tick_h)
+    return p.deadline_h - p.elapsed_h - p.tick_h - (p.work_h - p.work_done_h - run / p.workers) - late
 
 
 def safe(p: ElasticState, m: Members) -> Members:
@@ -108,8 +121,12 @@ def _worth(p: ElasticState, cur: Members, new: Members) -> bool:
     it loses)."""
     stretch = min(p.spot_left_h, p.work_h - p.work_done_h)
     gain = (p.on_demand_usd_per_h - p.spot_usd_per_h) * (new.spot - cur.spot) * stretch
-    cost = p.overhead_h * (new.spot * p.spot_usd_per_h + new.on_demand * p.on_demand_usd_per_h
-                           + new.workers * p.on_demand_usd_per_h)
+    kept = p.kept(new) if cur == p.running else 0
+    starting = Members(new.spot - min(new.spot, cur.spot) if kept else new.spot,
+                       new.on_demand - min(new.on_demand, cur.on_demand) if kept else new.on_demand)
+    cost = p.overhead_h * (starting.spot * p.spot_usd_per_h + starting.on_demand * p.on_demand_usd_per_h
+                           + starting.workers * p.on_demand_usd_per_h)
+    cost += (p.change_h or 0.0) * kept * 2 * p.on_demand_usd_per_h  # the kept workers' pause, billed and lost
     return gain >= knobs.GROW_GAIN * cost
 
 

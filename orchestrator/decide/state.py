@@ -47,6 +47,9 @@ class DeadlineInputs:
     spot_counts: tuple[tuple[float, int], ...] = ()
     # The elastic policy's newest choice, (time, spot, on-demand) workers (decide.deadline_elastic); None: none yet.
     elastic_choice: tuple[float, int, int] | None = None
+    # torchft replica groups: what a change of membership costs the workers that stay (a quorum's pause; a joiner
+    # still boots for ``overhead_s``); None: every change restarts the whole world (elastic torchrun).
+    change_s: float | None = None
 
 
 @dataclass(frozen=True)

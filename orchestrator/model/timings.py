@@ -59,6 +59,10 @@ def boot_s(spot: bool, base: float = BOOT_S, spot_extra: float = SPOT_EXTRA_BOOT
 # Survivors' pause when a torchft replica group is lost: the Lighthouse's heartbeat timeout (1000 ms) plus the retried
 # step; bench/torchft_pause.py measured 1.06 s median, 1.09 s max (2-core host, 2026-12-03). Replaces a world restart.
 TORCHFT_PAUSE_S: Final = 1.1
+# A PyTorch world that torchrun re-forms on a GPU VM: the workers' start-up (process, torch import, rendezvous: 9.19 s
+# measured for 3 nodes on 2 cores, data/local_host.csv torch_startup_s) plus the CUDA/cuDNN warm-up (the first 20
+# steps at 0.3-0.5 s each on an H100, docs/pytorch.md: about 8 s). What a revocation costs every rank, twice.
+TORCH_WORLD_RESTART_S: Final = 17.0
 
 
 def checkpoint_s(model_mb: float) -> float:

@@ -50,6 +50,12 @@ def fault_tolerance(spec: JobSpec) -> str:
     return "torchrun"
 
 
+def replica_groups(spec: JobSpec) -> bool:
+    """Are ``spec``'s data-parallel nodes torchft replica groups? A lost one then costs the survivors a quorum's
+    pause (timings.TORCHFT_PAUSE_S) and its share of the pace until its replacement heals, not a world restart."""
+    return is_pytorch(spec) and fault_tolerance(spec) == "torchft"
+
+
 def argv(cmd: str | None) -> list[str] | None:
     return shlex.split(cmd) if cmd else None
 

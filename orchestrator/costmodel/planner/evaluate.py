@@ -39,6 +39,7 @@ from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.model.spec import JobSpec, TrainingMode
+from orchestrator.model.torch_spec import is_pytorch, replica_groups
 
 LOCAL_MACHINE = "local"  # how non-cloud instances are priced (as the spec validation does)
 
@@ -242,13 +243,22 @@ class Evaluator:
             return False
         return layout.pinned or err is not None or self.parallelism == "pipeline"
 
+    def _restore_s(self) -> float:
+        """What a change of the world costs every rank: a quorum's pause on torchft replica groups; else a restart,
+        as measured on this host (emulated GPUs) or, in the cloud, a PyTorch world's start-up and warm-up."""
+        if replica_groups(self.spec):
+            return timings.TORCHFT_PAUSE_S
+        if self.spec.provider.emulates_gpus or not is_pytorch(self.spec):
+            return self.accounting.startup_s
+        return timings.TORCH_WORLD_RESTART_S
+
     def _strategies(self, gpus: list[str], machines: list[str], batches: Sequence[int], rate: float,
                     err: str | None, hourly: float, slots: Sequence[Any], hazards: tuple[float, ...]
                     ) -> tuple[Strategy, list[Strategy]]:
         spot = all(s.spot for s in slots)
         total = sum(batches)
         acc = self.accounting
-        risk = Revocations(hazards, acc.boot_s + acc.spot_extra_boot_s + acc.startup_s, acc.startup_s,
+        risk = Revocations(hazards, acc.boot_s + acc.spot_extra_boot_s + acc.startup_s, self._restore_s(),
                            timings.notice_window_s(self.spec.provider))
         shares = [b / total for b in batches] if total > 0 else [0.0] * len(batches)
 

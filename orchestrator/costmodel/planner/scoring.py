@@ -21,6 +21,7 @@ from orchestrator.costmodel.risk import RevocationRates, load_revocation_rates
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec
+from orchestrator.model.torch_spec import replica_groups
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,17 @@ class AnalyticScorer:
         hazard = 0.0
         assumed = False
         chief_on_w0 = candidate.mode == "async" and candidate.chief_machine_type is None
+        groups = candidate.mode == "sync" and replica_groups(context.spec)
         for i, w in enumerate(candidate.workers):
             if not w.spot:
                 continue
             lam = context.rates.hazard_per_s(w.gpu, w.zone) * context.time_scale
             assumed = assumed or context.rates.assumed(w.gpu)
             hazard += lam
-            if candidate.mode == "sync" or (chief_on_w0 and i == 0):  # worker 0 takes the chief down
+            if groups:  # torchft: the survivors pause for a quorum as it leaves and as its replacement joins,
+                # and train without its share of the pace while the replacement boots; nothing rolls back
+                loss += lam * (2 * timings.TORCHFT_PAUSE_S + delay * w.steps_per_s / own_total)
+            elif candidate.mode == "sync" or (chief_on_w0 and i == 0):  # worker 0 takes the chief down
                 loss += lam * stall
             else:
                 without = min(own_total - w.steps_per_s, candidate.ps_capacity)

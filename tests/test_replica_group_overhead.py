@@ -1,0 +1,37 @@
+"""Issue 54 item 3: on torchft replica groups the planner counts a revocation as the survivors' quorum pause and the
+lost group's share of the pace while its replacement boots, not a restart of the world (elastic torchrun)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from orchestrator.costmodel.planner import PlanResult, plan
+from orchestrator.model.spec import validate_spec
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _plan(example: str, fault_tolerance: str) -> PlanResult:
+    raw = yaml.safe_load((EXAMPLES / example).read_text())
+    raw["training"] = {**raw["training"], "fault_tolerance": fault_tolerance}
+    return plan(validate_spec(raw))
+
+
+def _overheads(result: PlanResult) -> dict[tuple[tuple[str | None, str | None, bool], ...], float]:
+    return {tuple((w.gpu, w.zone, w.spot) for w in c.workers): c.revocation_overhead_s for c in result.candidates}
+
+
+def test_a_pinned_mixed_cluster_on_replica_groups_expects_less_revocation_overhead() -> None:
+    ft, run = _plan("gce-resnet-data-parallel.yaml", "torchft").chosen, _plan("gce-resnet-data-parallel.yaml",
+                                                                                "torchrun").chosen
+    assert ft is not None and run is not None
+    assert 0 < ft.revocation_overhead_s < run.revocation_overhead_s and ft.cost_usd < run.cost_usd
+
+
+def test_every_searched_spot_cluster_on_replica_groups_expects_less_revocation_overhead() -> None:
+    ft, run = _overheads(_plan("gce-current-gpus.yaml", "torchft")), _overheads(_plan("gce-current-gpus.yaml",
+                                                                                     "torchrun"))
+    spot = [k for k in ft if any(s for _, _, s in k) and k in run]
+    assert spot and all(ft[k] < run[k] for k in spot), [(k, ft[k], run[k]) for k in spot if ft[k] >= run[k]][:3]
