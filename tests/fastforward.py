@@ -8,6 +8,8 @@ whatever the host's load. The stub reads its ``task.json``, writes the ``start``
 ``eval`` lines of ``metrics.jsonl`` at the emulated step times, checkpoints every ``checkpoint_every`` steps and on
 each new notice under ``notices/``, resumes from its latest checkpoint, writes ``result.json`` at the end, and
 exits as the real tasks do: 3 when a sync peer or a parameter server is lost, -9 (killed) when its instance is.
+A PyTorch job's tasks (task.json with a ``torch`` section) speak that payload's protocol instead: torchrun agents
+in an elastic rendezvous, world changes, re-splits and pipeline stages (tests/fastforward_torch.py).
 What it does not do is train: the payload contracts themselves are the real-payload tests' (tests/test_*_e2e.py).
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fastforward_torch  # tests/: the PyTorch payload's protocol (it imports this module's types only)
 import pytest
 import yaml
 from sqlalchemy import select
@@ -114,6 +117,7 @@ class StubTransport(LocalTransport):
         self.vclock = clock
         self.tasks: dict[str, StubTask] = {}
         self.started: list[str] = []  # instance names, in the order their tasks started
+        self.worlds: dict[str, Any] = {}  # PyTorch jobs: job id -> its rendezvous (tests/fastforward_torch.py)
 
     def start(self, ep: Endpoint, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         assert name == TASK, f"the stub payload runs the task only, not {name}"
@@ -124,7 +128,10 @@ class StubTransport(LocalTransport):
         stub = StubTask(workdir, task_schema.load(workdir / "task.json"), joins_at=self.vclock.time() + START_S)
         self.tasks[ep.workdir] = stub
         self.started.append(stub.config.instance)
-        self.vclock.spawn(lambda: _run_stub(self, stub), f"task {stub.config.instance}")
+        if stub.config.torch is not None:  # the PyTorch payload's protocol: a torchrun agent per instance
+            self.vclock.spawn(lambda: fastforward_torch.run_node(self, stub), f"node {stub.config.instance}")
+        else:
+            self.vclock.spawn(lambda: _run_stub(self, stub), f"task {stub.config.instance}")
 
     def status(self, ep: Endpoint, names: list[str]) -> dict[str, ProcStatus]:
         stub = self.tasks.get(ep.workdir)
