@@ -83,6 +83,7 @@ class Node:
     stub: StubTask
     world: World | None = None
     leave: bool = False  # noticed: its rank takes the agent down with it after the checkpoint
+    restarts: int = 0  # of its worker group (TORCHELASTIC_RESTART_COUNT)
 
     @property
     def torch(self) -> task_schema.TorchSection:
@@ -170,6 +171,8 @@ def run_node(transport: StubTransport, stub: StubTask) -> None:
     """One instance's task (``node.py`` under torchrun): rendezvous, train as a rank, again after each world."""
     clock = transport.vclock
     node = Node(stub)
+    assert node.torch.run is None and node.torch.fault_tolerance == "torchrun", (
+        "the stub speaks the built-in job under torchrun, not a run: script or torchft")
     rdzv: Rendezvous = transport.worlds.setdefault(stub.config.job_id, Rendezvous())
     clock.sleep(AGENT_S)
     while not node.gone():
@@ -189,6 +192,7 @@ def run_node(transport: StubTransport, stub: StubTask) -> None:
         if node.leave:
             return exit_task(stub, -9)  # leave_with_agent: SIGKILL to its own torchrun agent
         clock.sleep(RESTART_S)
+        node.restarts += 1
 
 
 def _await_world(transport: StubTransport, rdzv: Rendezvous, node: Node) -> World | None:
@@ -305,7 +309,8 @@ class _Rank0:
             previous = 0
         world, batches = len(members), self._by_slot(self.batches)
         self._metric("start", step=self.step, resumed=self.step > 0, mode="sync", framework="pytorch", workers=world)
-        self._metric("world", step=self.step, world_size=world, previous=previous, batches=batches, restart=0)
+        self._metric("world", step=self.step, world_size=world, previous=previous, batches=batches,
+                     restart=self.node.restarts)
         (self.storage / WORLD_FILE).write_text(json.dumps({"world_size": world, "step": self.step,
                                                             "batches": batches}))
         self._event("world", step=self.step, world_size=world, previous=previous, batches=batches)

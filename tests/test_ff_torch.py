@@ -112,6 +112,27 @@ def test_a_pipeline_re_partitions_over_the_survivors_where_waiting_is_dearer(
     assert sorted(i["slot"] for i in run.instances.values()) == ["worker-0", "worker-1", "worker-2"]  # none new
 
 
+def test_a_pipeline_waits_for_the_replacement_of_a_lost_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/local-pipeline.yaml (stage_loss: wait), shorter: the P100 stage is revoked at step 30; every stage
+    checkpoints on the notice, the two survivors wait (a pipeline needs every stage), and the replacement's stage
+    joins a 3-stage world that resumes from the notice's checkpoint (tests/test_torch_e2e.py's
+    test_a_pipeline_survives_the_revocation_of_a_stage, daemon-side)."""
+    spec = example_spec("local-pipeline", tmp_path, training={"train_steps": 120, "checkpoint_every": 60},
+                        provider={"schedule": [{"instance": "worker-1", "at_step": 30}]})
+    run = fast_forward(spec, tmp_path, monkeypatch)
+    summary, _, _ = _report(tmp_path, run)
+    assert summary["status"] == "succeeded" and summary["revocations"] == 1 and summary["replacements"] == 1, (
+        run.timeline())
+    notes = _notes(tmp_path)
+    kinds = [k for k, _, _ in notes]
+    assert "ckpt_on_notice" in kinds and "repartition" not in kinds and "shrink" not in kinds, run.timeline()
+    worlds = [r for k, r, _ in notes if k in ("world", "grow")]
+    assert [w.split(" at ")[0] for w in worlds] == ["world 0 -> 3", "world 3 -> 3"], run.timeline()
+    noticed = next(r for k, r, _ in notes if k == "ckpt_on_notice")
+    resumed = int(worlds[-1].split(" at step ")[1].split(";")[0])
+    assert resumed > 0 and f"at step {resumed}:" in noticed, (noticed, worlds)
+
+
 TRACE = data_dir() / "spot-availability" / "16-node" / "aws-08-27-2023_us-west-2c_v100_1.json"
 DEADLINE_S = 480
 
