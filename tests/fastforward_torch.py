@@ -149,7 +149,7 @@ class Rendezvous:
                 self.last_call = now + LAST_CALL_S
             if now < self.last_call:
                 return
-        members = sorted(waiting[:hi], key=lambda n: n.slot)
+        members = sorted([host, *[n for n in waiting if n is not host][:hi - 1]], key=lambda n: n.slot)
         self.waiting = [n for n in waiting if n not in members]
         self.last_call = None
         self.world = World(members)
