@@ -3,7 +3,8 @@ job replays a measured 16-node spot availability trace; when the trace's count f
 revokes the higher-ranked worker, the daemon's elastic policy (``decide.deadline_elastic``, the simulator's
 ``decide.elastic`` decision) keeps the survivor and tops up with on-demand as far as the deadline needs (or waits, where
 one spot VM is not expected to repay the restart measured), the world re-forms, and the job finishes by its deadline.
-``report`` names each membership."""
+``report`` names each membership. The extended tier (`.ci/run --extended`): its daemon side runs fast-forwarded in
+tests/test_ff_torch.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlalchemy import create_engine, text
 
 from orchestrator.model.paths import data_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 TRACE = data_dir() / "spot-availability" / "16-node" / "aws-08-27-2023_us-west-2c_v100_1.json"
 # From tick 2530 (5-minute ticks, 5 s here): 16 spot VMs for 25 s, then 1 for 10 s, none for 25 s, then 16 again.

@@ -2,8 +2,9 @@
 
 Kept as real-payload tests (issue 53), each for a payload contract: PyTorch drain, shrink and grow
 (shrinks_and_grows), a pipeline stage loss (survives the revocation of a stage), the own-script contract
-(own_script_runs_to_exit_zero). The resplit and re-partition tests stay too until the fast-forward stub speaks
-the PyTorch payload's protocol (world events, rebalance, stages); tests/fastforward.py speaks the TF one.
+(own_script_runs_to_exit_zero). The resplit and re-partition tests are the extended tier (`.ci/run --extended`):
+their daemon side runs fast-forwarded in tests/test_ff_torch.py (tests/fastforward_torch.py speaks the PyTorch
+payload's protocol: world events, rebalance, stages).
 
 - examples/local-torch-hetero.yaml (fewer steps): three emulated GPU types, a spot worker revoked; every
   rank checkpoints on the notice, the world shrinks 3 -> 2, the replacement joins and it grows 2 -> 3;
@@ -95,6 +96,7 @@ def test_missing_secret_fails_before_anything_is_created(tmp_path: Path) -> None
     assert "nothing was created" in out.stderr + out.stdout
 
 
+@pytest.mark.extended
 def test_a_running_job_resplits_when_a_worker_slows(tmp_path: Path) -> None:
     """examples/local-torch-resplit.yaml, shorter: worker 0 (the V100) slows 4x at step 30; the ranks time their
     own compute every 10 steps and move examples off it. `report --format json` lists each re-split. Worker 1
@@ -136,6 +138,7 @@ def test_a_pipeline_survives_the_revocation_of_a_stage(tmp_path: Path) -> None:
     assert processes_under(tmp_path) == []
 
 
+@pytest.mark.extended
 def test_a_pipeline_re_partitions_over_the_survivors_where_waiting_is_dearer(tmp_path: Path) -> None:
     """examples/local-pipeline-repartition.yaml, shorter: the P100 stage is revoked; waiting for its replacement is
     predicted dearer than going on over the V100 and the K80, so the controller records both options, replaces
