@@ -210,10 +210,11 @@ def _print_admitted(admitted: Admission, top: int) -> None:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if admitted.interval is not None:
         _print_interval(judged.result, admitted.interval)
-    if any(s.step_source == "measured" for s in admitted.sources):
+    if any(s.step_source == "measured" or s.through for s in admitted.sources):
         console.print("step times: " + "; ".join(
             f"{s.gpu} b{s.batch} {s.step_source}" + (f" (probe: {s.measured_step_s * 1e3:.1f} ms alone, "
                                                      f"{s.samples} windows)" if s.measured_step_s else "")
+            + (f" (through the probes of {', '.join(s.through)})" if s.through else "")
             + f" {s.step_low_s * 1e3:.1f} .. {s.step_high_s * 1e3:.1f} ms" for s in admitted.sources), highlight=False)
     if admitted.outlook is not None:
         from orchestrator.cli.deadline_cmd import print_outlook  # lazy: the availability simulator, deadline specs

@@ -2,12 +2,15 @@
 precision label at one batch, as a short run of the job itself measured it. A calibration carries them beside its
 fitted efficiencies (``Calibration.measured``) and the planner prefers them: a GPU with a measured point of this
 model is predicted through it (the fitted curve scaled to pass through the measurement, so the batch split and
-other batches keep the curve's shape), and its interval is the measurement's own spread."""
+other batches keep the curve's shape), and its interval is the measurement's own spread. A GPU not probed is
+predicted through the GPUs that were (``probed_ratio``: the model's measured speed over the cost model's, carried
+to it by the cost model's ratio of the two GPUs), with the cross-GPU model's held-out width of that question."""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -83,19 +86,81 @@ def measured_points(calibration: Calibration | None, gpu: str, runtime_key: str,
     return out
 
 
+def probed_gpus(calibration: Calibration | None, runtime_key: str, model: str) -> dict[str, dict[int, MeasuredStep]]:
+    """Every GPU with a measured point of this model under this label, with its measured batches."""
+    if calibration is None or not calibration.measured:
+        return {}
+    tail = f"/{runtime_key}/{model}"
+    out: dict[str, dict[int, MeasuredStep]] = {}
+    for key, value in calibration.measured.items():
+        parts = _split(key)
+        if parts is None or not parts[0].endswith(tail) or "/" in (gpu := parts[0][: -len(tail)]) or not gpu:
+            continue
+        out.setdefault(gpu, {})[parts[1]] = MeasuredStep.from_dict(value)
+    return out
+
+
+def _geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def measured_ratio(points: Mapping[int, MeasuredStep], predicted: Callable[[int], float | None]) -> float | None:
+    """The geometric mean of measured / predicted over one GPU's measured batches; None where none is usable."""
+    pairs = [(p.step_s, predicted(b)) for b, p in sorted(points.items())]
+    ratios = [m / q for m, q in pairs if m > 0 and q is not None and q > 0]
+    return _geomean(ratios) if ratios else None
+
+
+def probed_ratio(calibration: Calibration | None, runtime_key: str, model: str,
+                 predicted: Callable[[str, int], float | None],
+                 skip: str = "") -> tuple[float, dict[str, dict[int, MeasuredStep]]] | None:
+    """How far the model's own measured speed sits from the cost model's, over the GPUs probed (``skip`` left
+    out): per probed GPU A the geometric mean over its batches of measured(A) / predicted(A, batch), then the
+    geometric mean over the GPUs, each GPU one vote. A GPU B not probed is predicted as model(B) x this ratio:
+    with one probed GPU, measured(A) x model(B) / model(A), the cross-GPU transfer (``crossgpu.predict``); with
+    several, its geometric mean over them. ``predicted(gpu, batch)``: the model's step there (None: no
+    prediction of that GPU, which then does not vote). Returns (ratio, the points used), or None where no other
+    GPU was probed. Pure: bench/probe_transfer.py calls it on the public tables' rows."""
+    per_gpu: dict[str, float] = {}
+    used: dict[str, dict[int, MeasuredStep]] = {}
+    for gpu, points in sorted(probed_gpus(calibration, runtime_key, model).items()):
+        if gpu == skip.lower():
+            continue
+        r = measured_ratio(points, functools.partial(predicted, gpu))
+        if r is not None:
+            per_gpu[gpu], used[gpu] = r, points
+    return (_geomean(list(per_gpu.values())), used) if per_gpu else None
+
+
+def scaled(fn: StepFn, k: float) -> StepFn:
+    """The curve ``k`` times slower at every batch (t is homogeneous in its host and GPU parts)."""
+    f: Any = fn
+    out: StepFn = replace(f, host_s=f.host_s * k, c=f.c * k, m=f.m * k, w=f.w * k)
+    return out
+
+
 def through_measured(fn: StepFn, calibration: Calibration | None, gpu: str, runtime_key: str,
                      model: str) -> StepFn:
     """``fn`` scaled by the geometric mean of measured / predicted over this GPU's measured batches: the curve
-    passes through a single measured point exactly (t is homogeneous in its host and GPU parts), keeps its shape
-    in the batch, and is ``fn`` itself where nothing was measured."""
-    points = measured_points(calibration, gpu, runtime_key, model)
+    passes through a single measured point exactly, keeps its shape in the batch, and is ``fn`` itself where
+    nothing was measured."""
     f: Any = fn
-    ratios = [p.step_s / f.at(float(b)) for b, p in points.items() if p.step_s > 0 and f.at(float(b)) > 0]
-    if not ratios:
-        return fn
-    k = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    scaled: StepFn = replace(f, host_s=f.host_s * k, c=f.c * k, m=f.m * k, w=f.w * k)
-    return scaled
+    k = measured_ratio(measured_points(calibration, gpu, runtime_key, model), lambda b: float(f.at(float(b))))
+    return fn if k is None else scaled(fn, k)
+
+
+def through_probed(fn: StepFn, calibration: Calibration | None, gpu: str, runtime_key: str, model: str,
+                   curve_of: Callable[[str], StepFn | None]) -> tuple[StepFn, tuple[str, ...]]:
+    """``fn`` (this GPU's predicted curve) through the model's points measured on OTHER GPUs (``probed_ratio``),
+    with the GPUs it went through; ``fn`` and () where no other GPU was probed. ``curve_of(gpu)``: that GPU's
+    predicted curve, before any measurement (None: not predictable here)."""
+
+    def predicted(g: str, b: int) -> float | None:
+        c: Any = curve_of(g)
+        return None if c is None else float(c.at(float(b)))
+
+    found = probed_ratio(calibration, runtime_key, model, predicted, skip=gpu)
+    return (fn, ()) if found is None else (scaled(fn, found[0]), tuple(found[1]))
 
 
 def with_points(calibration: CalibT, points: Mapping[str, MeasuredStep], name: str,

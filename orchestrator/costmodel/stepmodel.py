@@ -20,6 +20,7 @@ transfer); a user's model with a machine fit falls back to its op-class step on 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,7 +52,7 @@ from orchestrator.costmodel.crossgpu import (
     none_interval,
 )
 from orchestrator.costmodel.machine_fit import OVERLAP, Fits, MachineFit, fit_for
-from orchestrator.costmodel.measured import through_measured
+from orchestrator.costmodel.measured import measured_points, probed_gpus, through_measured, through_probed
 from orchestrator.costmodel.memory import DEFAULT_MEMORY, MemoryParams, memory_bytes
 from orchestrator.costmodel.profiles import ModelProfile
 from orchestrator.costmodel.profiles.user import is_user_model
@@ -76,7 +77,23 @@ class StepModel(Protocol):
 
 def question_kind(model: str, gpu: str, runtime: str, calibration: Calibration) -> str:
     """Which held-out error stands for this step (``crossgpu`` interval): measured on this GPU, on another
-    GPU, nothing measured."""
+    GPU, nothing measured. A probe's point of the model counts as measured on its GPU; a GPU predicted through
+    the probes of other GPUs (:func:`transfers`) is a question of another GPU."""
+    if measured_points(calibration, gpu, runtime, model):
+        return "same-gpu"
+    kind = _calibrated_kind(model, gpu, runtime, calibration)
+    if kind != "same-gpu" and transfers(calibration) and probed_gpus(calibration, runtime, model):
+        return "other-gpu"
+    return kind
+
+
+def transfers(calibration: Calibration | None) -> bool:
+    """Whether a probe of one GPU moves the prediction of another: not on emulated GPUs, whose step is the host's
+    CPU work and a known sleep (``accounting.local_worker_steps``), not a ratio of two GPUs."""
+    return calibration is not None and not calibration.emulated
+
+
+def _calibrated_kind(model: str, gpu: str, runtime: str, calibration: Calibration) -> str:
     key, _ = calibration.lookup(gpu, runtime, model)
     measured = bool(calibration.points.get(key))
     if key.endswith(f"/{model}") and measured:
@@ -221,10 +238,53 @@ def step_fn(
     precision: str = "fp32",
 ) -> StepTimeFn:
     """The model's step curve on ``gpu`` from its cost-model step model (:func:`cost_step_model`), through a
-    probe's measured points where the calibration has any (``costmodel.measured``)."""
+    probe's measured points where the calibration has any on this GPU (``costmodel.measured``); else, where the
+    curve is a prediction (no figure of the model's own here) and other GPUs were probed, through theirs
+    (``measured.through_probed``: the model's measured speed replaces the profile's guess)."""
+    return probed_step_fn(model, gpu, calibration, catalog, runtime, precision)[0]
+
+
+def probed_step_fn(
+    model: str,
+    gpu: str,
+    calibration: Calibration | None = None,
+    catalog: Catalog | None = None,
+    runtime: str = DEFAULT_RUNTIME,
+    precision: str = "fp32",
+) -> tuple[StepTimeFn, tuple[str, ...]]:
+    """:func:`step_fn` with the probed GPUs it was predicted through (() where none: measured here, or nothing
+    measured elsewhere)."""
     chosen = cost_step_model(model, calibration, catalog, runtime=runtime)
     fn = chosen.curve(model, gpu, precision, runtime)
-    return through_measured(fn, calibration, chosen.gpu(gpu).key, runtime_key(runtime, precision), model)
+    key, rt = chosen.gpu(gpu).key, runtime_key(runtime, precision)
+    if calibration is None or measured_points(calibration, key, rt, model) or not transfers(calibration) \
+            or _calibrated_kind(model, key, rt, calibration) == "same-gpu":
+        return through_measured(fn, calibration, key, rt, model), ()
+
+    def curve_of(other: str) -> StepTimeFn | None:
+        try:
+            return chosen.curve(model, other, precision, runtime)
+        except KeyError:  # a GPU this catalog (or data/gpu_arch.csv) does not know: it does not vote
+            return None
+
+    return through_probed(fn, calibration, key, rt, model, curve_of)
+
+
+def probe_interval(model: str, gpu: str, batch: int, calibration: Calibration | None, runtime: str,
+                   eff: Efficiencies | None = None) -> float | None:
+    """The half-width of a step predicted through other GPUs' probes (:func:`probed_step_fn`): the cross-GPU
+    model's held-out width of another GPU at the same precision (data/crossgpu_intervals.csv), at the batch
+    distance of the nearest probed batch. None where the step is not predicted through probes."""
+    if calibration is None or not transfers(calibration) or measured_points(calibration, gpu, runtime, model):
+        return None
+    if _calibrated_kind(model, gpu, runtime, calibration) == "same-gpu":
+        return None
+    probed = [b for g, points in probed_gpus(calibration, runtime, model).items() if g != gpu.lower()
+              for b in points if b > 0]
+    if not probed:
+        return None
+    e = eff or load_efficiencies()
+    return e.width("other-gpu", min(abs(math.log2(b / batch)) for b in probed if b > 0))
 
 
 def step_time(

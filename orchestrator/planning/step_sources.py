@@ -1,7 +1,9 @@
 """Where each worker group's step time comes from: a probe's measurement of the point (``measured``, its interval
 the measurement's own spread) or the cost model (``predicted``, the plan's interval). `plan --format json` marks
-each group of the chosen cluster so; a plan whose every group is measured takes the widest measured spread as
-its interval (kind ``measured``) instead of the cross-GPU model's held-out error."""
+each group of the chosen cluster so; a predicted group on a GPU not probed, where other GPUs were, is predicted
+through them (``predicted_through`` names them) with the cross-GPU model's held-out width of that question. A
+plan whose every group is measured takes the widest measured spread as its interval (kind ``measured``) instead
+of the cross-GPU model's held-out error."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any
 from orchestrator.costmodel import Calibration, PlanResult
 from orchestrator.costmodel.batches import job_precision, job_runtime
 from orchestrator.costmodel.compute import runtime_key
-from orchestrator.costmodel.measured import measured_at
+from orchestrator.costmodel.measured import measured_at, probed_gpus
+from orchestrator.costmodel.stepmodel import probe_interval
 from orchestrator.model.spec import JobSpec
 
 
@@ -29,11 +32,14 @@ class StepSource:
     step_high_s: float
     measured_step_s: float | None = None  # the probe's own figure (one worker alone); None: predicted
     samples: int = 0
+    through: tuple[str, ...] = ()  # predicted through these probed GPUs (``stepmodel.probed_step_fn``)
 
     def to_dict(self) -> dict[str, Any]:
+        """``predicted_through`` only where there is one: a plan with no probe reads as before."""
         return {"gpu": self.gpu, "machine_type": self.machine_type, "batch": self.batch, "count": self.count,
                 "step_s": self.step_s, "step_source": self.step_source, "step_low_s": self.step_low_s,
-                "step_high_s": self.step_high_s, "measured_step_s": self.measured_step_s, "samples": self.samples}
+                "step_high_s": self.step_high_s, "measured_step_s": self.measured_step_s, "samples": self.samples,
+                **({"predicted_through": list(self.through)} if self.through else {})}
 
 
 def step_sources(spec: JobSpec, result: PlanResult, calibration: Calibration | None,
@@ -51,9 +57,12 @@ def step_sources(spec: JobSpec, result: PlanResult, calibration: Calibration | N
     for (gpu, machine, batch), steps in groups.items():
         step = steps[0]
         point = measured_at(calibration, gpu, rt, model, batch)
-        if point is None:
-            out.append(StepSource(gpu, machine, batch, len(steps), step, "predicted", step / (1 + relative),
-                                  step * (1 + relative)))
+        if point is None:  # through other GPUs' probes: the cross-GPU model's width of that question
+            through = probe_interval(model, gpu, batch, calibration, rt)
+            rel = relative if through is None else through
+            out.append(StepSource(gpu, machine, batch, len(steps), step, "predicted", step / (1 + rel),
+                                  step * (1 + rel), through=() if through is None else tuple(
+                                      g for g in probed_gpus(calibration, rt, model) if g != gpu.lower())))
             continue
         low, high = point.spread
         out.append(StepSource(gpu, machine, batch, len(steps), step, "measured", step * low, step * high,
