@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.control.driver import job_spec
 from orchestrator.model.availability import AvailabilityTraceError
 from orchestrator.model.spec import OnRevocation
+from orchestrator.model.spec import stored_spec as job_spec
 from orchestrator.sim.from_spec import SimSpecError
 from orchestrator.store import queries
 from orchestrator.store.models import Job, Metric

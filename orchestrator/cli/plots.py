@@ -16,9 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.cli.options import PLOT_FORMATS
-from orchestrator.control.driver import job_spec
 from orchestrator.costmodel.launch_plan import plan_spec
 from orchestrator.model.errors import UserError
+from orchestrator.model.spec import stored_spec as job_spec
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job, Metric
 

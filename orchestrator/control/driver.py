@@ -46,7 +46,7 @@ from orchestrator.decide.state import InstanceView, JobView, Observation
 from orchestrator.model import timings
 from orchestrator.model.blocks import blocked, provider_key
 from orchestrator.model.instances import ObservedInstance, ProcStatus, Role
-from orchestrator.model.spec import JobSpec, validate_spec
+from orchestrator.model.spec import JobSpec, stored_spec
 from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.providers.operations import Snapshot, SupportsSnapshots
 from orchestrator.providers.registry import Backend, backend_for
@@ -64,7 +64,7 @@ __all__ = ["LEASE_S", "DriverState", "claim", "drive", "ingest_metrics", "job_sp
 
 @functools.lru_cache(maxsize=512)
 def job_spec(spec_yaml: str) -> JobSpec:
-    return validate_spec(yaml.safe_load(spec_yaml))
+    return stored_spec(spec_yaml)
 
 
 def spec_to_yaml(spec: JobSpec) -> str:

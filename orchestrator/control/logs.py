@@ -7,9 +7,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from orchestrator.clock import WALL, Clock
-from orchestrator.control.driver import job_spec
 from orchestrator.control.execute import TASK
 from orchestrator.model.errors import UserError
+from orchestrator.model.spec import stored_spec as job_spec
 from orchestrator.model.status import FINAL_JOB
 from orchestrator.providers.registry import backend_for
 from orchestrator.store import queries

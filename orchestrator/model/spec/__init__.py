@@ -28,7 +28,7 @@ from orchestrator.model.spec.job import (
     SearchSpace,
     WorkerGroup,
 )
-from orchestrator.model.spec.load import load_spec, read_spec_document, spec_from_document, validate_spec
+from orchestrator.model.spec.load import load_spec, read_spec_document, spec_from_document, stored_spec, validate_spec
 from orchestrator.model.spec.provider import (
     SSH_USER_PATTERN,
     GceProvider,
@@ -78,6 +78,7 @@ __all__ = [
     "load_spec",
     "read_spec_document",
     "spec_from_document",
+    "stored_spec",
     "parse_duration",
     "validate_spec",
 ]

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from orchestrator.model.availability import AvailabilityTraceError, load_trace
@@ -176,3 +177,8 @@ def _local_paths(spec: JobSpec, base: Path) -> tuple[JobSpec, list[FieldError]]:
         files = [resolve_under(base, f) for f in spec.training.files]
         update["training"] = spec.training.model_copy(update={"files": files})
     return (spec.model_copy(update=update) if update else spec), errors
+
+
+def stored_spec(spec_yaml: str) -> JobSpec:
+    """A job's spec as the results DB stores it (``jobs.spec_yaml``: checked when the job was created)."""
+    return validate_spec(yaml.safe_load(spec_yaml))
