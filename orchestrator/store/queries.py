@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import delete, func, or_, select, text
 from sqlalchemy.orm import Session, selectinload
 
 from orchestrator.clock import WALL, Clock
@@ -295,11 +295,12 @@ def latest_worker_rates(session: Session, job_id: str) -> dict[int, float]:
     return {int(w): float(e or 0.0) for w, e in rows}
 
 
-def step_time_measurements(session: Session, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
-    """Measured per-worker step times of finished jobs, labelled as the workers reported them: rows with model,
-    gpu, batch (the batch each GPU ran: a multi-GPU node's over its GPUs), runtime, precision, step_time_s (its own
-    compute per step where it timed it alone: in synchronous training the window's step time is the slowest
-    rank's), emulated.
+def step_time_measurements(session: Session, job_ids: list[str] | None = None,
+                           running: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Measured per-worker step times of finished jobs (and of the ``running`` ones so far), labelled as the workers
+    reported them: rows with model, gpu, batch (the batch each GPU ran: a multi-GPU node's over its GPUs), runtime,
+    precision, step_time_s (its own compute per step where it timed it alone: in synchronous training the window's
+    step time is the slowest rank's), emulated.
 
     A job whose workers reported more than one runtime / precision label, or none that the payload implies, is
     left out and named in a row of its own (``refused``): its points cannot be fitted under one label."""
@@ -307,7 +308,7 @@ def step_time_measurements(session: Session, job_ids: list[str] | None = None) -
                 func.avg(func.coalesce(Metric.compute_s, Metric.step_time_s)), func.count())
          .join(Job, Job.id == Metric.job_id)
          .where(Metric.kind == "worker", Metric.step_time_s.is_not(None), Metric.gpu.is_not(None),
-                Job.status == "succeeded")
+                or_(Job.status == "succeeded", Job.id.in_(list(running))))
          .group_by(Job.id, Job.spec_yaml, Metric.gpu, Metric.batch, Metric.gpus, Metric.runtime, Metric.precision))
     if job_ids is not None:
         q = q.where(Job.id.in_(job_ids))
@@ -372,6 +373,17 @@ def save_plan(session: Session, spec_name: str, chosen: dict[str, Any], candidat
     return plan.id
 
 
+def planned_worker_groups(session: Session, job_id: str) -> list[dict[str, Any]]:
+    """The worker groups of the plan stored with the job at launch (``worker_groups`` of its newest Plan row:
+    planning.step_sources.StepSource's dicts, each group's step and interval); [] when none was stored."""
+    text_ = session.scalar(select(Plan.chosen).where(Plan.job_id == job_id).order_by(Plan.id.desc()).limit(1))
+    try:
+        groups = json.loads(text_ or "{}").get("worker_groups") or []
+    except (ValueError, AttributeError):
+        return []
+    return [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+
+
 def save_intent(session: Session, job_id: str, plan: LaunchPlan, now: float | None = None) -> int:
     """Record ``plan`` as the job's desired state: the next revision, in force from now on (flushed)."""
     last = session.scalar(select(func.max(Intent.revision)).where(Intent.job_id == job_id)) or 0
@@ -412,6 +424,21 @@ def save_calibration(session: Session, name: str, source: str, params: dict[str,
     session.add(row)
     session.flush()
     return row.id
+
+
+def replace_calibration(session: Session, name: str, source: str, params: dict[str, Any]) -> int:
+    """Store a calibration as the one row of ``source`` (a running job's own fold: each fold replaces its last),
+    stamped now: the newest, as a new row would be."""
+    row = session.scalar(select(Calibration).where(Calibration.source == source).order_by(Calibration.id).limit(1))
+    if row is None:
+        return save_calibration(session, name, source, params, None)
+    row.name, row.params, row.created_at = name, json.dumps(params), clock_of(session).time()
+    session.flush()
+    return row.id
+
+
+def drop_calibrations(session: Session, source: str) -> None:
+    session.execute(delete(Calibration).where(Calibration.source == source))
 
 
 def load_calibration(session: Session, calibration_id: int) -> dict[str, Any]:
