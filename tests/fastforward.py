@@ -30,6 +30,7 @@ import fastforward_torch  # tests/: the PyTorch payload's protocol (it imports t
 import pytest
 import yaml
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from orchestrator.clock import VirtualClock
 from orchestrator.control import daemon
@@ -214,11 +215,24 @@ class _Chief:
         """Seconds a global step takes now (None: no worker to run one): sync, the slowest; async, their rates."""
         cfg = self.stub.config
         if cfg.mode == "sync":
-            return self.stub.config.step_sleep_s + COMPUTE_S
+            return max(self.compute_s().values(), default=cfg.step_sleep_s + COMPUTE_S)
         workers = {t.config.index: t for t in self.transport.peers(cfg.job_id) if t.config.role == "worker"}
         now = self.transport.vclock.time()
         rates = [1.0 / (t.config.step_sleep_s + COMPUTE_S) for t in workers.values() if t.stepping(now)]
         return 1.0 / sum(rates) if rates else None
+
+    def compute_s(self) -> dict[int, float]:
+        """A sync PyTorch world's own compute per step of each worker (its emulated GPU, slowed where the spec's
+        ``provider.slowdowns`` say from their step on); {} for any other job (its chief's GPU sets the pace)."""
+        cfg = self.stub.config
+        if cfg.mode != "sync" or cfg.torch is None:
+            return {}
+        out = {}
+        for t in self.transport.peers(cfg.job_id):
+            if t.config.role == "worker" and t.alive:
+                slow = [f for at, f in (t.config.torch.slowdowns if t.config.torch else ()) if self.step >= at]
+                out[t.config.index] = t.config.step_sleep_s * (slow[-1] if slow else 1.0) + COMPUTE_S
+        return out
 
     def live_workers(self) -> set[int]:
         """The worker indices that step now (sync: every one, the world steps together)."""
@@ -290,10 +304,11 @@ class _Chief:
             if step % t.log_every == 0 or step == t.train_steps:
                 batch = sum(t.batch_per_worker)
                 pace = self.step_s() or 1.0
+                own = self.compute_s()  # a PyTorch rank times its own compute too (compute_s)
                 self.write({"kind": "step", "step": step, "loss": 1.0 / (1 + step / 100),
                             "examples_per_s": batch / pace, "steps_per_s": 1.0 / pace, "window_s": window_s,
                             "workers": {str(i): {"steps": t.log_every, "examples_per_s": b / pace,
-                                                 "step_time_s": pace}
+                                                 "step_time_s": pace, **({"compute_s": own[i]} if i in own else {})}
                                         for i, b in enumerate(t.batch_per_worker) if i in self.live_workers()}})
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.train_steps:
                 self.step, at = float(step), self.step
@@ -333,16 +348,21 @@ def spec_of(raw: str | dict[str, Any]) -> JobSpec:
 
 
 def fast_forward(spec: JobSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, interval_s: float = 2.0,
-                 max_s: float = 6 * 3600, restart_daemon_at: float | None = None) -> Run:
+                 max_s: float = 6 * 3600, restart_daemon_at: float | None = None,
+                 recorded: Callable[[Session, str], None] | None = None) -> Run:
     """Launch ``spec`` (local provider) and drive it with the daemon's pass loop on a virtual clock until it ends.
     ``restart_daemon_at``: virtual seconds after the launch at which the daemon is killed between two passes (its
-    in-process state lost: its provider, its caches) and started again at once, as the same daemon."""
+    in-process state lost: its provider, its caches) and started again at once, as the same daemon. ``recorded``:
+    called with the session and the job's id once the job is recorded, before the daemon's first pass (what a
+    launch stores beside the job: control.launcher.record_plan)."""
     clock = VirtualClock()
     with _home(tmp_path, monkeypatch):
         transport, hosts = StubTransport(clock), ThreadHosts(clock)
         _install(spec, clock, transport, hosts)
         with open_session(clock=clock) as session:
             job_id = create_job(session, spec).id
+            if recorded is not None:
+                recorded(session, job_id)
         t0 = clock.time()
 
         def ended() -> bool:

@@ -55,7 +55,7 @@ def launch(
 
     judged = admitted.judged
     launch_job(judged.spec, judged.planned, judged.plan, detach=detach, poll_s=poll,
-               reporter=ConsoleReporter(quiet=quiet))
+               reporter=ConsoleReporter(quiet=quiet), groups=admitted.sources)
 
 
 def status(

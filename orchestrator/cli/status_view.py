@@ -8,6 +8,7 @@ from typing import Any
 from orchestrator.cli.listing import Col, print_csv, print_json, print_table
 from orchestrator.cli.render import console, duration, money, pct
 from orchestrator.clock import WALL
+from orchestrator.control.live_pace import pace_excursions
 from orchestrator.model.errors import UserError
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
@@ -66,16 +67,19 @@ def print_job(ref: str, fmt: str) -> None:
             evs.append({"at": e.at, "entity": e.entity, "slot": slot, "instance": name, "from": e.from_status,
                         "to": e.to_status, "reason": e.reason})
         step, eps = queries.latest_step(session, found.id)
+        pace = pace_excursions(session, found.id)  # the daemon's decision (control/live_pace.py), shown here
         head = (f"{found.id} {found.status}" + (f" ({found.status_reason})" if found.status_reason else "")
                 + f": step {step}/{found.train_steps}, {eps or 0:.1f} examples/s at its last log, cost so far "
                 f"{money(summary['cost_usd'])}" + (f", accuracy {pct(found.accuracy)}" if found.accuracy else ""))
     if fmt == "json":
-        print_json({"summary": summary, "instances": instances, "events": evs})
+        print_json({"summary": summary, "instances": instances, "events": evs, "pace_outside_plan": pace})
         return
     if fmt == "csv":
         print_csv(instances, keys=INSTANCE_KEYS)
         return
     console.print(head, highlight=False, markup=False)  # word-wrapped: the id comes first, whole
+    for reason in pace:
+        console.print(f"pace outside the plan: {reason}", highlight=False, markup=False)
     print_table("instances", [Col("name", whole=True), Col("slot"), Col("gpu"), Col("bill"), Col("$/h", right=True),
                               Col("status"), Col("ended", floor=0)],
                 [[i["name"], i["slot"], i["gpu"] or "—", "spot" if i["spot"] else "od", f"{i['price_per_hour']:.4f}",

@@ -35,6 +35,7 @@ from orchestrator.control.execute import TASK, JobContext, execute
 from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
+from orchestrator.control.live_pace import LiveWatch
 from orchestrator.control.torch_task import torch_view
 from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.launch_plan import LaunchPlan
@@ -84,6 +85,7 @@ class DriverState:
     deadline: DeadlineCache = field(default_factory=DeadlineCache)  # the deadline jobs' plans and spot history
     inflight: dict[str, Future[None]] = field(default_factory=dict)  # backend key -> its group's work still running
     reported: dict[str, int] = field(default_factory=dict)  # backend key -> its listing's failed attempt reported
+    live: LiveWatch = field(default_factory=LiveWatch)  # the running jobs' last look at their step times
     _pool: ThreadPoolExecutor | None = None
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
@@ -157,7 +159,8 @@ def _drive_group(session: Session, backend: Backend, group: list[tuple[str, str 
                 job = reads.jobs.get(job_id)
                 if job is None or job.lease_token != token:
                     continue  # taken over since the claim
-                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at, reads, state.deadline)
+                drive(session, job, backend, by_job.get(job_id, {}), snapshot.started_at, reads, state.deadline,
+                      state.live)
                 job_recovered(session, job)
             except LeaseLost as exc:
                 session.rollback()
@@ -225,15 +228,19 @@ class GroupReads:
 
 
 def drive(session: Session, job: Job, backend: Backend, observed: dict[str, ObservedInstance],
-          seen_at: float | None = None, reads: GroupReads | None = None, cache: DeadlineCache | None = None) -> None:
+          seen_at: float | None = None, reads: GroupReads | None = None, cache: DeadlineCache | None = None,
+          live: LiveWatch | None = None) -> None:
     """One job's pass; ``seen_at``: when the listing ``observed`` comes from began; ``reads``: the group's;
-    ``cache``: the driver's deadline cache (``DriverState.deadline``; None: planned afresh)."""
+    ``cache``: the driver's deadline cache (``DriverState.deadline``; None: planned afresh); ``live``: its last
+    look at the running jobs' step times (``DriverState.live``; None: no look)."""
     reads = reads or GroupReads.load(session, [job.id])
     spec = job_spec(job.spec_yaml)
     plan = reads.plans.get(job.id) or queries.job_plan(session, job, spec)  # the desired state stored at launch
     slots = list(plan.slots)
     storage = _open_storage(job)
     result, result_error = _ingest(session, job, storage, slots)
+    if live is not None:  # the step times just read: the pace against the plan, the calibration (live_pace.py)
+        live.look(session, job, spec, slots, backend.clock.time())
     ctx = JobContext(session, job, spec, slots, backend, storage, observed, emulation(spec),
                      blocks=reads.blocks(session, spec) if spec.provider.is_cloud else None, starts=reads.starts)
     if isinstance(storage, UnusableStorage):

@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -34,6 +35,7 @@ from orchestrator.store.models import Event, Job
 
 if TYPE_CHECKING:
     from orchestrator.costmodel import PlanResult
+    from orchestrator.planning.step_sources import StepSource
 
 log = logging.getLogger(__name__)
 
@@ -119,23 +121,34 @@ def _insert_job(session: Session, spec: JobSpec, plan: LaunchPlan) -> Job:
     return job
 
 
+def record_plan(session: Session, job_id: str, spec: JobSpec, planned: PlanResult | None,
+                groups: Sequence[StepSource] = ()) -> None:
+    """What the planner chose and the front it chose from (a search), with each worker group's planned step and
+    interval (``worker_groups``); nothing when there is neither."""
+    if planned is None and not groups:
+        return
+    result = planned.to_dict() if planned is not None else {}
+    chosen = {**(result.get("chosen") or {}), **({"worker_groups": [g.to_dict() for g in groups]} if groups else {})}
+    queries.save_plan(session, spec.name, chosen, result.get("front") or [], job_id)
+    session.commit()
+
+
 def owner_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}"[:64]
 
 
 def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | None = None, *, detach: bool,
-               poll_s: float, reporter: LaunchReporter | None = None) -> str:
+               poll_s: float, reporter: LaunchReporter | None = None, groups: Sequence[StepSource] = ()) -> str:
     """Record the job with ``plan`` (the spec's one expansion, as the dry run and quota check saw it) and,
     unless detached, drive it here until it ends. The spec was admitted (planning.admission: its provider's
-    set-up checked) before: a refusal leaves nothing behind."""
+    set-up checked) before: a refusal leaves nothing behind. ``groups``: each planned worker group's step and
+    interval, stored with the plan (the daemon holds the workers' measured pace to them: live_pace.py)."""
     reporter = reporter or LogReporter()
     plan = plan or plan_spec(spec)
     with open_session() as session:
         job = create_job(session, spec, plan)
         job_id = job.id
-        if planned is not None:  # what the planner chose, and the front it chose from
-            result = planned.to_dict()
-            queries.save_plan(session, spec.name, result.get("chosen") or {}, result.get("front") or [], job_id)
+        record_plan(session, job_id, spec, planned, groups)
     reporter.recorded(job_id, plan, spec.provider.kind, detach=detach)
     if not detach:
         drive_foreground(job_id, poll_s=poll_s, reporter=reporter)

@@ -84,11 +84,11 @@ def admit(spec_path: Path, options: AdmitOptions) -> Admission:
             warnings = (*warnings, quotas.unread)
         if options.verb == "launch":
             refuse_short_quota(quotas)
+            # stored with the job: the daemon holds each worker's measured pace to its group's interval
+            interval, sources = _interval(judged, calibration)
+            return Admission(judged, calibration, load, warnings, quotas, interval, None, sources)
         return Admission(judged, calibration, load, warnings, quotas)
-    interval = plan_interval(judged.result, calibration or DEFAULT_CALIBRATION, job_runtime(judged.spec.training),
-                             job_precision(judged.spec.training))
-    sources = step_sources(judged.spec, judged.result, calibration, interval["relative"] if interval else 0.0)
-    interval = measured_interval(interval, sources, judged.result)  # every group probed: the probes' spread
+    interval, sources = _interval(judged, calibration)
     if options.verb == "probe":
         return Admission(judged, calibration, load, warnings, None, interval, None, sources)
     from orchestrator.planning.outlook import deadline_outlook  # lazy: the availability simulator, deadline specs
@@ -104,6 +104,15 @@ def read_spec(spec_path: Path, profile: Callable[[Any, Path], None] | None = Non
     if profile is not None:  # the factory runs in a child process without the controller's secrets
         profile(document, spec_path.resolve().parent)
     return spec_from_document(document, spec_path)
+
+
+def _interval(judged: Judged, calibration: Calibration | None
+              ) -> tuple[dict[str, Any] | None, tuple[StepSource, ...]]:
+    """The plan's prediction interval and each chosen worker group's step with its interval."""
+    interval = plan_interval(judged.result, calibration or DEFAULT_CALIBRATION, job_runtime(judged.spec.training),
+                             job_precision(judged.spec.training))
+    sources = step_sources(judged.spec, judged.result, calibration, interval["relative"] if interval else 0.0)
+    return measured_interval(interval, sources, judged.result), sources  # every group probed: the probes' spread
 
 
 def _calibration(spec: JobSpec, options: AdmitOptions) -> tuple[Calibration | None, tuple[str, ...]]:
