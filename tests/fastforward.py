@@ -215,24 +215,11 @@ class _Chief:
         """Seconds a global step takes now (None: no worker to run one): sync, the slowest; async, their rates."""
         cfg = self.stub.config
         if cfg.mode == "sync":
-            return max(self.compute_s().values(), default=cfg.step_sleep_s + COMPUTE_S)
+            return self.stub.config.step_sleep_s + COMPUTE_S
         workers = {t.config.index: t for t in self.transport.peers(cfg.job_id) if t.config.role == "worker"}
         now = self.transport.vclock.time()
         rates = [1.0 / (t.config.step_sleep_s + COMPUTE_S) for t in workers.values() if t.stepping(now)]
         return 1.0 / sum(rates) if rates else None
-
-    def compute_s(self) -> dict[int, float]:
-        """A sync PyTorch world's own compute per step of each worker (its emulated GPU, slowed where the spec's
-        ``provider.slowdowns`` say from their step on); {} for any other job (its chief's GPU sets the pace)."""
-        cfg = self.stub.config
-        if cfg.mode != "sync" or cfg.torch is None:
-            return {}
-        out = {}
-        for t in self.transport.peers(cfg.job_id):
-            if t.config.role == "worker" and t.alive:
-                slow = [f for at, f in (t.config.torch.slowdowns if t.config.torch else ()) if self.step >= at]
-                out[t.config.index] = t.config.step_sleep_s * (slow[-1] if slow else 1.0) + COMPUTE_S
-        return out
 
     def live_workers(self) -> set[int]:
         """The worker indices that step now (sync: every one, the world steps together)."""
@@ -304,11 +291,10 @@ class _Chief:
             if step % t.log_every == 0 or step == t.train_steps:
                 batch = sum(t.batch_per_worker)
                 pace = self.step_s() or 1.0
-                own = self.compute_s()  # a PyTorch rank times its own compute too (compute_s)
                 self.write({"kind": "step", "step": step, "loss": 1.0 / (1 + step / 100),
                             "examples_per_s": batch / pace, "steps_per_s": 1.0 / pace, "window_s": window_s,
                             "workers": {str(i): {"steps": t.log_every, "examples_per_s": b / pace,
-                                                 "step_time_s": pace, **({"compute_s": own[i]} if i in own else {})}
+                                                 "step_time_s": pace}
                                         for i, b in enumerate(t.batch_per_worker) if i in self.live_workers()}})
             if t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.train_steps:
                 self.step, at = float(step), self.step
