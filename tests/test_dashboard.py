@@ -1,8 +1,8 @@
-"""`orchestrator dashboard` on a real finished local job, looked at in headless Chromium (Debian's chromium)."""
+"""`orchestrator dashboard` on a finished local job (fast-forwarded: the real daemon on a virtual clock), looked at in
+headless Chromium (Debian's chromium)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import struct
@@ -14,15 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from orchestrator_testing.processes import stop
-from tests.e2e_helpers import REPO, cli, tiny_spec
+from tests.e2e_helpers import REPO, tiny_spec
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# A real TensorFlow launch (the module fixture: once per run, shared by the pytest-xdist workers).
-pytestmark = pytest.mark.slow
 SAVE_ENV = "ORCHESTRATOR_SAVE_SCREENSHOT"  # set to a path (e.g. docs/dashboard.png) to keep the screenshot
 
 
@@ -41,29 +38,18 @@ def browse(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def finished_local_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str]]:
-    """One launch for the whole run: under pytest-xdist the first worker to get here launches, in the run's
-    shared temporary directory, and the others wait on the lock and read the same finished job."""
-    xdist = "PYTEST_XDIST_WORKER" in os.environ
-    shared = tmp_path_factory.getbasetemp().parent if xdist else tmp_path_factory.mktemp("dash")
-    root = shared / "dash-job"
-    env = {"ORCHESTRATOR_HOME": str(root / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{root / 'results.db'}"}
-    with (shared / "dash-job.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "outcome").exists():
-            root.mkdir()
-            spec = root / "job.yaml"
-            spec.write_text(tiny_spec("dash", root / "runs", schedule=[("worker-0", 40)], steps=160))
-            try:
-                out = cli("launch", str(spec), "--quiet", env=env, timeout=500)
-                outcome = f"exit {out.returncode}\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
-            except subprocess.TimeoutExpired as exc:
-                outcome = f"launch timed out: {exc}"
-            (root / "outcome").write_text(outcome)  # the other workers read it rather than launch again
-    outcome = (root / "outcome").read_text()
-    assert outcome.startswith("exit 0\n"), outcome
-    with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
-        job_id = conn.execute(text("SELECT id FROM jobs")).scalar_one()
-    yield env, job_id
+    """A local job with a revocation, driven by the real daemon's passes on the virtual clock (tests/fastforward.py):
+    its results DB and storage as a launch leaves them, in seconds. The real launch's own rows are the README demo's
+    test (tests/test_local_e2e.py), which also reads an instance's log back from storage."""
+    from tests.fastforward import fast_forward, spec_of
+
+    root = tmp_path_factory.mktemp("dash")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run = fast_forward(spec_of(tiny_spec("dash", root / "runs", schedule=[("worker-0", 40)], steps=160)), root,
+                           monkeypatch)
+    assert run.job["status"] == "succeeded", run.timeline()
+    env = {"ORCHESTRATOR_HOME": str(root / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{root}/results.db"}
+    yield env, run.job["id"]
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +155,6 @@ def test_the_cluster_column_breaks_between_parts_never_inside_one(quick_dashboar
     assert browse(base, f"--screenshot={shot}", "--window-size=700,400").returncode == 0 and shot.exists()
     if os.environ.get(SAVE_ENV):
         shutil.copyfile(shot, Path(os.environ[SAVE_ENV]).with_name("dashboard-narrow.png"))
-
-
-def test_instance_log_is_kept_in_storage(finished_local_job: tuple[dict[str, str], str]) -> None:
-    env, job_id = finished_local_job
-    out = cli("logs", job_id, "--instance", "worker-1", "-n", "5", env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"# {job_id}-worker-1-0 (deleted): the log kept in the job's storage")
 
 
 def test_pages_of_a_running_job_refresh_themselves(tmp_path: Path) -> None:

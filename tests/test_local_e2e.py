@@ -65,6 +65,9 @@ def test_local_job_survives_a_revocation(tmp_path: Path) -> None:
     rep = cli("report", "--format", "json", env=env)
     assert json.loads(rep.stdout)[0]["revocations"] >= 1
     assert "revoked" in cli("logs", summary["job_id"], env=env).stdout
+    out = cli("logs", summary["job_id"], "--instance", "worker-1", "-n", "5", env=env)  # its log, kept in storage
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"# {summary['job_id']}-worker-1-0 (deleted): the log kept in the job's storage")
 
 
 @pytest.mark.extended
