@@ -2,7 +2,7 @@
 
 Prints:
   1. each emulated GPU type's standalone examples/s and the measured speed ratio (vs K80), next to the
-     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.costmodel.emulation);
+     ratio the emulation is built from (measured ResNet-32 step times, orchestrator.providers.local.emulation);
   2. a 3-speed cluster's examples/s relative to the sum of its workers' standalone examples/s, for
      async parameter-server training, and for synchronous training with an equal split and with the
      split proportional to the emulated (measured) speeds.
@@ -74,9 +74,10 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> None:
-    from orchestrator.costmodel.emulation import emulated_step_s
     from orchestrator.costmodel.slots import worker_batches
     from orchestrator.model.spec import validate_spec
+    from orchestrator.providers.local.emulation import emulated_step_s
+    from orchestrator.providers.local.step_model import step_model_for
 
     alone: dict[str, float] = {}
     for g in GPUS:
@@ -88,9 +89,10 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
         print(f"  {g:5} {alone[g]:11.1f} {alone[g] / alone['k80']:15.2f} "
               f"{emulated_step_s('k80', 128, 1.0) / emulated_step_s(g, 128, 1.0):15.2f}")
     total = sum(alone.values())
-    split = worker_batches(validate_spec({
+    three = validate_spec({
         "name": "x", "provider": {"kind": "local"}, "training": {"mode": "sync", "global_batch": 96},
-        "cluster": {"parameter_servers": {"count": 0}, "workers": [{"gpu": g} for g in GPUS]}}))
+        "cluster": {"parameter_servers": {"count": 0}, "workers": [{"gpu": g} for g in GPUS]}})
+    split = worker_batches(three, steps=step_model_for(three))
     runs = [
         ("async PS (batch 32 each)", "async", "batch_per_worker: 32"),
         ("sync, equal split [32, 32, 32]", "sync", "batch_per_worker: 32"),

@@ -38,6 +38,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from orchestrator.costmodel.accounting import RunAccounting, fit_local_host  # noqa: E402
+from orchestrator.providers.local.step_model import step_model_for  # noqa: E402
 from orchestrator.store.queries import local_run_timings  # noqa: E402
 from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 
@@ -95,7 +96,7 @@ def measure(tmp: Path) -> dict[str, float]:
         steps = ", ".join(f"{w['gpu']} b{w['batch']} {w['step_time_s']:.3f}" for w in run["runs"][0]["workers"])
         print(f"baseline of {demo.name} (emulation off, no revocations): wall {run['report']['wall_time_s']:.1f} s, "
               f"worker steps {steps} s")
-    host = fit_local_host(runs)
+    host = fit_local_host(runs, step_model_for)
     host["checkpoint_s"], host["torch_checkpoint_s"] = ckpts[0], ckpts[1]  # DEMOS: TensorFlow, then PyTorch
     print(f"  -> CPU step alone: TensorFlow {host['cpu_step_s']:.3f} s (resnet_cifar_15, batch 32), PyTorch "
           f"{host['torch_cpu_step_s']:.3f} s (resnet_tiny, batch 32); start-up {host['startup_s']:.1f} / "

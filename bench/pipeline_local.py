@@ -6,9 +6,9 @@ launched for real three times: ``partition: mini-max`` (stages sized to each GPU
 (as many units each, the heterogeneity-blind baseline) and ``parallelism: data`` (DDP, the same global batch).
 
 The prediction is the partitioner's ``(micro-batches + stages - 1) x slowest stage``, where a stage's time comes
-from the emulated GPUs' measured step curves (costmodel/emulation.py, from data/measurements) and this host's CPU step
-(data/local_host.csv), spread over the stage's layers by FLOPs. The measurement is the median window step time of
-the real run (torch.distributed.pipelining over gloo, real sleeps, real CPU), after its first 20 steps; no
+from the emulated GPUs' measured step curves (providers/local/emulation.py, from data/measurements) and this host's
+CPU step (data/local_host.csv), spread over the stage's layers by FLOPs. The measurement is the median window step
+time of the real run (torch.distributed.pipelining over gloo, real sleeps, real CPU), after its first 20 steps; no
 figure of a run is fitted to another. The host is shared: the load average at each start is printed.
 
     python bench/pipeline_local.py [--steps N]
@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.costmodel.pipeline_plan import plan_pipeline  # noqa: E402
 from orchestrator.model.spec import validate_spec  # noqa: E402
+from orchestrator.providers.local.step_model import step_model_for  # noqa: E402
 from orchestrator_testing.bench_cli import orchestrator  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "local-pipeline.yaml"
@@ -56,7 +57,7 @@ def run(doc: dict[str, Any], home: Path) -> dict[str, Any]:
 def predicted(doc: dict[str, Any]) -> float:
     spec = validate_spec(doc)
     workers = [(i, g["gpu"], "local") for i, g in enumerate(doc["cluster"]["workers"])]
-    found = plan_pipeline(spec, workers, doc["training"]["global_batch"])
+    found = plan_pipeline(spec, workers, doc["training"]["global_batch"], steps=step_model_for(spec))
     assert found is not None
     return found.step_s
 

@@ -11,7 +11,7 @@ batch 96), shortened, with worker 0 (the V100) slowing 2x at ``--slow-at``, is l
    between each pair of ranks). It knows the slowdown before it happens: the static split the re-split races.
 
 What is emulated and what is held out (printed with the table):
-- Each worker's GPU is a sleep per step (orchestrator/costmodel/emulation.py): the measured H100 ResNet-32 batch
+- Each worker's GPU is a sleep per step (orchestrator/providers/local/emulation.py): the measured H100 ResNet-32 batch
   curve (data/measurements) read at the batch of equal work, with each GPU's step at batch 128 from the ICAC'19
   traces, so a K80 / P100 / V100 step grows with its batch and falls to the per-step overhead at a small one.
   The real CPU forward + backward of each rank's slice runs on top, on this shared host.
@@ -101,7 +101,7 @@ def neighbours(split: list[int], move: int) -> list[list[int]]:
 
 def emulated_table(base: dict[str, Any], gpus: list[str]) -> str:
     """The emulation's seconds per step by batch (what the policy never reads), for the output."""
-    from orchestrator.costmodel.emulation import emulated_step_s
+    from orchestrator.providers.local.emulation import emulated_step_s
 
     k80 = float(base["provider"]["emulation_k80_step_s"])
     ref = base["training"]["global_batch"] / len(gpus)

@@ -13,17 +13,18 @@ import pytest
 import yaml
 
 from orchestrator.costmodel.calibration import load_measurements
-from orchestrator.costmodel.emulation import (
+from orchestrator.costmodel.slots import expand
+from orchestrator.model.paths import data_dir
+from orchestrator.model.spec import validate_spec
+from orchestrator.planning.local_run import plan_job as plan
+from orchestrator.providers.local.emulation import (
     curve_s,
     emulated_step_s,
     emulation_sleep,
     reference_batch,
     reference_step_s,
 )
-from orchestrator.costmodel.slots import expand
-from orchestrator.model.paths import data_dir
-from orchestrator.model.spec import validate_spec
-from orchestrator.planning.local_run import plan_job as plan
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.sim.engine import NoRevocations, ScheduleLifetimes, simulate
 from orchestrator.sim.from_spec import cluster_from_spec
 
@@ -64,7 +65,7 @@ def test_ratios_come_from_measurements_with_their_source() -> None:
 
 
 def test_emulation_does_not_use_the_cost_model() -> None:
-    tree = ast.parse((REPO / "orchestrator" / "costmodel" / "emulation.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "providers" / "local" / "emulation.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "collections.abc", "dataclasses", "orchestrator.model.catalog",
                         "orchestrator.model.paths", "orchestrator.model.spec"}  # no cost model, not even its reader
@@ -74,7 +75,7 @@ def test_a_compute_bound_gpu_steps_longer_with_its_batch() -> None:
     """A K80 / P100 / V100 at batch 128 is far above the H100's ~13 ms overhead floor: the emulation reads the
     H100 curve at the batch of equal work, so its step grows with its batch, and at a small batch it falls to
     that floor. At the reference batch each GPU sleeps its measured ratio to the K80."""
-    from orchestrator.costmodel.emulation import equivalent_batch
+    from orchestrator.providers.local.emulation import equivalent_batch
 
     for gpu in ("k80", "p100", "v100"):
         t = reference_step_s(gpu).step_s
@@ -94,6 +95,37 @@ def test_a_pinned_split_emulates_the_same_gpus_as_the_global_batch_it_sums_to() 
     as_global, as_split = emulation_sleep(validate_spec(doc)), emulation_sleep(validate_spec(split))
     assert reference_batch(validate_spec(split)) == reference_batch(validate_spec(doc)) == 32
     assert as_split("v100", 28) == as_global("v100", 28) and as_split("k80", 18) == as_global("k80", 18)
+
+
+def test_the_local_providers_step_model_is_the_emulation_and_a_clouds_the_cost_models() -> None:
+    """One step-model interface: a local spec's is the emulation (providers/local), sleeping what its workers sleep
+    and splitting by the measured speeds; a cloud spec's is the cost model's, with no emulation."""
+    from orchestrator.costmodel.stepmodel import CalibratedStep
+    from orchestrator.providers.local.step_model import EmulatedStep
+
+    doc = yaml.safe_load((REPO / "examples" / "local-torch-resplit.yaml").read_text())
+    spec = validate_spec(doc)
+    steps = step_model_for(spec)
+    assert isinstance(steps, EmulatedStep) and steps.wall_clock and steps.source == "local-emulation"
+    assert steps.time_scale == spec.provider.time_scale and steps.reference_batch == reference_batch(spec)
+    sleep = emulation_sleep(spec)
+    for gpu, batch in (("v100", 28), ("p100", 50), ("k80", 18), (None, 32)):
+        assert steps.sleep_s(gpu, batch) == sleep(gpu, batch)
+    assert steps.split_speeds(["k80", "v100"]) == [1.0 / emulated_step_s(g, 128, 1.0) for g in ("k80", "v100")]
+    off = validate_spec({**doc, "provider": {**doc["provider"], "emulation_k80_step_s": 0}})
+    assert step_model_for(off).sleep_s("v100", 28) == 0.0 and step_model_for(off).split_speeds(["k80"])
+    chosen = step_model_for(validate_spec(yaml.safe_load((REPO / "examples" / "gce-l4x4-spot.yaml").read_text())))
+    assert isinstance(chosen, CalibratedStep) and not chosen.wall_clock and chosen.split_speeds(["k80"]) is None
+
+
+def test_the_cost_model_never_asks_whether_a_provider_emulates_gpus() -> None:
+    """The cost model asks the step model it is handed (``wall_clock``, ``sleep_s``, ``split_speeds``), never the
+    spec's provider, and never imports the local provider's emulation."""
+    for path in sorted((REPO / "orchestrator" / "costmodel").rglob("*.py")):
+        text = path.read_text()
+        assert "emulates_gpus" not in text, path
+        assert "providers" not in {n.module.split(".")[1] for n in ast.walk(ast.parse(text))
+                                   if isinstance(n, ast.ImportFrom) and n.module and "." in n.module}, path
 
 
 def test_planner_and_simulator_agree_without_revocations() -> None:
@@ -141,11 +173,11 @@ def test_local_host_is_fitted_from_local_jobs() -> None:
     spec = validate_spec(doc)
     truth = Calibration(local_host={**local_host(), "cpu_step_s": 0.4, "cpu_step_fixed_s": 0.0})
     gpus, batches = ["k80", "k80", "v100"], [128, 128, 128]
-    steps = local_worker_steps(spec, gpus, batches, truth)
+    steps = local_worker_steps(spec, gpus, batches, truth, steps=step_model_for(spec))
     run = {"spec_yaml": yaml.safe_dump(doc), "created_at": 0.0, "first_step_at": 40.0, "last_step_at": 140.0,
            "ended_at": 145.0, "workers": [{"gpu": g, "batch": b, "step_time_s": t}
                                           for g, b, t in zip(gpus, batches, steps, strict=True)]}
-    host = fit_local_host([run])
+    host = fit_local_host([run], step_model_for)
     assert host["cpu_step_s"] == pytest.approx(0.4, rel=0.01) and host["teardown_s"] == pytest.approx(5.0)
     rate = sum(1.0 / t for t in steps)
     assert host["startup_s"] == pytest.approx(40.0 - 70.0 - 10 / rate)  # created -> step 0, less the boot
@@ -168,7 +200,7 @@ def test_each_frameworks_cpu_step_is_fitted_apart_and_sync_steps_in_lockstep() -
     for doc, batches in ((tf_doc, [128, 128, 128]), (torch_doc, [48, 24, 24])):
         spec = validate_spec(doc)
         gpus = ["k80", "k80", "v100"] if doc is tf_doc else ["v100", "k80", "k80"]
-        steps = local_worker_steps(spec, gpus, batches, truth)
+        steps = local_worker_steps(spec, gpus, batches, truth, steps=step_model_for(spec))
         if doc is torch_doc:  # lockstep: every worker reports the cluster's step, its slowest worker's
             assert steps[1] == pytest.approx(steps[2]) and steps[0] != pytest.approx(steps[1])
             steps = [max(steps)] * 3
@@ -176,7 +208,7 @@ def test_each_frameworks_cpu_step_is_fitted_apart_and_sync_steps_in_lockstep() -
                      "last_step_at": 140.0, "ended_at": 145.0,
                      "workers": [{"gpu": g, "batch": b, "step_time_s": t}
                                  for g, b, t in zip(gpus, batches, steps, strict=True)]})
-    host = fit_local_host(runs)
+    host = fit_local_host(runs, step_model_for)
     assert host["cpu_step_s"] == pytest.approx(0.4, rel=0.01)
     assert host["torch_cpu_step_s"] == pytest.approx(0.08, rel=0.01)
     assert host["torch_startup_s"] != host["startup_s"]  # TF's start-up less its async first steps

@@ -23,6 +23,7 @@ from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.spec import load_spec
 from orchestrator.planning.admission import judge_file
 from orchestrator.planning.probe import candidate_points, probe_spec
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 from tests.cli_inproc import run_cli
@@ -78,10 +79,11 @@ def test_a_measured_point_is_what_the_curve_passes_through() -> None:
 def test_a_local_probe_sets_the_workers_cpu_part(tmp_path: Path) -> None:
     spec = load_spec(_hetero(tmp_path))
     calib = with_points(DEFAULT_CALIBRATION, _measured(tmp_path / "hetero.yaml", "k80", 2.0), "t", "t", True)
-    alone = local_worker_steps(spec, ["k80"], [32], calib)
+    alone = local_worker_steps(spec, ["k80"], [32], calib, steps=step_model_for(spec))
     assert alone[0] == pytest.approx(2.0, rel=0.02)  # one worker alone: the measured step
-    shared = local_worker_steps(spec, ["k80", "p100"], [32, 32], calib)
-    assert shared[0] > local_worker_steps(spec, ["k80", "p100"], [32, 32])[0]  # the measured CPU shared too
+    steps = step_model_for(spec)
+    shared = local_worker_steps(spec, ["k80", "p100"], [32, 32], calib, steps=steps)
+    assert shared[0] > local_worker_steps(spec, ["k80", "p100"], [32, 32], steps=steps)[0]  # measured CPU shared too
 
 
 def test_points_are_the_plans_overlapping_candidates_unmeasured_and_on_spot(tmp_path: Path) -> None:

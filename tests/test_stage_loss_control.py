@@ -36,8 +36,8 @@ def test_the_inputs_are_the_partitioner_s_pipelines_and_the_local_delays() -> No
     assert got is not None and got.mode == "auto" and got.remaining_steps == 260
     steps = dict(got.survivor_step_s)
     assert set(steps) == {"worker-0", "worker-1", "worker-2"}
-    # The partitioner's steps over the emulated GPUs' measured curves (costmodel/emulation.py) and this host's CPU step:
-    # without the P100 the two stages left (V100 + K80) step about 29% slower than the three.
+    # The partitioner's steps over the emulated GPUs' measured curves (providers/local/emulation.py) and this host's CPU
+    # step: without the P100 the two stages left (V100 + K80) step about 29% slower than the three.
     assert got.full_step_s == pytest.approx(0.335, abs=0.01)
     assert steps["worker-1"] == pytest.approx(0.431, abs=0.01)
     # 70 s boot / time_scale 2, then the PyTorch start-up this host measured (data/local_host.csv: 9.19 s)

@@ -37,6 +37,7 @@ from orchestrator.costmodel.stepmodel import layer_times, step_fn
 from orchestrator.model.catalog import CatalogError, load_catalog
 from orchestrator.model.errors import UserError
 from orchestrator.planning.calibration import latest_calibration, resolve_calibration
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.store.db import open_session
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _with_local_host(calib: Calibration) -> Calibration:
     with open_session() as session:
         runs = local_run_timings(session)
     try:
-        host = fit_local_host(runs)
+        host = fit_local_host(runs, step_model_for)
     except ValueError as exc:
         console.print(f"warning: {escape(str(exc))}")
         return calib

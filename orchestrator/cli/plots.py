@@ -19,6 +19,7 @@ from orchestrator.cli.options import PLOT_FORMATS
 from orchestrator.costmodel.launch_plan import plan_spec
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec import stored_spec as job_spec
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.store import queries
 from orchestrator.store.models import Instance, Job, Metric
 
@@ -76,7 +77,8 @@ def _on_demand_prices(session: Session, job: Job) -> dict[str, float]:
     try:
         plan = queries.stored_intent(session, job.id)
         if plan is None:  # a job recorded before plans were stored: read-only here, so not stored
-            plan = plan_spec(job_spec(job.spec_yaml), book=job.price_book)
+            spec = job_spec(job.spec_yaml)
+            plan = plan_spec(spec, book=job.price_book, steps=step_model_for(spec))
         return {s.name: s.on_demand_price_per_hour or s.price_per_hour for s in plan.slots}
     except Exception:  # noqa: BLE001 - an old spec the catalog no longer prices: the comparison line is left out
         return {}

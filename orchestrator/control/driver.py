@@ -37,7 +37,6 @@ from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
 from orchestrator.control.live_pace import LiveWatch
 from orchestrator.control.torch_task import torch_view
-from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.launch_plan import LaunchPlan
 from orchestrator.costmodel.slots import Slot
 from orchestrator.decide.actions import Action, RestartTraining, SetJobStatus
@@ -49,6 +48,7 @@ from orchestrator.model.blocks import blocked, provider_key
 from orchestrator.model.instances import ObservedInstance, ProcStatus, Role
 from orchestrator.model.spec import JobSpec, stored_spec
 from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.providers.operations import Snapshot, SupportsSnapshots
 from orchestrator.providers.registry import Backend, backend_for
 from orchestrator.storage import JobStorage, open_storage
@@ -235,7 +235,7 @@ def drive(session: Session, job: Job, backend: Backend, observed: dict[str, Obse
     look at the running jobs' step times (``DriverState.live``; None: no look)."""
     reads = reads or GroupReads.load(session, [job.id])
     spec = job_spec(job.spec_yaml)
-    plan = reads.plans.get(job.id) or queries.job_plan(session, job, spec)  # the desired state stored at launch
+    plan = reads.plans.get(job.id) or queries.job_plan(session, job, spec, step_model_for(spec))  # stored at launch
     slots = list(plan.slots)
     storage = _open_storage(job)
     result, result_error = _ingest(session, job, storage, slots)
@@ -410,6 +410,7 @@ def _stage_loss_view(session: Session, job: Job, spec: JobSpec, slots: list[Slot
 
 
 def emulation(spec: JobSpec) -> Callable[[str | None, int], float]:
-    """(gpu, batch) -> extra seconds per step on a local worker: measured GPU curves
-    (``orchestrator.costmodel.emulation``), never the cost model, so the model can be tested on local runs."""
-    return emulation_sleep(spec)
+    """(gpu, batch) -> extra seconds per step on a local worker: the job's step model's sleep (the local
+    provider's, ``providers.local.step_model``: measured GPU curves, never the cost model, so the model can be
+    tested on local runs; 0 elsewhere)."""
+    return step_model_for(spec).sleep_s

@@ -29,6 +29,7 @@ from orchestrator.model.exits import launch_exit
 from orchestrator.model.instances import BAKE_MODE
 from orchestrator.model.spec import JobSpec
 from orchestrator.model.status import FINAL_JOB, JobStatus
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.store import queries
 from orchestrator.store.db import default_url, open_session
 from orchestrator.store.models import Event, Job
@@ -95,7 +96,7 @@ ID_DRAWS = 3  # inserts tried when a concurrent launch takes the drawn id betwee
 
 def create_job(session: Session, spec: JobSpec, plan: LaunchPlan | None = None) -> Job:
     """The job row, its first event and its stored plan (the desired state every pass drives toward)."""
-    plan = plan or plan_spec(spec)
+    plan = plan or plan_spec(spec, steps=step_model_for(spec))
     for _ in range(ID_DRAWS - 1):
         try:
             return _insert_job(session, spec, plan)
@@ -144,7 +145,7 @@ def launch_job(spec: JobSpec, planned: PlanResult | None, plan: LaunchPlan | Non
     set-up checked) before: a refusal leaves nothing behind. ``groups``: each planned worker group's step and
     interval, stored with the plan (the daemon holds the workers' measured pace to them: live_pace.py)."""
     reporter = reporter or LogReporter()
-    plan = plan or plan_spec(spec)
+    plan = plan or plan_spec(spec, steps=step_model_for(spec))
     with open_session() as session:
         job = create_job(session, spec, plan)
         job_id = job.id

@@ -15,6 +15,7 @@ from orchestrator.decide.state import StageLossInputs
 from orchestrator.model import timings
 from orchestrator.model.instances import Role
 from orchestrator.model.spec import JobSpec
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Job
 
@@ -60,7 +61,7 @@ def stage_loss_inputs(spec: JobSpec, spec_yaml: str, slots: list[Slot], dropped:
     # At least two stages stay: a one-stage "pipeline" is not what jobs/torchjob/pipe.py has been run as.
     survivors = tuple((s.name, _step_s(spec, spec_yaml, [m for m in members if m is not s], global_batch)
                       if len(members) > 2 else None) for s in members)
-    acc = run_accounting(spec)
+    acc = run_accounting(spec, steps=step_model_for(spec))
     restore = acc.startup_s + acc.checkpoint_s  # every stage starts again and loads its part of the checkpoint
     return StageLossInputs(
         mode=mode, remaining_steps=float(max(0, spec.training.train_steps - step)), full_step_s=full,
@@ -75,6 +76,7 @@ def _step_s(spec: JobSpec, spec_yaml: str, members: list[Slot], global_batch: in
     if key not in _STEPS:
         if len(_STEPS) >= _MAX_CACHED:
             _STEPS.clear()
-        found = plan_pipeline(spec, [(s.index, s.gpu or "k80", s.machine_type) for s in members], global_batch)
+        found = plan_pipeline(spec, [(s.index, s.gpu or "k80", s.machine_type) for s in members], global_batch,
+                              steps=step_model_for(spec))
         _STEPS[key] = found.step_s if found is not None else None
     return _STEPS[key]

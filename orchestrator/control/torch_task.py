@@ -25,6 +25,7 @@ from orchestrator.model.spec import JobSpec
 from orchestrator.model.status import EndReason
 from orchestrator.model.task import PipelineSection, TorchSection
 from orchestrator.model.torch_spec import argv, is_pytorch, is_run_job, replica_groups
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.storage.base import JobStorage
 from orchestrator.store import queries
 from orchestrator.store.models import Event, Instance, Job
@@ -121,7 +122,7 @@ def pipeline_section(spec: JobSpec, slots: list[Slot], global_batch: int) -> Pip
     if not is_pipeline(spec):
         return None
     workers = [(s.index, s.gpu or "k80", s.machine_type) for s in slots if s.role == Role.WORKER]
-    found = plan_pipeline(spec, workers, global_batch)
+    found = plan_pipeline(spec, workers, global_batch, steps=step_model_for(spec))
     if found is None:
         raise ValueError("no pipeline of these GPUs holds the model in memory")
     return PipelineSection(stage_slots=found.stage_slots, modules=found.modules, micro_batches=found.micro_batches,

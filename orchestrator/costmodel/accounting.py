@@ -10,9 +10,10 @@ and every instance is billed for all of it. The planner's failure-free time and 
 
 Cloud figures are ``decide.deadline``'s constants, read from ``data/cloud_facts.csv`` (ICAC'19: 70 s boot, 15 s
 more for preemptible, 3.75 s + 0.02 s/MB a checkpoint), the same ones the daemon and the simulator use.
-The local provider boots in ``boot / time_scale`` and its steps cost this host's CPU time plus the
-emulated GPU's sleep (``orchestrator.costmodel.emulation``, measured curves); the host's figures are measured
-by the project (``data/local_host.csv``, with the command that measured them).
+A job whose step model runs on the wall clock (the local provider's emulated GPUs,
+``providers.local.step_model.EmulatedStep``) boots in ``boot / time_scale`` and its steps cost this host's CPU time
+plus the emulated GPU's sleep (the step model's ``sleep_s``, measured curves); the host's figures are measured by
+the project (``data/local_host.csv``, with the command that measured them).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import csv
 import functools
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +30,11 @@ import numpy as np
 import yaml
 
 from orchestrator.costmodel.compute import Calibration, runtime_key
-from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.host_share import lockstep_steps, shared_steps
 from orchestrator.costmodel.job_runtime import job_precision, job_runtime
 from orchestrator.costmodel.measured import measured_at
 from orchestrator.costmodel.profiles import get_profile
+from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog
 from orchestrator.model.paths import data_dir
@@ -81,17 +82,20 @@ def checkpoint_mb(model: str) -> float:
 
 
 def run_accounting(
-    spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None, as_cloud: bool = False
+    spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None, as_cloud: bool = False,
+    steps: StepModel | None = None,
 ) -> RunAccounting:
-    """``as_cloud``: a local spec accounted as the cloud cluster it emulates. (``catalog`` is unused: the
-    timings are ``decide.deadline``'s; kept for callers.)"""
+    """``steps``: the job's step model (a wall-clock one, the local provider's emulated GPUs: this host's figures);
+    ``as_cloud``: such a job accounted as the cloud cluster it emulates. (``catalog`` is unused: the timings are
+    ``decide.deadline``'s; kept for callers.)"""
     provider = spec.provider
-    if provider.emulates_gpus and not as_cloud:
+    chosen = steps or COST_STEPS
+    if chosen.wall_clock and not as_cloud:
         host = local_host(calibration)
         prefix = CPU_REFERENCE[cpu_framework(spec)][1]
         startup = host.get(f"{prefix}startup_s", host["startup_s"])
         checkpoint = host.get(f"{prefix}checkpoint_s", host["checkpoint_s"])
-        return RunAccounting(timings.BOOT_S / provider.time_scale, 0.0, startup, checkpoint, host["teardown_s"])
+        return RunAccounting(timings.BOOT_S / chosen.time_scale, 0.0, startup, checkpoint, host["teardown_s"])
     ckpt = timings.checkpoint_s(checkpoint_mb(spec.training.profile_name))
     extra = timings.SPOT_EXTRA_BOOT_S if provider.is_cloud or as_cloud else 0.0
     # A gce VM's first boot also gets its driver and libraries from its image route (DLVM, installer, ...).
@@ -127,13 +131,14 @@ def _host_steps(cpu: Sequence[float], naps: Sequence[float], cores: float, sync:
 
 
 def local_worker_steps(
-    spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], calibration: Calibration | None = None
+    spec: JobSpec, gpus: Sequence[str], batches: Sequence[int], calibration: Calibration | None = None, *,
+    steps: StepModel,
 ) -> list[float]:
     """Seconds a step of each local worker takes: CPU work (shared by every worker on this host's
     cores, and with the host's other work: ``host_share``, in lockstep for synchronous training) plus the
-    emulated GPU's sleep."""
+    emulated GPU's sleep (``steps.sleep_s``: the job's step model, the local provider's emulation)."""
     host = local_host(calibration)
-    sleep = emulation_sleep(spec)
+    sleep = steps.sleep_s
     model, framework = spec.training.profile_name, cpu_framework(spec)
     naps = [sleep(g, b) for g, b in zip(gpus, batches, strict=True)]
     cpu = [local_cpu_step_s(model, b, host, framework) for b in batches]
@@ -146,17 +151,20 @@ def local_worker_steps(
                        host.get("background", 0.0))
 
 
-def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def fit_local_host(runs: Sequence[Mapping[str, Any]], steps_for: Callable[[JobSpec], StepModel]
+                   ) -> dict[str, float]:
     """This host's figures from finished local jobs (``store.queries.local_run_timings``): per framework,
     the CPU step (reference model and batch) that best explains the workers' measured steps given their
-    emulated sleeps, and the median start-up and teardown."""
+    emulated sleeps (``steps_for(spec)``: each job's step model, ``providers.local.step_model.step_model_for``),
+    and the median start-up and teardown."""
     host = dict(_host_file())
     cases: dict[str, list[tuple[list[float], list[float], list[float], bool]]] = {}
     startups: dict[str, list[float]] = {}
     teardowns: list[float] = []
     for run in runs:
         spec = validate_spec(yaml.safe_load(run["spec_yaml"]))
-        sleep = emulation_sleep(spec)
+        steps = steps_for(spec)
+        sleep = steps.sleep_s
         ws, framework, sync = run["workers"], cpu_framework(spec), spec.mode == TrainingMode.SYNC
         prefix = CPU_REFERENCE[framework][1]
         unit_host = {**host, f"{prefix}cpu_step_s": 1.0, f"{prefix}cpu_step_fixed_s": 0.0,
@@ -167,7 +175,7 @@ def fit_local_host(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         cases.setdefault(framework, []).append((unit, naps, measured, sync))
         rate = 1.0 / max(measured) if sync else sum(1.0 / t for t in measured)
         first_steps = 10.0 / rate  # the first logged step is step 10 (log_every)
-        boot = timings.BOOT_S / spec.provider.time_scale if spec.provider.emulates_gpus else 0.0
+        boot = timings.BOOT_S / steps.time_scale if steps.wall_clock else 0.0
         startups.setdefault(framework, []).append(run["first_step_at"] - run["created_at"] - boot - first_steps)
         teardowns.append(run["ended_at"] - run["last_step_at"])
     if not cases:

@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.costmodel.compute import Calibration, FloatArray
-from orchestrator.costmodel.emulation import REFERENCE_BATCH, emulated_step_s
 from orchestrator.costmodel.job_runtime import job_precision as job_precision
 from orchestrator.costmodel.job_runtime import job_runtime as job_runtime
 from orchestrator.costmodel.memory import MemoryParams, max_batch
 from orchestrator.costmodel.split import SplitError, min_max_split
-from orchestrator.costmodel.stepmodel import step_fn
+from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel, step_fn
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec, TrainingMode
 from orchestrator.model.spec.training import DEFAULT_BATCH as DEFAULT_BATCH  # the one default, the spec's
@@ -40,10 +39,11 @@ def price_book_for(spec: JobSpec, catalog: Catalog | None = None, book: str | No
     )
 
 
-def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None
-                   ) -> list[int]:
+def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None,
+                   steps: StepModel | None = None) -> list[int]:
     """Per-worker (per-instance) batches of a pinned cluster by :func:`gpu_batches` (the speeds of
-    ``calibration``, the one the job is planned with; None: the shipped one). An instance whose machine type
+    ``calibration``, the one the job is planned with; None: the shipped one; ``steps``: the job's step model,
+    which may split by speeds of its own). An instance whose machine type
     carries k GPUs (a3-highgpu-2g) trains as k GPU-workers: a split total gives it k GPUs' shares; a batch
     given per worker is its GPUs' batch. A pipeline-capable job whose model no worker holds whole gets an even
     split for its records (its stages take the whole global batch in micro-batches); data parallel refuses."""
@@ -56,7 +56,7 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: C
                     if spec.provider.is_cloud else 1 for g in cluster.workers for _ in range(g.count)]
     per_gpu = [gpu for gpu, k in zip(gpus, per_instance, strict=True) for _ in range(k)]
     try:
-        split = gpu_batches(spec, per_gpu, calibration, cat)
+        split = gpu_batches(spec, per_gpu, calibration, cat, steps=steps)
     except SplitError:
         if getattr(spec.training, "parallelism", "data") == "data":
             raise
@@ -78,7 +78,7 @@ def trained_gpus(spec: JobSpec, catalog: Catalog, machine_type: str) -> int:
 
 def gpu_batches(spec: JobSpec, gpus: Sequence[str], calibration: Calibration | None = None,
                 catalog: Catalog | None = None, fixed: Sequence[int | None] | None = None,
-                tables: TableFn | None = None) -> list[int]:
+                tables: TableFn | None = None, steps: StepModel | None = None) -> list[int]:
     """The one batch rule, for a pinned cluster (``worker_batches``) and a searched one (the planner's
     ``Evaluator``): each GPU-worker's batch. The total of :func:`planned_total` is split by
     :func:`split_total`; without one, each worker trains its own batch (``fixed[i]``, a worker group's), the
@@ -87,7 +87,7 @@ def gpu_batches(spec: JobSpec, gpus: Sequence[str], calibration: Calibration | N
     if total is None:
         given = list(fixed) if fixed is not None else [None] * len(gpus)
         return [b or spec.training.batch or DEFAULT_BATCH for b in given]
-    return split_total(spec, gpus, total, calibration, catalog, tables)
+    return split_total(spec, gpus, total, calibration, catalog, tables, steps)
 
 
 def planned_total(spec: JobSpec) -> int | None:
@@ -98,18 +98,18 @@ def planned_total(spec: JobSpec) -> int | None:
 
 
 def split_total(spec: JobSpec, gpus: Sequence[str], total: int, calibration: Calibration | None = None,
-                catalog: Catalog | None = None, tables: TableFn | None = None) -> list[int]:
+                catalog: Catalog | None = None, tables: TableFn | None = None, steps: StepModel | None = None
+                ) -> list[int]:
     """``total`` split over GPU-workers: for a sync job by speed (fast GPUs get more), the slowest step made
     fastest under each GPU's memory cap (split.min_max_split over ``tables(gpu, longest)``: step times of
-    batches 1..cap); an async job's workers do not wait for each other: evenly."""
+    batches 1..cap), or in proportion to the step model's own speeds where it has them (``split_speeds``: the
+    local provider's emulated GPUs); an async job's workers do not wait for each other: evenly."""
     if spec.mode != TrainingMode.SYNC:
         return even_split(total, len(gpus))
     if len(gpus) > total:
         raise SplitError(f"global batch {total} is smaller than the {len(gpus)} workers; give each at least 1")
-    if spec.provider.emulates_gpus:
-        # Emulated GPUs step at measured speeds (orchestrator.costmodel.emulation), not the cost model's: split
-        # the global batch in proportion to those speeds.
-        speeds = [1.0 / emulated_step_s(g, REFERENCE_BATCH, 1.0) for g in gpus]
+    speeds = (steps or COST_STEPS).split_speeds(gpus)
+    if speeds is not None:  # e.g. emulated GPUs step at measured speeds, not the cost model's
         return proportional_split(total, speeds)
     table = tables or step_tables(spec, calibration, catalog or load_catalog())
     longest = max(1, total - len(gpus) + 1)

@@ -15,6 +15,7 @@ from typing import Any
 from orchestrator.costmodel.compute import Calibration
 from orchestrator.costmodel.slots import Slot, cluster_shape, expand, price_book_for
 from orchestrator.costmodel.split import SplitError
+from orchestrator.costmodel.stepmodel import StepModel
 from orchestrator.model.blocks import BlockLike, blocked, prefer_unblocked
 from orchestrator.model.catalog import Catalog, load_catalog
 from orchestrator.model.errors import UserError
@@ -71,13 +72,15 @@ class LaunchPlan:
 
 
 def plan_spec(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None,
-              blocks: Sequence[BlockLike] = (), calibration: Calibration | None = None) -> LaunchPlan:
+              blocks: Sequence[BlockLike] = (), calibration: Calibration | None = None,
+              steps: StepModel | None = None) -> LaunchPlan:
     """The one expansion of a pinned spec (``book``: a recorded price book name instead of the spec's).
     ``blocks`` (stockouts and quotas in force) move each slot's blocked zones last, so placement starts
-    where a create can succeed; ``calibration``: the one the job is planned with (a global batch's split)."""
+    where a create can succeed; ``calibration``: the one the job is planned with (a global batch's split);
+    ``steps``: the job's step model (the local provider's emulated GPUs split by their own speeds)."""
     cat = catalog or load_catalog()
     try:
-        expanded = expand(spec, cat, book, calibration)
+        expanded = expand(spec, cat, book, calibration, steps)
     except SplitError as exc:
         raise UserError(f"data parallel cannot place {spec.training.profile_name} on this cluster: {exc}",
                         hint="`orchestrator plan` weighs a pipeline of the model's layers across the GPUs: with "

@@ -263,8 +263,9 @@ def flop_shares(model: str) -> np.ndarray:
 
 def local_layer_s(model: str, emulated_s: Callable[[str, float], float], cpu_s: Callable[[float], float]
                   ) -> Callable[[str, float], np.ndarray]:
-    """Per-layer seconds of a local-provider stage: the emulated GPU's step (measured curves, costmodel.emulation) and
-    this host's CPU step (data/local_host.csv) at the micro-batch, each spread over the layers by FLOPs."""
+    """Per-layer seconds of a local-provider stage: the emulated GPU's step (measured curves, the local provider's
+    step model's ``emulated_s``) and this host's CPU step (data/local_host.csv) at the micro-batch, each spread over
+    the layers by FLOPs."""
     shares = flop_shares(model)
 
     def layer_s(gpu: str, micro: float) -> np.ndarray:

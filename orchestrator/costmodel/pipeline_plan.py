@@ -1,10 +1,10 @@
 """The pipeline a built-in PyTorch job runs (``training.parallelism: pipeline``): its stages, from the partitioner.
 
-On real GPUs the partitioner sizes stages by the cost model's per-layer times; on the local provider by the
-emulated GPUs' measured step curves (``costmodel.emulation``) and this host's CPU step (``data/local_host.csv``), each
-spread over the layers by FLOPs, so the stages fit the speeds the run will really have. The stages' layer ranges
-are turned into the payload's module ranges (jobs/torchjob/model.py's flat ResNet: stem conv, BN, ReLU; one
-module per block; pool, flatten, linear).
+On real GPUs the partitioner sizes stages by the cost model's per-layer times; on a wall-clock step model (the local
+provider's emulated GPUs) by its emulated step (``emulated_s``: measured curves, ``providers.local.emulation``) and
+this host's CPU step (``data/local_host.csv``), each spread over the layers by FLOPs, so the stages fit the speeds
+the run will really have. The stages' layer ranges are turned into the payload's module ranges
+(jobs/torchjob/model.py's flat ResNet: stem conv, BN, ReLU; one module per block; pool, flatten, linear).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from orchestrator.costmodel.accounting import local_host
 from orchestrator.costmodel.batches import job_precision, job_runtime, memory_params
 from orchestrator.costmodel.compute import Calibration
-from orchestrator.costmodel.emulation import emulated_step_s, reference_batch
 from orchestrator.costmodel.partition import Partition, Partitioner, StageDevice, flop_shares, local_layer_s, units
 from orchestrator.costmodel.profiles import get_profile
+from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel
 from orchestrator.model.catalog import Catalog, load_catalog
 from orchestrator.model.spec import JobSpec
 
@@ -49,18 +49,17 @@ def units_of(model: str) -> list[int]:
     return units(get_profile(model))
 
 
-def partitioner_for(spec: JobSpec, calibration: Calibration | None = None, catalog: Catalog | None = None
-                    ) -> Partitioner:
-    """The partitioner of the spec's model: the cost model's layer times, or on the local provider the emulated
-    GPUs' curves and this host's CPU step; memory with the spec's optimizer."""
+def partitioner_for(spec: JobSpec, calibration: Calibration | None = None, catalog: Catalog | None = None,
+                    steps: StepModel | None = None) -> Partitioner:
+    """The partitioner of the spec's model: the cost model's layer times, or on a wall-clock step model (the local
+    provider's) its emulated GPUs' curves and this host's CPU step; memory with the spec's optimizer."""
     model = spec.training.profile_name
-    local = spec.provider.as_local()
+    chosen = steps or COST_STEPS
     layer_s = None
-    if local is not None:
-        ref, k80 = reference_batch(spec), local.emulation_k80_step_s
+    if chosen.wall_clock:
         host = local_host(calibration)
         cpu_per_example = host["torch_cpu_step_s"] / host["torch_cpu_step_batch"]
-        layer_s = local_layer_s(model, lambda g, b: emulated_step_s(g, b, k80, ref), lambda b: cpu_per_example * b)
+        layer_s = local_layer_s(model, chosen.emulated_s, lambda b: cpu_per_example * b)
     return Partitioner(model, calibration, catalog or load_catalog(), memory_params(spec), layer_s=layer_s,
                        runtime=job_runtime(spec.training), precision=job_precision(spec.training))
 
@@ -70,12 +69,14 @@ def stage_devices(cat: Catalog, gpus: Sequence[str], machines: Sequence[str]) ->
 
 
 def plan_pipeline(spec: JobSpec, workers: Sequence[tuple[int, str, str]], global_batch: int,
-                  calibration: Calibration | None = None, catalog: Catalog | None = None) -> PipelinePlan | None:
-    """``workers``: (slot index, GPU, machine type) of each worker slot. None when no order fits in memory."""
+                  calibration: Calibration | None = None, catalog: Catalog | None = None,
+                  steps: StepModel | None = None) -> PipelinePlan | None:
+    """``workers``: (slot index, GPU, machine type) of each worker slot; ``steps``: the job's step model (an
+    emulated GPU's stage sleeps its share of the emulated step). None when no order fits in memory."""
     model = spec.training.profile_name
     cat = catalog or load_catalog()
-    local = spec.provider.as_local()
-    part = partitioner_for(spec, calibration, cat)
+    chosen = steps or COST_STEPS
+    part = partitioner_for(spec, calibration, cat, chosen)
     devices = stage_devices(cat, [g for _, g, _ in workers], [m for _, _, m in workers])
     if getattr(spec.training, "partition", "mini-max") == "equal-layers":
         found: Partition | None = part.equal_layers(devices, global_batch)
@@ -90,9 +91,7 @@ def plan_pipeline(spec: JobSpec, workers: Sequence[tuple[int, str, str]], global
     shares = flop_shares(model)
     sleep = []
     for d, (i, j) in zip(found.devices, found.layer_ranges(), strict=True):
-        emulated = (emulated_step_s(d.gpu, found.micro_batch, local.emulation_k80_step_s, reference_batch(spec))
-                    if local is not None else 0.0)
-        s = emulated * float(shares[i:j].sum())
+        s = chosen.emulated_s(d.gpu, found.micro_batch) * float(shares[i:j].sum())
         sleep.append((round(s * (1 - BACKWARD_SHARE), 5), round(s * BACKWARD_SHARE, 5)))
     return PipelinePlan(stage_slots=tuple(slot_of[id(d)] for d in found.devices),
                         modules=tuple(zip(module_bounds[:-1], module_bounds[1:], strict=True)),

@@ -13,6 +13,7 @@ from orchestrator.costmodel.batches import price_book_for as price_book_for
 from orchestrator.costmodel.batches import proportional_split as proportional_split
 from orchestrator.costmodel.batches import worker_batches as worker_batches
 from orchestrator.costmodel.compute import Calibration
+from orchestrator.costmodel.stepmodel import StepModel
 from orchestrator.model.catalog import Catalog, load_catalog
 from orchestrator.model.instances import Role
 from orchestrator.model.spec import (
@@ -68,7 +69,7 @@ def _zones(spec: JobSpec, zone: str | None, gpu: str | None, catalog: Catalog) -
 
 
 def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = None,
-           calibration: Calibration | None = None) -> list[Slot]:
+           calibration: Calibration | None = None, steps: StepModel | None = None) -> list[Slot]:
     """Every slot of a pinned cluster: parameter servers, the chief (async, unless it runs on worker 0), then
     the workers (their batches split with ``calibration``'s speeds; None: the shipped calibration's)."""
     cat = catalog or load_catalog()
@@ -88,7 +89,7 @@ def expand(spec: JobSpec, catalog: Catalog | None = None, book: str | None = Non
     chief_on_worker0 = spec.mode == TrainingMode.ASYNC and cluster.chief.on_worker0
     if spec.mode == TrainingMode.ASYNC and not chief_on_worker0:
         slots.append(cpu_slot(Role.CHIEF, 0, cluster.chief))
-    batches = worker_batches(spec, cat, calibration)
+    batches = worker_batches(spec, cat, calibration, steps)
     index = 0
     for g, group in enumerate(cluster.workers):
         gpu = cat.gpu(group.gpu)

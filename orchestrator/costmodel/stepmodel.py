@@ -10,9 +10,15 @@
   GPU's occupancy: :func:`arch_step_fn`);
 * :class:`MachineFitStep`: a user's model through a machine fit (``host_fit``: host time and GPU-time scales
   fitted on other models' steps: :func:`machine_step_fn`); ``model predict --torch`` and ``plan`` both call it;
-* (not yet here: the local provider's emulation is still ``costmodel.emulation`` behind ``emulates_gpus``
-  branches; it is to become a fourth implementation in providers/local, wrapping one of these, with the
-  planning layer choosing once per plan.)
+* ``providers.local.step_model.EmulatedStep``: the local provider's emulated GPUs (measured step curves,
+  ``providers.local.emulation``, never this cost model), wrapping one of these for the step and memory it
+  does not emulate. It lives with the local provider; the cost model never imports it.
+
+Which one stands for a job is chosen once, above the cost model (``providers.local.step_model.step_model_for``,
+called by the planning layer, the simulator and the controller), and handed down: the cost model asks the step
+model it was given (``wall_clock``, ``time_scale``, ``sleep_s``, ``emulated_s``, ``split_speeds``) instead of
+asking the spec's provider. Not given one, the cost model's functions take the cost model's physics
+(:data:`COST_STEPS`), as for a cloud job.
 
 A user's model that the calibration measured on a GPU takes the calibrated step there (its own figure beats any
 transfer); a user's model with a machine fit falls back to its op-class step on a GPU no fit covers.
@@ -21,6 +27,7 @@ transfer); a user's model with a machine fit falls back to its op-class step on 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -67,12 +74,33 @@ class StepTime:
 
 
 class StepModel(Protocol):
-    source: str  # "calibrated", "op-class", "machine-fit", "local-emulation"
-    calibration: Calibration
+    @property
+    def source(self) -> str: ...  # "calibrated", "op-class", "machine-fit", "local-emulation"
+
+    @property
+    def calibration(self) -> Calibration: ...
+
+    @property
+    def wall_clock(self) -> bool:
+        """The figures are wall seconds on this host (the local provider's emulated GPUs: the host's CPU step
+        plus the emulated sleep, its measured start-up, boot / ``time_scale``), not a cloud's."""
+
+    @property
+    def time_scale(self) -> float:
+        """Cloud seconds per wall second of the run (1 on real machines)."""
 
     def curve(self, profile: str, gpu: str, precision: str, runtime: str) -> StepTimeFn: ...
 
     def step(self, profile: str, gpu: str, batch: float, precision: str, runtime: str) -> StepTime: ...
+
+    def sleep_s(self, gpu: str | None, batch: int) -> float:
+        """The extra seconds a worker of ``gpu`` sleeps a step at ``batch`` (an emulated GPU; 0: none, a CPU role)."""
+
+    def emulated_s(self, gpu: str, batch: float) -> float:
+        """The emulated GPU's step at ``batch``, unrounded (a pipeline stage's share of it); 0 on real GPUs."""
+
+    def split_speeds(self, gpus: Sequence[str]) -> list[float] | None:
+        """Relative speeds to split a global batch by, in proportion; None: by the step curves (min-max)."""
 
 
 def question_kind(model: str, gpu: str, runtime: str, calibration: Calibration) -> str:
@@ -111,6 +139,17 @@ class CostSteps:
     catalog: Catalog | None = None
     memory: MemoryParams = DEFAULT_MEMORY
     source = "cost-model"
+    wall_clock = False  # a cloud's seconds: no emulation
+    time_scale = 1.0
+
+    def sleep_s(self, gpu: str | None, batch: int) -> float:
+        return 0.0
+
+    def emulated_s(self, gpu: str, batch: float) -> float:
+        return 0.0
+
+    def split_speeds(self, gpus: Sequence[str]) -> list[float] | None:
+        return None
 
     def gpu(self, gpu: str) -> Gpu:
         return (self.catalog or load_catalog()).gpu(gpu)
@@ -194,6 +233,9 @@ def cost_step_model(model: str, calibration: Calibration | None = None, catalog:
     if calib.machine_fits(runtime):
         return MachineFitStep(calib, catalog, memory)
     return OpClassStep(calib, catalog, memory)
+
+
+COST_STEPS: StepModel = CalibratedStep()  # what a cost-model function takes when handed no step model: no emulation
 
 
 def arch_step_fn(

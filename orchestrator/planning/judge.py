@@ -23,6 +23,7 @@ from orchestrator.model.specfile import short
 from orchestrator.planning.blocks import KnownBlock, known_blocks
 from orchestrator.planning.inventory import inventory_notes, inventory_priced
 from orchestrator.planning.local_run import RunFigures, plan_job
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.providers.ssh.provider import Inventory, load_inventory
 from orchestrator.storage.local import storage_problem
 
@@ -132,9 +133,11 @@ def _chosen(spec: JobSpec, result: PlanResult, calibration: Calibration | None, 
 
 def _expand(spec: JobSpec, blocks: list[KnownBlock], calibration: Calibration | None
             ) -> tuple[LaunchPlan | None, UserError | None]:
-    """The plan's one expansion into slots, or why this build cannot run it."""
+    """The plan's one expansion into slots (with the job's step model, as ``plan_job`` planned it), or why this
+    build cannot run it."""
     try:
-        return plan_spec(spec, blocks=blocks, calibration=calibration), None
+        steps = step_model_for(spec, calibration)
+        return plan_spec(spec, blocks=blocks, calibration=calibration, steps=steps), None
     except UserError as exc:
         return None, exc
 

@@ -9,9 +9,11 @@ from dataclasses import dataclass, replace
 from orchestrator.costmodel import DEFAULT_CALIBRATION, Calibration, PlanResult, plan
 from orchestrator.costmodel.planner.candidates import Candidate
 from orchestrator.costmodel.planner.scoring import PlanContext, Score
+from orchestrator.costmodel.stepmodel import StepModel
 from orchestrator.model.blocks import BlockLike
 from orchestrator.model.catalog import Catalog
 from orchestrator.model.spec import JobSpec
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.sim.engine import (
     FixedLifetimes,
     LifetimeSource,
@@ -31,10 +33,10 @@ class RunFigures:
     cost_usd: float
 
 
-def _simulated(spec: JobSpec, calibration: Calibration) -> tuple[RunResult, RunResult]:
+def _simulated(spec: JobSpec, calibration: Calibration, steps: StepModel) -> tuple[RunResult, RunResult]:
     """(the run with its revocations, the same run without any)."""
     # The planner judges budget and deadline itself: score the whole run, not one the limits cut short.
-    cluster = replace(cluster_from_spec(spec, calibration=calibration), enforce_limits=False)
+    cluster = replace(cluster_from_spec(spec, calibration=calibration, steps=steps), enforce_limits=False)
     source: LifetimeSource
     if cluster.schedule is not None:
         source = ScheduleLifetimes(cluster, cluster.schedule, first_generation_only=True)
@@ -47,13 +49,15 @@ def _simulated(spec: JobSpec, calibration: Calibration) -> tuple[RunResult, RunR
 
 class LocalRunScorer:
     """The planner's scorer for a pinned local spec. ``idle``: also the run on an idle host (the calibration
-    without the host's other work), from the same planner run, to show beside the loaded figures."""
+    without the host's other work), from the same planner run, to show beside the loaded figures. ``steps``: the
+    plan's step model (the local provider's emulation)."""
 
-    def __init__(self, spec: JobSpec, calibration: Calibration, idle: Calibration | None = None) -> None:
-        self.result, self.base = _simulated(spec, calibration)
+    def __init__(self, spec: JobSpec, calibration: Calibration, steps: StepModel,
+                 idle: Calibration | None = None) -> None:
+        self.result, self.base = _simulated(spec, calibration, steps)
         self.idle: RunFigures | None = None
         if idle is not None:
-            run, _ = _simulated(spec, idle) if idle is not calibration else (self.result, self.base)
+            run, _ = _simulated(spec, idle, steps) if idle is not calibration else (self.result, self.base)
             self.idle = RunFigures(run.wall_time_s, run.cost_usd)
 
     def score(self, candidate: Candidate, context: PlanContext) -> Score:
@@ -64,8 +68,12 @@ class LocalRunScorer:
 def plan_job(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None,
              blocks: Sequence[BlockLike] = (), idle: Calibration | None = None) -> tuple[PlanResult, RunFigures | None]:
     """The planner, judging a local provider's pinned cluster as `simulate` plays the local run; the idle host's
-    figures beside it where ``idle`` is given (a local pinned spec only)."""
+    figures beside it where ``idle`` is given (a local pinned spec only). The job's step model is chosen here,
+    once (``providers.local.step_model.step_model_for``: the local provider's emulation for a local spec), and
+    handed to the planner and the simulated run."""
+    steps = step_model_for(spec, calibration, catalog)
     scorer = None
-    if spec.provider.emulates_gpus and spec.cluster is not None:
-        scorer = LocalRunScorer(spec, calibration or DEFAULT_CALIBRATION, idle)
-    return plan(spec, catalog, calibration, scorer, blocks), scorer.idle if scorer is not None else None
+    if steps.wall_clock and spec.cluster is not None:
+        scorer = LocalRunScorer(spec, calibration or DEFAULT_CALIBRATION, steps, idle)
+    result = plan(spec, catalog, calibration, scorer, blocks, steps=steps)
+    return result, scorer.idle if scorer is not None else None

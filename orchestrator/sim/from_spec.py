@@ -20,19 +20,19 @@ from orchestrator.costmodel import (
 from orchestrator.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
 from orchestrator.costmodel.batches import job_precision, job_runtime, split_total, trained_gpus
 from orchestrator.costmodel.cluster import estimate_from_compute
-from orchestrator.costmodel.emulation import emulation_sleep
 from orchestrator.costmodel.partition import Partitioner
 from orchestrator.costmodel.pipeline_plan import partitioner_for, stage_devices
 from orchestrator.costmodel.planner import chosen_strategy
 from orchestrator.costmodel.planner.strategies import DATA, HYBRID, PIPELINE, pipeline_strategies
 from orchestrator.costmodel.slots import Slot, expand, price_book_for
-from orchestrator.costmodel.stepmodel import step_fn
+from orchestrator.costmodel.stepmodel import StepModel, step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
 from orchestrator.model.torch_spec import fault_tolerance, is_pytorch
 from orchestrator.providers.local import revocations as local_revocations
 from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.sim.engine import (
     RateFn,
     SimCluster,
@@ -74,35 +74,35 @@ def cluster_from_spec(
     as_cloud: bool = False,
     strategy: str | None = None,
     stage_loss: str = "wait",
+    steps: StepModel | None = None,
 ) -> SimCluster:
     """Build the simulation of ``spec``'s pinned cluster (or ``cluster``).
 
-    ``step_rates`` (GPU key -> steps/s of one worker at its batch) bypass the cost model; the
-    cluster rate is then the async/sync default rule with ``ps_capacity_steps_per_s`` (default:
-    unlimited). ``preemptible`` (24 h cap on spot VMs) defaults to True for the 2019-02 price book
-    (that era's preemptible VMs) and False otherwise (today's spot VMs have no cap).
+    ``step_rates`` (GPU key -> steps/s of one worker at its batch) bypass the cost model; the cluster rate is then
+    the async/sync default rule with ``ps_capacity_steps_per_s`` (default: unlimited). ``preemptible`` (24 h cap on
+    spot VMs) defaults to True for the 2019-02 price book (that era's preemptible VMs) and False otherwise.
 
-    A local spec is simulated as the local run it will be (this host's CPU step plus the emulated GPUs'
-    measured curves, boot / time_scale, lifetimes / time_scale, no 24 h cap, as the local provider draws
-    them); ``as_cloud`` simulates instead the cloud cluster it emulates (cost-model step rates, cloud boot,
-    checkpoint and lifetimes; the ICAC'19 reproduction).
+    A local spec is simulated as the local run it will be (this host's CPU step plus the emulated GPUs' measured
+    curves, boot / time_scale, lifetimes / time_scale, no 24 h cap, as the local provider draws them); ``as_cloud``
+    simulates instead the cloud cluster it emulates (cost-model step rates, cloud boot, checkpoint and lifetimes).
 
     ``strategy`` (data | pipeline | hybrid; default: the one ``plan`` chooses for the cluster) sets how a sync job
     uses its workers: a pipeline steps only while every stage is up (``SimCluster.strategy``). ``stage_loss``: wait
     (every stage waits for the replacement: ``policy.stage_loss: wait``) or auto (re-partition over the
-    survivors where ``costmodel.stage_loss`` predicts it cheaper).
+    survivors where ``costmodel.stage_loss`` predicts it cheaper). ``steps``: the job's step model, as the planner
+    had it (default: ``providers.local.step_model.step_model_for``; ``as_cloud`` keeps its split and partition).
     """
-    spec = _pinned(spec, cluster)
-    cat = catalog or load_catalog()
+    spec, cat = _pinned(spec, cluster), catalog or load_catalog()
     calib = calibration if isinstance(calibration, Calibration) else None
-    local = spec.provider.emulates_gpus and not as_cloud
-    slots, sim_slots, rate_fn = _slots(spec, cat, price_book, step_rates, calib, local)
-    strategy = strategy or chosen_strategy(spec, cat, calib)
+    steps = steps or step_model_for(spec, calib, cat)  # wall-clock (emulated GPUs): simulated as the local run
+    local = steps.wall_clock and not as_cloud
+    slots, sim_slots, rate_fn = _slots(spec, cat, price_book, step_rates, calib, local, steps)
+    strategy = strategy or chosen_strategy(spec, cat, calib, steps)
     if strategy != DATA and step_rates is None:
         machines = {s.name: s.machine_type for s in slots}
-        rate_fn = _pipeline_rate_fn(strategy, partitioner_for(spec, calib, cat), cat, sim_slots, machines)
+        rate_fn = _pipeline_rate_fn(strategy, partitioner_for(spec, calib, cat, steps), cat, sim_slots, machines)
     mb = model_mb if model_mb is not None else model_size_mb(spec.training.profile_name)
-    acc = run_accounting(spec, cat, calib, as_cloud=as_cloud)  # the planner's accounting
+    acc = run_accounting(spec, cat, calib, as_cloud=as_cloud, steps=steps)  # the planner's accounting
     if preemptible is None:  # the local provider draws lifetimes without the 24 h cap, in cloud seconds / time_scale
         preemptible = (price_book or spec.pricing.book) in PREEMPTIBLE_BOOKS and not local
     return SimCluster(
@@ -116,7 +116,7 @@ def cluster_from_spec(
         time_scale=spec.provider.time_scale if local else 1.0,
         model_mb=mb,
         schedule=_revocation_schedule(spec, sim_slots, acc.boot_s + acc.startup_s),
-        lifetime_fn=_seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s) if local else None,
+        lifetime_fn=_seeded_lifetimes(spec, slots, sim_slots, acc.boot_s + acc.startup_s, steps) if local else None,
         strategy=strategy,
         stage_loss=stage_loss,
     )
@@ -204,15 +204,15 @@ def _pinned(spec: JobSpec, cluster: Cluster | None) -> JobSpec:
 
 def _slots(
     spec: JobSpec, catalog: Catalog, price_book: str | None, step_rates: Mapping[str, float] | None,
-    calibration: Calibration | None, local: bool,
+    calibration: Calibration | None, local: bool, steps: StepModel,
 ) -> tuple[list[Slot], list[SimSlot], RateFn | None]:
     """The cluster's slots, as the controller expands them and as the simulator sees them, and the cluster
     rate of a set of live workers (from the cost model; None: the engine's default rule on ``step_rates``)."""
     book = price_book_for(spec, catalog, price_book)
-    slots = expand(spec, catalog, price_book)
+    slots = expand(spec, catalog, price_book, steps=steps)
     use_cost_model = step_rates is None and not local
     if local and step_rates is None:
-        step_rates = _local_step_rates(spec, slots, calibration)
+        step_rates = _local_step_rates(spec, slots, calibration, steps)
     on_w0 = spec.mode == TrainingMode.ASYNC and spec.pinned.chief.on_worker0
     if on_w0:  # the chief lives on worker 0's VM: no slot of its own, worker 0 is critical
         slots = [s for s in slots if s.role.value != "chief"]
@@ -220,15 +220,17 @@ def _slots(
     if not use_cost_model:
         return slots, sim_slots, None
     machines = {s.name: s.machine_type for s in slots}
-    return slots, sim_slots, _cost_model_rate_fn(spec, sim_slots, calibration, machines, catalog)
+    return slots, sim_slots, _cost_model_rate_fn(spec, sim_slots, calibration, machines, catalog, steps)
 
 
-def _local_step_rates(spec: JobSpec, slots: Sequence[Slot], calibration: Calibration | None) -> dict[str, float]:
+def _local_step_rates(spec: JobSpec, slots: Sequence[Slot], calibration: Calibration | None, steps: StepModel
+                      ) -> dict[str, float]:
     """Emulated GPUs: steps/s of each GPU type from this host's CPU step plus the measured curves."""
     workers = [s for s in slots if s.gpu is not None]
-    steps = local_worker_steps(spec, [s.gpu or "" for s in workers], [s.batch or 0 for s in workers], calibration)
+    times = local_worker_steps(spec, [s.gpu or "" for s in workers], [s.batch or 0 for s in workers], calibration,
+                               steps=steps)
     rates: dict[str, float] = {}
-    for s, t in zip(workers, steps, strict=True):
+    for s, t in zip(workers, times, strict=True):
         rates.setdefault(s.gpu or "", 1.0 / t)
     return rates
 
@@ -295,7 +297,7 @@ def _revocation_schedule(
 
 
 def _seeded_lifetimes(
-    spec: JobSpec, slots: Sequence[Slot], sim_slots: Sequence[SimSlot], until_training_s: float
+    spec: JobSpec, slots: Sequence[Slot], sim_slots: Sequence[SimSlot], until_training_s: float, steps: StepModel
 ) -> Callable[[int, int], float] | None:
     """The local provider's own draws (``control.revocations``, seeded per job, slot and generation). It
     revokes on the training-progress clock: after ``revoke_after_s x nominal steps/s`` steps (nominal =
@@ -304,7 +306,7 @@ def _seeded_lifetimes(
     provider = spec.provider.as_local()
     if provider is None or provider.revocations != RevocationMode.MODEL:
         return None
-    step_s = float(progress_clock_for(spec, slots, emulation_sleep(spec)).get(PROGRESS_STEP_S, 0) or 0)
+    step_s = float(progress_clock_for(spec, slots, steps.sleep_s).get(PROGRESS_STEP_S, 0) or 0)
     rate = _job_step_rate(spec, sim_slots)
     by_name = {s.name: s for s in slots}
 
@@ -322,7 +324,7 @@ def _seeded_lifetimes(
 
 def _cost_model_rate_fn(
     spec: JobSpec, slots: list[SimSlot], calibration: Calibration | None, machines: Mapping[str, str],
-    catalog: Catalog,
+    catalog: Catalog, steps: StepModel,
 ) -> RateFn:
     """Cluster steps/s for a set of live workers, from the cost model as the planner computes it (the
     workers' host machine types and the round trips between zones included; memoised by the live set)."""
@@ -350,7 +352,7 @@ def _cost_model_rate_fn(
         gpus = [members[i].gpu or "" for i in owner]
         if global_batch is not None and resplit:
             try:
-                batches = split_total(spec, gpus, global_batch, calibration, catalog)  # the planner's rule
+                batches = split_total(spec, gpus, global_batch, calibration, catalog, steps=steps)  # the planner's
             except SplitError:  # the survivors cannot hold the global batch: no step until the world grows back
                 cache[key] = 0.0
                 return 0.0

@@ -21,6 +21,7 @@ from orchestrator.costmodel.planner.strategies import DATA, Strategy
 from orchestrator.costmodel.revocation.model import DEFAULT_KIND, LifetimeModel
 from orchestrator.model.catalog import Catalog, load_catalog
 from orchestrator.model.spec import JobSpec
+from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.sim.from_spec import cluster_from_spec
 from orchestrator.sim.montecarlo import MonteCarloResult, run_monte_carlo
 
@@ -60,17 +61,19 @@ def compare_strategies(
     """Every strategy the planner weighs for the spec's cluster (an async job, or a spec the planner does not weigh:
     the one it runs), each simulated ``runs`` times with the same seed; budget and deadline do not cut runs short."""
     cat = catalog or load_catalog()
-    chosen = plan(spec, cat, calibration).chosen
+    steps = step_model_for(spec, calibration, cat)  # the job's step model, once: the plan's and every run's
+    chosen = plan(spec, cat, calibration, steps=steps).chosen
     weighed: list[Strategy] = list(chosen.strategies) if chosen is not None else []
     names: list[tuple[str, bool, str, Strategy | None]] = [(s.name, s.fits, s.detail, s) for s in weighed] or [
-        (chosen_strategy(spec, cat, calibration), True, "", None)]
+        (chosen_strategy(spec, cat, calibration, steps), True, "", None)]
     out: list[StrategyOutcome] = []
     for name, fits, detail, planned in sorted(names, key=lambda n: n[0] != DATA):
         for stage_loss in ("wait",) if name == DATA else ("wait", "auto"):
             result = None
             if fits:
                 cluster = replace(cluster_from_spec(spec, catalog=cat, price_book=price_book, calibration=calibration,
-                                                    as_cloud=as_cloud, strategy=name, stage_loss=stage_loss),
+                                                    as_cloud=as_cloud, strategy=name, stage_loss=stage_loss,
+                                                    steps=steps),
                                   enforce_limits=False)
                 result = run_monte_carlo(cluster, runs, seed, model=model, trace=trace, kind=kind)
             out.append(StrategyOutcome(name, stage_loss, fits, detail, planned, result))

@@ -14,6 +14,7 @@ from orchestrator.clock import WALL, Clock
 from orchestrator.costmodel.compute import DEFAULT_RUNTIME, TORCHJOB_RUNTIME
 from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
 from orchestrator.costmodel.profiles.user import TORCH_PREFIX
+from orchestrator.costmodel.stepmodel import StepModel
 from orchestrator.model.spec import JobSpec
 from orchestrator.model.status import (
     INSTANCE_TRANSITIONS,
@@ -406,13 +407,14 @@ def _parse_plan(text_: str) -> LaunchPlan:
     return LaunchPlan.from_json(text_)  # frozen: one parse per stored plan, shared by every pass
 
 
-def job_plan(session: Session, job: Job, spec: JobSpec) -> LaunchPlan:
+def job_plan(session: Session, job: Job, spec: JobSpec, steps: StepModel | None = None) -> LaunchPlan:
     """The desired state a pass drives toward: the plan stored at launch. A job recorded before plans were
-    stored (migration 0003) is planned once, with its recorded price book, and that plan is stored."""
+    stored (migration 0003) is planned once, with its recorded price book and ``steps`` (the job's step model, as
+    the controller chose it), and that plan is stored."""
     found = stored_intent(session, job.id)
     if found is not None:
         return found
-    plan = plan_spec(spec, book=job.price_book)
+    plan = plan_spec(spec, book=job.price_book, steps=steps)
     save_intent(session, job.id, plan)
     session.commit()
     return plan

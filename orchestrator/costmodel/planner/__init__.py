@@ -25,6 +25,9 @@ expected time, cost and revocations.
 The parts: ``layouts`` (the clusters to evaluate, packing included), ``evaluate`` (a layout's rate, time
 and price), ``scoring`` (expected time and cost under revocations), ``candidates`` (the result types);
 here, the search that ties them together and the choice.
+
+``steps``: the job's step model, chosen once above the cost model and handed to every part (the local provider's
+emulated GPUs, ``providers.local.step_model``, run on this host's wall clock); not given: the cost model's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from orchestrator.costmodel.planner.evaluate import LOCAL_MACHINE, Evaluator
 from orchestrator.costmodel.planner.layouts import layouts
 from orchestrator.costmodel.planner.scoring import AnalyticScorer, Scorer, plan_context, score_candidates
 from orchestrator.costmodel.planner.strategies import DATA, HYBRID, PIPELINE
+from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel
 from orchestrator.model.blocks import BlockLike
 from orchestrator.model.catalog import Catalog, Price, PriceBook
 from orchestrator.model.offerings import lifecycle_warnings, unverified_price_notes
@@ -70,9 +74,10 @@ def _objective_key(objective: str) -> Callable[[Candidate], tuple[bool, float, f
 
 
 
-def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None) -> str:
+def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None,
+                     steps: StepModel | None = None) -> str:
     """Which calibration (and how many measured points) stands behind each GPU's step time."""
-    if spec.provider.emulates_gpus:
+    if (steps or COST_STEPS).wall_clock:
         src = (f"calibration {calib.name} (fitted on {calib.local_host.get('jobs', 0):.0f} local jobs)"
                if calib.local_host.get("jobs") else "data/local_host.csv")
         return (f"step times: this host's measured CPU step and start-up ({src}) + the emulated GPUs' measured "
@@ -155,15 +160,15 @@ def plan(
     scorer: Scorer | None = None,
     blocks: Sequence[BlockLike] = (),
     today: dt.date | None = None,
+    steps: StepModel | None = None,
 ) -> PlanResult:
-    """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring.
-    ``blocks``: stockouts and quotas in force (the blocks table), which placement avoids; ``today``: the
-    day the job would start (GCE retirement dates are checked against it)."""
+    """Evaluate the pinned cluster, or every candidate of ``spec.search``; see the module docstring. ``blocks``:
+    stockouts and quotas in force (the blocks table), which placement avoids; ``today``: the day the job would start
+    (GCE retirement dates are checked against it); ``steps``: the job's step model."""
     started = WALL.monotonic()  # the planner's own compute time, reported as elapsed_s: real time
-    context = plan_context(spec, catalog, calibration)
-    cat = context.catalog
-    calib = calibration or DEFAULT_CALIBRATION
-    ev = Evaluator(spec, cat, calib, context.book)
+    context = plan_context(spec, catalog, calibration, steps)
+    cat, calib = context.catalog, calibration or DEFAULT_CALIBRATION
+    ev = Evaluator(spec, cat, calib, context.book, steps)
     base = [ev.evaluate(layout) for layout in layouts(spec, cat, blocks)]
     notes: list[str] = []
     if blocks:
@@ -188,7 +193,7 @@ def plan(
     best_infeasible = best if chosen is None else None
     if best is not None and best.risk_assumed:
         notes.append("no revocation data for some GPU types: their risk is the mean of the measured types")
-    notes.append(calibration_note(spec, calib, best))
+    notes.append(calibration_note(spec, calib, best, steps))
     if boot := gce_boot_note(spec):
         notes.append(boot)
     return PlanResult(
@@ -212,15 +217,17 @@ def plan(
 
 
 
-def chosen_strategy(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None) -> str:
+def chosen_strategy(spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None,
+                    steps: StepModel | None = None) -> str:
     """How ``plan`` runs the spec's pinned cluster: data, pipeline or hybrid. Only synchronous jobs weigh strategies,
-    and on emulated GPUs only an explicit ``parallelism: pipeline`` makes a pipeline (the planner weighs none there)."""
+    and on a wall-clock step model (emulated GPUs) only an explicit ``parallelism: pipeline`` makes a pipeline (the
+    planner weighs none there)."""
     parallelism = str(getattr(spec.training, "parallelism", DATA))
     if spec.mode != TrainingMode.SYNC or parallelism == DATA or spec.cluster is None:
         return DATA
-    if spec.provider.emulates_gpus and parallelism != PIPELINE:
+    if (steps or COST_STEPS).wall_clock and parallelism != PIPELINE:
         return DATA
-    chosen = plan(spec, catalog, calibration).chosen
+    chosen = plan(spec, catalog, calibration, steps=steps).chosen
     return chosen.strategy if chosen is not None else DATA
 
 

@@ -35,7 +35,7 @@ from orchestrator.costmodel.planner.strategies import DATA, Revocations, Strateg
 from orchestrator.costmodel.profiles import get_profile
 from orchestrator.costmodel.risk import load_revocation_rates
 from orchestrator.costmodel.split import SplitError
-from orchestrator.costmodel.stepmodel import step_fn
+from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel, step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.model.spec import JobSpec, TrainingMode
@@ -45,10 +45,13 @@ LOCAL_MACHINE = "local"  # how non-cloud instances are priced (as the spec valid
 
 
 class Evaluator:
-    """Per-plan caches: step-time functions, memory caps, splits and cluster estimates."""
+    """Per-plan caches: step-time functions, memory caps, splits and cluster estimates. ``steps``: the job's step
+    model (a wall-clock one, the local provider's emulated GPUs: this host's CPU step plus the emulated sleeps)."""
 
-    def __init__(self, spec: JobSpec, catalog: Catalog, calibration: Calibration, book: PriceBook) -> None:
+    def __init__(self, spec: JobSpec, catalog: Catalog, calibration: Calibration, book: PriceBook,
+                 steps: StepModel | None = None) -> None:
         self.spec = spec
+        self.steps = steps or COST_STEPS
         self.catalog = catalog
         self.calibration = calibration
         self.book = book
@@ -58,7 +61,8 @@ class Evaluator:
         self.mode = str(TrainingMode(spec.mode))
         self.cloud = spec.provider.is_cloud
         self.train_steps = spec.training.train_steps
-        self.accounting = run_accounting(spec, catalog, calibration)  # boot, checkpoints, teardown: as the sim
+        # boot, checkpoints, teardown: as the simulator's
+        self.accounting = run_accounting(spec, catalog, calibration, steps=self.steps)
         self._fns: dict[str, StepTimeFn] = {}
         self._caps: dict[str, int] = {}
         self._batches: dict[tuple[tuple[str, int | None], ...], tuple[list[int], str | None]] = {}
@@ -95,7 +99,7 @@ class Evaluator:
     def pinned_batches(self) -> tuple[list[int], str | None]:
         """A pinned cluster runs the batches the controller computes (``orchestrator.costmodel.slots``)."""
         try:
-            out = list(worker_batches(self.spec, self.catalog, self.calibration))
+            out = list(worker_batches(self.spec, self.catalog, self.calibration, self.steps))
         except SplitError as exc:
             n = self.spec.worker_count
             return [max(1, (self.spec.training.global_batch or n) // n)] * n, str(exc)
@@ -116,7 +120,7 @@ class Evaluator:
         gpus, fixed = [g for g, _ in slots], [b for _, b in slots]
         err: str | None = None
         try:
-            out = gpu_batches(self.spec, gpus, self.calibration, self.catalog, fixed, self._table)
+            out = gpu_batches(self.spec, gpus, self.calibration, self.catalog, fixed, self._table, self.steps)
         except SplitError as exc:
             err = str(exc)
             out = [max(1, (planned_total(self.spec) or len(slots)) // len(slots))] * len(slots)
@@ -152,8 +156,8 @@ class Evaluator:
         )
         est = self._estimates.get(key)
         if est is None:
-            if self.spec.provider.emulates_gpus:  # emulated GPUs: host CPU + measured curves
-                compute_s = local_worker_steps(self.spec, gpus, batches, self.calibration)
+            if self.steps.wall_clock:  # emulated GPUs: host CPU + measured curves
+                compute_s = local_worker_steps(self.spec, gpus, batches, self.calibration, steps=self.steps)
             else:
                 compute_s = [self.fn(g).at(float(b)) for g, b in zip(gpus, batches, strict=True)]
             est = estimate_from_compute(
@@ -188,7 +192,7 @@ class Evaluator:
         hourly = sum([w.price_per_hour for w in workers] + self._cpu_prices(layout, reasons))
         rate, bottleneck, strategy = est.steps_per_s, est.bottleneck, DATA
         strategies: tuple[Strategy, ...] = ()
-        if self.spec.provider.emulates_gpus and self.parallelism == "pipeline":
+        if self.steps.wall_clock and self.parallelism == "pipeline":
             local = self._local_pipeline([(i, slots[i].gpu, machines[i]) for i in owner], sum(batches))
             if local is not None:
                 rate, bottleneck, strategy, strategies = 1.0 / local.step_s, "pipeline stage", local.name, (local,)
@@ -229,7 +233,7 @@ class Evaluator:
 
     def _local_pipeline(self, workers: list[tuple[int, str, str]], total: int) -> Strategy | None:
         """The pipeline a local job runs: stages sized to the emulated GPUs (costmodel/pipeline_plan.py)."""
-        found = plan_pipeline(self.spec, workers, total, self.calibration, self.catalog)
+        found = plan_pipeline(self.spec, workers, total, self.calibration, self.catalog, self.steps)
         if found is None:
             return None
         p = found.partition
@@ -239,7 +243,7 @@ class Evaluator:
     def _weighs(self, layout: Layout, err: str | None) -> bool:
         """Strategies are weighed for synchronous jobs: always for a pinned cluster; in a search, where data
         parallel does not fit or a pipeline is asked for (a partition per searched cluster would be slow)."""
-        if self.mode != "sync" or self.spec.provider.emulates_gpus:
+        if self.mode != "sync" or self.steps.wall_clock:
             return False
         return layout.pinned or err is not None or self.parallelism == "pipeline"
 
@@ -248,7 +252,7 @@ class Evaluator:
         as measured on this host (emulated GPUs) or, in the cloud, a PyTorch world's start-up and warm-up."""
         if replica_groups(self.spec):
             return timings.TORCHFT_PAUSE_S
-        if self.spec.provider.emulates_gpus or not is_pytorch(self.spec):
+        if self.steps.wall_clock or not is_pytorch(self.spec):
             return self.accounting.startup_s
         return timings.TORCH_WORLD_RESTART_S
 

@@ -18,6 +18,7 @@ from orchestrator.costmodel.batches import price_book_for
 from orchestrator.costmodel.compute import Calibration
 from orchestrator.costmodel.planner.candidates import Candidate, WorkerPlan
 from orchestrator.costmodel.risk import RevocationRates, load_revocation_rates
+from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import JobSpec
@@ -168,17 +169,19 @@ def repriced(c: Candidate, workers: tuple[WorkerPlan, ...], hourly_usd: float, c
 
 
 def plan_context(
-    spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None
+    spec: JobSpec, catalog: Catalog | None = None, calibration: Calibration | None = None,
+    steps: StepModel | None = None,
 ) -> PlanContext:
     """What a scorer needs besides the candidate: prices, revocation rates and the replacement delay (for a
-    local spec in wall seconds, with the hazards sped up by its time scale)."""
+    wall-clock step model, the local provider's, in wall seconds, with the hazards sped up by its time scale)."""
     cat = catalog or load_catalog()
     book = price_book_for(spec, cat)
     delay = timings.BOOT_S + timings.gce_boot_extra_s(spec)  # a gce VM's image route adds its first boot
     scale = 1.0
-    if spec.provider.emulates_gpus:  # wall seconds: boot / time_scale, then the task's start-up
-        acc = run_accounting(spec, cat, calibration)
-        delay, scale = acc.boot_s + acc.startup_s, spec.provider.time_scale
+    chosen = steps or COST_STEPS
+    if chosen.wall_clock:  # wall seconds: boot / time_scale, then the task's start-up
+        acc = run_accounting(spec, cat, calibration, steps=chosen)
+        delay, scale = acc.boot_s + acc.startup_s, chosen.time_scale
     return PlanContext(
         spec,
         cat,

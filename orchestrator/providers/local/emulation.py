@@ -22,7 +22,9 @@ A local worker of GPU ``g`` at per-worker batch ``b`` sleeps, each step, on top 
   At that batch ``k(g)`` cancels: every GPU sleeps ``k80_s * R(g)``.
 
 Because none of this comes from ``orchestrator.costmodel``, fitting or testing the cost model on local
-runs compares it with measured behaviour, not with itself.
+runs compares it with measured behaviour, not with itself (an import contract in pyproject.toml keeps it so).
+The planner, the simulator and the controller reach it through the local provider's step model
+(``providers.local.step_model.EmulatedStep``), handed to the cost model as any other step model.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class Reference:
 @functools.cache
 def _rows() -> tuple[tuple[str, str, str, str, int, float, str], ...]:
     """(gpu, runtime, precision, model, batch, step seconds, source) of every single-GPU step time in
-    data/measurements. Read here, not through the cost model's reader: the cost model imports this module,
-    and the emulation must not depend on the model it is there to test."""
+    data/measurements. Read here, not through the cost model's reader: the emulation must not depend on the
+    model it is there to test."""
     out = []
     for path in sorted((data_dir() / "measurements").glob("*.csv")):
         with path.open(newline="") as fh:
