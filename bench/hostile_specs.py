@@ -257,8 +257,12 @@ def _children() -> set[int]:
     return found
 
 
+CACHES = ("home", "home/cache")  # derived figures kept for the next run (revocation fits): no job's state
+
+
 def _tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")}
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if str(p.relative_to(root)) not in CACHES and not str(p.relative_to(root)).startswith("home/cache/")}
 
 
 _MAIN_READY = False

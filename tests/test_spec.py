@@ -340,6 +340,8 @@ def test_fault_tolerance_is_checked_and_named() -> None:
 
     doc = copy.deepcopy(GOOD)
     doc["training"].update(framework="pytorch", fault_tolerance="torchft", parallelism="data")
+    assert any(m.startswith("training.fault_tolerance:") and "local provider" in m for m in errors_of(doc))  # gce
+    doc["provider"] = {"kind": "local"}
     spec = validate_spec(doc)
     assert fault_tolerance(spec) == "torchft"
     doc["training"]["fault_tolerance"] = "elastic"
@@ -349,6 +351,7 @@ def test_fault_tolerance_is_checked_and_named() -> None:
     doc["training"].update(framework="tensorflow", mode="async", parallelism="auto")
     assert any(m.startswith("training.fault_tolerance:") and "pytorch" in m for m in errors_of(doc))
     run = copy.deepcopy(GOOD)
+    run["provider"] = {"kind": "local"}
     run["training"] = {"run": "python train.py"}
     assert fault_tolerance(validate_spec(run)) == "torchrun"  # a run: script opts in
     run["training"]["fault_tolerance"] = "torchft"

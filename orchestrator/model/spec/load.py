@@ -55,7 +55,7 @@ def _pydantic_errors(exc: ValidationError) -> list[FieldError]:
         loc = tuple(err.get("loc", ()))
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, FieldValueError):
-            loc = (*loc, cause.field)
+            loc = (*loc, *cause.field.split("."))  # a model-level check may name a nested field: a.b
         if kind == "extra_forbidden":
             msg = "unknown field; check the spelling (see README: job spec)"
         elif kind == "missing":
