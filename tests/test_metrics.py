@@ -84,7 +84,7 @@ def test_latencies_are_observed_once_from_new_rows(tmp_path: Path) -> None:
         watch.observe(session)
         watch.observe(session)  # nothing new: nothing counted twice
         passes = _count(metrics.PASS_SECONDS)
-        with metrics.pass_metrics(session):
+        with metrics.pass_metrics(session, watch):
             pass
     assert _count(metrics.REPLACEMENT_LATENCY) - before[0] == 1
     assert _count(metrics.NOTICE_TO_CHECKPOINT) - before[1] == 1

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from orchestrator.clock import WALL, Clock
 from orchestrator.control.driver import DriverState, run_pass
 from orchestrator.control.gc import find_orphans, finish_pending_deletes, mark_deleted
-from orchestrator.control.metrics import METRICS_HOST, pass_metrics
+from orchestrator.control.metrics import METRICS_HOST, LatencyWatch, pass_metrics
 from orchestrator.control.metrics import serve as serve_metrics
 from orchestrator.control.signals import sigterm_raises
 from orchestrator.model.errors import UserError
@@ -38,7 +38,8 @@ THREADS = 8  # providers driven at once; a slow cloud holds up only its own jobs
 
 def tick(owner: str, threads: int = THREADS, clock: Clock = WALL, state: DriverState | None = None) -> None:
     """One pass; ``state``: what this daemon keeps across its passes (None: a pass on its own)."""
-    with open_session(clock=clock) as session, pass_metrics(session):  # pass duration, revocation latencies
+    watch = state.latency if state is not None else LatencyWatch()  # a pass on its own replays no history
+    with open_session(clock=clock) as session, pass_metrics(session, watch):  # pass duration, revocation latencies
         try:
             run_pass(session, owner, threads=threads, state=state)
         except BaseException:

@@ -36,6 +36,7 @@ from orchestrator.control.failures import job_failed, job_recovered
 from orchestrator.control.ingest import Result, ingest_metrics, read_result
 from orchestrator.control.lease import LEASE_S, LeaseLost, claim, guarded, release
 from orchestrator.control.live_pace import LiveWatch
+from orchestrator.control.metrics import LatencyWatch
 from orchestrator.control.torch_task import torch_view
 from orchestrator.costmodel.launch_plan import LaunchPlan
 from orchestrator.costmodel.slots import Slot
@@ -86,6 +87,7 @@ class DriverState:
     inflight: dict[str, Future[None]] = field(default_factory=dict)  # backend key -> its group's work still running
     reported: dict[str, int] = field(default_factory=dict)  # backend key -> its listing's failed attempt reported
     live: LiveWatch = field(default_factory=LiveWatch)  # the running jobs' last look at their step times
+    latency: LatencyWatch = field(default_factory=LatencyWatch)  # the newest event its latency metrics have read
     _pool: ThreadPoolExecutor | None = None
 
     def pool(self, threads: int) -> ThreadPoolExecutor:

@@ -166,12 +166,10 @@ def _notice_time(session: Session, job_id: str, before: float) -> float | None:
     return max(times) if times else None
 
 
-_WATCH = LatencyWatch()
-
-
 @contextmanager
-def pass_metrics(session: Session) -> Iterator[None]:
-    """Around one daemon pass: its duration (on the session's clock), then the latencies its rows show."""
+def pass_metrics(session: Session, watch: LatencyWatch) -> Iterator[None]:
+    """Around one daemon pass: its duration (on the session's clock), then the latencies its rows show since
+    ``watch``'s last look (the driver's own: its watermark is of the DB it drives)."""
     clock = queries.clock_of(session)
     started = clock.monotonic()
     try:
@@ -179,7 +177,7 @@ def pass_metrics(session: Session) -> Iterator[None]:
     finally:
         PASS_SECONDS.observe(clock.monotonic() - started)
         try:
-            _WATCH.observe(session)
+            watch.observe(session)
         except Exception:  # noqa: BLE001 - metrics must never break a pass
             session.rollback()
             log.exception("metrics: could not read this pass's latencies")
