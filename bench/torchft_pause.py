@@ -10,7 +10,8 @@ seconds, steps lost (committed step numbers a survivor skipped or repeated), and
     python bench/torchft_pause.py [--rounds 3] [--heartbeat-ms 1000 500]
 
 This measures the replica-group step alone. The side-by-side with torchrun's re-rendezvous on the same local job
-(issue 54 item 4) needs the controller's torchft mode (a Lighthouse with the daemon), which is not built yet.
+and the same revocation, through the controller (issue 54 item 4), is bench/torchft_vs_torchrun.py (2026-12-03,
+this host: survivors' pause 1.15 s under torchft against 20.3 s under torchrun, 0 steps lost against 62).
 """
 
 from __future__ import annotations
