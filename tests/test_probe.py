@@ -4,8 +4,10 @@ plan built on what was measured (`plan --format json`: step_source measured | pr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +20,14 @@ from sqlalchemy import create_engine, text
 
 from orchestrator.costmodel import DEFAULT_CALIBRATION
 from orchestrator.costmodel.accounting import local_worker_steps
+from orchestrator.costmodel.batches import memory_params
 from orchestrator.costmodel.measured import MeasuredStep, point_key, with_points
+from orchestrator.costmodel.memory import max_batch
 from orchestrator.costmodel.stepmodel import step_fn
 from orchestrator.model.spec import load_spec
 from orchestrator.planning.admission import judge_file
-from orchestrator.planning.probe import candidate_points, probe_spec
+from orchestrator.planning.calibration import latest_calibration
+from orchestrator.planning.probe import candidate_points, probe_spec, second_batch
 from orchestrator.providers.local.step_model import step_model_for
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
@@ -76,6 +81,23 @@ def test_a_measured_point_is_what_the_curve_passes_through() -> None:
     assert step_fn("resnet_cifar_15", "p100", calib).at(64.0) == step_fn("resnet_cifar_15", "p100").at(64.0)
 
 
+def test_two_measured_batches_are_what_the_curve_passes_through_and_the_split_reads() -> None:
+    key = functools.partial(point_key, "v100", "tf1-graph", "resnet_cifar_15")
+    points = {key(64): MeasuredStep(0.2, 0.19, 0.21, 6), key(128): MeasuredStep(0.3, 0.29, 0.31, 6)}
+    calib = with_points(DEFAULT_CALIBRATION, points, "t", "t", emulated=False)
+    curve = step_fn("resnet_cifar_15", "v100", calib)
+    assert [curve.at(64.0), curve.at(128.0)] == pytest.approx([0.2, 0.3])  # both, not their mean
+    assert curve.host_s > step_fn("resnet_cifar_15", "v100").host_s  # the measured fixed part: host time
+    assert 0.3 < curve.at(256.0) < 0.3 * 2  # past the measured batches: the fitted GPU part, not a scaled guess
+
+
+def test_the_second_batch_is_double_where_it_fits_else_half(tmp_path: Path) -> None:
+    spec = load_spec(_hetero(tmp_path))
+    cap = max_batch(spec.training.profile_name, "k80", None, memory_params(spec))
+    assert second_batch(spec, "k80", 32) == 64 and second_batch(spec, "k80", cap) == cap // 2
+    assert second_batch(spec, "k80", 1) == 2
+
+
 def test_a_local_probe_sets_the_workers_cpu_part(tmp_path: Path) -> None:
     spec = load_spec(_hetero(tmp_path))
     calib = with_points(DEFAULT_CALIBRATION, _measured(tmp_path / "hetero.yaml", "k80", 2.0), "t", "t", True)
@@ -90,10 +112,11 @@ def test_points_are_the_plans_overlapping_candidates_unmeasured_and_on_spot(tmp_
     path = _hetero(tmp_path)
     judged = judge_file(path)
     points, skipped = candidate_points(judged.spec, judged.result, None, 0.23)
-    assert [(p[0], p[3], p[4]) for p in points] == [("k80", 32, True), ("p100", 32, True), ("v100", 32, True)]
+    assert [(p[0], p[3], p[4]) for p in points] == [(g, b, True) for g in ("k80", "p100", "v100") for b in (32, 64)]
     calib = with_points(DEFAULT_CALIBRATION, _measured(path, "p100", 0.3), "t", "t", True)
     points, skipped = candidate_points(judged.spec, judged.result, calib, 0.23)
-    assert [p[0] for p in points] == ["k80", "v100"] and skipped == ["p100 n1-standard-8 fp32 b32: measured already"]
+    assert [(p[0], p[3]) for p in points] == [("k80", 32), ("k80", 64), ("p100", 64), ("v100", 32), ("v100", 64)]
+    assert skipped == ["p100 n1-standard-8 fp32 b32: measured already"]
     probe = probe_spec(judged.spec, "k80", "n1-standard-4", 32, True, None)
     assert probe.worker_count == 1 and probe.training.train_steps == 40 and probe.training.checkpoint_every > 40
     assert probe.training.hparam_set == judged.spec.training.hparam_set and probe.name == "local-demo-probe"
@@ -184,3 +207,24 @@ def test_sigterm_tears_the_running_probe_down_and_creates_no_later_one(tmp_path:
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
         assert {r[0] for r in conn.execute(text("SELECT status FROM instances"))} == {"deleted"}
     wait_until(lambda: processes_under(tmp_path) == [], timeout=20)
+
+
+@pytest.mark.slow
+def test_a_probe_of_a_run_script_runs_it_and_folds_its_metric_lines(tmp_path: Path) -> None:
+    """examples/local-own-script.yaml's train.py on one emulated V100, 60 steps a batch: its own metric lines
+    (every 20 steps) are the timed windows; both batches folded into the calibration."""
+    env = {**_env(tmp_path), "DEMO_TOKEN": "s3cr3t"}
+    doc = example_doc(REPO / "examples" / "local-own-script.yaml", tmp_path)
+    shutil.copy(REPO / "examples" / "own-script" / "train.py", tmp_path / "train.py")
+    doc["training"].update(run="python train.py --steps 60", files=["train.py"])
+    doc["cluster"]["workers"] = [{"gpu": "v100", "count": 1, "spot": True}]
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = run_cli(["probe", str(path), "--yes", "--json", "--poll", "0.2"], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    probes = json.loads(out.stdout)["probes"]
+    assert [(p["gpu"], p["batch"]) for p in probes] == [("v100", 32), ("v100", 64)]
+    assert all(p["step_ms"] > 0 and p["steps"] == 40 for p in probes), probes
+    calib = latest_calibration()
+    assert calib is not None and len(calib.measured) == 2, calib
+    assert all(m["source"].startswith("probe job ") for m in calib.measured.values())

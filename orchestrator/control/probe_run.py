@@ -51,6 +51,7 @@ class ProbeResult:
     status: str
     error: str | None = None
     calibration_id: int | None = None  # the stored calibration the figure was folded into
+    samples: int = 0  # timed windows behind the figure
 
     def to_dict(self) -> dict[str, Any]:
         """``probe --json``'s row: the issue's keys (gpu, machine_type, precision, batch, step_ms, steps, wall_s,
@@ -121,6 +122,9 @@ def figures(session: Session, point: ProbePoint, job_id: str) -> ProbeResult:
         select(Metric.step_time_s).where(Metric.job_id == job_id, Metric.kind == "worker",
                                          Metric.step > WARMUP_STEPS, Metric.step_time_s.is_not(None))
         .order_by(Metric.step)).all()]
+    steps = len(windows) * LOG_EVERY
+    if not windows:  # a `run:` script's own metric lines: no per-worker step time, their stamps give it
+        windows, steps = script_windows(session, job_id)
     wall = (job.ended_at or queries.clock_of(session).time()) - job.created_at
     cost = queries.job_cost(session, job_id)["total"]
     if job.status != "succeeded" or not windows:
@@ -128,8 +132,19 @@ def figures(session: Session, point: ProbePoint, job_id: str) -> ProbeResult:
         error = f"{job.status}: {why}" if job.status != "succeeded" else "no timed step logged"
         return ProbeResult(point, job_id, None, None, None, 0, wall, cost, job.status, error)
     step = statistics.median(windows)
-    return ProbeResult(point, job_id, step * 1e3, min(windows) * 1e3, max(windows) * 1e3, len(windows) * LOG_EVERY,
-                       wall, cost, job.status)
+    return ProbeResult(point, job_id, step * 1e3, min(windows) * 1e3, max(windows) * 1e3, steps,
+                       wall, cost, job.status, samples=len(windows))
+
+
+def script_windows(session: Session, job_id: str) -> tuple[list[float], int]:
+    """A `run:` script's windows: the seconds a step between consecutive metric lines of its own (their stamps,
+    taken as rank 0 printed them), those that start past the warm-up; and the steps they span. The script
+    decides its steps and how often it prints: its first line past the warm-up starts the timed run."""
+    rows = [(int(s), float(t)) for s, t in session.execute(
+        select(Metric.step, Metric.at).where(Metric.job_id == job_id, Metric.kind == "step")
+        .order_by(Metric.step, Metric.at)).all()]
+    pairs = [(a, b) for a, b in zip(rows, rows[1:], strict=False) if a[0] >= WARMUP_STEPS and b[0] > a[0]]
+    return [(b[1] - a[1]) / (b[0] - a[0]) for a, b in pairs], sum(b[0] - a[0] for a, b in pairs)
 
 
 def fold_probe(session: Session, spec: JobSpec, result: ProbeResult) -> int:
@@ -140,7 +155,7 @@ def fold_probe(session: Session, spec: JobSpec, result: ProbeResult) -> int:
     base = planning_calibration(spec) or DEFAULT_CALIBRATION
     key = point_key(p.gpu, runtime_key(job_runtime(spec.training), p.precision), spec.training.profile_name, p.batch)
     point = MeasuredStep(result.step_ms / 1e3, result.low_ms / 1e3, result.high_ms / 1e3,
-                         result.steps // LOG_EVERY, f"probe job {result.job_id}")
+                         result.samples, f"probe job {result.job_id}")
     name = f"probe {result.job_id}"[:64]
     calib = with_points(base, {key: point}, name, f"{base.name} + {len(base.measured) + 1} probed point(s)",
                         emulated=spec.provider.emulates_gpus)

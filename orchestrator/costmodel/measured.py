@@ -139,13 +139,44 @@ def scaled(fn: StepFn, k: float) -> StepFn:
     return out
 
 
+def through_two(fn: StepFn, points: Mapping[int, MeasuredStep]) -> StepFn | None:
+    """``fn`` with its host time and its GPU part refitted to two or more measured batches: the curve is
+    ``t(b)^p = host^p + (k g(b))^p`` (``compute.StepTimeFn``'s smooth max, g the predicted GPU part), linear in
+    (host^p, k^p), so two batches give host and k exactly (more: least squares) and the batch keeps the GPU
+    part's shape (its per-example and fixed parts) at the measured speed. None where fewer than two distinct
+    batches were measured or the fit is not a curve (no GPU part growing with the batch, or a negative host)."""
+    f: Any = fn
+    usable = sorted((b, p.step_s) for b, p in points.items() if b > 0 and p.step_s > 0)
+    if len(usable) < 2:
+        return None
+    pw = float(f.overlap)
+    xs = [float(f.gpu_s(float(b))[0]) ** pw for b, _ in usable]
+    ys = [t ** pw for _, t in usable]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
+    host = my - slope * mx
+    if slope <= 0 or host < 0:
+        return None
+    k = slope ** (1 / pw)
+    out: StepFn = replace(f, host_s=host ** (1 / pw), c=f.c * k, m=f.m * k, w=f.w * k)
+    return out
+
+
 def through_measured(fn: StepFn, calibration: Calibration | None, gpu: str, runtime_key: str,
                      model: str) -> StepFn:
-    """``fn`` scaled by the geometric mean of measured / predicted over this GPU's measured batches: the curve
-    passes through a single measured point exactly, keeps its shape in the batch, and is ``fn`` itself where
-    nothing was measured."""
+    """``fn`` through this GPU's measured batches: through two or more, its host time and GPU part refitted to
+    them (``through_two``: the batch split and the memory-capped batch choice read the measured curve); through
+    one (or where that fit fails), scaled by the geometric mean of measured / predicted, so the curve passes
+    through a single point exactly and keeps its shape in the batch; ``fn`` itself where nothing was measured."""
     f: Any = fn
-    k = measured_ratio(measured_points(calibration, gpu, runtime_key, model), lambda b: float(f.at(float(b))))
+    points = measured_points(calibration, gpu, runtime_key, model)
+    fitted = through_two(fn, points)
+    if fitted is not None:
+        return fitted
+    k = measured_ratio(points, lambda b: float(f.at(float(b))))
     return fn if k is None else scaled(fn, k)
 
 

@@ -1,11 +1,15 @@
 """`orchestrator probe SPEC`: which points to measure, and what each probe is predicted to cost, before anything is
 created.
 
-A point is (GPU type, machine type, precision, batch). The points worth measuring are those of the plan's choice
+A point is (GPU type, machine type, precision). The points worth measuring are those of the plan's choice
 and of every runner-up whose predicted interval (the plan's own, ``costmodel.interval``) overlaps the choice's: a
-measurement may change the ranking only there. A point a probe measured already is not measured again; at most
-``max_probes`` are kept, in the plan's rank order. Each probe is the user's own job (same payload, same images)
-cut to one worker on spot (on-demand where the GPU has no spot price), in the cheapest zone the plan priced it,
+measurement may change the ranking only there. Each point is measured at two batches where memory allows
+(:func:`second_batch`: the planned batch and double it where the memory model says it fits, else half it), so
+the curve the batch split and the memory-capped batch choice read passes through two measured steps
+(``measured.through_two``). A batch a probe measured already is not measured again; at most ``max_probes``
+points are kept, in the plan's rank order. Each probe is one batch of one point (its own VM: the payloads read
+their batch once, at start): the user's own job (same payload, same images) cut to one worker on spot
+(on-demand where the GPU has no spot price), in the cheapest zone the plan priced it,
 ``WARMUP_STEPS`` + ``TIMED_STEPS`` steps, logged every ``LOG_EVERY`` steps, never checkpointed. Their predicted
 costs add up against ``policy.budget_usd``: past it, the probe is refused before anything is created.
 ``control.probe_run`` runs them through the normal launch path and folds what they measured."""
@@ -19,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.costmodel import Calibration, Candidate, PlanResult
-from orchestrator.costmodel.batches import job_precision, job_runtime
+from orchestrator.costmodel.batches import job_precision, job_runtime, memory_params
 from orchestrator.costmodel.compute import runtime_key
 from orchestrator.costmodel.launch_plan import LaunchPlan
 from orchestrator.costmodel.measured import measured_at
+from orchestrator.costmodel.memory import max_batch
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec import (
     Chief,
@@ -102,8 +107,10 @@ def plan_probes(spec_path: Path, max_probes: int = 4,
         result, calibration, rel, warnings = refused.result, planning_calibration(spec), 0.0, refused.warnings
     label = short(str(spec_path), 200)
     wanted, skipped = candidate_points(spec, result, calibration, rel)
-    points = [_probe_point(spec, p, calibration, label) for p in wanted[:max_probes]]
-    skipped += [f"{g} {m} {p} b{b}: past --max-probes {max_probes}" for g, m, p, b, *_ in wanted[max_probes:]]
+    kept = list(dict.fromkeys((g, m) for g, m, *_ in wanted))[:max_probes]
+    points = [_probe_point(spec, p, calibration, label) for p in wanted if (p[0], p[1]) in kept]
+    skipped += [f"{g} {m} {p} b{b}: past --max-probes {max_probes}" for g, m, p, b, *_ in wanted
+                if (g, m) not in kept]
     planned = ProbePlan(spec, tuple(points), tuple(skipped), warnings)
     budget = spec.policy.budget_usd
     if budget is not None and planned.total_cost_usd > budget:
@@ -133,24 +140,45 @@ def ranked_overlapping(result: PlanResult, rel: float) -> list[Candidate]:
 
 def candidate_points(spec: JobSpec, result: PlanResult, calibration: Calibration | None,
                      rel: float) -> tuple[list[Point], list[str]]:
-    """The points of the overlapping candidates in rank order, each once, on spot and in its cheapest priced zone
-    where the plan has one; those measured already are left out (named in the second list)."""
+    """The probes of the overlapping candidates' points in rank order: each point's planned batches, then its
+    second batch (:func:`second_batch`), each once, on spot and in its cheapest priced zone where the plan has
+    one; batches measured already are left out (named in the second list)."""
     precision = job_precision(spec.training)
     rt = runtime_key(job_runtime(spec.training), precision)
     model = spec.training.profile_name
-    found: dict[tuple[str, str, int], list[tuple[bool, float, str | None]]] = {}
+    found: dict[tuple[str, str], dict[int, list[tuple[bool, float, str | None]]]] = {}
     for c in ranked_overlapping(result, rel):
         for w in c.workers:
-            found.setdefault((w.gpu, w.machine_type, w.batch), []).append((w.spot, w.price_per_hour, w.zone))
+            found.setdefault((w.gpu, w.machine_type), {}).setdefault(w.batch, []).append(
+                (w.spot, w.price_per_hour, w.zone))
+    probes: list[tuple[str, str, int, list[tuple[bool, float, str | None]]]] = []
+    for (gpu, machine), batches in found.items():
+        offers = [o for per_batch in batches.values() for o in per_batch]
+        second = second_batch(spec, gpu, min(batches))
+        extra = {second: offers} if second is not None and second not in batches else {}
+        probes += [(gpu, machine, b, o) for b, o in {**batches, **extra}.items()]
     points: list[Point] = []
     skipped: list[str] = []
-    for (gpu, machine, batch), offers in found.items():
+    for gpu, machine, batch, offers in probes:
         if measured_at(calibration, gpu, rt, model, batch) is not None:
             skipped.append(f"{gpu} {machine} {precision} b{batch}: measured already")
             continue
         spot, _, zone = min(offers, key=lambda o: (not o[0], o[1]))  # spot first, then the cheapest zone
         points.append((gpu, machine, precision, batch, spot or spec.provider.emulates_gpus, zone))
     return points, skipped
+
+
+def second_batch(spec: JobSpec, gpu: str, batch: int) -> int | None:
+    """The point's second probed batch: double the planned one where the memory model (the spec's optimizer and
+    precision: ``batches.memory_params``) says it fits the GPU, else half it; None at batch 1 with no room to
+    double. A model the memory model does not know is halved: the planned batch is the only one known to fit."""
+    try:
+        cap = max_batch(spec.training.profile_name, gpu, None, memory_params(spec))
+    except LookupError:  # UnknownModelError, or a GPU the catalog does not know
+        cap = batch
+    if 2 * batch <= cap:
+        return 2 * batch
+    return batch // 2 if batch >= 2 else None
 
 
 def probe_spec(spec: JobSpec, gpu: str, machine_type: str | None, batch: int, spot: bool,
