@@ -170,12 +170,13 @@ def test_a_failed_probe_is_torn_down_billed_and_the_next_point_tried(tmp_path: P
                    "--poll", "0.2"], env, tmp_path)
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
-    assert [p["gpu"] for p in doc["probes"]] == ["k80", "p100"]
+    assert [p["gpu"] for p in doc["probes"]] == ["k80", "k80", "p100", "p100"]  # two batches a point
+    assert len({(p["gpu"], p["batch"]) for p in doc["probes"]}) == 4
     assert all(set(p) == {"gpu", "machine_type", "precision", "batch", "step_ms", "steps", "wall_s", "cost_usd"}
                for p in doc["probes"])
     assert set(doc) == {"probes", "total_cost_usd"} and all(p["step_ms"] is None for p in doc["probes"])
     jobs = _jobs(env["ORCHESTRATOR_DB_URL"])
-    assert len(jobs) == 2 and all(status == "failed" and ledger >= 1 for _, status, ledger in jobs), jobs
+    assert len(jobs) == 4 and all(status == "failed" and ledger >= 1 for _, status, ledger in jobs), jobs
     with open_session() as session:  # every cent under the probe's job: the JSON is the ledger's sum
         ledger = sum(queries.job_cost(session, job_id)["total"] for job_id, _, _ in jobs)
     assert doc["total_cost_usd"] == pytest.approx(ledger) and ledger > 0
@@ -203,9 +204,13 @@ def test_sigterm_tears_the_running_probe_down_and_creates_no_later_one(tmp_path:
     assert proc.returncode == 143, out
     assert "Traceback" not in out
     jobs = _jobs(env["ORCHESTRATOR_DB_URL"])
-    assert [status for _, status, _ in jobs] == ["cancelled"], (jobs, out)  # the p100 probe never created
+    assert [status for _, status, _ in jobs] == ["cancelled"], (jobs, out)  # no later probe created
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
         assert {r[0] for r in conn.execute(text("SELECT status FROM instances"))} == {"deleted"}
+        owners = [r[0] for r in conn.execute(text("SELECT job_id FROM ledger"))]
+    assert owners and set(owners) == {jobs[0][0]}, owners  # every cent of the VM's time under the probe's job
+    with open_session() as session:
+        assert queries.job_cost(session, jobs[0][0])["total"] > 0
     wait_until(lambda: processes_under(tmp_path) == [], timeout=20)
 
 

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 def probe(
     spec_path: Path = typer.Argument(..., help="job spec (YAML): its model is probed on the plan's candidate points"),
-    max_probes: int = typer.Option(4, "--max-probes", min=1, help="at most this many points (one short job each)"),
+    max_probes: int = typer.Option(4, "--max-probes", min=1,
+                                   help="at most this many points (a short job a batch, two batches where they fit)"),
     yes: bool = typer.Option(False, "--yes", help="create the probes without asking"),
     json_out: bool = typer.Option(False, "--json", help="print the figures as JSON"),
     poll: float = typer.Option(1.0, "--poll", help="seconds between reconcile passes", min=0.05),
