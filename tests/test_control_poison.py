@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import REPO, cli, processes_under, wait_until
+from e2e_helpers import REPO, processes_under, wait_until
 
 from orchestrator.control.launcher import create_job
 from orchestrator.model.paths import user_dir
@@ -29,6 +29,7 @@ from orchestrator.providers.ports import free_port
 from orchestrator.store.db import open_session
 from orchestrator.store.models import Job
 from orchestrator_testing.processes import stop
+from tests.cli_inproc import run_cli
 
 GOOD = 45
 
@@ -164,7 +165,7 @@ def test_fifty_jobs_five_poisoned_the_other_45_finish(tmp_path: Path, broken_clo
         for what in ("unreachable ssh host", "provider 5xx forever"):
             job_id = poisoned[what]
             if final[job_id] not in FINAL_JOB:
-                out = cli("cancel", job_id, env=env, timeout=200)
+                out = run_cli(["cancel", job_id], env, REPO)  # in process: the daemon is what is under test
                 assert out.returncode == 0, out.stdout + out.stderr
         final = _statuses(list(poisoned.values()))
         assert all(s in FINAL_JOB for s in final.values()), final
