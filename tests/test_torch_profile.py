@@ -25,6 +25,7 @@ from orchestrator.costmodel.crossgpu import (  # noqa: E402
 from orchestrator.costmodel.profiles import ModelProfile  # noqa: E402
 from orchestrator.profiler.cache import torch_profile  # noqa: E402
 from orchestrator.profiler.torch_profile import ProfileError, load_factory, profile_factory  # noqa: E402
+from tests.cli_inproc import run_cli  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = "examples/own-script/models.py"
@@ -35,6 +36,11 @@ def run(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], capture_output=True, text=True,
                           cwd=REPO, env={**os.environ, "COLUMNS": "200", "ORCHESTRATOR_HOME": str(home)},
                           timeout=300)
+
+
+def run_here(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """The same answer from this interpreter (tests/cli_inproc.py): no fresh interpreter's imports per call."""
+    return run_cli(args, {**os.environ, "COLUMNS": "200", "ORCHESTRATOR_HOME": str(home)}, REPO)
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +162,7 @@ def test_gpu_facts_agree_with_the_catalog() -> None:
 
 
 def test_cli_profile_predict_and_plan(tmp_path: Path) -> None:
+    # The console script once (the profile in a fresh interpreter); the rest in process.
     out = run("model", "profile", "--torch", SMALL, "--json", home=tmp_path)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -165,7 +172,7 @@ def test_cli_profile_predict_and_plan(tmp_path: Path) -> None:
     measured = tmp_path / "m.csv"
     measured.write_text("gpu,framework,runtime,model,depth,batch,precision,step_ms\n"
                         f"v100,pytorch,pytorch-eager,{SMALL},,64,amp,40.0\n")
-    out = run("model", "predict", "--torch", SMALL, "--gpu", "a100", "--batch", "64", "--precision", "amp",
+    out = run_here("model", "predict", "--torch", SMALL, "--gpu", "a100", "--batch", "64", "--precision", "amp",
               "--runtime", "pytorch-eager", "--measurements", str(measured), "--json", home=tmp_path)
     assert out.returncode == 0, out.stderr
     pred = json.loads(out.stdout)
@@ -182,7 +189,7 @@ def test_cli_profile_predict_and_plan(tmp_path: Path) -> None:
             fh.write(f"v100,pytorch,pytorch-eager,{other},,{b},amp,{ms}\n")
             fh.write(f"a100,pytorch,pytorch-eager,{other},,{b},amp,{4 * ms}\n")
         fh.write("a100,pytorch,pytorch-eager,nonexistent_model,,8,amp,1.0\n")
-    out = run("model", "predict", "--torch", SMALL, "--gpu", "a100", "--batch", "64", "--precision", "amp",
+    out = run_here("model", "predict", "--torch", SMALL, "--gpu", "a100", "--batch", "64", "--precision", "amp",
               "--runtime", "pytorch-eager", "--measurements", str(measured), "--json", home=tmp_path)
     assert out.returncode == 0, out.stderr
     fitted = json.loads(out.stdout)
@@ -191,11 +198,11 @@ def test_cli_profile_predict_and_plan(tmp_path: Path) -> None:
     assert fitted["machine_fits"]["v100/amp"]["points"] == 4  # resnet50's 3 rows and the model's own
     assert fitted["step_ms"] > 2 * pred["step_ms"]
 
-    out = run("model", "predict", "--torch", SMALL, "--gpu", "a100", "--batch", "64", "--precision", "int3",
+    out = run_here("model", "predict", "--torch", SMALL, "--gpu", "a100", "--batch", "64", "--precision", "int3",
               home=tmp_path)
     assert out.returncode == 2 and "precision" in out.stderr and "Traceback" not in out.stderr
 
-    out = run("plan", "examples/gce-own-model.yaml", "--json", home=tmp_path)
+    out = run_here("plan", "examples/gce-own-model.yaml", "--json", home=tmp_path)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["model"] == "torch:own-script/models.py:transformer_small"  # as the spec names it
