@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -185,6 +186,23 @@ def run_daemon(*, interval_s: float, gc_every_s: float, once: bool, metrics_port
         if scheduler.running:  # a pass in flight may end anywhere: every write is idempotent
             scheduler.shutdown(wait=False)
         log.info("daemon stopped; jobs continue when it starts again")
+        _leave_calls_in_flight()
+
+
+IN_FLIGHT = ("backend", "gce-")  # the thread pools of provider calls (control.driver, providers.gce.background)
+
+
+def _leave_calls_in_flight() -> None:
+    """End the process now if provider calls are still in flight. Python joins pool threads at exit, so a listing
+    retrying a failing cloud (5 tries, a minute each) would hold a stopped daemon for minutes, past a service
+    manager's stop timeout. Each call is safe to repeat and the next daemon makes it again: leaving them is a kill
+    at any line, which the daemon is built for."""
+    busy = [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(IN_FLIGHT)]
+    if busy:
+        log.info("ending without waiting for %d provider thread(s) (%s): a call still in flight is repeated by the "
+                 "next daemon", len(busy), ", ".join(sorted(busy)[:4]))
+        logging.shutdown()  # the lines above are written before the process ends
+        os._exit(0)
 
 
 def _serve(scheduler: BlockingScheduler, *, interval_s: float, gc_every_s: float, once: bool,
