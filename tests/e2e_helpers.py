@@ -97,3 +97,40 @@ cluster:{ps}
 policy: {{on_revocation: replace, max_replacements: 4, budget_usd: 5, deadline: 20m}}
 pricing: {{book: 2019-02}}
 """
+
+
+ELASTIC_TRACE = ("spot-availability", "16-node", "aws-08-27-2023_us-west-2c_v100_1.json")  # under data_dir()
+ELASTIC_DEADLINE_S = 480  # the work is ~70 s here (300 steps); a loaded host may take 3x that and still meet it
+
+
+def elastic_spec(name: str, storage: Path) -> str:
+    """Two spot V100 workers of a PyTorch job on a replayed 16-node count trace, deadline ELASTIC_DEADLINE_S (from
+    tick 2530, 5-minute ticks, 5 s here: 16 spot VMs for 25 s, then 1 for 10 s, none for 25 s, then 16 again):
+    tests/test_local_deadline_elastic_e2e.py's job, and tests/test_ff_torch.py's fast-forwarded."""
+    from orchestrator.model.paths import data_dir
+
+    return f"""name: {name}
+provider:
+  kind: local
+  time_scale: 60
+  revocations: none
+  availability_trace: {data_dir().joinpath(*ELASTIC_TRACE)}
+  availability_start_tick: 2530
+  emulation_k80_step_s: 0.25
+storage: {storage}
+training:
+  framework: pytorch
+  hparam_set: resnet_tiny
+  problem: image_cifar10
+  train_steps: 300
+  global_batch: 16
+  checkpoint_every: 25
+  log_every: 10
+cluster:
+  workers:
+    - {{gpu: v100, count: 2, spot: true}}
+policy:
+  on_revocation: deadline
+  deadline: {ELASTIC_DEADLINE_S}s
+pricing: {{book: 2019-02}}
+"""

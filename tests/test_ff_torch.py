@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import ELASTIC_DEADLINE_S, elastic_spec
 from fastforward import Run, example_spec, fast_forward, spec_of
 from sqlalchemy import create_engine, text
 
 from orchestrator.cli.deadline_report import deadline_section
 from orchestrator.cli.torch_report import resplits, training_section, worker_batches
 from orchestrator.clock import VirtualClock
-from orchestrator.model.paths import data_dir
 from orchestrator.store import queries
 from orchestrator.store.db import open_session
 
@@ -85,15 +85,21 @@ def test_a_running_job_resplits_when_a_worker_slows(tmp_path: Path, monkeypatch:
     assert all(r["compute_s"] and r["compute_s"]["0"] > r["compute_s"]["2"] for r in after[:1]), after
 
 
+def _lose_stage_1(example: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Run, dict[str, Any]]:
+    """``example`` (a 3-stage pipeline), 120 steps, its P100 stage (worker-1) revoked at step 30: the run and its
+    summary row."""
+    spec = example_spec(example, tmp_path, training={"train_steps": 120, "checkpoint_every": 60},
+                        provider={"schedule": [{"instance": "worker-1", "at_step": 30}]})
+    run = fast_forward(spec, tmp_path, monkeypatch)
+    return run, _report(tmp_path, run)[0]
+
+
 def test_a_pipeline_re_partitions_over_the_survivors_where_waiting_is_dearer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/local-pipeline-repartition.yaml, shorter: the P100 stage is revoked at step 30; waiting for its
     replacement is predicted dearer than going on over the V100 and the K80, so the controller records both
     options, replaces nothing, and restarts the survivors as a 2-stage pipeline from the notice's checkpoint."""
-    spec = example_spec("local-pipeline-repartition", tmp_path, training={"train_steps": 120, "checkpoint_every": 60},
-                        provider={"schedule": [{"instance": "worker-1", "at_step": 30}]})
-    run = fast_forward(spec, tmp_path, monkeypatch)
-    summary, _, _ = _report(tmp_path, run)
+    run, summary = _lose_stage_1("local-pipeline-repartition", tmp_path, monkeypatch)
     assert summary["status"] == "succeeded" and summary["revocations"] == 1 and summary["replacements"] == 0, (
         run.timeline())
     assert summary["accuracy"] > 0.5
@@ -117,10 +123,7 @@ def test_a_pipeline_waits_for_the_replacement_of_a_lost_stage(tmp_path: Path, mo
     checkpoints on the notice, the two survivors wait (a pipeline needs every stage), and the replacement's stage
     joins a 3-stage world that resumes from the notice's checkpoint (tests/test_torch_e2e.py's
     test_a_pipeline_survives_the_revocation_of_a_stage, daemon-side)."""
-    spec = example_spec("local-pipeline", tmp_path, training={"train_steps": 120, "checkpoint_every": 60},
-                        provider={"schedule": [{"instance": "worker-1", "at_step": 30}]})
-    run = fast_forward(spec, tmp_path, monkeypatch)
-    summary, _, _ = _report(tmp_path, run)
+    run, summary = _lose_stage_1("local-pipeline", tmp_path, monkeypatch)
     assert summary["status"] == "succeeded" and summary["revocations"] == 1 and summary["replacements"] == 1, (
         run.timeline())
     notes = _notes(tmp_path)
@@ -133,38 +136,7 @@ def test_a_pipeline_waits_for_the_replacement_of_a_lost_stage(tmp_path: Path, mo
     assert resumed > 0 and f"at step {resumed}:" in noticed, (noticed, worlds)
 
 
-TRACE = data_dir() / "spot-availability" / "16-node" / "aws-08-27-2023_us-west-2c_v100_1.json"
-DEADLINE_S = 480
-
-
-def _elastic_spec(storage: Path) -> str:
-    """tests/test_local_deadline_elastic_e2e.py's job: two spot V100 workers on a replayed 16-node count trace
-    (from tick 2530, 5 s a tick here: 16 spot VMs for 25 s, then 1 for 10 s, none for 25 s, then 16 again)."""
-    return f"""name: elastic-ff
-provider:
-  kind: local
-  time_scale: 60
-  revocations: none
-  availability_trace: {TRACE}
-  availability_start_tick: 2530
-  emulation_k80_step_s: 0.25
-storage: {storage}
-training:
-  framework: pytorch
-  hparam_set: resnet_tiny
-  problem: image_cifar10
-  train_steps: 300
-  global_batch: 16
-  checkpoint_every: 25
-  log_every: 10
-cluster:
-  workers:
-    - {{gpu: v100, count: 2, spot: true}}
-policy:
-  on_revocation: deadline
-  deadline: {DEADLINE_S}s
-pricing: {{book: 2019-02}}
-"""
+DEADLINE_S = ELASTIC_DEADLINE_S
 
 
 def test_a_preemption_of_one_worker_shrinks_the_world_and_the_job_meets_its_deadline(
@@ -172,7 +144,7 @@ def test_a_preemption_of_one_worker_shrinks_the_world_and_the_job_meets_its_dead
     """When the trace's count falls to one spot VM the provider revokes the worker of rank 2; the daemon's elastic
     policy keeps the survivor and tops up with on-demand as the deadline needs, the world re-forms, and the job
     finishes by its deadline."""
-    run = fast_forward(spec_of(_elastic_spec(tmp_path / "runs")), tmp_path, monkeypatch)
+    run = fast_forward(spec_of(elastic_spec("elastic-ff", tmp_path / "runs")), tmp_path, monkeypatch)
     summary, _, deadline = _report(tmp_path, run)
     assert summary["status"] == "succeeded", run.timeline()
     notes = _notes(tmp_path)

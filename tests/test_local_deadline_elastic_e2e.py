@@ -11,45 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_helpers import cli, processes_under
+from e2e_helpers import ELASTIC_DEADLINE_S, cli, elastic_spec, processes_under
 from sqlalchemy import create_engine, text
-
-from orchestrator.model.paths import data_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
-TRACE = data_dir() / "spot-availability" / "16-node" / "aws-08-27-2023_us-west-2c_v100_1.json"
-# From tick 2530 (5-minute ticks, 5 s here): 16 spot VMs for 25 s, then 1 for 10 s, none for 25 s, then 16 again.
-START_TICK = 2530
-DEADLINE_S = 480  # the work is ~70 s here (300 steps); a loaded host may take 3x that and still meet it
-
-
-def _spec(storage: Path) -> str:
-    return f"""name: elastic-e2e
-provider:
-  kind: local
-  time_scale: 60
-  revocations: none
-  availability_trace: {TRACE}
-  availability_start_tick: {START_TICK}
-  emulation_k80_step_s: 0.25
-storage: {storage}
-training:
-  framework: pytorch
-  hparam_set: resnet_tiny
-  problem: image_cifar10
-  train_steps: 300
-  global_batch: 16
-  checkpoint_every: 25
-  log_every: 10
-cluster:
-  workers:
-    - {{gpu: v100, count: 2, spot: true}}
-policy:
-  on_revocation: deadline
-  deadline: {DEADLINE_S}s
-pricing: {{book: 2019-02}}
-"""
+DEADLINE_S = ELASTIC_DEADLINE_S
 
 
 @pytest.mark.timeout(DEADLINE_S + 600)
@@ -57,7 +24,7 @@ def test_a_preemption_of_one_worker_shrinks_the_world_and_the_job_meets_its_dead
     pytest.importorskip("torch")
     env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/results.db"}
     spec = tmp_path / "job.yaml"
-    spec.write_text(_spec(tmp_path / "runs"))
+    spec.write_text(elastic_spec("elastic-e2e", tmp_path / "runs"))
     out = cli("launch", str(spec), "--quiet", env=env, timeout=DEADLINE_S + 300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
