@@ -238,6 +238,7 @@ class SshTransport(Transport):
         A wrong host key is fatal at once. A refused login is too, except on a VM whose keys are published at
         boot (``host_key_source``): its guest agent installs our login key at boot as well, maybe late."""
         deadline = self.clock.monotonic() + timeout_s
+        refused: list[SshAuthError] = []
 
         def attempt() -> None:
             remaining = max(0.0, deadline - self.clock.monotonic())
@@ -247,6 +248,7 @@ class SshTransport(Transport):
 
         def retryable(exc: BaseException) -> bool:
             if isinstance(exc, SshAuthError):
+                refused.append(exc)
                 return ep.host_key_source is not None
             return isinstance(exc, TransportError) and not isinstance(exc, FatalTransportError)
 
@@ -255,6 +257,10 @@ class SshTransport(Transport):
             last = state.outcome.exception()
             if isinstance(last, FatalTransportError):
                 raise last
+            if refused:
+                # The host answered and refused our key: that is the diagnosis, not the last try's cut-short
+                # connect (its timeout shrinks to what is left of the deadline).
+                raise refused[-1]
             raise UnreachableError(f"{_where(ep)} not reachable within {timeout_s:.0f}s: {last}")
 
         for tried in Retrying(retry=retry_if_exception(retryable), stop=stop_after_delay(timeout_s),
