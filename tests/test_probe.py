@@ -215,6 +215,7 @@ def test_sigterm_tears_the_running_probe_down_and_creates_no_later_one(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a real torchrun launch beside the own-script contract's (test_torch_e2e); CI's 15 minutes
 def test_a_probe_of_a_run_script_runs_it_and_folds_its_metric_lines(tmp_path: Path) -> None:
     """examples/local-own-script.yaml's train.py on one emulated V100, 60 steps a batch: its own metric lines
     (every 20 steps) are the timed windows; both batches folded into the calibration."""

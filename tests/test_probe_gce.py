@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, text
 
 from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
 
-pytestmark = pytest.mark.slow
+# The extended tier: two real TensorFlow VMs in a row, beside the GCE emulator path's own e2e (test_gce_e2e).
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 pytest.importorskip("tensorflow")
 
 

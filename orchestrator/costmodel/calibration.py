@@ -59,6 +59,7 @@ from orchestrator.costmodel.compute import (
     layer_arrays,
     prior_for,
     runtime_key,
+    step_basis,
 )
 from orchestrator.costmodel.host_fit import fit_runtimes
 from orchestrator.costmodel.machine_fit import MachineFit
@@ -262,9 +263,12 @@ def _fit_joint(
             out[k] = _from_x(x, half_batch=not per_gpu_hb)
         return out
 
+    bases = [step_basis(layer_arrays(m.model), catalog.gpu(m.gpu), m.precision, m.runtime) for m in rows]
+    batches = [float(m.batch) for m in rows]
+
     def fun(xv: FloatArray) -> FloatArray:
         e = effs(xv)
-        pred = np.array([_step(m, e[m.key], catalog) for m in rows]) + comm
+        pred = np.array([b.with_eff(e[m.key]).at(n) for m, b, n in zip(rows, bases, batches, strict=True)]) + comm
         return np.concatenate([weight * np.log(pred / measured), PRIOR_WEIGHT * (xv - x0)])
 
     starts = _starts(np.clip(x0, lo + 1e-9, hi - 1e-9), len(shared), [(k in overlap_keys, len(own[k])) for k in keys])

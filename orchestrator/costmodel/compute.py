@@ -512,15 +512,35 @@ class StepTimeFn:
         return self.c * occ, self.m * occ + self.w
 
 
+@dataclass(frozen=True)
+class StepBasis:
+    """Everything of a step's time but the efficiencies: the network, the GPU's peaks at a precision, the runtime's
+    fusion and kernel count. A calibration fit evaluates thousands of efficiencies on each measured row's basis."""
+
+    arrays: LayerArrays
+    gpu: Gpu
+    flops: FloatArray  # per-layer FLOP/s peak (_peaks)
+    byte_scale: float
+    act: FloatArray  # activation bytes a step moves (fused layers' taken out)
+    kernels: float
+
+    def with_eff(self, eff: Efficiency) -> StepTimeFn:
+        bw = eff.eff_memory * self.gpu.memory_bw_gbs * 1e9 * self.byte_scale
+        c = TRAINING_FACTOR * self.arrays.flops / (eff.eff_compute * self.flops)
+        m = TRAINING_FACTOR * self.act / bw
+        w = WEIGHT_TRAFFIC_FACTOR * self.arrays.weight_bytes / bw
+        h = eff.half_batch_for(self.gpu) * REFERENCE_ELEMENTS / self.arrays.elements
+        return StepTimeFn(eff.host_s(self.kernels), c, m, w, h, eff.overlap)
+
+
+def step_basis(arrays: LayerArrays, gpu: Gpu, precision: str = "fp32", runtime: str = DEFAULT_RUNTIME) -> StepBasis:
+    flops, byte_scale = _peaks(gpu, precision, arrays.conv)
+    fused = runtime.split("+")[0] in FUSING_RUNTIMES
+    act = arrays.act_bytes * (1.0 - arrays.fusable) if fused else arrays.act_bytes
+    return StepBasis(arrays, gpu, flops, byte_scale, act, arrays.kernel_count(runtime, precision))
+
+
 def build_step_fn(
     arrays: LayerArrays, gpu: Gpu, eff: Efficiency, precision: str = "fp32", runtime: str = DEFAULT_RUNTIME
 ) -> StepTimeFn:
-    flops, byte_scale = _peaks(gpu, precision, arrays.conv)
-    bw = eff.eff_memory * gpu.memory_bw_gbs * 1e9 * byte_scale
-    fused = runtime.split("+")[0] in FUSING_RUNTIMES
-    act = arrays.act_bytes * (1.0 - arrays.fusable) if fused else arrays.act_bytes
-    c = TRAINING_FACTOR * arrays.flops / (eff.eff_compute * flops)
-    m = TRAINING_FACTOR * act / bw
-    w = WEIGHT_TRAFFIC_FACTOR * arrays.weight_bytes / bw
-    h = eff.half_batch_for(gpu) * REFERENCE_ELEMENTS / arrays.elements
-    return StepTimeFn(eff.host_s(arrays.kernel_count(runtime, precision)), c, m, w, h, eff.overlap)
+    return step_basis(arrays, gpu, precision, runtime).with_eff(eff)
