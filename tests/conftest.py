@@ -61,6 +61,15 @@ REAL_TIER_ORDER = (
 )
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The real-process tier (``-m "slow and ..."``, .ci/run) imports only the test files that mark a test slow:
+    the others' imports (TensorFlow, torch, the Compute client: about 12 s of CPU a worker) buy it nothing."""
+    name = collection_path.name
+    if not str(config.option.markexpr).startswith("slow") or not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    return "mark.slow" not in collection_path.read_text()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow tests (real training processes, minutes each) first, in REAL_TIER_ORDER: under pytest-xdist
     (.ci/run) the long ones start at once and the short ones fill the other workers around them, instead of a few

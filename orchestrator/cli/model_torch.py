@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from orchestrator.cli.render import console, table
 from orchestrator.costmodel import host_fit
 from orchestrator.costmodel.compute import (
@@ -33,7 +31,7 @@ from orchestrator.costmodel.machine_fit import Fits
 from orchestrator.costmodel.profiles import ModelProfile, UnknownModelError
 from orchestrator.costmodel.stepmodel import MachineFitStep
 from orchestrator.model.errors import UserError
-from orchestrator.store.db import db_exists, open_session
+from orchestrator.store.env import db_exists
 
 
 def load_torch_profile(ref: str, use_cache: bool = True) -> tuple[ModelProfile, bool]:
@@ -108,7 +106,10 @@ def latest_real_calibration() -> Calibration:
     cloud's GPUs), else the shipped one."""
     if not db_exists():
         return DEFAULT_CALIBRATION
-    from orchestrator.store.calibrations import newest_real_calibration  # lazy: the ORM models (~30 ms)
+    from sqlalchemy.exc import SQLAlchemyError  # lazy: SQLAlchemy only where a DB is there to read
+
+    from orchestrator.store.calibrations import newest_real_calibration
+    from orchestrator.store.db import open_session
 
     try:
         with open_session() as session:

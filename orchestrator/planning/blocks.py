@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.model.blocks import provider_key
 from orchestrator.model.spec import JobSpec
-from orchestrator.store import queries
-from orchestrator.store.db import default_url, open_session
+from orchestrator.store.env import db_exists, default_url
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +26,11 @@ def known_blocks(spec: JobSpec) -> list[KnownBlock]:
     """The stockouts and quotas in force for this spec's cloud project, for placement. Read from an existing
     results DB only: planning creates no file, and a DB it cannot read means no blocks, not an error."""
     url = default_url()
-    if not spec.provider.is_cloud or (url.startswith("sqlite:///") and not Path(url[10:]).exists()):
+    if not spec.provider.is_cloud or not db_exists(url):
         return []
+    from orchestrator.store import queries  # lazy: SQLAlchemy and the ORM only where a DB is there to read
+    from orchestrator.store.db import open_session
+
     try:
         with open_session(url) as session:
             rows = queries.active_blocks(session, provider_key(spec))

@@ -5,15 +5,15 @@ with what the launch planned."""
 from __future__ import annotations
 
 from pathlib import Path
-
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from orchestrator.costmodel import Calibration, load_calibration
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec import JobSpec
-from orchestrator.store.calibrations import newest_calibration
-from orchestrator.store.db import db_exists, open_session
+from orchestrator.store.env import db_exists
+
+if TYPE_CHECKING:  # SQLAlchemy and the ORM (0.3 s of import) load only where a results DB is there to read
+    from sqlalchemy.orm import Session
 
 
 def resolve_calibration(ref: str | None) -> Calibration | None:
@@ -21,6 +21,7 @@ def resolve_calibration(ref: str | None) -> Calibration | None:
     if ref is None:
         return None
     if ref.strip().isdigit():
+        from orchestrator.store.db import open_session
         from orchestrator.store.queries import load_calibration as load_row  # lazy: the ORM models (~30 ms)
 
         try:
@@ -47,6 +48,11 @@ def latest_calibration(real: bool = False) -> Calibration | None:
     None; never creates the DB."""
     if not db_exists():
         return None
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.store.calibrations import newest_calibration
+    from orchestrator.store.db import open_session
+
     try:
         with open_session() as session:
             return newest_calibration(session, real)
@@ -68,4 +74,6 @@ def planning_calibration(spec: JobSpec, as_cloud: bool = False) -> Calibration |
 def launched_calibration(session: Session, spec: JobSpec, created_at: float) -> Calibration | None:
     """The calibration a job was launched with: the rule above, as it stood when the job was recorded (a fold
     during the run changes nothing, and every daemon plans the job alike)."""
+    from orchestrator.store.calibrations import newest_calibration
+
     return newest_calibration(session, real=reads_real_gpus(spec), before=created_at)

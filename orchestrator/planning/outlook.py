@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from orchestrator.costmodel import Calibration
 from orchestrator.costmodel.slots import Slot, on_gpu
@@ -28,6 +27,9 @@ from orchestrator.sim.availability import (
 )
 from orchestrator.sim.deadline_outlook import Markets, outlook_rows
 from orchestrator.sim.multizone import Market
+
+if TYPE_CHECKING:  # the daemon's session; `plan` opens none
+    from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)

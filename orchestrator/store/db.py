@@ -8,30 +8,19 @@ import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from alembic import command
 from orchestrator.clock import WALL, Clock
 from orchestrator.model.paths import alembic_dir, home_path, user_dir
 from orchestrator.store.env import ENV_URL as ENV_URL  # re-exported: callers read db.ENV_URL
+from orchestrator.store.env import db_exists as db_exists
+from orchestrator.store.env import default_url as default_url
 
-
-def default_url() -> str:
-    return os.environ.get(ENV_URL) or f"sqlite:///{user_dir() / 'orchestrator.db'}"
-
-
-def db_exists(url: str | None = None) -> bool:
-    """The results DB is there to read (a server DB always is): reading must not create a SQLite file."""
-    url = url or default_url()
-    if not url.startswith("sqlite:///"):
-        return not url.startswith("sqlite")  # in-memory SQLite holds nothing to read
-    return Path(url.removeprefix("sqlite:///")).exists()
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -69,6 +58,9 @@ def get_engine(url: str) -> Engine:
 
 
 def alembic_config(url: str) -> Config:
+    # Alembic (0.3 s of import) is loaded by the first session or migration, never by a verb that opens no DB.
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(alembic_dir()))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -76,12 +68,16 @@ def alembic_config(url: str) -> Config:
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert head is not None
     return head
 
 
 def current_revision(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     with get_engine(url).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
@@ -123,6 +119,8 @@ def upgrade(url: str, revision: str = "head") -> None:
         _migration_lock(conn)
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn
+        from alembic import command
+
         command.upgrade(cfg, revision)
 
 
@@ -132,6 +130,8 @@ def downgrade(url: str, revision: str = "base") -> None:
         _migration_lock(conn)
         cfg = alembic_config(url)
         cfg.attributes["connection"] = conn
+        from alembic import command
+
         command.downgrade(cfg, revision)
     _ensure_schema.cache_clear()  # the next session must upgrade again
 

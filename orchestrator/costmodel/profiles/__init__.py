@@ -106,15 +106,40 @@ def write_profiles(path: Path | None = None) -> Path:
 
 
 @functools.cache
-def load_profiles() -> dict[str, ModelProfile]:
-    """Profiles from the cached ``data/model_profiles.json``; computed if the file is missing or stale."""
+def _stored_models() -> dict[str, dict[str, Any]] | None:
+    """The cached ``data/model_profiles.json``'s models as stored, or None if it is missing or stale."""
     try:
         doc = json.loads(profiles_path().read_text())
         if doc.get("version") == PROFILES_VERSION and set(doc["models"]) == set(MODEL_NAMES):
-            return {name: ModelProfile.from_dict(d) for name, d in doc["models"].items()}
+            models: dict[str, dict[str, Any]] = doc["models"]
+            return models
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    return build_profiles()
+    return None
+
+
+@functools.cache
+def load_profiles() -> dict[str, ModelProfile]:
+    """Profiles from the cached ``data/model_profiles.json``; computed if the file is missing or stale."""
+    stored = _stored_models()
+    if stored is None:
+        return build_profiles()
+    try:
+        return {name: ModelProfile.from_dict(d) for name, d in stored.items()}
+    except (KeyError, TypeError, ValueError):
+        return build_profiles()
+
+
+@functools.cache
+def _one_profile(model: str) -> ModelProfile | None:
+    """One built-in profile, read alone where the stored file is good (a plan needs one of them, not all)."""
+    stored = _stored_models()
+    if stored is not None and model in stored:
+        try:
+            return ModelProfile.from_dict(stored[model])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return load_profiles().get(model)
 
 
 def get_profile(model: str) -> ModelProfile:
@@ -126,13 +151,13 @@ def get_profile(model: str) -> ModelProfile:
                 f"model '{model}' has not been profiled yet: run `orchestrator model profile --torch {ref}`"
             )
         return found
+    found = _one_profile(model)
+    if found is not None:
+        return found
     profiles = load_profiles()
-    try:
-        return profiles[model]
-    except KeyError:
-        raise UnknownModelError(
-            f"no cost-model profile for model '{model}'; {did_you_mean(model, profiles)}known: {', '.join(profiles)}"
-        ) from None
+    raise UnknownModelError(
+        f"no cost-model profile for model '{model}'; {did_you_mean(model, profiles)}known: {', '.join(profiles)}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

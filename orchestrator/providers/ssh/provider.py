@@ -32,7 +32,7 @@ import threading
 from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -46,7 +46,9 @@ from orchestrator.model.spec import SSH_USER_PATTERN, FieldError, SpecError
 from orchestrator.model.specfile import YamlFileError, read_yaml_file
 from orchestrator.providers.base import Provider, SupportsHostGpus, SupportsOwnPricing
 from orchestrator.transport.base import Endpoint, FatalTransportError, TransportError
-from orchestrator.transport.ssh import SshTransport
+
+if TYPE_CHECKING:  # paramiko and fabric (0.13 s of import) load with the first transport, not with the plan
+    from orchestrator.transport.ssh import SshTransport
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +209,11 @@ class SshInventoryProvider(Provider, SupportsOwnPricing, SupportsHostGpus):
         self.inventory = load_inventory(self.inventory_path, catalog)
         self._mtime = self.inventory_path.stat().st_mtime_ns
         self._state = _State(state_path or user_dir() / STATE_FILE)
-        self.transport = transport or SshTransport(connect_timeout_s=5.0, clock=clock)
+        if transport is None:
+            from orchestrator.transport.ssh import SshTransport
+
+            transport = SshTransport(connect_timeout_s=5.0, clock=clock)
+        self.transport = transport
         self.probe_timeout_s = probe_timeout_s
         self.probe_ttl_s = probe_ttl_s
         self._probes: dict[tuple[str, int], tuple[float, bool]] = {}
