@@ -242,13 +242,16 @@ class SshTransport(Transport):
 
         def attempt() -> None:
             remaining = max(0.0, deadline - self.clock.monotonic())
-            self._check(ep, f"mkdir -p {remote_path(ep.workdir)}", "mkdir",
-                        connect_timeout_s=max(0.5, min(self.connect_timeout_s, remaining)),
-                        timeout_s=max(1.0, min(self.command_timeout_s, remaining)))
+            try:
+                self._check(ep, f"mkdir -p {remote_path(ep.workdir)}", "mkdir",
+                            connect_timeout_s=max(0.5, min(self.connect_timeout_s, remaining)),
+                            timeout_s=max(1.0, min(self.command_timeout_s, remaining)))
+            except SshAuthError as exc:
+                refused.append(exc)
+                raise
 
         def retryable(exc: BaseException) -> bool:
             if isinstance(exc, SshAuthError):
-                refused.append(exc)
                 return ep.host_key_source is not None
             return isinstance(exc, TransportError) and not isinstance(exc, FatalTransportError)
 

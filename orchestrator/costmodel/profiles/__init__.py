@@ -132,14 +132,12 @@ def load_profiles() -> dict[str, ModelProfile]:
 
 @functools.cache
 def _one_profile(model: str) -> ModelProfile | None:
-    """One built-in profile, read alone where the stored file is good (a plan needs one of them, not all)."""
+    """One built-in profile, read alone from a good stored file (a plan needs one of them, not all)."""
     stored = _stored_models()
-    if stored is not None and model in stored:
-        try:
-            return ModelProfile.from_dict(stored[model])
-        except (KeyError, TypeError, ValueError):
-            pass
-    return load_profiles().get(model)
+    try:
+        return ModelProfile.from_dict(stored[model]) if stored is not None and model in stored else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def get_profile(model: str) -> ModelProfile:
@@ -151,7 +149,7 @@ def get_profile(model: str) -> ModelProfile:
                 f"model '{model}' has not been profiled yet: run `orchestrator model profile --torch {ref}`"
             )
         return found
-    found = _one_profile(model)
+    found = _one_profile(model) or load_profiles().get(model)
     if found is not None:
         return found
     profiles = load_profiles()
