@@ -174,13 +174,14 @@ def _send(client: compute_v1.InstancesClient, body: compute_v1.Instance) -> None
 
 
 def _body(name: str, group: dict[str, Any], zone: str, **provider: Any) -> compute_v1.Instance:
-    """What the request builder makes for a group, without the spec check in front (as a buggy client would)."""
+    """What the request builder makes for a group, without the spec check in front (as a buggy client would), as
+    the client's message (the provider sends it so: providers/gce/compute_api.message)."""
     spec = GceSpec(project="my-gcp-project", **provider)  # the provider section alone: no spec check
     machine = group.get("machine_type", "g2-standard-4")
     request = InstanceRequest(name=name, job_id="rules", role=Role.WORKER, index=0, generation=0, zone=zone,
                               machine_type=machine, spot=bool(group.get("spot")), gpu=group["gpu"], gpu_count=1,
                               max_run_s=3600, flex_start=group.get("provisioning") == "flex_start")
-    return instance_resource(request, request_settings(spec))
+    return compute_v1.Instance.from_json(json.dumps(instance_resource(request, request_settings(spec))))
 
 
 def test_the_emulator_accepts_googles_bodies_and_refuses_the_same_ones_gce_refuses(emu: GceEmulator) -> None:

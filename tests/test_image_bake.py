@@ -8,7 +8,6 @@ over SSH, the exit-code check, the image and the cleanup. The recipe is replaced
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -172,8 +171,6 @@ def test_pytorch_h100_image_is_baked_on_spot_through_the_launch_request_builder(
     assert (tmp_path / "disks" / vm["name"] / "baked.txt").read_text() == "pytorch h100\n"
     assert any("a3-highgpu-1g, 1xh100, spot" in line for line in lines), lines
     # The body is the launch's: requests.instance_resource with the builder's provider settings.
-    from google.cloud import compute_v1
-
     from orchestrator.providers.gce.bake import GceImageBuilder
     from orchestrator.providers.gce.requests import GceRequestSettings, bundled_machine_types, instance_resource
 
@@ -182,7 +179,7 @@ def test_pytorch_h100_image_is_baked_on_spot_through_the_launch_request_builder(
     req = builder.request(plan, ZONE, "KEY", dict(vm["labels"]), int(vm["scheduling"]["maxRunDuration"]["seconds"]))
     settings = GceRequestSettings(project=P, image=plan.base_image, network_tag="orch-{job}",
                                   bundled=bundled_machine_types())
-    expected = json.loads(compute_v1.Instance.to_json(instance_resource(req, settings)))
+    expected = instance_resource(req, settings)  # the API's JSON
     keys = ("provisioningModel", "instanceTerminationAction", "onHostMaintenance", "automaticRestart")
     assert {k: vm["scheduling"].get(k) for k in keys} == {k: expected["scheduling"].get(k) for k in keys}
     assert expected["machineType"].rsplit("/", 1)[-1] == vm["machineType"].rsplit("/", 1)[-1]

@@ -23,7 +23,7 @@ def bake(
     """Create a builder VM (Spot where the machine type has no on-demand), run the image recipe from images/ over
     SSH, and make an image from its disk. Workers start from a Deep Learning VM image (NVIDIA driver), so the
     baked image trains on first boot."""
-    from orchestrator.control.images import bake_image  # lazy: the Google Cloud SDK (~2 s) only for this verb
+    from orchestrator.control.images import bake_image  # lazy: the providers' image builders, this verb only
 
     try:
         bake_image(role=role, gpu=gpu, spec_path=spec, framework=framework, name=name,

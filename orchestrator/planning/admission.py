@@ -62,7 +62,7 @@ def admit(spec_path: Path, options: AdmitOptions) -> Admission:
     """Admit a spec file for a verb; raises ``UserError`` (``SpecError``, ``PlanRefused``), creates nothing."""
     spec = read_spec(spec_path, options.profile)
     if options.verb != "plan":  # `plan` is the cost model's answer and needs no cloud account
-        from orchestrator.providers.registry import check_setup  # lazy: the cloud clients (~2 s), not for `plan`
+        from orchestrator.providers.registry import check_setup  # lazy: the providers' set-up, not for `plan`
 
         check_setup(spec, probe=options.verb in ("launch", "probe"))  # the dry run sends nothing
     base, warnings = _calibration(spec, options)

@@ -35,8 +35,7 @@ S = TypeVar("S")
 
 
 def gce_images(section: GceSpec) -> ImageBuilder:
-    """GCE's image builder, imported when one is asked for: its bake plan loads google.cloud.compute_v1 (1.6 s of
-    start-up on an idle host), which the daemon, report and every local job never need."""
+    """GCE's image builder, imported when one is asked for: the daemon, report and every local job never need it."""
     from orchestrator.providers.gce.bake import image_builder
 
     return image_builder(section)

@@ -26,13 +26,13 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from functools import partial
 
-from google.cloud import compute_v1beta
-
 from orchestrator.costmodel.slots import Slot
 from orchestrator.model import timings
 from orchestrator.model.catalog import region_of
 from orchestrator.model.cloud_errors import ProviderError
 from orchestrator.providers.gce.api import GceApi
+from orchestrator.providers.gce.compute_api import compute_v1beta, message
+from orchestrator.providers.gce.requests import Body
 
 log = logging.getLogger(__name__)
 Score = float | None  # obtainability; None: not known
@@ -69,21 +69,16 @@ def zone_shapes(shape: SpotShape) -> list[SpotShape]:
     return [replace(shape, zones=(zone,)) for zone in shape.zones]
 
 
-def advice_request(shape: SpotShape, size: int) -> compute_v1beta.CapacityAdviceRequest:
-    selection = compute_v1beta.CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection(
-        machine_types=[shape.machine_type],
-        guest_accelerators=[compute_v1beta.AcceleratorConfig(accelerator_type=shape.accelerator,
-                                                         accelerator_count=shape.accelerator_count)]
-        if shape.accelerator else [])
-    return compute_v1beta.CapacityAdviceRequest(
-        size=size,
-        instance_properties=compute_v1beta.CapacityAdviceRequestInstanceProperties(
-            scheduling=compute_v1beta.CapacityAdviceRequestInstancePropertiesScheduling(provisioning_model="SPOT")),
-        instance_flexibility_policy=compute_v1beta.CapacityAdviceRequestInstanceFlexibilityPolicy(
-            instance_selections={"spot": selection}),
-        distribution_policy=compute_v1beta.CapacityAdviceRequestDistributionPolicy(
-            target_shape="ANY", zones=[compute_v1beta.CapacityAdviceRequestDistributionPolicyZoneConfiguration(
-                zone=f"zones/{z}") for z in shape.zones]))
+def advice_request(shape: SpotShape, size: int) -> Body:
+    """The ``advice.capacity`` body as the API's JSON (``compute_v1beta.CapacityAdviceRequest``)."""
+    selection: Body = {"machineTypes": [shape.machine_type]}
+    if shape.accelerator:
+        selection["guestAccelerators"] = [{"acceleratorType": shape.accelerator,
+                                           "acceleratorCount": shape.accelerator_count}]
+    return {"size": size,
+            "instanceProperties": {"scheduling": {"provisioningModel": "SPOT"}},
+            "instanceFlexibilityPolicy": {"instanceSelections": {"spot": selection}},
+            "distributionPolicy": {"targetShape": "ANY", "zones": [{"zone": f"zones/{z}"} for z in shape.zones]}}
 
 
 class SpotAdvice:
@@ -179,7 +174,8 @@ class SpotAdvice:
         answer = self.api.call(
             f"ask for spot capacity advice ({size} x {shape.machine_type} in {shape.region})",
             partial(self.api.advice.capacity, project=self.api.project, region=shape.region,
-                    capacity_advice_request_resource=advice_request(shape, size), **self.api.kw()),
+                    capacity_advice_request_resource=message(compute_v1beta.CapacityAdviceRequest,
+                                                             advice_request(shape, size)), **self.api.kw()),
             attempts=self.api.retry.quota_read_attempts)
         recommendations = list(answer.recommendations)
         return float(recommendations[0].scores.obtainability) if recommendations else 0.0

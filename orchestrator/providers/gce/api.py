@@ -13,12 +13,13 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, TypeVar
 
+from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import Credentials
-from google.cloud import compute_v1, compute_v1beta
+from google.auth.transport.requests import AuthorizedSession
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -32,6 +33,7 @@ from tenacity import (
 from orchestrator.model.cloud_errors import ProviderError, TransientError
 from orchestrator.model.errors import UserError
 from orchestrator.model.spec.provider import check_api_endpoint, loopback_endpoint
+from orchestrator.providers.gce.compute_api import compute_v1, compute_v1beta
 from orchestrator.providers.gce.credentials import load_credentials
 from orchestrator.providers.gce.errors import map_exception, op_has_code, operation_error
 
@@ -53,8 +55,13 @@ class RetrySettings:
     quota_read_attempts: int = 2
 
 
+CLIENTS = ("instances", "zone_ops", "global_ops", "firewalls", "images", "regions", "projects", "advice")
+DEFAULT_ENDPOINT = "https://compute.googleapis.com"
+
+
 class GceApi:
-    """The clients of one project (built once; the credentials go to them only, never kept or logged)."""
+    """One project's clients, each built at its first call, and a session for the JSON reads (the credentials
+    go to them only, never logged)."""
 
     def __init__(self, project: str, credentials: Credentials | str | os.PathLike[str] | None,
                  api_endpoint: str | None, retry: RetrySettings | None = None) -> None:
@@ -65,27 +72,60 @@ class GceApi:
                 check_api_endpoint(api_endpoint)
             except ValueError as exc:
                 raise UserError(f"provider.api_endpoint: {exc}") from None
-        kwargs: dict[str, Any] = {"credentials": load_credentials(credentials, project,
-                                                                  anonymous=loopback_endpoint(api_endpoint))}
+        self._kwargs: dict[str, Any] = {"credentials": load_credentials(credentials, project,
+                                                                        anonymous=loopback_endpoint(api_endpoint))}
         if api_endpoint:
-            kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
-        self.instances = compute_v1.InstancesClient(**kwargs)
-        self.zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
-        self.global_ops = compute_v1.GlobalOperationsClient(**kwargs)
-        self.firewalls = compute_v1.FirewallsClient(**kwargs)
-        self.images = compute_v1.ImagesClient(**kwargs)
-        self.regions = compute_v1.RegionsClient(**kwargs)
-        self.projects = compute_v1.ProjectsClient(**kwargs)
+            self._kwargs["client_options"] = ClientOptions(api_endpoint=api_endpoint)
+        # where the clients' REST transport sends (a bare host means https)
+        endpoint = api_endpoint or DEFAULT_ENDPOINT
+        self._base = endpoint if "://" in endpoint else f"https://{endpoint}"
+
+    @cached_property
+    def instances(self) -> compute_v1.InstancesClient:
+        return compute_v1.InstancesClient(**self._kwargs)
+
+    @cached_property
+    def zone_ops(self) -> compute_v1.ZoneOperationsClient:
+        return compute_v1.ZoneOperationsClient(**self._kwargs)
+
+    @cached_property
+    def global_ops(self) -> compute_v1.GlobalOperationsClient:
+        return compute_v1.GlobalOperationsClient(**self._kwargs)
+
+    @cached_property
+    def firewalls(self) -> compute_v1.FirewallsClient:
+        return compute_v1.FirewallsClient(**self._kwargs)
+
+    @cached_property
+    def images(self) -> compute_v1.ImagesClient:
+        return compute_v1.ImagesClient(**self._kwargs)
+
+    @cached_property
+    def regions(self) -> compute_v1.RegionsClient:
+        return compute_v1.RegionsClient(**self._kwargs)
+
+    @cached_property
+    def projects(self) -> compute_v1.ProjectsClient:
+        return compute_v1.ProjectsClient(**self._kwargs)
+
+    @cached_property
+    def advice(self) -> compute_v1beta.AdviceClient:
         # advice.capacity for SPOT answers only on the beta API (Public Preview): providers/gce/advice.py
-        self.advice = compute_v1beta.AdviceClient(**kwargs)
+        return compute_v1beta.AdviceClient(**self._kwargs)
+
+    @cached_property
+    def _session(self) -> AuthorizedSession:
+        return AuthorizedSession(self._kwargs["credentials"])  # type: ignore[no-untyped-call]
 
     def _clients(self) -> tuple[Any, ...]:
-        return (self.instances, self.zone_ops, self.global_ops, self.firewalls, self.images, self.regions,
-                self.projects, self.advice)
+        """Every client (each built now if it was not yet)."""
+        return tuple(getattr(self, name) for name in CLIENTS)
 
     def close(self) -> None:
-        for client in self._clients():
-            client.transport.close()
+        for name in (*CLIENTS, "_session"):
+            built = self.__dict__.get(name)  # only what was built
+            if built is not None:
+                (built if name == "_session" else built.transport).close()
 
     def widen_pools(self, connections: int) -> None:
         """As many kept-alive connections as background threads (requests keeps 10 per host by default)."""
@@ -95,6 +135,19 @@ class GceApi:
                 for scheme in ("http://", "https://"):
                     adapter = type(session.get_adapter(scheme))  # requests' HTTPAdapter, sized up
                     session.mount(scheme, adapter(pool_connections=4, pool_maxsize=connections))
+
+    def read(self, what: str, path: str, *, attempts: int | None = None) -> dict[str, Any]:
+        """GET ``compute/v1/<path>`` as the API's JSON over google-auth's session: the REST call a client makes,
+        without the client package (quota reads before a launch and its dry run); errors map as ``call``'s."""
+
+        def get() -> dict[str, Any]:
+            response = self._session.get(f"{self._base}/compute/v1/{path}", timeout=self.retry.request_timeout_s)
+            if response.status_code >= 400:
+                raise gexc.from_http_response(response)  # type: ignore[no-untyped-call]  # as the client's transport
+            found: dict[str, Any] = response.json()
+            return found
+
+        return self.call(what, get, attempts=attempts)
 
     def kw(self) -> dict[str, Any]:
         """The per-call arguments: no client retries (``call`` retries), the request timeout."""
@@ -166,11 +219,10 @@ class GceApi:
     def quotas(self, region: str | None) -> dict[str, tuple[float, float]]:
         """metric -> (limit, usage) of one region (``regions.get``) or, for None, of the project (``projects.get``)."""
         if region is None:
-            found: Any = self.call("read the project's global quotas",
-                                   partial(self.projects.get, project=self.project, **self.kw()),
-                                   attempts=self.retry.quota_read_attempts)
-        else:
-            found = self.call(f"read the quotas of region {region}",
-                              partial(self.regions.get, project=self.project, region=region, **self.kw()),
+            found = self.read("read the project's global quotas", f"projects/{self.project}",
                               attempts=self.retry.quota_read_attempts)
-        return {q.metric: (float(q.limit), float(q.usage)) for q in found.quotas}
+        else:
+            found = self.read(f"read the quotas of region {region}", f"projects/{self.project}/regions/{region}",
+                              attempts=self.retry.quota_read_attempts)
+        return {q["metric"]: (float(q.get("limit", 0.0)), float(q.get("usage", 0.0)))
+                for q in found.get("quotas", [])}

@@ -116,7 +116,7 @@ def build(key: str, spec: GceSpec, framework: str | None = None, clock: Clock = 
     """Everything that differs from one Compute endpoint to another comes from the spec's settings
     (``ssh_user``, ``python``, ``task_port``) or from what the endpoint reports about each VM (address,
     ssh port and work directory metadata): a Compute API on loopback is reached like GCE itself."""
-    from orchestrator.providers.gce.network import (  # google-cloud-compute: ~2 s to import, gce jobs only
+    from orchestrator.providers.gce.network import (  # gce jobs only
         IsolatedGceProvider,
     )
     from orchestrator.providers.gce.requests import cloud_max_run_s  # google-cloud-compute, as above

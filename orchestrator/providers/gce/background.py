@@ -22,11 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
-from google.cloud import compute_v1
-
 from orchestrator.clock import WALL, Clock
 from orchestrator.model.cloud_errors import ProviderError, TransientError
 from orchestrator.model.instances import ObservedInstance, ObservedState
+from orchestrator.providers.gce.compute_api import compute_v1
 from orchestrator.providers.gce.errors import op_has_code, operation_error
 from orchestrator.providers.operations import BackgroundListing, OpKind, OpPhase, OpRef, OpState, Snapshot
 

@@ -36,7 +36,7 @@ class GceImageBuilder:
         return plan_bake(role, gpu, list(self.spec.zones), framework=framework, name=name, say=say)
 
     def provider(self, plan: BakePlan) -> Provider:
-        from orchestrator.providers.gce.network import IsolatedGceProvider  # google-cloud-compute: ~2 s
+        from orchestrator.providers.gce.network import IsolatedGceProvider  # gce bakes only
 
         gce = self.spec
         return IsolatedGceProvider(

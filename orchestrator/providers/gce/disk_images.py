@@ -7,11 +7,11 @@ import uuid
 from functools import partial
 
 from google.api_core import exceptions as gexc
-from google.cloud import compute_v1
 
 from orchestrator.model.cloud_errors import InvalidRequestError
 from orchestrator.model.instances import LABEL_MANAGED
 from orchestrator.providers.gce.api import GceApi
+from orchestrator.providers.gce.compute_api import compute_v1
 
 log = logging.getLogger(__name__)
 

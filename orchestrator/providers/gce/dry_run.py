@@ -7,7 +7,6 @@ sends. Nothing is sent: no client is built and no credentials are read.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,12 +48,6 @@ def _request(spec: JobSpec, provider: GceProvider, job_id: str, slot: Slot, max_
     )
 
 
-def _json(message: Any) -> dict[str, Any]:
-    text = type(message).to_json(message, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
-    out: dict[str, Any] = json.loads(text)
-    return out
-
-
 def _ssh_ranges(provider: GceProvider) -> list[str]:
     """What the job's SSH rule would allow (the learned address; 0.0.0.0/32, nobody, if none answers)."""
     return provider.ssh_source_ranges or [f"{address_learner(provider.api_endpoint)() or '0.0.0.0'}/32"]
@@ -86,10 +79,10 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
                         "boot_s": timings.BOOT_S + timings.image_boot_extra_s(route)
                         + (timings.SPOT_EXTRA_BOOT_S if slot.spot else 0.0),
                         "boot_s_source": timings.image_boot_source(route),
-                        "body": _json(body)})
-        kept = settings.termination_action == "STOP" and (slot.spot or body.scheduling.max_run_duration)
+                        "body": body})
+        kept = settings.termination_action == "STOP" and (slot.spot or "maxRunDuration" in body["scheduling"])
         disks.append({
-            "instance": body.name, "zone": slot.zone, "type": settings.disk_for(slot.machine_type),
+            "instance": body["name"], "zone": slot.zone, "type": settings.disk_for(slot.machine_type),
             "sizeGb": settings.disk_size_gb,
             "created_with": "instances.insert (boot disk, autoDelete: true)",
             "usd_per_hour": round(settings.disk_size_gb * disk_price / GB_MONTH_HOURS, 6),
@@ -97,7 +90,7 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
             else "deleted with the VM",
         })
     advice = _advice(provider, slots, settings, framework) if policy.on_revocation == OnRevocation.DEADLINE else []
-    firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": _json(rule)}
+    firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": rule}
                  for rule in job_rules(settings.network, job_id, firewall_ports(provider), _ssh_ranges(provider))]
     return {
         "dry_run": True, "requests_sent": 0, "project": provider.project,
@@ -121,7 +114,7 @@ def _advice(provider: GceProvider, slots: Sequence[Slot], settings: GceRequestSe
     return [{"method": "POST", "api_version": "beta",  # SPOT advice is answered on the beta API (gce/advice.py)
              "path": f"projects/{provider.project}/regions/{shape.region}/advice/capacity",
              "every_s": timings.DEADLINE_TICK_S, "spot_when_obtainability_at_least": timings.SPOT_OBTAINABLE,
-             "body": _json(advice_request(asked, size)),
+             "body": advice_request(asked, size),
              **({"also_sizes_when_below": list(range(1, size))} if elastic and size > 1 and len(shape.zones) == 1
                 else {})}
             for shape, size in spot_shapes(slots, settings.bundled, accelerator_type).items()

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
-from google.cloud import compute_v1
 
 from orchestrator.model.cloud_errors import (
     AuthError,
@@ -23,6 +22,7 @@ from orchestrator.model.cloud_errors import (
     TransientError,
 )
 from orchestrator.model.errors import UserError
+from orchestrator.providers.gce.compute_api import compute_v1
 
 AUTH_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file or run "

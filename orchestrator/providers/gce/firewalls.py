@@ -9,10 +9,11 @@ from functools import partial
 from typing import Any
 
 from google.api_core import exceptions as gexc
-from google.cloud import compute_v1
 
 from orchestrator.providers.gce.api import GceApi
+from orchestrator.providers.gce.compute_api import compute_v1, message
 from orchestrator.providers.gce.observe import last_segment
+from orchestrator.providers.gce.requests import Body
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,9 @@ class Firewalls:
         return list(self.api.call("list firewall rules",
                                   partial(self.api.firewalls.list, project=self.api.project, **self.api.kw())))
 
-    def ensure(self, rule: compute_v1.Firewall) -> None:
-        """Create the rule, or update it if the fields we own differ; a concurrent create is fine."""
+    def ensure(self, body: Body) -> None:
+        """Create the rule (the API's JSON), or update it if the fields we own differ; a concurrent create is fine."""
+        rule = message(compute_v1.Firewall, body)
         api, what = self.api, f"firewall {rule.name}"
         try:
             existing = api.call(what, partial(api.firewalls.get, project=api.project, firewall=rule.name, **api.kw()),

@@ -7,11 +7,11 @@ from collections.abc import Collection
 from functools import partial
 
 from google.api_core import exceptions as gexc
-from google.cloud import compute_v1
 
 from orchestrator.model.cloud_errors import ProviderError, TransientError
 from orchestrator.model.instances import LABEL_JOB, LABEL_MANAGED, InstanceRequest, ObservedInstance
 from orchestrator.providers.gce.api import GceApi
+from orchestrator.providers.gce.compute_api import compute_v1, message
 from orchestrator.providers.gce.observe import observe
 from orchestrator.providers.gce.requests import GceRequestSettings, instance_resource
 from orchestrator.transport.host_keys import HostKeyPending
@@ -32,7 +32,8 @@ class Instances:
         The body comes from ``requests.instance_resource``: the same builder for jobs, dry runs and bakes."""
         api = self.api
         insert = compute_v1.InsertInstanceRequest(project=api.project, zone=request.zone, request_id=request_id,
-                                                  instance_resource=instance_resource(request, self.settings))
+                                                  instance_resource=message(compute_v1.Instance,
+                                                                            instance_resource(request, self.settings)))
         log.info("creating %s (%s, %s%s) in %s", request.name, request.machine_type,
                  f"{request.gpu_count}x{request.gpu}, " if request.gpu else "",
                  "spot" if request.spot else "on-demand", request.zone)

@@ -24,14 +24,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from google.cloud import compute_v1
-
 from orchestrator.model.cloud_errors import ProviderError
 from orchestrator.model.errors import UserError
 from orchestrator.model.instances import InstanceRequest
 from orchestrator.model.spec.provider import loopback_endpoint
+from orchestrator.providers.gce.compute_api import compute_v1
 from orchestrator.providers.gce.provider import GceProvider
-from orchestrator.providers.gce.requests import PORTS_RE
+from orchestrator.providers.gce.requests import PORTS_RE, Body, firewall
 
 log = logging.getLogger(__name__)
 
@@ -118,21 +117,18 @@ def _opens(rule: compute_v1.Firewall, port: int) -> bool:
     return False
 
 
-def job_rules(network: str, job_id: str, ports: str, ssh_ranges: Sequence[str]) -> list[compute_v1.Firewall]:
-    """The job's two rules (sourceTags and sourceRanges in one rule would be OR-ed by GCE)."""
+def job_rules(network: str, job_id: str, ports: str, ssh_ranges: Sequence[str]) -> list[Body]:
+    """The job's two rules as the API's JSON (sourceTags and sourceRanges in one rule would be OR-ed by GCE)."""
     port_list = [p.strip() for p in ports.split(",") if p.strip()]
     if not port_list or not all(PORTS_RE.match(p) for p in port_list):
         raise NetworkError(f"bad port list {ports!r}; expected e.g. '2222-2230,8470'")
     tag = job_tag(job_id)
-    internal = compute_v1.Firewall(
-        name=f"{tag[:54]}-internal", network=network, direction="INGRESS", priority=1000,
-        description=f"orchestrator job {job_id}: training ports, only between the job's VMs (no authentication)",
-        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=port_list)], source_tags=[tag], target_tags=[tag])
-    ssh = compute_v1.Firewall(
-        name=f"{tag[:58]}-ssh", network=network, direction="INGRESS", priority=1000,
-        description=f"orchestrator job {job_id}: ssh from the controller",
-        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])], source_ranges=list(ssh_ranges),
-        target_tags=[tag])
+    internal = firewall(
+        f"{tag[:54]}-internal", network,
+        f"orchestrator job {job_id}: training ports, only between the job's VMs (no authentication)", port_list,
+        target_tag=tag, source_tags=[tag])
+    ssh = firewall(f"{tag[:58]}-ssh", network, f"orchestrator job {job_id}: ssh from the controller", ["22"],
+                   target_tag=tag, source_ranges=list(ssh_ranges))
     return [internal, ssh]
 
 
@@ -195,7 +191,7 @@ class IsolatedGceProvider(GceProvider):
         with self._job_lock(job_id):
             self._ready.discard(job_id)
             for rule in job_rules(self.network, job_id, self.ports, ["0.0.0.0/32"]):
-                self.firewalls.delete(rule.name)
+                self.firewalls.delete(rule["name"])
 
     def _before_create(self, request: InstanceRequest) -> None:
         self.ensure_job_network(request.job_id)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from google.cloud import compute_v1
-
 from orchestrator.model.instances import (
     LABEL_GENERATION,
     LABEL_INDEX,
@@ -17,6 +15,7 @@ from orchestrator.model.instances import (
     Role,
 )
 from orchestrator.providers.gce.background import epoch
+from orchestrator.providers.gce.compute_api import compute_v1
 from orchestrator.providers.gce.requests import GPU_ACCELERATORS
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,11 @@ import threading
 from collections.abc import Callable
 from functools import partial
 
-from google.cloud import compute_v1
-
 from orchestrator.clock import WALL, Clock
 from orchestrator.model.instances import InstanceRequest
 from orchestrator.providers.gce.api import GceApi
 from orchestrator.providers.gce.background import GceBackground, GceCalls
+from orchestrator.providers.gce.compute_api import compute_v1
 from orchestrator.providers.gce.instances import Instances
 from orchestrator.providers.operations import OpKind, OpRef, OpState, Snapshot, SupportsOperations, SupportsSnapshots
 

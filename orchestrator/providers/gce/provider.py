@@ -19,13 +19,13 @@ import uuid
 from collections.abc import Collection, Sequence
 
 from google.auth.credentials import Credentials
-from google.cloud import compute_v1
 
 from orchestrator.costmodel.slots import Slot
 from orchestrator.model.instances import InstanceRequest, ObservedInstance
 from orchestrator.providers.base import Provider, SupportsFirewall, SupportsImages, SupportsSpotCapacity
 from orchestrator.providers.gce.advice import SpotAdvice
 from orchestrator.providers.gce.api import GceApi, RetrySettings
+from orchestrator.providers.gce.compute_api import compute_v1
 from orchestrator.providers.gce.disk_images import DiskImages
 from orchestrator.providers.gce.errors import GceCredentialsError, GcePermissionError, GceProjectError
 from orchestrator.providers.gce.firewalls import Firewalls

@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from google.cloud import compute_v1
+from typing import Any
 
 from orchestrator.model.catalog import load_catalog
 from orchestrator.model.cloud_errors import InvalidRequestError
@@ -56,6 +55,7 @@ else
   touch {dir}/boot-failed
 fi
 """
+Body = dict[str, Any]  # a request body as the API's JSON (camelCase names, int64 as strings)
 PORTS_RE = re.compile(r"^\d{1,5}(-\d{1,5})?$")
 # Cloud-side deadline bounds (seconds): GCE accepts maxRunDuration from 30 s; flex-start VMs run at
 # most 7 days. Without a deadline or budget a VM still gets DEFAULT_MAX_RUN_S.
@@ -167,84 +167,78 @@ def bundled_machine_types() -> dict[str, int]:
     return {m.name: m.gpu_count for m in load_catalog().machine_types.values() if m.bundled}
 
 
-def _scheduling(request: InstanceRequest, settings: GceRequestSettings) -> compute_v1.Scheduling:
-    scheduling = compute_v1.Scheduling()
+def _scheduling(request: InstanceRequest, settings: GceRequestSettings) -> Body:
+    scheduling: Body = {}
     if request.gpu or request.spot or request.flex_start:
-        scheduling.on_host_maintenance = "TERMINATE"  # GPUs cannot live-migrate; spot cannot either
+        scheduling["onHostMaintenance"] = "TERMINATE"  # GPUs cannot live-migrate; spot cannot either
     max_run_s = request.max_run_s
     if request.spot:
-        scheduling.provisioning_model = "SPOT"
-        scheduling.automatic_restart = False
+        scheduling["provisioningModel"] = "SPOT"
+        scheduling["automaticRestart"] = False
         if settings.preemption_notice_s:
-            scheduling.preemption_notice_duration = compute_v1.Duration(seconds=settings.preemption_notice_s)
+            scheduling["preemptionNoticeDuration"] = duration(settings.preemption_notice_s)
     elif request.flex_start:
-        scheduling.provisioning_model = "FLEX_START"
-        scheduling.automatic_restart = False
+        scheduling["provisioningModel"] = "FLEX_START"
+        scheduling["automaticRestart"] = False
         # Flex-start VMs run 10 min .. 7 days (data/cloud_facts.csv); GCE refuses a limit outside that.
         max_run_s = load_gce_rules().flex_run_s(max_run_s if max_run_s is not None else FLEX_START_MAX_RUN_S)
     else:
-        scheduling.automatic_restart = True
+        scheduling["automaticRestart"] = True
     if max_run_s is not None:
-        scheduling.max_run_duration = compute_v1.Duration(seconds=int(max_run_s))
+        scheduling["maxRunDuration"] = duration(max_run_s)
     if request.spot or request.flex_start or request.max_run_s is not None:
         # Flex-start VMs are always deleted at their limit; GCE asks for DELETE with FLEX_START.
-        scheduling.instance_termination_action = "DELETE" if request.flex_start else settings.termination_action
+        scheduling["instanceTerminationAction"] = "DELETE" if request.flex_start else settings.termination_action
     return scheduling
 
 
-def instance_resource(request: InstanceRequest, settings: GceRequestSettings) -> compute_v1.Instance:
-    """The ``instances.insert`` body for one slot's instance."""
+def duration(seconds: float) -> Body:
+    """A ``Duration`` in the API's JSON: int64 seconds travel as a string."""
+    return {"seconds": str(int(seconds))}
+
+
+def _nic(settings: GceRequestSettings) -> Body:
+    # gVNIC: required on A3 Ultra / A4, and what gives any GPU VM more than 50 Gbps (data/gce_rules.csv).
+    nic: Body = {"network": settings.network, "nicType": "GVNIC"}
+    if settings.subnetwork:
+        nic["subnetwork"] = settings.subnetwork
+    if settings.external_ip:
+        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    return nic
+
+
+def instance_resource(request: InstanceRequest, settings: GceRequestSettings) -> Body:
+    """The ``instances.insert`` body for one slot's instance, as the API's JSON (``compute_v1.Instance``)."""
     zone = request.zone
     if bool(request.gpu) != (request.gpu_count > 0):
         raise InvalidRequestError(f"{request.name}: gpu={request.gpu!r} with gpu_count={request.gpu_count}", zone=zone)
-    # gVNIC: required on A3 Ultra / A4, and what gives any GPU VM more than 50 Gbps (data/gce_rules.csv).
-    nic = compute_v1.NetworkInterface(network=settings.network, nic_type="GVNIC")
-    if settings.subnetwork:
-        nic.subnetwork = settings.subnetwork
-    if settings.external_ip:
-        nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-    instance = compute_v1.Instance(
-        name=request.name,
-        machine_type=f"zones/{zone}/machineTypes/{request.machine_type}",
-        labels=request.all_labels(),
-        scheduling=_scheduling(request, settings),
-        network_interfaces=[nic],
-        disks=[
-            compute_v1.AttachedDisk(
-                boot=True,
-                auto_delete=True,
-                initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=settings.image_for(request.gpu),
-                    disk_size_gb=settings.disk_size_gb,
-                    disk_type=f"zones/{zone}/diskTypes/{settings.disk_for(request.machine_type)}",
-                ),
-            )
-        ],
-        metadata=compute_v1.Metadata(
-            items=[compute_v1.Items(key=k, value=v) for k, v in sorted(_metadata(request, settings).items())]
-        ),
-    )
+    instance: Body = {
+        "name": request.name,
+        "machineType": f"zones/{zone}/machineTypes/{request.machine_type}",
+        "labels": request.all_labels(),
+        "scheduling": _scheduling(request, settings),
+        "networkInterfaces": [_nic(settings)],
+        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
+            "sourceImage": settings.image_for(request.gpu),
+            "diskSizeGb": str(settings.disk_size_gb),  # int64: a string in the API's JSON
+            "diskType": f"zones/{zone}/diskTypes/{settings.disk_for(request.machine_type)}"}}],
+        "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(_metadata(request, settings).items())]},
+    }
     if request.flex_start:
-        instance.reservation_affinity = compute_v1.ReservationAffinity(consume_reservation_type=NO_RESERVATION)
+        instance["reservationAffinity"] = {"consumeReservationType": NO_RESERVATION}
         # How long the request waits for capacity: v1 carries it in the instance's params (InstanceParams, "relevant
         # only for Instances.Insert"), not in scheduling (https://cloud.google.com/compute/docs/reference/rest/v1/instances).
-        instance.params = compute_v1.InstanceParams(
-            request_valid_for_duration=compute_v1.Duration(seconds=settings.flex_request_valid_s))
+        instance["params"] = {"requestValidForDuration": duration(settings.flex_request_valid_s)}
     if request.gpu and request.machine_type not in settings.bundled:
         # N1: attach the GPUs. A2/A3/A4/G2/G4 types come with theirs (GCE refuses guestAccelerators there).
-        instance.guest_accelerators = [
-            compute_v1.AcceleratorConfig(
-                accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator_type(request.gpu)}",
-                accelerator_count=request.gpu_count,
-            )
-        ]
+        instance["guestAccelerators"] = [{
+            "acceleratorType": f"zones/{zone}/acceleratorTypes/{accelerator_type(request.gpu)}",
+            "acceleratorCount": request.gpu_count}]
     if settings.network_tag:
         # "{job}": one tag per job, so that firewall rules can tell the jobs apart (providers/gce/network.py).
-        instance.tags = compute_v1.Tags(items=[settings.network_tag.replace("{job}", request.job_id)])
+        instance["tags"] = {"items": [settings.network_tag.replace("{job}", request.job_id)]}
     if settings.service_account_email:
-        instance.service_accounts = [
-            compute_v1.ServiceAccount(email=settings.service_account_email, scopes=list(settings.scopes))
-        ]
+        instance["serviceAccounts"] = [{"email": settings.service_account_email, "scopes": list(settings.scopes)}]
     return instance
 
 
@@ -268,31 +262,29 @@ def startup_script(settings: GceRequestSettings, gpu: str | None) -> str | None:
     return "#!/bin/bash\n" + "".join(p.removeprefix("#!/bin/bash\n") for p in parts)
 
 
-def firewall_rules(settings: GceRequestSettings, network_tag: str, ports: str) -> list[compute_v1.Firewall]:
+def firewall_rules(settings: GceRequestSettings, network_tag: str, ports: str) -> list[Body]:
     """Open ``ports`` (e.g. ``"2222-2230,8470"``) only between VMs carrying ``network_tag`` (the TF gRPC
     ports have no authentication), and ssh from ``ssh_source_ranges``. Two rules, because sourceTags and
     sourceRanges in one rule are OR-ed by GCE."""
     port_list = [p.strip().removeprefix("tcp:") for p in ports.split(",") if p.strip()]
     if not port_list or not all(PORTS_RE.match(p) for p in port_list):
         raise InvalidRequestError(f"bad port list {ports!r}; expected e.g. '2222-2230,8470'")
-    internal = compute_v1.Firewall(
-        name=f"{network_tag[:54]}-internal",
-        network=settings.network,
-        direction="INGRESS",
-        priority=1000,
-        description="orchestrator: cluster ports, only between the cluster's VMs (no authentication)",
-        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=port_list)],
-        source_tags=[network_tag],
-        target_tags=[network_tag],
-    )
-    ssh = compute_v1.Firewall(
-        name=f"{network_tag[:58]}-ssh",
-        network=settings.network,
-        direction="INGRESS",
-        priority=1000,
-        description="orchestrator: ssh to the cluster's VMs",
-        allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
-        source_ranges=list(settings.ssh_source_ranges),
-        target_tags=[network_tag],
-    )
+    internal = firewall(f"{network_tag[:54]}-internal", settings.network,
+                        "orchestrator: cluster ports, only between the cluster's VMs (no authentication)",
+                        port_list, target_tag=network_tag, source_tags=[network_tag])
+    ssh = firewall(f"{network_tag[:58]}-ssh", settings.network, "orchestrator: ssh to the cluster's VMs", ["22"],
+                   target_tag=network_tag, source_ranges=list(settings.ssh_source_ranges))
     return [internal, ssh]
+
+
+def firewall(name: str, network: str, description: str, tcp_ports: Sequence[str], *, target_tag: str,
+             source_tags: Sequence[str] = (), source_ranges: Sequence[str] = ()) -> Body:
+    """One INGRESS rule as the API's JSON (``compute_v1.Firewall``): tcp ``tcp_ports`` to ``target_tag``'s VMs."""
+    rule: Body = {"name": name, "network": network, "direction": "INGRESS", "priority": 1000,
+                  "description": description, "allowed": [{"IPProtocol": "tcp", "ports": list(tcp_ports)}],
+                  "targetTags": [target_tag]}
+    if source_tags:
+        rule["sourceTags"] = list(source_tags)
+    if source_ranges:
+        rule["sourceRanges"] = list(source_ranges)
+    return rule

@@ -65,7 +65,7 @@ def _check_credentials(spec: GceSpec) -> None:
 
 def _probe(provider: Provider) -> None:
     """One ``projects.get``, one attempt: the credentials, the permission and the project, as the API sees them."""
-    from orchestrator.providers.gce.errors import map_exception  # google-cloud-compute (~2 s): a gce launch only
+    from orchestrator.providers.gce.errors import map_exception  # a gce launch only
     from orchestrator.providers.gce.provider import GceProvider  # with it
 
     if not isinstance(provider, GceProvider):
