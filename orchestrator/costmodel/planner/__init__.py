@@ -81,7 +81,7 @@ def calibration_note(spec: JobSpec, calib: Calibration, best: Candidate | None,
         src = (f"calibration {calib.name} (fitted on {calib.local_host.get('jobs', 0):.0f} local jobs)"
                if calib.local_host.get("jobs") else "data/local_host.csv")
         return (f"step times: this host's measured CPU step and start-up ({src}) + the emulated GPUs' measured "
-                "curves (orchestrator.costmodel.emulation); no GPU calibration")
+                "curves (orchestrator.providers.local.emulation); no GPU calibration")
     gpus = dict.fromkeys(best.gpus if best else [])
     model = spec.training.profile_name
     runtime, precision = job_runtime(spec.training), job_precision(spec.training)
