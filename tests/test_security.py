@@ -234,15 +234,12 @@ def test_each_job_gets_its_own_tag_and_rules_deleted_with_its_last_vm(emu: GceEm
 
 
 def test_a_network_open_to_every_vm_is_refused_unless_accepted(emu: GceEmulator) -> None:
-    from google.cloud import compute_v1
-
     gce = make_provider(emu)
-    try:  # what GCE's `default` network ships
-        rule = compute_v1.Firewall(name="default-allow-internal", network="global/networks/default",
-                                   source_ranges=["10.128.0.0/9"], allowed=[
-                                       compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"]),
-                                       compute_v1.Allowed(I_p_protocol="udp", ports=["0-65535"])])
-        gce.firewalls.ensure(rule)
+    try:  # what GCE's `default` network ships (a rule as the API's JSON, as Firewalls.ensure takes it)
+        gce.firewalls.ensure({"name": "default-allow-internal", "network": "global/networks/default",
+                              "sourceRanges": ["10.128.0.0/9"], "allowed": [
+                                  {"IPProtocol": "tcp", "ports": ["0-65535"]},
+                                  {"IPProtocol": "udp", "ports": ["0-65535"]}]})
         msg = str(pytest.raises(NetworkError, gce.create, req("open")).value)
         assert "default-allow-internal" in msg and "provider.network" in msg and "allow_open_network" in msg
         assert emu.instance(instance_name("open", Role.WORKER, 0, 0)) is None, "nothing created"

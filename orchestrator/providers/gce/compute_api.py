@@ -8,9 +8,8 @@ a call through a client does, once per process. The names are the real modules t
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -21,21 +20,33 @@ M = TypeVar("M")
 class _OnFirstUse:
     """Stands for a module until an attribute is read from it; then that attribute is the module's own."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
+    def __init__(self, load: Callable[[], ModuleType]) -> None:
+        self._load = load
         self._module: ModuleType | None = None
 
     def __getattr__(self, attr: str) -> Any:
         if self._module is None:
-            self._module = importlib.import_module(self._name)
+            self._module = self._load()
         return getattr(self._module, attr)
+
+
+def _v1() -> ModuleType:
+    from google.cloud import compute_v1 as module  # the import statement itself: no module is loaded by name
+
+    return module
+
+
+def _v1beta() -> ModuleType:
+    from google.cloud import compute_v1beta as module
+
+    return module
 
 
 if TYPE_CHECKING:
     from google.cloud import compute_v1, compute_v1beta
 else:
-    compute_v1 = _OnFirstUse("google.cloud.compute_v1")
-    compute_v1beta = _OnFirstUse("google.cloud.compute_v1beta")
+    compute_v1 = _OnFirstUse(_v1)
+    compute_v1beta = _OnFirstUse(_v1beta)
 
 
 def message(cls: type[M], body: Mapping[str, Any]) -> M:
