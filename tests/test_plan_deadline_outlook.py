@@ -19,7 +19,8 @@ EXAMPLE = REPO / "examples" / "local-deadline.yaml"
 
 
 def _plan(tmp_path: Path, *args: str) -> str:
-    out = run_cli(["plan", str(EXAMPLE), *args], {**os.environ, "COLUMNS": "200",
+    # an idle host: a local spec's plan predicts under the load it measures now (a busy host moved its figures)
+    out = run_cli(["plan", str(EXAMPLE), "--host-load", "0", *args], {**os.environ, "COLUMNS": "200",
                                                  "ORCHESTRATOR_DB_URL": f"sqlite:///{tmp_path}/x.db"}, REPO)
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -50,3 +50,25 @@ def test_replica_groups_off_the_local_provider_are_refused_with_the_field_and_th
     with pytest.raises(SpecError) as err:
         validate_spec(raw)
     assert "training.fault_tolerance" in str(err.value) and "use fault_tolerance: torchrun" in str(err.value)
+
+
+def _judged_warnings(example: str, tmp_path: Path, **training: object) -> list[str]:
+    from orchestrator.planning.admission import judge_file
+
+    raw = yaml.safe_load((EXAMPLES / example).read_text())
+    raw["training"].update(training)
+    if raw["provider"]["kind"] == "local":
+        raw["storage"] = str(tmp_path / "runs")
+    path = tmp_path / example
+    path.write_text(yaml.safe_dump(raw))
+    return list(judge_file(path).result.warnings)
+
+
+def test_an_all_spot_torchrun_job_is_warned_that_worker_0_holds_the_rendezvous(tmp_path: Path) -> None:
+    (warning,) = [w for w in _judged_warnings("local-torch-ft.yaml", tmp_path, fault_tolerance="torchrun")
+                  if "rendezvous" in w]
+    assert warning.startswith("cluster.workers: every worker is spot, so torchrun's rendezvous store lives on "
+                              "worker 0") and "fault_tolerance: torchft" in warning  # the fix on the local provider
+    assert not [w for w in _judged_warnings("local-torch-ft.yaml", tmp_path) if "rendezvous" in w]  # replica groups
+    # an on-demand worker holds the store (the hetero example's V100): nothing to say
+    assert not [w for w in _judged_warnings("local-torch-hetero.yaml", tmp_path) if "rendezvous" in w]

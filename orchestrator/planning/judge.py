@@ -17,9 +17,11 @@ from orchestrator.costmodel.launch_plan import LaunchPlan, plan_spec
 from orchestrator.costmodel.planner import launch_strategy
 from orchestrator.costmodel.spec_checks import batch_fit_errors
 from orchestrator.model.errors import UserError
+from orchestrator.model.instances import Role
 from orchestrator.model.spec import FieldError, JobSpec, SpecError
 from orchestrator.model.spec.provider import loopback_endpoint
 from orchestrator.model.specfile import short
+from orchestrator.model.torch_spec import fault_tolerance, is_pytorch
 from orchestrator.planning.blocks import KnownBlock, known_blocks
 from orchestrator.planning.inventory import inventory_notes, inventory_priced
 from orchestrator.planning.local_run import RunFigures, plan_job
@@ -108,6 +110,8 @@ def _judge(spec: JobSpec, source: str, calibration: Calibration | None, idle: Ca
     if plan is None:
         assert unlaunchable is not None
         raise NotLaunchable(unlaunchable.message, hint=unlaunchable.hint or "", result=result, name=spec.name)
+    if (store := rendezvous_warning(spec, plan)) is not None:
+        result = replace(result, warnings=(*result.warnings, store))
     notes: tuple[str, ...] = ()
     if inventory is not None:
         _hosts_for(plan, Counter(h.gpu or "" for h in inventory.hosts))
@@ -195,6 +199,21 @@ def spec_warnings(spec: JobSpec) -> list[str]:
     return [f"provider.ssh_source_ranges: {r} lets every address on the internet try ssh (port 22) on the VMs; "
             "give your own range (e.g. 203.0.113.7/32), or leave it out for this controller's address"
             for r in ranges if ipaddress.ip_network(r).prefixlen == 0]
+
+
+def rendezvous_warning(spec: JobSpec, plan: LaunchPlan) -> str | None:
+    """A torchrun job whose workers are all spot: its c10d store has no on-demand worker to live on, so it lives on
+    worker 0, and worker 0's revocation ends every node's training (they restart from the last checkpoint)."""
+    workers = [s for s in plan.slots if s.role == Role.WORKER]
+    if not is_pytorch(spec) or fault_tolerance(spec) != "torchrun" or len(workers) < 2 or not all(
+            s.spot for s in workers):
+        return None
+    replicas = spec.provider.as_local() is not None and getattr(spec.training, "parallelism", "data") != "pipeline"
+    every = spec.training.checkpoint_every
+    return ("cluster.workers: every worker is spot, so torchrun's rendezvous store lives on worker 0; its revocation "
+            f"stops every node, and they go on from the last checkpoint (checkpoint_every: {every} steps); "
+            "give one worker group spot: false"
+            + (", or set training.fault_tolerance: torchft (replica groups: any worker may go)" if replicas else ""))
 
 
 def _inventory(spec: JobSpec) -> Inventory | None:
