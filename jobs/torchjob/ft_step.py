@@ -5,8 +5,9 @@ Not torchft's DistributedDataParallel: after a peer's SIGKILL its comm hook asse
 ``allreduce`` records the error instead, ``should_commit`` then says no on every survivor, the step is retried
 at the next quorum (which has dropped the dead group), and no process restarts.
 
-A step is exact for any membership: every participant puts its planned weight in a shared vector (one small
-all-reduce, with this step's control flags), all split the fixed global batch by the same weights, each takes
+A step is exact for any membership: every participant puts its weight (its planned batch, then what a re-split gave
+it) and its last step's compute time in a shared vector (one small all-reduce, with this step's control flags), all
+split the fixed global batch by the same weights, each takes
 its slice, its loss is ``sum(cross-entropy) / G`` and the gradients are SUMmed: the global-batch mean, whatever
 the per-group batches. Batch-norm running buffers are averaged by the same shares, so the replicas stay equal.
 """
@@ -44,6 +45,7 @@ class StepInfo:
     sent: list[bool]  # which participants sent their state to a healing peer at this quorum
     flags: list[float]
     healed_s: list[float | None] = field(default_factory=list)  # each participant's heal at this quorum (None: none)
+    compute_s: list[float] = field(default_factory=list)  # each one's compute of its last step's slice (0: none yet)
 
     @property
     def batch(self) -> int:
@@ -66,6 +68,7 @@ class FtReplica:
     slot: int
     sent_state: bool = False
     healed_s: float | None = None  # the seconds the last quorum spent healing this replica (None: no heal)
+    compute_s: float = 0.0  # forward + backward of its last step's slice, no collective (the re-split's measure)
     extra_state: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
@@ -116,10 +119,11 @@ def agree(replica: FtReplica, flags: list[float]) -> StepInfo | None:
     n, rank = m.num_participants(), m.participating_rank()
     if rank is None:
         return None
-    info = torch.zeros(4 * n + FLAGS, dtype=torch.float64)
+    info = torch.zeros(5 * n + FLAGS, dtype=torch.float64)
     info[rank], info[n + rank], info[2 * n + rank] = replica.weight, float(replica.slot), float(replica.sent_state)
     info[3 * n + rank] = -1.0 if replica.healed_s is None else replica.healed_s  # rank 0 reports every heal
-    info[4 * n:] = torch.tensor(flags, dtype=torch.float64)
+    info[4 * n + rank] = replica.compute_s
+    info[5 * n:] = torch.tensor(flags, dtype=torch.float64)
     m.allreduce(info, reduce_op=ReduceOp.SUM).wait()
     if m.errored() is not None:
         return None
@@ -130,7 +134,8 @@ def agree(replica: FtReplica, flags: list[float]) -> StepInfo | None:
     return StepInfo(step=m.current_step(), world=n, rank=rank,
                     batches=proportional_split(replica.global_batch, weights),
                     slots=[int(round(s)) for s in vals[n:2 * n]], sent=[v > 0.5 for v in vals[2 * n:3 * n]],
-                    flags=vals[4 * n:], healed_s=[v if v >= 0 else None for v in vals[3 * n:4 * n]])
+                    flags=vals[5 * n:], healed_s=[v if v >= 0 else None for v in vals[3 * n:4 * n]],
+                    compute_s=vals[4 * n:5 * n])
 
 
 def train_step(replica: FtReplica, info: StepInfo, loss_of: Callable[[int, int], torch.Tensor]) -> torch.Tensor | None:
@@ -142,8 +147,10 @@ def train_step(replica: FtReplica, info: StepInfo, loss_of: Callable[[int, int],
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     saved = [b.detach().clone() for b in buffers]
     replica.opt.zero_grad(set_to_none=False)
+    t0 = time.perf_counter()
     loss = loss_of(info.offset, info.batch)
     loss.backward()
+    replica.compute_s = time.perf_counter() - t0  # before the collective: this group's own compute
     share = info.batch / replica.global_batch
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     total = loss.detach().reshape(1).to(grads[0].dtype)  # the loss shares ride along: the global loss, no extra call

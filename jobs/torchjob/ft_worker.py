@@ -27,6 +27,7 @@ from torchjob.runtime import log  # noqa: E402
 from torchjob.task import TaskError, TorchTask, load  # noqa: E402
 
 RUNTIME = "pytorch-eager+torchft"
+EVENTS = "torch_events.jsonl"  # as the torchrun trainer's (train.EVENTS_FILE): the controller makes them events
 MEMBERS = "torchft_members.jsonl"  # each group's process id at each quorum change it saw: no restart, checkable
 
 
@@ -38,6 +39,7 @@ class FtTrainer:
 
         from torchjob import ft_step
         from torchjob.model import param_groups, resnet
+        from torchjob.rebalance import Rebalancer
         from torchjob.train import to_tensors
 
         self.task = task
@@ -58,6 +60,8 @@ class FtTrainer:
         self.world = 0  # the last committed step's groups
         self.failed_at: float | None = None  # the first failed attempt since the last commit (a peer was lost)
         self.first_quorum = True
+        self.rebalancer = Rebalancer(task.resplit_every)
+        self.slots: list[int] = []  # the last committed step's groups (a change starts the re-split's count anew)
         self.started = False
         self.window: tuple[float, int, float] = (time.monotonic(), 0, 0.0)  # since the last step line
 
@@ -82,6 +86,7 @@ class FtTrainer:
                 self.failed_at = self.failed_at or t0
                 continue
             self._committed(info, float(loss), t0)
+            self._resplit(info)
             if info.flags[0] > 0:  # a group was noticed: its state is saved before it goes (all could go)
                 self._checkpoint("notice")
                 if noticed:
@@ -113,6 +118,7 @@ class FtTrainer:
         import torch
         import torch.nn.functional as F
 
+        from torchjob.rebalance import slowdown_factor
         from torchjob.split import interpolate
         from torchjob.train import global_indices
 
@@ -125,7 +131,8 @@ class FtTrainer:
             if task.data_dir and step % 2:
                 x = x.flip(3)
             loss = F.cross_entropy(self.model(x), y, reduction="sum") / task.global_batch
-            extra = interpolate(task.sleep_table, batch)  # local provider: the emulated GPU's time
+            # local provider: the emulated GPU's time, slowed from a step on where the spec says
+            extra = interpolate(task.sleep_table, batch) * slowdown_factor(task.slowdowns, step)
             if extra > 0:
                 time.sleep(extra)
             return loss
@@ -165,12 +172,40 @@ class FtTrainer:
         if step % self.task.log_every == 0 or step == self.task.train_steps:
             self._log_step(step, info)
 
+    def _resplit(self, info: Any) -> None:
+        """Every participant feeds the same shared compute times to the same Rebalancer (jobs/torchjob/rebalance.py,
+        the torchrun trainer's rule) and takes its share of the same new split as its weight from the next step on.
+        A change of the groups starts it anew on every participant alike (a joiner's is new)."""
+        from torchjob.rebalance import Rebalancer
+
+        step = self.replica.manager.current_step()
+        if info.slots != self.slots:
+            self.slots, self.rebalancer = list(info.slots), Rebalancer(self.task.resplit_every)
+            self.rebalancer.start(step)
+            return
+        if not self.rebalancer.due(step) or min(info.compute_s) <= 0:
+            return
+        new = self.rebalancer.record(step, info.compute_s, info.batches, steps_left=self.task.train_steps - step)
+        if new is None:
+            return
+        self.replica.weight = float(new[info.rank])  # integers summing to G: the next split is exactly these
+        if info.rank == _writer(info) and self._metrics() is not None:
+            by_slot = {str(s): b for s, b in zip(info.slots, new, strict=True)}
+            before = {str(s): b for s, b in zip(info.slots, info.batches, strict=True)}
+            compute = {str(s): round(t, 5) for s, t in zip(info.slots, self.rebalancer.verdict, strict=True)}
+            self.metrics.write("resplit", step=step, batches=by_slot, previous=before, compute_s=compute)
+            with open(self.task.storage / EVENTS, "a", encoding="utf-8") as f:  # noqa: PTH123
+                f.write(json.dumps({"kind": "resplit", "t": round(time.time(), 3), "step": step, "batches": by_slot,
+                                    "previous": before, "compute_s": compute}, separators=(",", ":")) + "\n")
+            log(f"re-split at step {step}: batches by slot {before} -> {by_slot} (compute s {compute})")
+
     def _log_step(self, step: int, info: Any) -> None:
         t_w, steps, loss_sum = self.window
         secs = max(time.monotonic() - t_w, 1e-9)
         workers = {str(s): {"steps": steps, "batch": b, "examples_per_s": round(b * steps / secs, 3),
-                            "step_time_s": round(secs / steps, 5), "compute_s": None, "gpus": 1}
-                   for s, b in zip(info.slots, info.batches, strict=True)}
+                            "step_time_s": round(secs / steps, 5), "compute_s": round(c, 5) if c > 0 else None,
+                            "gpus": 1}
+                   for s, b, c in zip(info.slots, info.batches, info.compute_s, strict=True)}
         self.metrics.write("step", step=step, loss=round(loss_sum / steps, 5),
                            examples_per_s=round(self.task.global_batch * steps / secs, 3),
                            steps_per_s=round(steps / secs, 4), window_s=round(secs, 4), world_size=info.world,

@@ -82,3 +82,38 @@ def test_a_noticed_replica_group_leaves_and_the_survivors_train_on_in_the_same_p
     assert any(r["kind"] == "checkpoint" and r["reason"] == "notice" for r in records)
     assert json.loads((storage / "result.json").read_text())["step"] == STEPS
     assert sum(r["kind"] == "start" for r in records) == 1
+
+
+def test_replica_groups_re_split_the_global_batch_off_a_slowed_group(tmp_path: Path) -> None:
+    """Worker 0's emulated GPU runs 4x slow from step 0: the groups share their compute times in each step's
+    agreement, every one runs the torchrun trainer's Rebalancer on the same figures, and examples move off worker 0
+    (a ``resplit`` event for the controller) while the global batch stays 32 (jobs/torchjob/ft_worker._resplit)."""
+    server = LighthouseServer(bind="[::]:0", min_replicas=3, join_timeout_ms=1000, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=1000)
+    lighthouse = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    storage = tmp_path / "storage"
+    env = {**os.environ, "TORCHJOB_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    procs = []
+    for i in range(3):
+        task = _task(storage, i, lighthouse)
+        task["training"]["train_steps"] = 30
+        task["torch"].update(resplit_every=4, sleep_table=[[1, 0.004], [32, 0.128]],  # emulated: 4 ms an example
+                             slowdowns=[[0, 4.0]] if i == 0 else [])
+        path = tmp_path / f"task-{i}.json"
+        path.write_text(json.dumps(task))
+        log = (tmp_path / f"node-{i}.log").open("wb")  # noqa: SIM115 - the child's, closed with the folder
+        procs.append(subprocess.Popen([sys.executable, str(JOBS / "torchjob" / "node.py"), "--task", str(path)],
+                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        server.shutdown()
+    logs = "\n".join((tmp_path / f"node-{i}.log").read_text()[-2000:] for i in range(3))
+    assert codes == [0, 0, 0], logs
+    events = [json.loads(ln) for ln in (storage / "torch_events.jsonl").read_text().splitlines()]
+    assert events and all(e["kind"] == "resplit" for e in events), events
+    assert events[-1]["batches"]["0"] < 8 and all(sum(e["batches"].values()) == 32 for e in events), events
+    last = [r for r in _records(storage) if r["kind"] == "step"][-1]
+    assert last["workers"]["0"]["batch"] == events[-1]["batches"]["0"], last  # trained at the split it chose
