@@ -197,3 +197,31 @@ def test_on_replica_groups_a_change_costs_the_workers_that_stay_a_pause_not_a_re
     cheap = state(running=Members(4, 0), spot_can=8, change_h=pause_h, spot_left_h=1.0)
     dear = state(running=Members(4, 0), spot_can=8, spot_left_h=1.0)
     assert _worth(cheap, cheap.running, grow) and not _worth(dear, dear.running, grow)  # a restart of 8 would not pay
+
+
+def test_finish_in_counts_each_group_from_its_own_delay() -> None:
+    from orchestrator.sim.elastic import _finish_in
+
+    assert _finish_in([(4, 0.0)], 40.0) == pytest.approx(10.0)
+    # 4 workers from 0, 4 more from 5 min: 20 worker-minutes by 5, then 8 a minute
+    assert _finish_in([(4, 0.0), (4, 5.0)], 60.0) == pytest.approx(10.0)
+    assert _finish_in([(4, 5.0), (4, 0.0)], 12.0) == pytest.approx(3.0)  # done before the joiners train
+    assert _finish_in([], 1.0) == math.inf
+
+
+@needs_traces
+def test_replica_groups_replay_pays_a_pause_where_torchrun_restarts_and_meets_every_deadline() -> None:
+    """The elastic replay on replica groups (Job.change_min, issue 54 item 3): on the real 16-node traces it meets
+    every deadline and costs less in all than elastic torchrun's, whose every change restarts the whole cluster."""
+    from dataclasses import replace
+
+    torchrun, torchft = 0.0, 0.0
+    for path in TRACES[:2]:
+        tr = load_trace(path)
+        for start in range(288, len(tr.counts) - 70 * 12, 1400):
+            job = Job(48 * 60, (48 + 22) * 60, 12, SPOT, OD)
+            restarts = run_elastic(job, 8, tr, start, ("elastic",))["elastic"]
+            groups = run_elastic(replace(job, change_min=1.1 / 60), 8, tr, start, ("elastic",))["elastic"]
+            assert groups.deadline_met and restarts.deadline_met, (tr.name, start)
+            torchrun, torchft = torchrun + restarts.cost_usd, torchft + groups.cost_usd
+    assert torchft < torchrun

@@ -15,6 +15,7 @@ from orchestrator.decide.state import GpuMarket
 from orchestrator.model import timings
 from orchestrator.model.instances import Role
 from orchestrator.model.spec import JobSpec, OnRevocation
+from orchestrator.model.torch_spec import replica_groups
 from orchestrator.planning.calibration import launched_calibration
 from orchestrator.sim.availability import DeadlineFigures as DeadlineFigures  # the daemon's figures, re-exported
 from orchestrator.sim.availability import (
@@ -59,8 +60,10 @@ def deadline_outlook(spec: JobSpec, slow_by: float | None = None,
         counted=bool(elastic))
     fig = deadline_figures(spec, calibration=calibration)
     scale = fig.time_scale / 60.0
+    # Replica groups (torchft) lose a quorum's pause where torchrun restarts the world: the elastic replay charges it.
+    change = timings.TORCHFT_PAUSE_S * scale if elastic and replica_groups(spec) else None
     job = Job(max(1, round(fig.work_s * scale)), max(1, round(spec.policy.deadline * scale)),
-              round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h)
+              round(fig.overhead_s * scale), fig.spot_usd_per_h, fig.on_demand_usd_per_h, change_min=change)
     traces = [load_trace(p) for p in paths]
     # Zones replayed together (zone_availability_traces): also the policy that moves between them, as the daemon;
     # GPU types replayed with the job's own (gpu_availability_traces, policy.also_gpus): the one moving between them.

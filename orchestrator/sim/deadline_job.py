@@ -23,6 +23,9 @@ class Job:
     # once it is up (and spot still there) the hop costs only this much (restore). Spot going while it boots
     # takes only the boot's money. None: a hop costs the whole overhead, as the daemon's hops do today.
     hop_overhead_min: int | None = None
+    # torchft replica groups (sim.elastic): a change of membership costs the workers that stay only this (a quorum's
+    # pause), a joiner its boot (overhead_min); None: every change restarts the whole cluster (elastic torchrun).
+    change_min: float | None = None
 
 
 @dataclass

@@ -54,16 +54,19 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
            history: tuple[int, ...] = ()) -> Outcome:
     """Replay ``counts`` (spot VMs obtainable per tick, from the job's start) under ``decide``. Past the
     deadline (or the trace's end, which has no spot) the job finishes on the whole cluster on on-demand.
-    ``history``: the counts before the start, whose stretches (per level of spot VMs) the policy has seen."""
+    ``history``: the counts before the start, whose stretches (per level of spot VMs) the policy has seen.
+    On replica groups (``job.change_min``) a change costs the workers that stay a pause and the joiners their boot,
+    as the daemon's elastic count reckons it (``decide.elastic._slack_after``)."""
     n_all, full = workers, Members(0, workers)
-    t, w, r, cost, i = 0, 0.0, 0, 0.0, 0
+    t, w, cost, i = 0, 0.0, 0.0, 0
+    groups: list[tuple[int, float]] = []  # (workers, minutes before they train) of what runs
     running, due = IDLE, False
     below, logs = _seen_before(history, n_all)
     out = Outcome(name, 0.0, 0.0, False)
     while True:
         k = counts[i] if i < len(counts) else 0
-        if running.spot > k:  # preempted: the survivors must restart to go on
-            running, due, r = Members(k, running.on_demand), True, 0
+        if running.spot > k:  # preempted: the survivors must restart (replica groups: pause) to go on
+            running, due, groups = Members(k, running.on_demand), True, []
         age = i - 1 - below[min(k, n_all)]  # ticks before this one with at least min(k, N) spot VMs
         for level in range(k + 1, n_all + 1):
             below[level] = i
@@ -72,6 +75,7 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
         full_seen = logs[n_all].seen(tick / 60)
         for lv, log in enumerate(logs):
             log.add(k >= lv)
+        r = max((d for _, d in groups), default=0.0)
         if t >= job.deadline_min:
             c = full
         else:
@@ -80,25 +84,24 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
                 deadline_h=job.deadline_min / 60, overhead_h=job.overhead_min / 60, tick_h=tick / 60,
                 running=running, spot_can=k, restart_due=due, overhead_left_h=r / 60,
                 spot_age_h=age * tick / 60, spot_left_h=left, spot_usd_per_h=job.spot_usd_per_h,
-                on_demand_usd_per_h=job.on_demand_usd_per_h, seen_full=full_seen))
+                on_demand_usd_per_h=job.on_demand_usd_per_h, seen_full=full_seen,
+                change_h=None if job.change_min is None else job.change_min / 60))
         if c.spot > min(k, n_all) or c.workers > n_all or min(c.spot, c.on_demand) < 0:
             raise AssertionError(f"{name} chose {c} at tick {i} with {k} spot VMs for {n_all} workers")
         if not out.timeline or out.timeline[-1][1] != _label(c):
             out.timeline.append((t, _label(c)))
-        if c.workers == 0:
-            r = 0
-        elif c != running or due:
-            r = job.overhead_min
+        if c != running or due:
+            groups = _changed(job, running, c)
         running, due = c, False
         price = (c.spot * job.spot_usd_per_h + c.on_demand * job.on_demand_usd_per_h) / 60
         out.work_at.append((t, w))
         if c.workers:
-            need = r + (job.work_min - w) * n_all / c.workers
+            need = _finish_in(groups, (job.work_min - w) * n_all)
             if need <= tick + _EPS:
                 t_end, cost = t + need, cost + price * need
                 break
-            w += max(0, tick - r) * c.workers / n_all
-            r = max(0, r - tick)
+            w += sum(n * max(0.0, tick - d) for n, d in groups) / n_all
+            groups = [(n, max(0.0, d - tick)) for n, d in groups]
         cost += price * tick
         t += tick
         i += 1
@@ -106,6 +109,27 @@ def replay(job: Job, workers: int, counts: tuple[int, ...], tick: int, decide: D
     out.timeline.append((t_end, "done"))
     out.cost_usd, out.finish_min, out.deadline_met = cost, t_end, t_end <= job.deadline_min + _EPS
     return out
+
+
+def _changed(job: Job, before: Members, after: Members) -> list[tuple[int, float]]:
+    """What runs after a change from ``before`` (after any preemption) to ``after``: elastic torchrun restarts every
+    worker for the overhead; on replica groups the workers kept pause for ``change_min`` and the joiners boot."""
+    if after.workers == 0:
+        return []
+    if job.change_min is None:
+        return [(after.workers, float(job.overhead_min))]
+    kept = min(after.spot, before.spot) + min(after.on_demand, before.on_demand)
+    return [(n, d) for n, d in ((kept, job.change_min), (after.workers - kept, float(job.overhead_min))) if n]
+
+
+def _finish_in(groups: list[tuple[int, float]], left: float) -> float:
+    """Minutes until ``left`` worker-minutes are done by ``groups`` (each trains after its delay)."""
+    t, rate, done = 0.0, 0, 0.0
+    for n, d in sorted(groups, key=lambda g: g[1]):
+        if rate and done + rate * (d - t) >= left - _EPS:
+            break
+        done, t, rate = done + rate * (d - t), d, rate + n
+    return t + (left - done) / rate if rate else math.inf
 
 
 def _seen_before(history: tuple[int, ...], n_all: int) -> tuple[list[int], list[AvailabilityLog]]:
