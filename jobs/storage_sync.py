@@ -9,9 +9,11 @@ pointed at an emulator, and a local directory behaves the same everywhere). This
   appends to it, so the local copy must continue the bucket's) and ``notices/``;
 - every ``--interval`` seconds, downloads new ``notices/`` and uploads new or changed files under
   ``checkpoints/`` (the ``checkpoint`` index last, so the bucket never names files it lacks), then
-  ``metrics.jsonl`` (whole, up to its last complete line, when it changed) and ``result.json`` as they were
-  before the checkpoints went up (so neither names a checkpoint the bucket lacks); checkpoints the trainer
-  deleted locally are deleted in the bucket too;
+  the lines appended to ``metrics.jsonl`` here since (up to the last complete one) and ``result.json`` as they
+  were before the checkpoints went up (so neither names a checkpoint the bucket lacks); checkpoints the trainer
+  deleted locally are deleted in the bucket too. The lines are appended to the bucket's object (read, then
+  written only if its generation is still the one read), so a writer that moves between VMs (a PyTorch job's
+  rank 0 after a revocation) continues what the last one wrote instead of replacing it;
 - on SIGTERM / SIGINT (the instance shutting down) uploads once more and exits 0.
 
 ``--instance NAME``: also watch the GCE metadata server's ``instance/maintenance-event`` (every
@@ -79,6 +81,8 @@ class Sync:
         self.synced: dict[str, tuple[int, int]] = {}  # rel path -> local (size, mtime_ns) when last in sync
         self.notice_gens: dict[str, int] = {}  # notice -> bucket generation downloaded
         self.remote_ckpts: set[str] = set()  # checkpoint files known to be in the bucket
+        self.metrics_sent = 0  # bytes of the local metrics.jsonl the bucket has (pulled, or appended from here)
+        self.metrics_seen: tuple[int, bytes] | None = None  # (generation, bytes) of the bucket's, as last read/written
 
     def _name(self, rel: str) -> str:
         return f"{self.base}/{rel}" if self.base else rel
@@ -126,6 +130,8 @@ class Sync:
                 self._download(metrics, METRICS)
             elif stat[0] == metrics.size:
                 self.synced[METRICS] = stat  # (a restarted sidecar) nothing to upload
+            # a restarted sidecar's longer local file: the bucket has its first metrics.size bytes, the rest goes up
+            self.metrics_sent = int(metrics.size)
         self.pull_notices()
 
     def pull_notices(self) -> int:
@@ -165,9 +171,9 @@ class Sync:
         uploaded = self._push_checkpoints()
         if stat is not None and data is not None:
             data = data[:data.rfind(b"\n") + 1]  # readers parse lines: never publish half of one
-            if data:
-                blob = self.bucket.blob(self._name(METRICS))
-                blob.upload_from_string(data, content_type="application/x-ndjson")
+            if len(data) > self.metrics_sent:
+                self._append_metrics(data[self.metrics_sent:])
+                self.metrics_sent = len(data)
                 uploaded += 1
             if len(data) == stat[0]:
                 self.synced[METRICS] = stat
@@ -175,6 +181,30 @@ class Sync:
             self._upload_file(RESULT, result)
             uploaded += 1
         return uploaded
+
+    def _append_metrics(self, lines: bytes, tries: int = 8) -> None:
+        """Append ``lines`` to the bucket's metrics.jsonl: written only over the generation read (another VM's
+        writer may have appended meanwhile: read it again and retry); read again only when it is not the one this
+        sidecar wrote last."""
+        name = self._name(METRICS)
+        for _ in range(tries):
+            current = self.bucket.get_blob(name)
+            generation = int(current.generation) if current is not None else 0
+            if self.metrics_seen is not None and self.metrics_seen[0] == generation:
+                base = self.metrics_seen[1]
+            else:
+                base = current.download_as_bytes() if current is not None else b""
+            blob = self.bucket.blob(name)
+            try:
+                blob.upload_from_string(base + lines, content_type="application/x-ndjson",
+                                        if_generation_match=generation)
+            except Exception as e:
+                if type(e).__name__ != "PreconditionFailed":
+                    raise
+                continue
+            self.metrics_seen = (int(blob.generation or 0), base + lines)
+            return
+        raise RuntimeError(f"metrics.jsonl: {tries} appends lost to other writers in a row")
 
     def _push_checkpoints(self) -> int:
         root = self.local / CHECKPOINTS

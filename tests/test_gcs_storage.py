@@ -128,6 +128,26 @@ def test_sync_once_seeds_local_and_publishes_whole_lines(storage: GcsStorage, tm
     assert storage.read_text("checkpoints/checkpoint") == 'model_checkpoint_path: "ckpt-2"\n'
 
 
+def test_a_writer_that_moves_to_another_vm_appends_to_what_the_last_one_wrote(storage: GcsStorage,
+                                                                               tmp_path: Path) -> None:
+    """A PyTorch job's metrics writer (rank 0) moves when its VM is revoked: the next VM's sidecar, seeded before
+    the first one wrote its last lines, appends its own after them; neither replaces the other's."""
+    mod = sync_module()
+    first, second = mod.Sync(storage.uri, tmp_path / "vm0"), mod.Sync(storage.uri, tmp_path / "vm1")
+    for sync in (first, second):
+        sync.local.mkdir()
+        sync.pull_initial()
+    (first.local / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert first.push() == 1
+    (second.local / "metrics.jsonl").write_text('{"step": 3}\n')  # its local copy lacks steps 1-2
+    assert second.push() == 1
+    with (first.local / "metrics.jsonl").open("a") as f:  # the old writer's last line, flushed as it goes
+        f.write('{"step": 2.5}\n')
+    first.push()
+    assert storage.read_text("metrics.jsonl") == '{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 2.5}\n'
+    assert second.push() == 0 and first.push() == 0  # nothing new on either
+
+
 def test_sync_uploads_checkpoints_before_the_metrics_and_result_that_name_them(storage: GcsStorage,
                                                                                 tmp_path: Path) -> None:
     """The controller may delete the VM as soon as it reads a checkpoint line (a drain before a deadline hop) or the

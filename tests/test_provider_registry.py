@@ -104,6 +104,8 @@ def test_an_emulator_is_reached_by_settings_alone(tmp_path: Path) -> None:
 def test_firewall_opens_a_task_port_outside_the_default_range() -> None:
     assert firewall_ports(GceProvider(project="test-project")) == TF_PORTS
     assert firewall_ports(GceProvider(project="test-project", task_port=8470)) == f"{TF_PORTS},8470-8471"
+    # a PyTorch job's run-time ports (c10d store, gloo pairs, torchft replica groups), between the job's VMs only
+    assert firewall_ports(GceProvider(project="test-project"), "pytorch") == "1024-65535"
 
 
 def test_capabilities_are_asked_of_the_registry_never_of_a_kind() -> None:

@@ -14,12 +14,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _plan(example: str, fault_tolerance: str) -> PlanResult:
-    """The gce example's plan on torchrun or on replica groups. A gce spec on torchft is refused at admission for
-    now (its Lighthouse is on the controller's loopback), so the cost model is handed the checked spec with the
-    field set after the check: its figures are ready for when gce runs replica groups."""
-    spec = validate_spec(yaml.safe_load((EXAMPLES / example).read_text()))
-    training = spec.training.model_copy(update={"fault_tolerance": fault_tolerance})
-    return plan(spec.model_copy(update={"training": training}))
+    """The gce example's plan on torchrun or on replica groups (``training.fault_tolerance``)."""
+    raw = yaml.safe_load((EXAMPLES / example).read_text())
+    raw["training"]["fault_tolerance"] = fault_tolerance
+    return plan(validate_spec(raw))
 
 
 def _overheads(result: PlanResult) -> dict[tuple[tuple[str | None, str | None, bool], ...], float]:
@@ -40,16 +38,18 @@ def test_every_searched_spot_cluster_on_replica_groups_expects_less_revocation_o
     assert spot and all(ft[k] < run[k] for k in spot), [(k, ft[k], run[k]) for k in spot if ft[k] >= run[k]][:3]
 
 
-def test_replica_groups_off_the_local_provider_are_refused_with_the_field_and_the_fix() -> None:
-    import pytest
-
-    from orchestrator.model.spec import SpecError
+def test_replica_groups_on_gce_are_admitted_and_open_their_ports_to_the_job_s_own_vms() -> None:
+    """torchft on gce (its workers reach the Lighthouse through SSH forwards, control/lighthouse.reach): the dry run
+    opens the run-time ports between the job's tagged VMs only, and nothing to any address range but SSH."""
+    from orchestrator.providers.gce.dry_run import gce_dry_run
 
     raw = yaml.safe_load((EXAMPLES / "gce-resnet-data-parallel.yaml").read_text())
     raw["training"]["fault_tolerance"] = "torchft"
-    with pytest.raises(SpecError) as err:
-        validate_spec(raw)
-    assert "training.fault_tolerance" in str(err.value) and "use fault_tolerance: torchrun" in str(err.value)
+    inserts = gce_dry_run(validate_spec(raw))["firewalls.insert"]
+    rules = {r["body"]["name"].rsplit("-", 1)[-1]: r["body"] for r in inserts}
+    assert rules["internal"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
+    assert rules["internal"]["sourceTags"] == rules["internal"]["targetTags"]
+    assert "sourceRanges" not in rules["internal"] and rules["ssh"]["allowed"][0]["ports"] == ["22"]
 
 
 def _judged_warnings(example: str, tmp_path: Path, **training: object) -> list[str]:
@@ -68,7 +68,7 @@ def test_an_all_spot_torchrun_job_is_warned_that_worker_0_holds_the_rendezvous(t
     (warning,) = [w for w in _judged_warnings("local-torch-ft.yaml", tmp_path, fault_tolerance="torchrun")
                   if "rendezvous" in w]
     assert warning.startswith("cluster.workers: every worker is spot, so torchrun's rendezvous store lives on "
-                              "worker 0") and "fault_tolerance: torchft" in warning  # the fix on the local provider
+                              "worker 0") and "fault_tolerance: torchft" in warning  # the fix, on any provider
     assert not [w for w in _judged_warnings("local-torch-ft.yaml", tmp_path) if "rendezvous" in w]  # replica groups
     # an on-demand worker holds the store (the hetero example's V100): nothing to say
     assert not [w for w in _judged_warnings("local-torch-hetero.yaml", tmp_path) if "rendezvous" in w]

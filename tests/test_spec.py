@@ -340,7 +340,7 @@ def test_fault_tolerance_is_checked_and_named() -> None:
 
     doc = copy.deepcopy(GOOD)
     doc["training"].update(framework="pytorch", fault_tolerance="torchft", parallelism="data")
-    assert any(m.startswith("training.fault_tolerance:") and "local provider" in m for m in errors_of(doc))  # gce
+    assert fault_tolerance(validate_spec(doc)) == "torchft"  # gce: its workers reach the Lighthouse by SSH tunnels
     doc["provider"] = {"kind": "local"}
     spec = validate_spec(doc)
     assert fault_tolerance(spec) == "torchft"

@@ -89,9 +89,10 @@ def advertised_host(lighthouse: str) -> str:
 
 def make_replica(model: nn.Module, opt: torch.optim.Optimizer, *, lighthouse: str, replica_id: str, slot: int,
                  weight: float, global_batch: int, timeout_s: float = 10.0,
-                 heartbeat_ms: int = 100) -> FtReplica:
-    """A replica group of one process: its own TCPStore (the group's), a reconfigurable gloo group, a Manager."""
-    host = advertised_host(lighthouse)
+                 heartbeat_ms: int = 100, host: str | None = None) -> FtReplica:
+    """A replica group of one process: its own TCPStore (the group's), a reconfigurable gloo group, a Manager.
+    ``host``: the address its peers reach it at (a VM's internal address), else ``advertised_host``'s."""
+    host = host or advertised_host(lighthouse)
     store = TCPStore(host_name=host, port=0, is_master=True, wait_for_workers=False)
     pg = ProcessGroupGloo(timeout=timedelta(seconds=timeout_s))
     replica = FtReplica(manager=None, model=model, opt=opt, global_batch=global_batch,  # type: ignore[arg-type]

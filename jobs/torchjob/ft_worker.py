@@ -54,7 +54,8 @@ class FtTrainer:
         self.replica = ft_step.make_replica(self.model, self.opt, lighthouse=task.lighthouse,
                                             replica_id=f"{task.job_id}-slot{task.slot_index}", slot=task.slot_index,
                                             weight=float(task.planned_batch), global_batch=task.global_batch,
-                                            timeout_s=float(os.environ.get("TORCHJOB_TIMEOUT_S", 10)))
+                                            timeout_s=float(os.environ.get("TORCHJOB_TIMEOUT_S", 10)),
+                                            host=task.replica_host)
         self.x_all, self.y_all = to_tensors(*load_split(task.data_dir, "train"))
         self.metrics: Any = None  # opened by whichever process is participating rank 0
         self.world = 0  # the last committed step's groups

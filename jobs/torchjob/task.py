@@ -45,6 +45,7 @@ class TorchTask:
     nproc_per_node: int = 1  # ranks on this node, one per GPU (a multi-GPU machine type); they share planned_batch
     fault_tolerance: str = "torchrun"  # torchft: this node is one replica group (ft_worker.py), no torchrun
     lighthouse: str | None = None  # torchft: the Lighthouse's address
+    replica_host: str | None = None  # torchft: where peers reach this group (None: ft_step.advertised_host)
 
     def rank_batch(self, local_rank: int) -> int:
         """This node's planned batch shared evenly by its ranks (its GPUs are alike): local rank ``local_rank``'s."""
@@ -83,7 +84,7 @@ def parse(raw: Mapping[str, Any]) -> TorchTask:
         run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
         resplit_every=t.resplit_every, slowdowns=[(int(a), float(f)) for a, f in t.slowdowns],
         pipeline=t.pipeline, nproc_per_node=t.nproc_per_node, fault_tolerance=t.fault_tolerance,
-        lighthouse=t.lighthouse,
+        lighthouse=t.lighthouse, replica_host=t.replica_host,
     )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")

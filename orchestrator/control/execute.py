@@ -101,6 +101,7 @@ def _one(ctx: JobContext, action: Action) -> None:
                 _fold(ctx)
             if status in FINAL_JOB and torch_task.uses_torchft(ctx.spec):
                 lighthouse.stop(ctx.storage)
+                lighthouse.stop_tunnels(ctx.job.id)
         case SetInstanceStatus(name=name, status=status, reason=reason, end_reason=end_reason):
             inst = instance_row(ctx, name)
             if end_reason is not None and inst.end_reason is None:
@@ -110,6 +111,8 @@ def _one(ctx: JobContext, action: Action) -> None:
             until = operations.billed_until(ctx, name) if status == InstanceStatus.DELETED else None
             queries.switch_status(s, inst, status, reason, billed_until=until)
             s.commit()
+            if status == InstanceStatus.DELETED and torch_task.uses_torchft(ctx.spec):
+                lighthouse.stop_tunnels(ctx.job.id, only=name)  # a remote worker's way to the Lighthouse
         case CreateInstance():
             operations.create(ctx, action)
         case PrepareInstance(name=name):
@@ -269,11 +272,13 @@ def _task_argv(spec: JobSpec, python: str, command_prefix: Sequence[str] = ()) -
 
 
 def _writes_job_files(spec: JobSpec, inst: Instance) -> bool:
-    """The task that writes metrics, checkpoints and the result: the async chief, or sync worker 0."""
+    """The tasks that write metrics, checkpoints and the result: the async chief, sync worker 0, or every worker of
+    a PyTorch job (its rank 0 moves to another node when worker 0 is revoked: storage_sync appends to the bucket's
+    metrics what each wrote)."""
     if spec.mode == TrainingMode.ASYNC:  # the chief runs on worker 0 with cluster.chief.on_worker0
         host = Role.WORKER if spec.pinned.chief.on_worker0 else Role.CHIEF
         return inst.role == host.value and inst.slot_index == 0
-    return inst.role == Role.WORKER.value and inst.slot_index == 0
+    return inst.role == Role.WORKER.value and (inst.slot_index == 0 or is_pytorch(spec))
 
 
 def _seed_storage(ctx: JobContext, ep: Endpoint) -> None:
@@ -312,6 +317,18 @@ def cluster_addresses(ctx: JobContext) -> dict[str, list[str]]:
     return cluster
 
 
+def _lighthouse_for(ctx: JobContext, inst: Instance) -> tuple[str | None, str | None]:
+    """A job on torchft replica groups: (the Lighthouse's address as ``inst`` reaches it, the address its peers reach
+    it at). A local worker reaches the Lighthouse on this host's loopback; a remote one through its own reverse
+    forward (control/lighthouse.reach), and its peers at its internal address."""
+    if not torch_task.uses_torchft(ctx.spec):
+        return None, None
+    if ctx.spec.provider.as_local() is not None:
+        return lighthouse.ensure(ctx.storage), None
+    ep = ctx.backend.endpoint(ctx.observed[inst.name])
+    return lighthouse.reach(ctx.storage, ctx.job.id, inst.name, ep, ctx.clock), inst.host
+
+
 def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     spec = ctx.spec
     training = spec.training
@@ -320,11 +337,10 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     local = spec.provider.as_local()
     provider = ctx.backend.provider
     host_gpus = provider.gpus_on(inst.name) if isinstance(provider, SupportsHostGpus) else None
+    reach, replica_host = _lighthouse_for(ctx, inst)
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
                                       ctx.emulation_sleep, stage_loss.dropped_slots(ctx.session, ctx.job),
-                                      host_gpus=host_gpus,
-                                      lighthouse=lighthouse.ensure(ctx.storage) if torch_task.uses_torchft(spec)
-                                      else None)
+                                      host_gpus=host_gpus, lighthouse=reach, replica_host=replica_host)
              if is_pytorch(spec) else None)
     return TaskConfig(
         job_id=ctx.job.id, instance=inst.name, mode=spec.mode.value, role=inst.role, index=inst.slot_index,

@@ -5,6 +5,12 @@ script beside this interpreter) as a process of its own session. Its port is wri
 (``lighthouse.json``) before the process starts, so a daemon killed at any line leaves nothing a later one cannot
 find: the process is looked up by its ``--bind`` argument in /proc, reused while it runs, started again where it
 does not, and stopped when the job ends.
+
+A worker on another machine (the gce and ssh providers) reaches it through a reverse SSH forward of its own
+(transport/tunnel.py): a port on the worker's loopback, carried to the Lighthouse by an ``ssh -N -R`` process on this
+host, also of its own session and found by its log's path (one per job and instance, under the user directory). The
+port the server gave it is read back from that log, and asked for again where the forward must start anew, so the
+worker's task.json stays right.
 """
 
 from __future__ import annotations
@@ -12,13 +18,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.clock import WALL, Clock
+from orchestrator.model.paths import user_dir
 from orchestrator.storage.base import JobStorage
+from orchestrator.transport import tunnel
+from orchestrator.transport.base import Endpoint, TransportError
 
 STATE = "lighthouse.json"
 PROGRAM = "torchft_lighthouse"
@@ -40,9 +52,9 @@ def _bind(port: int) -> str:
     return f"127.0.0.1:{port}"
 
 
-def find(port: int, proc: Path = Path("/proc")) -> int | None:
-    """The pid of the Lighthouse bound to ``port`` (from the processes' command lines), or None."""
-    want = _bind(port).encode()
+def _pids(match: Callable[[list[bytes]], bool], proc: Path = Path("/proc")) -> list[int]:
+    """The processes whose command line (its NUL-separated arguments) ``match`` accepts."""
+    found = []
     for entry in proc.iterdir() if proc.is_dir() else []:
         if not entry.name.isdigit():
             continue
@@ -50,10 +62,17 @@ def find(port: int, proc: Path = Path("/proc")) -> int | None:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        # the console script runs as `python .../torchft_lighthouse ...` (its shebang) or as itself
-        if any(a.endswith(PROGRAM.encode()) for a in argv[:2]) and want in argv:
-            return int(entry.name)
-    return None
+        if match(argv):
+            found.append(int(entry.name))
+    return found
+
+
+def find(port: int, proc: Path = Path("/proc")) -> int | None:
+    """The pid of the Lighthouse bound to ``port`` (from the processes' command lines), or None."""
+    want = _bind(port).encode()
+    # the console script runs as `python .../torchft_lighthouse ...` (its shebang) or as itself
+    pids = _pids(lambda argv: any(a.endswith(PROGRAM.encode()) for a in argv[:2]) and want in argv, proc)
+    return pids[0] if pids else None
 
 
 def _state_port(storage: JobStorage) -> int | None:
@@ -86,3 +105,81 @@ def stop(storage: JobStorage) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     return pid is not None
+
+
+def _tunnel_dir(job_id: str) -> Path:
+    return user_dir() / "tunnels" / job_id
+
+
+def _tunnels(job_id: str) -> dict[int, Path]:
+    """``job_id``'s reverse forwards that run: pid -> the log each writes (the ``-E`` path in its command line)."""
+    d, found = _tunnel_dir(job_id), {}
+    for pid in _pids(lambda argv: b"-E" in argv[:-1]):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+            path = Path(argv[argv.index(b"-E") + 1].decode(errors="replace"))
+        except (OSError, ValueError, IndexError):
+            continue
+        if path.parent == d:
+            found[pid] = path
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _wait_forward(proc: subprocess.Popen[bytes], log: Path, local_port: int, asked: int, clock: Clock,
+                  timeout_s: float) -> int:
+    """The remote port once the forward holds: OpenSSH logs the port it was given for ``-R 0``; an asked port holds
+    once the login is through and the process still runs a second later (ExitOnForwardFailure ends it at once)."""
+    deadline, authenticated = clock.monotonic() + timeout_s, None
+    while clock.monotonic() < deadline:
+        text = log.read_bytes() if log.exists() else b""
+        if proc.poll() is not None:
+            raise TransportError(f"the Lighthouse's reverse forward to {log.stem} ended at once: "
+                                 f"{text.decode(errors='replace').strip()[-300:]}")
+        if asked == 0 and (got := tunnel.allocated_port(text, local_port)) is not None:
+            return got
+        if asked and b"Authenticated to" in text:
+            authenticated = authenticated or clock.monotonic()
+            if clock.monotonic() - authenticated >= 1.0:
+                return asked
+        clock.sleep(0.1)
+    proc.kill()
+    raise TransportError(f"the Lighthouse's reverse forward to {log.stem} did not open in {timeout_s:.0f} s")
+
+
+def reach(storage: JobStorage, job_id: str, instance: str, ep: Endpoint, clock: Clock = WALL,
+          timeout_s: float = 30.0) -> str:
+    """The Lighthouse's address as remote ``instance`` reaches it (``http://127.0.0.1:PORT`` on its own loopback):
+    its reverse forward, started where none runs (asking for the port it had before, if it had one)."""
+    local_port = int(ensure(storage).rsplit(":", 1)[1])
+    d = _tunnel_dir(job_id)
+    log, port_file = d / f"{instance}.log", d / f"{instance}.port"
+    recorded = int(port_file.read_text()) if port_file.exists() else 0
+    running = [pid for pid, path in _tunnels(job_id).items() if path == log]
+    if recorded and running:
+        return f"http://127.0.0.1:{recorded}"
+    _kill(running)  # one of unknown port (a daemon killed before it wrote the port down)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    known = tunnel.write_known_hosts(ep, d / f"{instance}.known_hosts")
+    argv = tunnel.reverse_forward_argv(ep, local_port=local_port, remote_port=recorded, known_hosts=known, log=log)
+    log.write_bytes(b"")
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # outlives a daemon's restart, as the Lighthouse does
+    port = _wait_forward(proc, log, local_port, recorded, clock, timeout_s)
+    port_file.write_text(f"{port}\n")
+    return f"http://127.0.0.1:{port}"
+
+
+def stop_tunnels(job_id: str, only: str | None = None) -> int:
+    """End ``job_id``'s reverse forwards (``only``: that instance's; else all, and their state goes too); how many
+    were running."""
+    pids = [pid for pid, path in _tunnels(job_id).items() if only is None or path.stem == only]
+    _kill(pids)
+    if only is None:
+        shutil.rmtree(_tunnel_dir(job_id), ignore_errors=True)
+    return len(pids)

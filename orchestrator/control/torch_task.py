@@ -62,11 +62,12 @@ def _current(instances: list[Instance], slot: Slot) -> Instance | None:
 def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], inst: Instance, global_batch: int,
                   emulation_sleep: Callable[[str | None, int], float],
                   dropped: frozenset[str] = frozenset(), host_gpus: int | None = None,
-                  lighthouse: str | None = None) -> TorchSection:
+                  lighthouse: str | None = None, replica_host: str | None = None) -> TorchSection:
     """task.json's ``torch`` section for one node (see jobs/torchjob/task.py). ``dropped``: the stages a pipeline was
     re-partitioned without (control/stage_loss.py): its stages and its world are the other workers. ``host_gpus``:
     the GPUs of the host the node was placed on where its machine type does not say (an ssh inventory host's).
-    ``lighthouse``: the torchft Lighthouse's address of a job on replica groups (control/lighthouse.py)."""
+    ``lighthouse``: the torchft Lighthouse's address of a job on replica groups (control/lighthouse.py), as this node
+    reaches it; ``replica_host``: where its peers reach it (a remote node's internal address)."""
     host_slot = rendezvous_slot(slots)
     host = _current(instances, host_slot) if host_slot is not None else None
     address = host.host if host is not None and host.host else "127.0.0.1"
@@ -99,6 +100,7 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         nproc_per_node=_ranks(spec, slot, pipeline, host_gpus, planned),
         fault_tolerance="torchft" if lighthouse is not None else "torchrun",
         lighthouse=lighthouse,
+        replica_host=replica_host,
     )
 
 

@@ -76,6 +76,9 @@ class TorchSection:
     nproc_per_node: int = 1  # data-parallel ranks on this node: one per GPU of a multi-GPU machine type
     fault_tolerance: str = "torchrun"  # torchrun (elastic restarts) | torchft (replica groups: ft_worker.py)
     lighthouse: str | None = None  # torchft: the Lighthouse's address (http://host:port), with the controller
+    # torchft: the address this node's peers reach its group at (a VM's internal address: its Lighthouse address is
+    # a tunnel on its own loopback); None: loopback where the Lighthouse's is, else the host name
+    replica_host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ class TaskConfig:
                             "resplit_every": p.resplit_every, "slowdowns": [list(r) for r in p.slowdowns],
                             "nproc_per_node": p.nproc_per_node,
                             # torchft only: a torchrun task's file stays as it was
-                            **({"fault_tolerance": p.fault_tolerance, "lighthouse": p.lighthouse}
+                            **({"fault_tolerance": p.fault_tolerance, "lighthouse": p.lighthouse,
+                                 **({"replica_host": p.replica_host} if p.replica_host else {})}
                                if p.fault_tolerance != "torchrun" else {}),
                             "pipeline": None if p.pipeline is None else {
                                 "stage_slots": list(p.pipeline.stage_slots),
@@ -219,7 +223,8 @@ def _fault_tolerance(raw: Mapping[str, Any]) -> dict[str, Any]:
     lighthouse = _opt(raw, "lighthouse", str, "torch.")
     if how == "torchft" and not lighthouse:
         raise TaskSchemaError("task.json: torch.lighthouse is missing (fault_tolerance torchft needs it)")
-    return {"fault_tolerance": how, "lighthouse": lighthouse}
+    return {"fault_tolerance": how, "lighthouse": lighthouse,
+            "replica_host": _opt(raw, "replica_host", str, "torch.")}
 
 
 def _pipeline(raw: Mapping[str, Any] | None) -> PipelineSection | None:

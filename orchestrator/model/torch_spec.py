@@ -42,8 +42,7 @@ def exit_zero_is_done(spec: JobSpec) -> bool:
 def fault_tolerance(spec: JobSpec) -> str:
     """How a PyTorch job's nodes survive a lost one: ``torchft`` (replica groups, jobs/torchjob/ft_step.py) or
     ``torchrun`` (elastic re-rendezvous). The spec's ``training.fault_tolerance`` where given; else torchrun: the
-    torchft trainer (jobs/torchjob/ft_worker.py) runs one process per node and reaches its Lighthouse on the local
-    provider only (docs/pytorch.md)."""
+    torchft trainer (jobs/torchjob/ft_worker.py) runs one process per node (docs/pytorch.md)."""
     given = getattr(spec.training, "fault_tolerance", None)
     if given is not None:
         return str(given)

@@ -208,7 +208,7 @@ def rendezvous_warning(spec: JobSpec, plan: LaunchPlan) -> str | None:
     if not is_pytorch(spec) or fault_tolerance(spec) != "torchrun" or len(workers) < 2 or not all(
             s.spot for s in workers):
         return None
-    replicas = spec.provider.as_local() is not None and getattr(spec.training, "parallelism", "data") != "pipeline"
+    replicas = getattr(spec.training, "parallelism", "data") != "pipeline"
     every = spec.training.checkpoint_every
     return ("cluster.workers: every worker is spot, so torchrun's rendezvous store lives on worker 0; its revocation "
             f"stops every node, and they go on from the last checkpoint (checkpoint_every: {every} steps); "

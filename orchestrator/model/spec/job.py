@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.model.catalog import load_catalog
-from orchestrator.model.spec.base import FieldValueError, StrictModel, parse_duration
+from orchestrator.model.spec.base import StrictModel, parse_duration
 from orchestrator.model.spec.provider import LocalProvider, ProviderSpec
 from orchestrator.model.spec.training import BuiltinTraining, TrainingMode, TrainingSpec
 from orchestrator.model.specfile import short
@@ -214,16 +214,6 @@ class JobSpec(StrictModel):
     def _cluster_or_search(self) -> JobSpec:
         if self.cluster is None and self.search is None:
             raise ValueError("give cluster (what to run) or search (what the planner may choose from)")
-        return self
-
-    @model_validator(mode="after")
-    def _replica_groups_reach_their_lighthouse(self) -> JobSpec:
-        # The Lighthouse runs with the controller and listens on loopback (training ports stay inside the cluster):
-        # only the local provider's workers, on the controller's host, reach it. gce and ssh need a tunnel to it.
-        if getattr(self.training, "fault_tolerance", None) == "torchft" and self.provider.as_local() is None:
-            raise FieldValueError("training.fault_tolerance", f"torchft replica groups run on the local provider only "
-                                  f"so far (their Lighthouse is on the controller's loopback, out of reach of "
-                                  f"{self.provider.kind_name()} workers); use fault_tolerance: torchrun")
         return self
 
     # ---- derived views used by the planner and the controller

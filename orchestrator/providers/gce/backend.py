@@ -27,6 +27,10 @@ NETWORK_TAG = "orch-{job}"
 BOOT_PYTHON = "jobs/boot_python.sh"  # = providers.gce.network.JOB_TAG: each job's VMs carry their own tag
 BOOT_WAIT = "boot_wait.sh"  # in jobs/: the one copy of the wait, which boot_python.sh execs through
 TF_PORTS = "2222-2299"
+# A PyTorch job's VMs reach each other on ports chosen at run time: torchrun's c10d store, gloo's pair sockets, and on
+# torchft replica groups each group's manager, store and weight server for a healing peer. Only between the job's
+# tagged VMs (network.job_rules); its Lighthouse is reached through SSH (control/lighthouse.reach), opening nothing.
+TORCH_PORTS = "1024-65535"
 
 # Runs in GCE's 30 s window between the preemption's soft-off and the hard off: report a notice into the
 # job's storage so the chief checkpoints at once (and the controller learns of it without polling).
@@ -87,9 +91,11 @@ def instance_metadata(ssh_user: str, public_key: str, storage_uri: str, name: st
     return items
 
 
-def firewall_ports(spec: GceSpec) -> str:
-    """The cluster ports the firewall opens between the job's VMs: TF_PORTS, plus a task port outside it
-    and the port after it (where a chief co-located with worker 0 listens)."""
+def firewall_ports(spec: GceSpec, framework: str | None = None) -> str:
+    """The cluster ports the firewall opens between the job's VMs: TORCH_PORTS for a PyTorch job, else TF_PORTS,
+    plus a task port outside it and the port after it (where a chief co-located with worker 0 listens)."""
+    if framework == "pytorch":
+        return TORCH_PORTS
     low, high = (int(p) for p in TF_PORTS.split("-"))
     if spec.task_port == 0 or low <= spec.task_port < high:
         return TF_PORTS
@@ -124,7 +130,7 @@ def build(key: str, spec: GceSpec, framework: str | None = None, clock: Clock = 
     # Per-job tags and firewall rules, SSH from this controller only (providers/gce/network.py).
     settings = request_settings(spec, framework)
     provider = IsolatedGceProvider(
-        spec.project, ports=firewall_ports(spec), ssh_ranges=spec.ssh_source_ranges,
+        spec.project, ports=firewall_ports(spec, framework), ssh_ranges=spec.ssh_source_ranges,
         allow_open_network=spec.allow_open_network,
         credentials=spec.credentials, api_endpoint=spec.api_endpoint, network=spec.network,
         termination_action=spec.termination_action, settings=settings)

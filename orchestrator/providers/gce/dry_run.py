@@ -91,7 +91,8 @@ def gce_dry_run(spec: JobSpec, job_id: str | None = None, plan: LaunchPlan | Non
         })
     advice = _advice(provider, slots, settings, framework) if policy.on_revocation == OnRevocation.DEADLINE else []
     firewalls = [{"method": "POST", "path": f"projects/{provider.project}/global/firewalls", "body": rule}
-                 for rule in job_rules(settings.network, job_id, firewall_ports(provider), _ssh_ranges(provider))]
+                 for rule in job_rules(settings.network, job_id, firewall_ports(provider, framework),
+                                                _ssh_ranges(provider))]
     return {
         "dry_run": True, "requests_sent": 0, "project": provider.project,
         "job_id": f"{job_id} (a launch uses <name>-<6 hex digits>)", "cluster": plan.shape,

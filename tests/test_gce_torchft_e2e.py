@@ -1,0 +1,135 @@
+"""A PyTorch job on torchft replica groups on gce, end to end (issue 54 item 5; about 60 s): the real
+google-cloud-compute client against the Compute API emulator, real SSH to a local sshd, storage in (emulated) GCS.
+Every worker is spot and worker 0 is preempted: the survivors go on in the processes they started in, the
+replacement heals from a live peer, the job succeeds with no restart.
+
+What it pins beyond the local provider's twin (test_torch_ft_e2e.py): each VM reaches the controller's Lighthouse
+through a reverse SSH forward of its own (control/lighthouse.reach: a port on the VM's loopback, none opened to
+anything), the firewall opens the run-time ports between the job's own tagged VMs only, the metrics the writer
+wrote before and after it moved off worker 0 all reach the bucket (jobs/storage_sync.py appends), and no forward is
+left running at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import REPO, processes_under, wait_until
+from sqlalchemy import create_engine, text
+
+from orchestrator.storage import open_storage
+from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
+from orchestrator_testing.processes import stop
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torchft")
+
+
+def spec(url: str, storage: str) -> str:
+    return f"""name: gce-torchft
+provider:
+  kind: gce
+  project: test-project
+  zones: [us-central1-c]
+  {provider_yaml(url).replace(", ", chr(10) + "  ")}
+storage: {storage}
+training:
+  framework: pytorch
+  fault_tolerance: torchft
+  hparam_set: resnet_tiny
+  problem: image_cifar10
+  train_steps: 240
+  global_batch: 48
+  checkpoint_every: 100
+  log_every: 10
+  min_workers: 1
+cluster:
+  workers:
+    - {{gpu: t4, count: 3, spot: true, zone: us-central1-c}}
+policy: {{on_revocation: replace, max_replacements: 2, deadline: 20m}}
+pricing: {{book: 2026-11}}
+"""
+
+
+def _firewalls(cloud: EmulatedCloud) -> list[dict[str, Any]]:
+    assert cloud.compute is not None
+    with cloud.compute.state.lock:
+        return [dict(fw) for fw in cloud.compute.state.resources.firewalls.values()]
+
+
+def test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_processes(tmp_path: Path) -> None:
+    with EmulatedCloud(tmp_path / "cloud") as cloud:
+        assert cloud.compute is not None
+        db_url = f"sqlite:///{tmp_path}/results.db"
+        env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": db_url}
+        path = tmp_path / "job.yaml"
+        path.write_text(spec(cloud.url, cloud.gcs.uri("runs")))
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "launch", str(path), "--quiet"],
+                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        engine = create_engine(db_url)
+
+        def scalar(sql: str) -> object:
+            try:
+                with engine.connect() as conn:
+                    return conn.execute(text(sql)).scalar()
+            except Exception:  # the DB may not exist for the first second
+                return None
+
+        try:
+            wait_until(lambda: (scalar("SELECT final_step FROM jobs") or 0) >= 40, timeout=300)
+            rules = _firewalls(cloud)
+            victim = str(scalar("SELECT name FROM instances WHERE slot_index = 0 AND role = 'worker' "
+                                "AND status = 'training'"))
+            cloud.compute.preempt(victim)
+            out, _ = proc.communicate(timeout=600)
+        finally:
+            stop(proc, timeout_s=120)  # SIGTERM: the launch tears its instances down
+        assert proc.returncode == 0, out[-4000:]
+        with engine.connect() as conn:
+            summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
+            notes = conn.execute(text("SELECT to_status, reason FROM events WHERE entity = 'note' "
+                                      "ORDER BY at, id")).all()
+            revoked = conn.execute(text("SELECT name FROM instances WHERE end_reason = 'preempted'")).scalars().all()
+            undeleted = conn.execute(text("SELECT COUNT(*) FROM instances WHERE deleted_at IS NULL")).scalar()
+        assert summary["status"] == "succeeded" and summary["accuracy"] > 0.5, (summary, out[-3000:])
+        assert revoked == [victim] and summary["revocations"] == 1 and summary["replacements"] == 1
+        kinds = [k for k, _ in notes]
+        assert "restart" not in kinds, notes  # no survivor's process was restarted
+        assert any(k == "quorum" and "3 -> 2" in r for k, r in notes), notes
+        assert any(k == "heal" for k, _ in notes), notes  # the replacement healed from a live peer
+        assert undeleted == 0 and sum(cloud.compute.snapshot()["instances_by_status"].values()) == 0
+
+        # The run-time ports are open between the job's own VMs only; the Lighthouse's port to nothing.
+        (internal,) = [r for r in rules if r["name"].endswith("-internal")]
+        assert internal["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
+        assert internal["sourceTags"] == internal["targetTags"] and not internal.get("sourceRanges")
+        assert all(r["allowed"][0]["ports"] == ["22"] for r in rules if r.get("sourceRanges"))
+
+        # Each VM reached the Lighthouse at a port of its own loopback (its forward), not at the Lighthouse's.
+        vms = tmp_path / "cloud" / "vms"
+        tasks = {d.name: json.loads((d / "task.json").read_text())["torch"] for d in vms.iterdir()}
+        assert len(tasks) == 4 and len({t["lighthouse"] for t in tasks.values()}) == 4, tasks
+        assert all(t["lighthouse"].startswith("http://127.0.0.1:") and t["replica_host"] for t in tasks.values())
+
+        for d in vms.iterdir():  # the survivors: one process from the start to the end, through 3 -> 2
+            if d.name == victim or not (d / "storage" / "torchft_members.jsonl").exists():
+                continue
+            members = [json.loads(ln) for ln in (d / "storage" / "torchft_members.jsonl").read_text().splitlines()]
+            worlds = [m["world"] for m in members]
+            if d.name.endswith("-0-1"):  # the replacement
+                continue
+            assert 2 in worlds and len({m["pid"] for m in members}) == 1, (d.name, members)
+
+        # The metrics the writer wrote on worker 0 and, after it moved, on a survivor: all in the bucket, in order.
+        bucket = open_storage(cloud.gcs.uri("runs"), str(summary["job_id"]))
+        records = [json.loads(ln) for ln in (bucket.read_text("metrics.jsonl") or "").splitlines()]
+        steps = [r["step"] for r in records if r["kind"] == "step"]
+        assert steps == sorted(set(steps)) and steps[0] <= 10 and steps[-1] == 240, steps
+        time.sleep(0.5)
+    assert processes_under(tmp_path) == []  # no Lighthouse, no reverse forward, no task left
