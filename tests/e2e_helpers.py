@@ -134,3 +134,55 @@ policy:
   deadline: {ELASTIC_DEADLINE_S}s
 pricing: {{book: 2019-02}}
 """
+
+
+def gce_spec_head(name: str, url: str, storage: str, zones: str = "[us-central1-c]") -> str:
+    """The start of a gce spec against the Compute API emulator at ``url`` (its provider block and storage)."""
+    from orchestrator_testing.cloud import provider_yaml
+
+    return (f"name: {name}\nprovider:\n  kind: gce\n  project: test-project\n  zones: {zones}\n"
+            f"  {provider_yaml(url).replace(', ', chr(10) + '  ')}\nstorage: {storage}\n")
+
+
+def launch_in_background(tmp_path: Path, spec_text: str) -> tuple[subprocess.Popen[str], Any]:
+    """``orchestrator launch --quiet`` of ``spec_text`` in a child process with its own home and SQLite DB, and
+    ``scalar(sql)``: one value from that DB (None while it does not exist yet)."""
+    from sqlalchemy import create_engine, text
+
+    db_url = f"sqlite:///{tmp_path}/results.db"
+    env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": db_url,
+           "COLUMNS": "200"}
+    path = tmp_path / "job.yaml"
+    path.write_text(spec_text)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "launch", str(path), "--quiet"],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    engine = create_engine(db_url)
+
+    def scalar(sql: str) -> object:
+        try:
+            with engine.connect() as conn:
+                return conn.execute(text(sql)).scalar()
+        except Exception:  # the DB may not exist for the first second
+            return None
+
+    return proc, scalar
+
+
+def preempt_worker_at(cloud: Any, proc: subprocess.Popen[str], scalar: Any, *, slot: int, step: int,
+                      before: Any = None) -> tuple[str, str]:
+    """Once the launch's job reaches ``step``, preempt worker ``slot``'s VM in the Compute API emulator (``before()``
+    first, if given), then wait for the launch to end (SIGTERM: it tears its instances down): (the VM, its output)."""
+    from orchestrator_testing.processes import stop
+
+    try:
+        wait_until(lambda: (scalar("SELECT final_step FROM jobs") or 0) >= step, timeout=300)
+        if before is not None:
+            before()
+        victim = str(scalar(f"SELECT name FROM instances WHERE slot_index = {int(slot)} AND role = 'worker' "
+                            "AND status = 'training'"))
+        cloud.compute.preempt(victim)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        stop(proc, timeout_s=120)
+    assert proc.returncode == 0, out[-4000:]
+    return victim, out

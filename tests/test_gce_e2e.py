@@ -6,42 +6,33 @@ Kept as a real-payload test (issue 53): the GCE emulator path (the Compute clien
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import REPO, processes_under, wait_until
+from e2e_helpers import gce_spec_head, launch_in_background, preempt_worker_at, processes_under
 from sqlalchemy import create_engine, text
 
-from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
-from orchestrator_testing.processes import stop
+from orchestrator_testing.cloud import EmulatedCloud
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorflow")
 
 
 def spec(url: str, storage: str) -> str:
-    return f"""name: gce-e2e
-provider:
-  kind: gce
-  project: test-project
-  zones: [us-central1-c, us-central1-a, us-west1-b]
-  {provider_yaml(url).replace(", ", chr(10) + "  ")}
-storage: {storage}
-training: {{job: resnet-cifar, hparam_set: resnet_tiny, train_steps: 700, batch_per_worker: 32,
-            checkpoint_every: 100, log_every: 10}}
+    zones = "[us-central1-c, us-central1-a, us-west1-b]"
+    return gce_spec_head("gce-e2e", url, storage, zones) + """\
+training: {job: resnet-cifar, hparam_set: resnet_tiny, train_steps: 700, batch_per_worker: 32,
+            checkpoint_every: 100, log_every: 10}
 cluster:
-  parameter_servers: {{count: 1, machine_type: n1-standard-4, zone: us-central1-c}}
-  chief: {{machine_type: n1-standard-4, zone: us-central1-c}}
+  parameter_servers: {count: 1, machine_type: n1-standard-4, zone: us-central1-c}
+  chief: {machine_type: n1-standard-4, zone: us-central1-c}
   workers:
-    - {{gpu: t4, count: 1, spot: true, zone: us-central1-c}}
-    - {{gpu: l4, count: 1, spot: true, zone: us-central1-c}}
-    - {{gpu: v100, count: 1, spot: true, zone: us-central1-c}}
-policy: {{on_revocation: replace, max_replacements: 4, deadline: 20m}}
-pricing: {{book: 2026-11}}
+    - {gpu: t4, count: 1, spot: true, zone: us-central1-c}
+    - {gpu: l4, count: 1, spot: true, zone: us-central1-c}
+    - {gpu: v100, count: 1, spot: true, zone: us-central1-c}
+policy: {on_revocation: replace, max_replacements: 4, deadline: 20m}
+pricing: {book: 2026-11}
 """
 
 
@@ -49,31 +40,9 @@ def test_gce_job_with_stockout_and_preemption(tmp_path: Path) -> None:
     with EmulatedCloud(tmp_path / "cloud") as cloud:
         assert cloud.compute is not None
         cloud.compute.set_stockout("us-central1-c", gpu="nvidia-tesla-t4")  # T4 must fail over
-        db_url = f"sqlite:///{tmp_path}/results.db"
-        env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": db_url,
-               "COLUMNS": "200"}
-        path = tmp_path / "job.yaml"
-        path.write_text(spec(cloud.url, cloud.gcs.uri("runs")))
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "launch", str(path), "--quiet"],
-                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        engine = create_engine(db_url)
-
-        def scalar(sql: str) -> object:
-            try:
-                with engine.connect() as conn:
-                    return conn.execute(text(sql)).scalar()
-            except Exception:  # the DB may not exist for the first second
-                return None
-
-        try:
-            wait_until(lambda: (scalar("SELECT final_step FROM jobs") or 0) >= 60, timeout=300)
-            victim = str(scalar("SELECT name FROM instances WHERE slot_index = 1 AND role = 'worker' "
-                                "AND status = 'training'"))
-            cloud.compute.preempt(victim)
-            out, _ = proc.communicate(timeout=600)
-        finally:
-            stop(proc, timeout_s=120)  # SIGTERM: the launch tears its instances down
-        assert proc.returncode == 0, out[-4000:]
+        proc, scalar = launch_in_background(tmp_path, spec(cloud.url, cloud.gcs.uri("runs")))
+        engine = create_engine(f"sqlite:///{tmp_path}/results.db")
+        victim, out = preempt_worker_at(cloud, proc, scalar, slot=1, step=60)
         with engine.connect() as conn:
             summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
             notes = [r[0] for r in conn.execute(text("SELECT reason FROM events WHERE entity = 'note'"))]

@@ -12,33 +12,23 @@ left running at the end."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import REPO, processes_under, wait_until
+from e2e_helpers import gce_spec_head, launch_in_background, preempt_worker_at, processes_under
 from sqlalchemy import create_engine, text
 
 from orchestrator.storage import open_storage
-from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
-from orchestrator_testing.processes import stop
+from orchestrator_testing.cloud import EmulatedCloud
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torchft")
 
 
 def spec(url: str, storage: str) -> str:
-    return f"""name: gce-torchft
-provider:
-  kind: gce
-  project: test-project
-  zones: [us-central1-c]
-  {provider_yaml(url).replace(", ", chr(10) + "  ")}
-storage: {storage}
+    return gce_spec_head("gce-torchft", url, storage) + """\
 training:
   framework: pytorch
   fault_tolerance: torchft
@@ -51,9 +41,9 @@ training:
   min_workers: 1
 cluster:
   workers:
-    - {{gpu: t4, count: 3, spot: true, zone: us-central1-c}}
-policy: {{on_revocation: replace, max_replacements: 2, deadline: 20m}}
-pricing: {{book: 2026-11}}
+    - {gpu: t4, count: 3, spot: true, zone: us-central1-c}
+policy: {on_revocation: replace, max_replacements: 2, deadline: 20m}
+pricing: {book: 2026-11}
 """
 
 
@@ -66,31 +56,11 @@ def _firewalls(cloud: EmulatedCloud) -> list[dict[str, Any]]:
 def test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_processes(tmp_path: Path) -> None:
     with EmulatedCloud(tmp_path / "cloud") as cloud:
         assert cloud.compute is not None
-        db_url = f"sqlite:///{tmp_path}/results.db"
-        env = {**os.environ, "ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_DB_URL": db_url}
-        path = tmp_path / "job.yaml"
-        path.write_text(spec(cloud.url, cloud.gcs.uri("runs")))
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "launch", str(path), "--quiet"],
-                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        engine = create_engine(db_url)
-
-        def scalar(sql: str) -> object:
-            try:
-                with engine.connect() as conn:
-                    return conn.execute(text(sql)).scalar()
-            except Exception:  # the DB may not exist for the first second
-                return None
-
-        try:
-            wait_until(lambda: (scalar("SELECT final_step FROM jobs") or 0) >= 40, timeout=300)
-            rules = _firewalls(cloud)
-            victim = str(scalar("SELECT name FROM instances WHERE slot_index = 0 AND role = 'worker' "
-                                "AND status = 'training'"))
-            cloud.compute.preempt(victim)
-            out, _ = proc.communicate(timeout=600)
-        finally:
-            stop(proc, timeout_s=120)  # SIGTERM: the launch tears its instances down
-        assert proc.returncode == 0, out[-4000:]
+        proc, scalar = launch_in_background(tmp_path, spec(cloud.url, cloud.gcs.uri("runs")))
+        engine = create_engine(f"sqlite:///{tmp_path}/results.db")
+        rules: list[dict[str, Any]] = []
+        victim, out = preempt_worker_at(cloud, proc, scalar, slot=0, step=40,
+                                        before=lambda: rules.extend(_firewalls(cloud)))
         with engine.connect() as conn:
             summary = conn.execute(text("SELECT * FROM job_summary")).mappings().one()
             notes = conn.execute(text("SELECT to_status, reason FROM events WHERE entity = 'note' "

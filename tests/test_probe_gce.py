@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import REPO, processes_under, wait_until
+from e2e_helpers import REPO, gce_spec_head, processes_under, wait_until
 from sqlalchemy import create_engine, text
 
-from orchestrator_testing.cloud import EmulatedCloud, provider_yaml
+from orchestrator_testing.cloud import EmulatedCloud
 
 # The extended tier: two real TensorFlow VMs in a row, beside the GCE emulator path's own e2e (test_gce_e2e).
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
@@ -22,20 +22,14 @@ pytest.importorskip("tensorflow")
 
 
 def spec(url: str, storage: str) -> str:
-    return f"""name: gce-probe
-provider:
-  kind: gce
-  project: test-project
-  zones: [us-central1-c]
-  {provider_yaml(url).replace(", ", chr(10) + "  ")}
-storage: {storage}
-training: {{job: resnet-cifar, hparam_set: resnet_tiny, train_steps: 100, batch_per_worker: 16, mode: sync}}
+    return gce_spec_head("gce-probe", url, storage) + """\
+training: {job: resnet-cifar, hparam_set: resnet_tiny, train_steps: 100, batch_per_worker: 16, mode: sync}
 cluster:
-  parameter_servers: {{count: 0}}
+  parameter_servers: {count: 0}
   workers:
-    - {{gpu: t4, count: 1, spot: true, zone: us-central1-c}}
-policy: {{on_revocation: replace, max_replacements: 0, budget_usd: 5}}
-pricing: {{book: 2026-11}}
+    - {gpu: t4, count: 1, spot: true, zone: us-central1-c}
+policy: {on_revocation: replace, max_replacements: 0, budget_usd: 5}
+pricing: {book: 2026-11}
 """
 
 

@@ -37,24 +37,34 @@ def _task(storage: Path, index: int, lighthouse: str) -> dict[str, Any]:
     }
 
 
+def _lighthouse(min_replicas: int) -> tuple[LighthouseServer, str, dict[str, str]]:
+    """A Lighthouse in this process (as the controller runs one), its address, and the groups' environment."""
+    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=1000, quorum_tick_ms=50,
+                              heartbeat_timeout_ms=1000)
+    lighthouse = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    return server, lighthouse, {**os.environ, "TORCHJOB_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+
+
+def _node(tmp_path: Path, i: int, task: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Node ``i`` of the job: its task.json written, jobs/torchjob/node.py started on it, its output in node-i.log."""
+    path = tmp_path / f"task-{i}.json"
+    path.write_text(json.dumps(task))
+    log = (tmp_path / f"node-{i}.log").open("wb")  # noqa: SIM115 - the child's, closed with the folder
+    return subprocess.Popen([sys.executable, str(JOBS / "torchjob" / "node.py"), "--task", str(path)],
+                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 def _records(storage: Path) -> list[dict[str, Any]]:
     path = storage / "metrics.jsonl"
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
 def test_a_noticed_replica_group_leaves_and_the_survivors_train_on_in_the_same_processes(tmp_path: Path) -> None:
-    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=1000, quorum_tick_ms=50,
-                              heartbeat_timeout_ms=1000)
-    lighthouse = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    server, lighthouse, env = _lighthouse(min_replicas=1)
     storage = tmp_path / "storage"
-    env = {**os.environ, "TORCHJOB_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     procs = []
     for i in range(3):
-        path = tmp_path / f"task-{i}.json"
-        path.write_text(json.dumps(_task(storage, i, lighthouse)))
-        log = (tmp_path / f"node-{i}.log").open("wb")  # noqa: SIM115 - the child's, closed with the folder
-        procs.append(subprocess.Popen([sys.executable, str(JOBS / "torchjob" / "node.py"), "--task", str(path)],
-                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(_node(tmp_path, i, _task(storage, i, lighthouse), env))
     try:
         end = time.monotonic() + 180
         while not any(r["kind"] == "step" and r["step"] >= 8 and r["world_size"] == 3 for r in _records(storage)):
@@ -88,22 +98,15 @@ def test_replica_groups_re_split_the_global_batch_off_a_slowed_group(tmp_path: P
     """Worker 0's emulated GPU runs 4x slow from step 0: the groups share their compute times in each step's
     agreement, every one runs the torchrun trainer's Rebalancer on the same figures, and examples move off worker 0
     (a ``resplit`` event for the controller) while the global batch stays 32 (jobs/torchjob/ft_worker._resplit)."""
-    server = LighthouseServer(bind="[::]:0", min_replicas=3, join_timeout_ms=1000, quorum_tick_ms=50,
-                              heartbeat_timeout_ms=1000)
-    lighthouse = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    server, lighthouse, env = _lighthouse(min_replicas=3)
     storage = tmp_path / "storage"
-    env = {**os.environ, "TORCHJOB_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     procs = []
     for i in range(3):
         task = _task(storage, i, lighthouse)
         task["training"]["train_steps"] = 30
         task["torch"].update(resplit_every=4, sleep_table=[[1, 0.004], [32, 0.128]],  # emulated: 4 ms an example
                              slowdowns=[[0, 4.0]] if i == 0 else [])
-        path = tmp_path / f"task-{i}.json"
-        path.write_text(json.dumps(task))
-        log = (tmp_path / f"node-{i}.log").open("wb")  # noqa: SIM115 - the child's, closed with the folder
-        procs.append(subprocess.Popen([sys.executable, str(JOBS / "torchjob" / "node.py"), "--task", str(path)],
-                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(_node(tmp_path, i, task, env))
     try:
         codes = [p.wait(timeout=240) for p in procs]
     finally:
