@@ -107,3 +107,30 @@ def test_the_payload_reads_the_controllers_definition() -> None:
     path, version = out.stdout.split()
     assert Path(path).resolve() == (REPO / "orchestrator" / "model" / "task.py").resolve(), out.stderr
     assert int(version) == schema.TASK_VERSION
+
+
+def test_a_remote_replica_group_s_addresses_reach_its_process(tmp_path: Path) -> None:
+    """torchft on a remote worker: task.json's Lighthouse (the worker's end of its SSH forward) and its own address
+    (``torch.replica_host``) go through the schema to the payload, and to a ``run:`` script's environment."""
+    code = ("import json, sys; sys.path.insert(0, 'jobs'); from torchjob.node import torchft_env; "
+            "from torchjob.task import parse; t = parse(json.load(open(sys.argv[1]))); "
+            "print(json.dumps([t.lighthouse, t.replica_host, torchft_env(t)]))")
+    torch = schema.TorchSection(rdzv_endpoint="10.0.0.2:29500", is_rdzv_host=False, min_nodes=1, max_nodes=3,
+                                max_restarts=0, threads=None, sleep_table=(), run=None, setup=None,
+                                fault_tolerance="torchft", lighthouse="http://127.0.0.1:40123",
+                                replica_host="10.128.0.7")
+    cfg = schema.TaskConfig(job_id="j", instance="j-worker-1-0", mode="sync", role="worker", index=1,
+                            cluster={"worker": ()}, storage=str(tmp_path), storage_uri="gs://b/j",
+                            training=schema.TrainingSection(model="resnet", hparam_set="resnet_tiny",
+                                                            problem="image_cifar10", data_dir=None, train_steps=10,
+                                                            batch_per_worker=(8, 8, 8), checkpoint_every=5,
+                                                            eval_every=0, log_every=1, seed=0),
+                            gpu="t4", torch=torch)
+    assert schema.from_dict(json.loads(cfg.to_json())).torch == torch
+    (tmp_path / "task.json").write_text(cfg.to_json())
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "task.json")], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    env = {"TORCHFT_LIGHTHOUSE": "http://127.0.0.1:40123", "REPLICA_GROUP_ID": "1",
+           "ORCHESTRATOR_REPLICA_HOST": "10.128.0.7"}
+    assert json.loads(out.stdout) == ["http://127.0.0.1:40123", "10.128.0.7", env]

@@ -66,7 +66,12 @@ def torchft_argv(task: TorchTask, task_path: Path) -> list[str]:
 
 
 def torchft_env(task: TorchTask) -> dict[str, str]:
-    return {"TORCHFT_LIGHTHOUSE": task.lighthouse or "", "REPLICA_GROUP_ID": str(task.slot_index)}
+    """What a replica group's process (the built-in trainer or a ``run:`` script) builds its Manager from; on a remote
+    worker also the address its peers reach it at (``hostname=`` / ``store_addr=`` of torchft's Manager)."""
+    env = {"TORCHFT_LIGHTHOUSE": task.lighthouse or "", "REPLICA_GROUP_ID": str(task.slot_index)}
+    if task.replica_host:
+        env["ORCHESTRATOR_REPLICA_HOST"] = task.replica_host
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
