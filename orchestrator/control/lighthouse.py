@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.clock import WALL, Clock
@@ -52,18 +51,16 @@ def _bind(port: int) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _pids(match: Callable[[list[bytes]], bool], proc: Path = Path("/proc")) -> list[int]:
-    """The processes whose command line (its NUL-separated arguments) ``match`` accepts."""
-    found = []
+def _processes(proc: Path = Path("/proc")) -> dict[int, list[bytes]]:
+    """Every process's command line (its NUL-separated arguments), by pid."""
+    found = {}
     for entry in proc.iterdir() if proc.is_dir() else []:
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            found[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if match(argv):
-            found.append(int(entry.name))
     return found
 
 
@@ -71,7 +68,8 @@ def find(port: int, proc: Path = Path("/proc")) -> int | None:
     """The pid of the Lighthouse bound to ``port`` (from the processes' command lines), or None."""
     want = _bind(port).encode()
     # the console script runs as `python .../torchft_lighthouse ...` (its shebang) or as itself
-    pids = _pids(lambda argv: any(a.endswith(PROGRAM.encode()) for a in argv[:2]) and want in argv, proc)
+    pids = [pid for pid, argv in _processes(proc).items()
+            if any(a.endswith(PROGRAM.encode()) for a in argv[:2]) and want in argv]
     return pids[0] if pids else None
 
 
@@ -114,14 +112,11 @@ def _tunnel_dir(job_id: str) -> Path:
 def _tunnels(job_id: str) -> dict[int, Path]:
     """``job_id``'s reverse forwards that run: pid -> the log each writes (the ``-E`` path in its command line)."""
     d, found = _tunnel_dir(job_id), {}
-    for pid in _pids(lambda argv: b"-E" in argv[:-1]):
-        try:
-            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+    for pid, argv in _processes().items():
+        if b"-E" in argv[:-1]:
             path = Path(argv[argv.index(b"-E") + 1].decode(errors="replace"))
-        except (OSError, ValueError, IndexError):
-            continue
-        if path.parent == d:
-            found[pid] = path
+            if path.parent == d:
+                found[pid] = path
     return found
 
 
