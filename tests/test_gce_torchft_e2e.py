@@ -82,9 +82,13 @@ def test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_proces
         assert all(r["allowed"][0]["ports"] == ["22"] for r in rules if r.get("sourceRanges"))
 
         # Each VM reached the Lighthouse at a port of its own loopback (its forward), not at the Lighthouse's.
+        # (A replacement may get the port its predecessor's forward freed: only the first three must differ.)
         vms = tmp_path / "cloud" / "vms"
         tasks = {d.name: json.loads((d / "task.json").read_text())["torch"] for d in vms.iterdir()}
-        assert len(tasks) == 4 and len({t["lighthouse"] for t in tasks.values()}) == 4, tasks
+        bucket = open_storage(cloud.gcs.uri("runs"), str(summary["job_id"]))
+        own = f"http://127.0.0.1:{json.loads(bucket.read_text('lighthouse.json') or '{}')['port']}"
+        first = [t["lighthouse"] for name, t in tasks.items() if name.endswith("-0")]
+        assert len(tasks) == 4 and len(set(first)) == 3 and own not in {t["lighthouse"] for t in tasks.values()}
         assert all(t["lighthouse"].startswith("http://127.0.0.1:") and t["replica_host"] for t in tasks.values())
 
         for d in vms.iterdir():  # the survivors: one process from the start to the end, through 3 -> 2
@@ -97,7 +101,6 @@ def test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_proces
             assert 2 in worlds and len({m["pid"] for m in members}) == 1, (d.name, members)
 
         # The metrics the writer wrote on worker 0 and, after it moved, on a survivor: all in the bucket, in order.
-        bucket = open_storage(cloud.gcs.uri("runs"), str(summary["job_id"]))
         records = [json.loads(ln) for ln in (bucket.read_text("metrics.jsonl") or "").splitlines()]
         steps = [r["step"] for r in records if r["kind"] == "step"]
         assert steps == sorted(set(steps)) and steps[0] <= 10 and steps[-1] == 240, steps

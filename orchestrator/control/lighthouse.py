@@ -46,8 +46,8 @@ def _free_port() -> int:
 
 
 def _bind(port: int) -> str:
-    # loopback only: the local provider's workers run on this host, and a training port is reachable only inside
-    # the cluster (a cloud job's Lighthouse would bind the controller's cluster address: not built yet)
+    # loopback only: the local provider's workers run on this host, remote ones arrive through their SSH forwards
+    # (reach), and no training port is reachable from outside the cluster
     return f"127.0.0.1:{port}"
 
 
