@@ -63,8 +63,9 @@ def _children(pid: int) -> list[int]:
 
 
 class Sshd:
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, env: dict[str, str] | None = None) -> None:
         self._owned_root = root is None
+        self.env = dict(env or {})  # set in every session (a lab machine's own PATH, say)
         self.root = Path(tempfile.mkdtemp(prefix="orch-sshd-")) if root is None else root
         self.host = "127.0.0.1"
         self.port = 0
@@ -97,7 +98,7 @@ class Sshd:
                 "Subsystem sftp internal-sftp", "MaxStartups 100:30:200", "MaxSessions 100",
                 # bash sources ~/.bashrc for SSH commands only at shell level 1; a developer's slow
                 # .bashrc (pyenv init: ~0.7 s) would otherwise be paid on every transport call.
-                "SetEnv SHLVL=1", "LogLevel INFO", "",
+                "SetEnv SHLVL=1 " + " ".join(f"{k}={v}" for k, v in self.env.items()), "LogLevel INFO", "",
             ]))
             with self.log_path.open("ab") as logf:
                 self._proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)],

@@ -59,6 +59,7 @@ REAL_TIER_ORDER = (
     "test_gce_job_with_stockout_and_preemption", "test_local_job_survives_a_revocation",
     "test_survivors_continue_after_a_sigkill_inside_an_allreduce", "test_own_script_runs_to_exit_zero",
     "test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_processes",
+    "test_replica_groups_on_inventory_hosts_reach_their_lighthouse_through_ssh",
 )
 
 
