@@ -8,7 +8,8 @@ pointed at an emulator, and a local directory behaves the same everywhere). This
 - at start, downloads ``checkpoints/`` (so a replacement chief resumes), ``metrics.jsonl`` (the chief
   appends to it, so the local copy must continue the bucket's) and ``notices/``;
 - every ``--interval`` seconds, downloads new ``notices/`` and uploads new or changed files under
-  ``checkpoints/`` (the ``checkpoint`` index last, so the bucket never names files it lacks), then
+  ``checkpoints/`` (the indexes last: TensorFlow's ``checkpoint``, a DCP checkpoint's ``.metadata``; so the bucket
+  never names files it lacks), then
   the lines appended to ``metrics.jsonl`` here since (up to the last complete one) and ``result.json`` as they
   were before the checkpoints went up (so neither names a checkpoint the bucket lacks); checkpoints the trainer
   deleted locally are deleted in the bucket too. The lines are appended to the bucket's object (read, then
@@ -63,10 +64,20 @@ def make_client() -> Any:
     return storage.Client()
 
 
+# What says a checkpoint is whole, so it goes up after (and comes down after) the files it names: TensorFlow's
+# ``checkpoint`` index, and torch.distributed.checkpoint's ``.metadata`` (written last, through a ``.tmp`` file).
+INDEXES = ("checkpoint", ".metadata")
+
+
 def _skip(rel: str) -> bool:
-    """Files a trainer is still writing: TensorFlow's ``*_temp`` shard dirs, ``*.tmp*`` files, dotfiles."""
-    return any(p.startswith(".") or p.endswith("_temp") or ".tmp" in p or "tempstate" in p
+    """Files a trainer is still writing: TensorFlow's ``*_temp`` shard dirs, ``*.tmp*`` files, dotfiles (but a DCP
+    checkpoint's ``.metadata``)."""
+    return any((p.startswith(".") and p != ".metadata") or p.endswith("_temp") or ".tmp" in p or "tempstate" in p
                for p in rel.split("/"))
+
+
+def _index_last(rel: str) -> bool:
+    return rel.rsplit("/", 1)[-1] in INDEXES
 
 
 class Sync:
@@ -114,7 +125,7 @@ class Sync:
 
     def pull_initial(self) -> None:
         blobs = [b for b in self._list(CHECKPOINTS) if not _skip(self._rel(b.name))]
-        blobs.sort(key=lambda b: b.name.endswith("/checkpoint"))  # the index last: it names the other files
+        blobs.sort(key=lambda b: _index_last(b.name))  # the indexes last: they name the other files
         for blob in blobs:
             rel = self._rel(blob.name)
             self.remote_ckpts.add(rel)
@@ -217,7 +228,7 @@ class Sync:
                     if stat is not None:
                         present[rel] = stat
         changed = sorted((r for r, s in present.items() if self.synced.get(r) != s),
-                         key=lambda r: (r.rsplit("/", 1)[-1] == "checkpoint", r))
+                         key=lambda r: (_index_last(r), r))
         for rel in changed:
             try:
                 self._upload_file(rel, present[rel])

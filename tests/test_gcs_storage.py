@@ -148,6 +148,26 @@ def test_a_writer_that_moves_to_another_vm_appends_to_what_the_last_one_wrote(st
     assert second.push() == 0 and first.push() == 0  # nothing new on either
 
 
+def test_a_dcp_checkpoint_reaches_the_bucket_whole_and_comes_back_whole(storage: GcsStorage, tmp_path: Path) -> None:
+    """A PyTorch job's DCP checkpoint is whole once its ``.metadata`` is there (jobs/torchjob/ckpt.complete): the
+    sidecar uploads it (a dotfile, unlike the others) after the shards, and a new VM's seed pulls it after them."""
+    mod = sync_module()
+    writer = mod.Sync(storage.uri, tmp_path / "vm0")
+    step = writer.local / "checkpoints" / "step-00000100"
+    step.mkdir(parents=True)
+    writer.pull_initial()
+    (step / "__0_0.distcp").write_text("shard")
+    (step / ".metadata.tmp").write_text("being written")
+    assert writer.push() == 1 and storage.list("checkpoints/step-00000100") == ["__0_0.distcp"]
+    (step / ".metadata.tmp").rename(step / ".metadata")
+    assert writer.push() == 1
+    assert storage.read_text("checkpoints/step-00000100/.metadata") == "being written"  # (list() hides dotfiles)
+    seed = mod.Sync(storage.uri, tmp_path / "vm1")
+    seed.local.mkdir()
+    seed.pull_initial()
+    assert (seed.local / "checkpoints" / "step-00000100" / ".metadata").read_text() == "being written"
+
+
 def test_sync_uploads_checkpoints_before_the_metrics_and_result_that_name_them(storage: GcsStorage,
                                                                                 tmp_path: Path) -> None:
     """The controller may delete the VM as soon as it reads a checkpoint line (a drain before a deadline hop) or the

@@ -165,8 +165,8 @@ def _prepare(ctx: JobContext, name: str) -> None:
     ep = ctx.backend.endpoint(observed)
     ctx.backend.transport.wait_reachable(ep, timeout_s=120)
     _push_files(ctx, ep)
-    if ctx.storage.local_path() is None:
-        _seed_storage(ctx, ep)
+    if ctx.storage.local_path() is None and not is_pytorch(ctx.spec):
+        _seed_storage(ctx, ep)  # a PyTorch node's is pulled at each start of its task (_start_task)
     inst.host = observed.internal_host or observed.host
     queries.switch_status(ctx.session, inst, InstanceStatus.READY, "reachable; job files pushed")
     ctx.session.commit()
@@ -177,6 +177,10 @@ def _start_task(ctx: JobContext, name: str, reason: str) -> None:
     inst = instance_row(ctx, name)
     ep = ctx.backend.endpoint(ctx.observed[name])
     t = ctx.backend.transport
+    if ctx.storage.local_path() is None and is_pytorch(ctx.spec):
+        # Every start, restarts too: a world that forms again resumes from the newest checkpoint in the bucket (a
+        # lost node's notice checkpoint), which the survivors' running sidecars, pulling only at their start, lack.
+        _seed_storage(ctx, ep)
     if ctx.storage.local_path() is None:
         writes = _writes_job_files(ctx.spec, inst)
         t.start(ep, SYNC, [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
