@@ -5,8 +5,8 @@
 The training task reads and writes its storage as a local directory (TensorFlow's own gs:// I/O cannot be
 pointed at an emulator, and a local directory behaves the same everywhere). This process:
 
-- at start, downloads ``checkpoints/`` (so a replacement chief resumes), ``metrics.jsonl`` (the chief
-  appends to it, so the local copy must continue the bucket's) and ``notices/``;
+- at start, downloads ``checkpoints/`` (so a replacement chief resumes), ``metrics.jsonl`` where the VM has
+  none (an existing one is this VM's writer's own and is never replaced) and ``notices/``;
 - every ``--interval`` seconds, downloads new ``notices/`` and uploads new or changed files under
   ``checkpoints/`` (the indexes last: TensorFlow's ``checkpoint``, a DCP checkpoint's ``.metadata``; so the bucket
   never names files it lacks), then
@@ -137,12 +137,14 @@ class Sync:
         metrics = self.bucket.get_blob(self._name(METRICS))
         if metrics is not None:
             stat = self._stat(METRICS)
-            if stat is None or stat[0] < metrics.size:
+            if stat is None:  # a new VM: its writer continues the bucket's lines
                 self._download(metrics, METRICS)
             elif stat[0] == metrics.size:
                 self.synced[METRICS] = stat  # (a restarted sidecar) nothing to upload
-            # a restarted sidecar's longer local file: the bucket has its first metrics.size bytes, the rest goes up
-            self.metrics_sent = int(metrics.size)
+            # An existing local file is never replaced: it is this VM's writer's, and a running sidecar counts what
+            # of it went up. A restarted sidecar's longer one: the bucket has its first metrics.size bytes, the rest
+            # goes up; a shorter one (other VMs' writers appended since): all of it went up.
+            self.metrics_sent = min(int(metrics.size), stat[0]) if stat is not None else int(metrics.size)
         self.pull_notices()
 
     def pull_notices(self) -> int:

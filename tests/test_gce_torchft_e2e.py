@@ -103,6 +103,6 @@ def test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_proces
         # The metrics the writer wrote on worker 0 and, after it moved, on a survivor: all in the bucket, in order.
         records = [json.loads(ln) for ln in (bucket.read_text("metrics.jsonl") or "").splitlines()]
         steps = [r["step"] for r in records if r["kind"] == "step"]
-        assert steps == sorted(set(steps)) and steps[0] <= 10 and steps[-1] == 240, steps
+        assert steps == sorted(set(steps)) and steps[0] <= 10 and steps[-1] == 240, (steps, records)
         time.sleep(0.5)
     assert processes_under(tmp_path) == []  # no Lighthouse, no reverse forward, no task left

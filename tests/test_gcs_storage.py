@@ -148,6 +148,25 @@ def test_a_writer_that_moves_to_another_vm_appends_to_what_the_last_one_wrote(st
     assert second.push() == 0 and first.push() == 0  # nothing new on either
 
 
+def test_a_seed_beside_a_running_sidecar_sends_no_line_twice(storage: GcsStorage, tmp_path: Path) -> None:
+    """A PyTorch node's task restarts: its storage is seeded again (pull-only) while its sidecar runs. The seed leaves
+    the node's own metrics file as it is (the bucket has more lines, from another VM's writer), so the running
+    sidecar, which counts what of that file went up, sends nothing again (it did, under load: CI 2026-12-04)."""
+    mod = sync_module()
+    other, mine = mod.Sync(storage.uri, tmp_path / "vm0"), mod.Sync(storage.uri, tmp_path / "vm1")
+    for sync in (other, mine):
+        sync.local.mkdir()
+        sync.pull_initial()
+    (mine.local / "metrics.jsonl").write_text('{"step": 1}\n')
+    mine.push()
+    (other.local / "metrics.jsonl").write_text('{"step": 2}\n')
+    other.push()
+    assert mod.main(["--uri", storage.uri, "--local", str(mine.local), "--once", "--pull-only"]) == 0
+    assert (mine.local / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert mine.push() == 0
+    assert storage.read_text("metrics.jsonl") == '{"step": 1}\n{"step": 2}\n'
+
+
 def test_a_dcp_checkpoint_reaches_the_bucket_whole_and_comes_back_whole(storage: GcsStorage, tmp_path: Path) -> None:
     """A PyTorch job's DCP checkpoint is whole once its ``.metadata`` is there (jobs/torchjob/ckpt.complete): the
     sidecar uploads it (a dotfile, unlike the others) after the shards, and a new VM's seed pulls it after them."""

@@ -288,8 +288,10 @@ def _writes_job_files(spec: JobSpec, inst: Instance) -> bool:
 def _seed_storage(ctx: JobContext, ep: Endpoint) -> None:
     """Pull the job's storage (notices, checkpoints, metrics so far) before a task may start there."""
     t = ctx.backend.transport
+    # pull-only: the instance's own sidecar (running, or started next) is the one that uploads, and a second one
+    # beside it would send its lines again
     t.start(ep, "storage-seed", [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
-                                 "storage", "--once"], ctx.backend.task_env)
+                                 "storage", "--once", "--pull-only"], ctx.backend.task_env)
     deadline = ctx.clock.monotonic() + SEED_TIMEOUT_S
     while ctx.clock.monotonic() < deadline:
         st = t.status(ep, ["storage-seed"])["storage-seed"]
