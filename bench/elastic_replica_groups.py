@@ -5,6 +5,8 @@ of 16 requested spot VMs could be had every 5 minutes) for an N-worker job of 48
 where every change of the world restarts all workers for the restart overhead, once on replica groups
 (``Job.change_min``: the workers kept pause for a quorum, timings.TORCHFT_PAUSE_S, and only the joiners boot).
 Prices: V100 per VM, GCE 2019-02. Nothing here is fitted to these traces (the pause is bench/torchft_pause.py's).
+Both columns are the simulator's own reckoning (a what-if of one model under two change costs), not a measurement of
+real jobs: they say what the measured pause is worth to the policy, not that the simulator is right.
 
     python bench/elastic_replica_groups.py
 """

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -128,15 +129,21 @@ def test_sync_once_seeds_local_and_publishes_whole_lines(storage: GcsStorage, tm
     assert storage.read_text("checkpoints/checkpoint") == 'model_checkpoint_path: "ckpt-2"\n'
 
 
+def _two_vms(mod: ModuleType, storage: GcsStorage, tmp_path: Path) -> tuple[Any, Any]:
+    """The sidecars of two VMs of one job, each started (its initial pull done) on an empty local folder."""
+    syncs = (mod.Sync(storage.uri, tmp_path / "vm0"), mod.Sync(storage.uri, tmp_path / "vm1"))
+    for sync in syncs:
+        sync.local.mkdir()
+        sync.pull_initial()
+    return syncs
+
+
 def test_a_writer_that_moves_to_another_vm_appends_to_what_the_last_one_wrote(storage: GcsStorage,
                                                                                tmp_path: Path) -> None:
     """A PyTorch job's metrics writer (rank 0) moves when its VM is revoked: the next VM's sidecar, seeded before
     the first one wrote its last lines, appends its own after them; neither replaces the other's."""
     mod = sync_module()
-    first, second = mod.Sync(storage.uri, tmp_path / "vm0"), mod.Sync(storage.uri, tmp_path / "vm1")
-    for sync in (first, second):
-        sync.local.mkdir()
-        sync.pull_initial()
+    first, second = _two_vms(mod, storage, tmp_path)
     (first.local / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     assert first.push() == 1
     (second.local / "metrics.jsonl").write_text('{"step": 3}\n')  # its local copy lacks steps 1-2
@@ -153,10 +160,7 @@ def test_a_seed_beside_a_running_sidecar_sends_no_line_twice(storage: GcsStorage
     the node's own metrics file as it is (the bucket has more lines, from another VM's writer), so the running
     sidecar, which counts what of that file went up, sends nothing again (it did, under load: CI 2026-12-04)."""
     mod = sync_module()
-    other, mine = mod.Sync(storage.uri, tmp_path / "vm0"), mod.Sync(storage.uri, tmp_path / "vm1")
-    for sync in (other, mine):
-        sync.local.mkdir()
-        sync.pull_initial()
+    other, mine = _two_vms(mod, storage, tmp_path)
     (mine.local / "metrics.jsonl").write_text('{"step": 1}\n')
     mine.push()
     (other.local / "metrics.jsonl").write_text('{"step": 2}\n')

@@ -39,6 +39,11 @@ class Members:
 IDLE: Final = Members()
 
 
+def kept_through(before: Members, after: Members) -> int:
+    """The workers of ``before`` that go on in ``after`` on replica groups: as many of each billing as both have."""
+    return min(after.spot, before.spot) + min(after.on_demand, before.on_demand)
+
+
 @dataclass(frozen=True)
 class ElasticState(Standing):
     """Where an N-worker job stands (hours from its start; work in full-cluster hours): a count of spot VMs over the
@@ -66,9 +71,7 @@ class ElasticState(Standing):
 
     def kept(self, m: Members) -> int:
         """Workers of ``m`` that run now and go on through a change to ``m`` (replica groups; else none)."""
-        if self.change_h is None:
-            return 0
-        return min(m.spot, self.running.spot) + min(m.on_demand, self.running.on_demand)
+        return 0 if self.change_h is None else kept_through(self.running, m)
 
     def whole(self, mode: Mode, spot_up_h: float, outage_h: float = 0.0) -> Progress:
         """The job as one market of N VMs at once, all or nothing (spot can be had: k >= N; prices N-fold):

@@ -27,7 +27,7 @@ import numpy as np
 from orchestrator.decide import deadline as policy
 from orchestrator.decide import policies
 from orchestrator.decide.deadline import AvailabilityLog, Mode
-from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy
+from orchestrator.decide.elastic import IDLE, ElasticState, Members, elastic_policy, kept_through
 from orchestrator.model.availability import AvailabilityTrace, AvailabilityTraceError
 from orchestrator.sim.availability import (
     HISTORY_H,
@@ -118,7 +118,7 @@ def _changed(job: Job, before: Members, after: Members) -> list[tuple[int, float
         return []
     if job.change_min is None:
         return [(after.workers, float(job.overhead_min))]
-    kept = min(after.spot, before.spot) + min(after.on_demand, before.on_demand)
+    kept = kept_through(before, after)
     return [(n, d) for n, d in ((kept, job.change_min), (after.workers - kept, float(job.overhead_min))) if n]
 
 
