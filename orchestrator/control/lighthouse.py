@@ -120,28 +120,36 @@ def _tunnels(job_id: str) -> dict[int, Path]:
     return found
 
 
-def _kill(pids: list[int]) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended (its parent, a daemon that started it, reaps it later)
+
+
+def _kill(pids: list[int], clock: Clock = WALL, wait_s: float = 5.0) -> None:
+    """SIGTERM each, and wait (up to ``wait_s``) until they have ended: stopped means stopped."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+    deadline = clock.monotonic() + wait_s
+    while any(_alive(p) for p in pids) and clock.monotonic() < deadline:
+        clock.sleep(0.05)
 
 
 def _wait_forward(proc: subprocess.Popen[bytes], log: Path, local_port: int, asked: int, clock: Clock,
                   timeout_s: float) -> int:
-    """The remote port once the forward holds: OpenSSH logs the port it was given for ``-R 0``; an asked port holds
-    once the login is through and the process still runs a second later (ExitOnForwardFailure ends it at once)."""
-    deadline, authenticated = clock.monotonic() + timeout_s, None
+    """The remote port once the server accepted the forward (OpenSSH logs it; ExitOnForwardFailure ends a refused
+    one): ``asked``, or for ``-R 0`` the port it was given."""
+    deadline = clock.monotonic() + timeout_s
     while clock.monotonic() < deadline:
         text = log.read_bytes() if log.exists() else b""
+        if (got := tunnel.allocated_port(text, local_port, asked)) is not None:
+            return got
         if proc.poll() is not None:
             raise TransportError(f"the Lighthouse's reverse forward to {log.stem} ended at once: "
                                  f"{text.decode(errors='replace').strip()[-300:]}")
-        if asked == 0 and (got := tunnel.allocated_port(text, local_port)) is not None:
-            return got
-        if asked and b"Authenticated to" in text:
-            authenticated = authenticated or clock.monotonic()
-            if clock.monotonic() - authenticated >= 1.0:
-                return asked
         clock.sleep(0.1)
     proc.kill()
     raise TransportError(f"the Lighthouse's reverse forward to {log.stem} did not open in {timeout_s:.0f} s")

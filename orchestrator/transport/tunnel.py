@@ -21,13 +21,15 @@ from pathlib import Path
 from orchestrator.transport.base import Endpoint, FatalTransportError
 from orchestrator.transport.host_keys import expected_keys, known_hosts_name
 
-# VERBOSE: the log says when the login is through and which port a `-R 0` was given. A lost server ends the forward
+# DEBUG1: the log says when the server accepted the forward and which port a `-R 0` was given (one line each, and
+# the server's rare keep-alive requests). A lost server ends the forward
 # after about 15 s (3 keep-alives 5 s apart unanswered); a refused forward ends it at once (ExitOnForwardFailure),
 # so a process that runs is a forward that holds.
-OPTIONS = ("-N", "-o", "LogLevel=VERBOSE", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+OPTIONS = ("-N", "-o", "LogLevel=DEBUG1", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "StrictHostKeyChecking=yes",
            "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=15")
 _ALLOCATED = re.compile(rb"Allocated port (\d+) for remote forward to 127\.0\.0\.1:(\d+)")
+_ACCEPTED = re.compile(rb"remote forward success for: listen 127\.0\.0\.1:(\d+), connect 127\.0\.0\.1:(\d+)")
 
 
 class NoSshClient(FatalTransportError):
@@ -65,7 +67,11 @@ def reverse_forward_argv(ep: Endpoint, *, local_port: int, remote_port: int, kno
     return [*argv, "--", ep.host]  # "--": a host is never read as an option
 
 
-def allocated_port(log_text: bytes, local_port: int) -> int | None:
-    """The remote port the server gave the forward to ``local_port`` (OpenSSH logs it for ``-R 0``), or None."""
+def allocated_port(log_text: bytes, local_port: int, asked: int = 0) -> int | None:
+    """The remote port the server gave the forward to ``local_port``, once it accepted it, or None: ``asked`` itself,
+    or for ``-R 0`` (``asked`` 0) the one OpenSSH logs it was given."""
+    accepted = [int(m.group(1)) for m in _ACCEPTED.finditer(log_text) if int(m.group(2)) == local_port]
+    if asked:
+        return asked if asked in accepted else None
     found = [int(m.group(1)) for m in _ALLOCATED.finditer(log_text) if int(m.group(2)) == local_port]
-    return found[-1] if found else None
+    return found[-1] if found and 0 in accepted else None
