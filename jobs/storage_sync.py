@@ -23,6 +23,9 @@ maintenance an hour after that value turns ``TERMINATE_ON_HOST_MAINTENANCE``, an
 VM's notice, ``notices/NAME`` (``{"at", "maintenance"}``), locally and in the bucket, once: the job checkpoints as
 on a preemption notice and the controller replaces the VM before the stop, losing no step.
 
+``--pull-result``: also download ``result.json`` once another VM's writer has put it in the bucket (a torchft
+replica group that joins as the others finish learns so that the job is done).
+
 ``--once``: the start-up download and one upload, then exit (run it before the task to seed ``--local``;
 exit code 1 if the bucket could not be read). ``--pull-only``: never upload or delete (tasks other than
 the one doing the job's I/O). Imports google-cloud-storage only (no TensorFlow), and
@@ -159,6 +162,17 @@ class Sync:
             new += 1
             log.info("notice %s", name)
         return new
+
+    def pull_result(self) -> bool:
+        """The job's result.json where this VM has none (another VM's writer ended the job): a torchft group that
+        joined as the others finished reads it (jobs/torchjob/ft_worker.py). Whether it came down now."""
+        if self._stat(RESULT) is not None:
+            return False
+        blob = self.bucket.get_blob(self._name(RESULT))
+        if blob is None:
+            return False
+        self._download(blob, RESULT)
+        return True
 
     def write_notice(self, name: str, body: str) -> None:
         """A notice this VM raises itself: here first (the payload on this VM reads it at once), then in the
@@ -300,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
     ap.add_argument("--once", action="store_true", help="download, upload once, exit")
     ap.add_argument("--pull-only", action="store_true", help="only download (tasks that write no job files)")
+    ap.add_argument("--pull-result", action="store_true", help="also download result.json once the bucket has it")
     ap.add_argument("--instance", help="this VM's instance name: watch its GCE host-maintenance notice")
     ap.add_argument("--maintenance-poll", type=float, default=10.0, help="seconds between maintenance-event reads")
     args = ap.parse_args(argv)
@@ -340,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(args.interval):
         try:
             sync.pull_notices()
+            if args.pull_result:
+                sync.pull_result()
             if not args.pull_only:
                 sync.push()
         except Exception as e:  # noqa: BLE001 - keep syncing through transient errors

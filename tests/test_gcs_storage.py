@@ -171,6 +171,21 @@ def test_a_seed_beside_a_running_sidecar_sends_no_line_twice(storage: GcsStorage
     assert storage.read_text("metrics.jsonl") == '{"step": 1}\n{"step": 2}\n'
 
 
+def test_pull_result_brings_another_vms_result_down_once_and_never_sends_it_back(storage: GcsStorage,
+                                                                                tmp_path: Path) -> None:
+    """``--pull-result``: a torchft replica group that joined as the others finished learns from the result.json
+    another VM's writer put in the bucket that the job is done (jobs/torchjob/ft_worker.FtTrainer._peers_gone)."""
+    mod = sync_module()
+    writer, joiner = _two_vms(mod, storage, tmp_path)
+    assert joiner.pull_result() is False  # nothing in the bucket yet
+    (writer.local / "result.json").write_text('{"step": 40}')
+    assert writer.push() == 1
+    assert writer.pull_result() is False  # its own: never replaced
+    assert joiner.pull_result() is True
+    assert (joiner.local / "result.json").read_text() == '{"step": 40}'
+    assert joiner.pull_result() is False and joiner.push() == 0  # once; and it does not go up again
+
+
 def test_a_dcp_checkpoint_reaches_the_bucket_whole_and_comes_back_whole(storage: GcsStorage, tmp_path: Path) -> None:
     """A PyTorch job's DCP checkpoint is whole once its ``.metadata`` is there (jobs/torchjob/ckpt.complete): the
     sidecar uploads it (a dotfile, unlike the others) after the shards, and a new VM's seed pulls it after them."""

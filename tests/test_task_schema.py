@@ -16,13 +16,15 @@ from test_control_poison import local_spec
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
+from orchestrator.control.torch_task import torch_section
+from orchestrator.costmodel.slots import expand
 from orchestrator.model import exits
 from orchestrator.model import task as schema
 from orchestrator.model.paths import user_dir
 from orchestrator.model.spec import validate_spec
-from orchestrator.model.status import FINAL_JOB, JobStatus
+from orchestrator.model.status import FINAL_JOB, InstanceStatus, JobStatus
 from orchestrator.store.db import open_session
-from orchestrator.store.models import Job
+from orchestrator.store.models import Instance, Job
 
 JOBS = REPO / "jobs"
 
@@ -114,11 +116,11 @@ def test_a_remote_replica_group_s_addresses_reach_its_process(tmp_path: Path) ->
     (``torch.replica_host``) go through the schema to the payload, and to a ``run:`` script's environment."""
     code = ("import json, sys; sys.path.insert(0, 'jobs'); from torchjob.node import torchft_env; "
             "from torchjob.task import parse; t = parse(json.load(open(sys.argv[1]))); "
-            "print(json.dumps([t.lighthouse, t.replica_host, torchft_env(t)]))")
+            "print(json.dumps([t.lighthouse, t.replica_host, t.join, torchft_env(t)]))")
     torch = schema.TorchSection(rdzv_endpoint="10.0.0.2:29500", is_rdzv_host=False, min_nodes=1, max_nodes=3,
                                 max_restarts=0, threads=None, sleep_table=(), run=None, setup=None,
                                 fault_tolerance="torchft", lighthouse="http://127.0.0.1:40123",
-                                replica_host="10.128.0.7")
+                                replica_host="10.128.0.7", join=True)
     cfg = schema.TaskConfig(job_id="j", instance="j-worker-1-0", mode="sync", role="worker", index=1,
                             cluster={"worker": ()}, storage=str(tmp_path), storage_uri="gs://b/j",
                             training=schema.TrainingSection(model="resnet", hparam_set="resnet_tiny",
@@ -133,4 +135,25 @@ def test_a_remote_replica_group_s_addresses_reach_its_process(tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     env = {"TORCHFT_LIGHTHOUSE": "http://127.0.0.1:40123", "REPLICA_GROUP_ID": "1",
            "ORCHESTRATOR_REPLICA_HOST": "10.128.0.7"}
-    assert json.loads(out.stdout) == ["http://127.0.0.1:40123", "10.128.0.7", env]
+    assert json.loads(out.stdout) == ["http://127.0.0.1:40123", "10.128.0.7", True, env]
+
+
+def test_a_replica_group_started_beside_training_ones_joins() -> None:
+    """``torch.join``: the task of a worker started while another worker trains (a replacement) says so, and only
+    on replica groups (jobs/torchjob/ft_worker.FtTrainer._peers_gone)."""
+    spec = validate_spec(yaml.safe_load((REPO / "examples" / "local-torch-ft.yaml").read_text()))
+    slots = [s for s in expand(spec) if s.role.value == "worker"]
+
+    def worker(i: int, status: InstanceStatus) -> Instance:
+        return Instance(name=f"j-worker-{i}-0", role="worker", slot_index=i, generation=0,
+                        status=status.value, batch=slots[i].batch)
+
+    def join(instances: list[Instance], lighthouse: str | None = "http://127.0.0.1:1") -> bool:
+        return torch_section(spec, slots, instances, instances[0], 96, lambda gpu, batch: 0.0,
+                             lighthouse=lighthouse).join
+
+    fresh = [worker(0, InstanceStatus.PROVISIONING), worker(1, InstanceStatus.PROVISIONING)]
+    assert join(fresh) is False  # a fresh job's groups all start at step 0 together
+    replacement = [worker(0, InstanceStatus.PROVISIONING), worker(1, InstanceStatus.TRAINING)]
+    assert join(replacement) is True
+    assert join(replacement, lighthouse=None) is False  # torchrun

@@ -28,6 +28,7 @@ from torchjob.task import TaskError, TorchTask, load  # noqa: E402
 
 RUNTIME = "pytorch-eager+torchft"
 EVENTS = "torch_events.jsonl"  # as the torchrun trainer's (train.EVENTS_FILE): the controller makes them events
+JOIN_WAIT_S = 30.0  # how long a joiner with no live peer waits for the job's result before starting alone
 MEMBERS = "torchft_members.jsonl"  # each group's process id at each quorum change it saw: no restart, checkable
 
 
@@ -64,6 +65,8 @@ class FtTrainer:
         self.rebalancer = Rebalancer(task.resplit_every)
         self.slots: list[int] = []  # the last committed step's groups (a change starts the re-split's count anew)
         self.started = False
+        self.join = task.join
+        self.join_since: float | None = None  # a joiner that found no live peer: since when (FtTrainer._peers_gone)
         self.window: tuple[float, int, float] = (time.monotonic(), 0, 0.0)  # since the last step line
 
     def run(self) -> None:
@@ -79,6 +82,10 @@ class FtTrainer:
                 self.failed_at = self.failed_at or t0
                 continue
             if self.first_quorum:
+                if self.join and info.world == 1 and info.step == 0:
+                    if self._peers_gone():
+                        return  # they finished while this group started: the job is done, nothing to write
+                    continue  # the attempt is closed: wait for the result (or a peer) a while longer
                 self.first_quorum = False
                 self._resume(info)
             self._set_lr(m.current_step())
@@ -97,6 +104,25 @@ class FtTrainer:
         self._checkpoint("final")
         if m.participating_rank() == 0 and self._metrics() is not None:
             self._evaluate(time.monotonic() - t_start)
+
+    def _peers_gone(self) -> bool:
+        """A joiner alone in its first quorum at step 0: the groups it was started to join are gone, having finished
+        (their result.json reaches this node's storage: True, and the joiner leaves without training or writing a
+        line) or all been lost. It closes the attempt without a step and waits JOIN_WAIT_S for the result; then it
+        starts the world alone from the newest checkpoint, as a fresh job does. (Training alone from a checkpoint
+        after the others finished would write again steps the job already has.)"""
+        m = self.replica.manager
+        m.report_error(RuntimeError("joined with no live peer"))
+        m.should_commit()  # says no: no step is counted
+        if (self.task.storage / "result.json").exists():
+            log(f"{self.task.instance} joined after the other groups finished: the job is done")
+            return True
+        self.join_since = self.join_since or time.monotonic()
+        if time.monotonic() - self.join_since > JOIN_WAIT_S:
+            log(f"no live peer for {JOIN_WAIT_S:.0f} s and no result: starting from the newest checkpoint")
+            self.join = False
+        time.sleep(0.5)
+        return False
 
     def _resume(self, info: Any) -> None:
         """A fresh job resumes from its newest checkpoint when every group of the first quorum is at step 0 (all

@@ -46,6 +46,7 @@ class TorchTask:
     fault_tolerance: str = "torchrun"  # torchft: this node is one replica group (ft_worker.py), no torchrun
     lighthouse: str | None = None  # torchft: the Lighthouse's address
     replica_host: str | None = None  # torchft: where peers reach this group (None: ft_step.advertised_host)
+    join: bool = False  # torchft: started while other groups train (it heals from one; see ft_worker.FtTrainer)
 
     def rank_batch(self, local_rank: int) -> int:
         """This node's planned batch shared evenly by its ranks (its GPUs are alike): local rank ``local_rank``'s."""
@@ -84,7 +85,7 @@ def parse(raw: Mapping[str, Any]) -> TorchTask:
         run=list(t.run) if t.run else None, setup=list(t.setup) if t.setup else None, env=dict(t.env),
         resplit_every=t.resplit_every, slowdowns=[(int(a), float(f)) for a, f in t.slowdowns],
         pipeline=t.pipeline, nproc_per_node=t.nproc_per_node, fault_tolerance=t.fault_tolerance,
-        lighthouse=t.lighthouse, replica_host=t.replica_host,
+        lighthouse=t.lighthouse, replica_host=t.replica_host, join=t.join,
     )
     if not 1 <= task.min_nodes <= task.max_nodes:
         raise TaskError(f"torch.min_nodes {task.min_nodes} must be in 1..max_nodes {task.max_nodes}")

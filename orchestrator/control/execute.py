@@ -184,7 +184,8 @@ def _start_task(ctx: JobContext, name: str, reason: str) -> None:
     if ctx.storage.local_path() is None:
         writes = _writes_job_files(ctx.spec, inst)
         t.start(ep, SYNC, [ctx.backend.python, "jobs/storage_sync.py", "--uri", ctx.storage.uri, "--local",
-                           "storage", "--interval", "1", "--instance", inst.name] + ([] if writes else ["--pull-only"]),
+                           "storage", "--interval", "1", "--instance", inst.name] + ([] if writes else ["--pull-only"])
+                + (["--pull-result"] if torch_task.uses_torchft(ctx.spec) else []),
                 ctx.backend.task_env)
     t.write(ep, "task.json", _task_config(ctx, inst).to_json())
     try:  # the spec's env: and secrets (read now, never stored) for the payload's process only

@@ -22,7 +22,7 @@ from orchestrator.costmodel.slots import DEFAULT_BATCH, Slot
 from orchestrator.model.catalog import load_catalog
 from orchestrator.model.instances import Role
 from orchestrator.model.spec import JobSpec
-from orchestrator.model.status import EndReason
+from orchestrator.model.status import EndReason, InstanceStatus
 from orchestrator.model.task import PipelineSection, TorchSection
 from orchestrator.model.torch_spec import argv, is_pytorch, is_run_job, replica_groups
 from orchestrator.providers.local.step_model import step_model_for
@@ -101,7 +101,14 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         fault_tolerance="torchft" if lighthouse is not None else "torchrun",
         lighthouse=lighthouse,
         replica_host=replica_host,
+        join=lighthouse is not None and _others_training(instances, inst),
     )
+
+
+def _others_training(instances: list[Instance], inst: Instance) -> bool:
+    """Whether another worker of the job trains as ``inst``'s task starts: a replica group joining them."""
+    return any(i.name != inst.name and i.role == Role.WORKER.value and i.status == InstanceStatus.TRAINING
+               for i in instances)
 
 
 def uses_torchft(spec: JobSpec) -> bool:

@@ -79,6 +79,9 @@ class TorchSection:
     # torchft: the address this node's peers reach its group at (a VM's internal address: its Lighthouse address is
     # a tunnel on its own loopback); None: loopback where the Lighthouse's is, else the host name
     replica_host: str | None = None
+    # torchft: started while other groups train (a replacement or a late node): it heals from a live peer, and one
+    # whose peers are all gone by its first quorum (they finished) waits for the job's result, not training alone
+    join: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,8 @@ class TaskConfig:
                             "nproc_per_node": p.nproc_per_node,
                             # torchft only: a torchrun task's file stays as it was
                             **({"fault_tolerance": p.fault_tolerance, "lighthouse": p.lighthouse,
-                                 **({"replica_host": p.replica_host} if p.replica_host else {})}
+                                 **({"replica_host": p.replica_host} if p.replica_host else {}),
+                                 **({"join": True} if p.join else {})}
                                if p.fault_tolerance != "torchrun" else {}),
                             "pipeline": None if p.pipeline is None else {
                                 "stage_slots": list(p.pipeline.stage_slots),
@@ -224,7 +228,7 @@ def _fault_tolerance(raw: Mapping[str, Any]) -> dict[str, Any]:
     if how == "torchft" and not lighthouse:
         raise TaskSchemaError("task.json: torch.lighthouse is missing (fault_tolerance torchft needs it)")
     return {"fault_tolerance": how, "lighthouse": lighthouse,
-            "replica_host": _opt(raw, "replica_host", str, "torch.")}
+            "replica_host": _opt(raw, "replica_host", str, "torch."), "join": _get(raw, "join", bool, "torch.", False)}
 
 
 def _pipeline(raw: Mapping[str, Any] | None) -> PipelineSection | None:

@@ -120,3 +120,27 @@ def test_replica_groups_re_split_the_global_batch_off_a_slowed_group(tmp_path: P
     assert events[-1]["batches"]["0"] < 8 and all(sum(e["batches"].values()) == 32 for e in events), events
     last = [r for r in _records(storage) if r["kind"] == "step"][-1]
     assert last["workers"]["0"]["batch"] == events[-1]["batches"]["0"], last  # trained at the split it chose
+
+
+def test_a_joiner_whose_peers_have_finished_leaves_without_training(tmp_path: Path) -> None:
+    """A replacement started while the others trained (``torch.join``) whose first quorum comes after they finished:
+    alone at step 0 with the job's result.json in its storage, it exits 0 and writes no line. (Training alone from
+    the checkpoint wrote the job's steps a second time: tests/test_gce_torchft_e2e under a loaded host.)"""
+    server, lighthouse, env = _lighthouse(min_replicas=1)
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    done = [{"kind": "start", "t": 0.0}] + [{"kind": "step", "step": s, "world_size": 2} for s in (1, 2)]
+    (storage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    (storage / "result.json").write_text(json.dumps({"step": STEPS}))
+    task = _task(storage, 0, lighthouse)
+    task["torch"]["join"] = True
+    proc = _node(tmp_path, 0, task, env)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        server.shutdown()
+    log = (tmp_path / "node-0.log").read_text()
+    assert code == 0, log[-2000:]
+    assert "joined after the other groups finished" in log, log[-2000:]
+    assert _records(storage) == done  # no start line, no step written again
