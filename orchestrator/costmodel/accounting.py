@@ -39,6 +39,7 @@ from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog
 from orchestrator.model.paths import data_dir
 from orchestrator.model.spec import JobSpec, TrainingMode, validate_spec
+from orchestrator.model.torch_spec import is_pytorch, replica_groups
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,17 @@ def run_accounting(
     extra = timings.SPOT_EXTRA_BOOT_S if provider.is_cloud or as_cloud else 0.0
     # A gce VM's first boot also gets its driver and libraries from its image route (DLVM, installer, ...).
     return RunAccounting(timings.BOOT_S + timings.gce_boot_extra_s(spec), extra, 0.0, ckpt, 0.0)
+
+
+def restore_s(spec: JobSpec, accounting: RunAccounting, wall_clock: bool) -> float:
+    """What a change of a synchronous world costs every rank, for the planner and the simulator alike: a quorum's
+    pause on torchft replica groups; else a restart, as measured on this host (``wall_clock``: emulated GPUs, run as
+    the local run) or, in the cloud, a PyTorch world's start-up and warm-up (timings.TORCH_WORLD_RESTART_S)."""
+    if replica_groups(spec):
+        return timings.TORCHFT_PAUSE_S
+    if wall_clock or not is_pytorch(spec):
+        return accounting.startup_s
+    return timings.TORCH_WORLD_RESTART_S
 
 
 # The measured reference step of each framework's CPU payload (data/local_host.csv keys, prefixed): the

@@ -17,7 +17,7 @@ from orchestrator.costmodel import (
     get_profile,
     predict_step_time,
 )
-from orchestrator.costmodel.accounting import RunAccounting, local_worker_steps, run_accounting
+from orchestrator.costmodel.accounting import RunAccounting, local_worker_steps, restore_s, run_accounting
 from orchestrator.costmodel.batches import job_precision, job_runtime, split_total, trained_gpus
 from orchestrator.costmodel.cluster import estimate_from_compute
 from orchestrator.costmodel.partition import Partitioner
@@ -29,7 +29,6 @@ from orchestrator.costmodel.stepmodel import StepModel, step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, PriceBook, load_catalog
 from orchestrator.model.spec import Cluster, JobSpec, LocalProvider, RevocationMode, TrainingMode
-from orchestrator.model.torch_spec import fault_tolerance, is_pytorch
 from orchestrator.providers.local import revocations as local_revocations
 from orchestrator.providers.local.provider import PROGRESS_STEP_S, progress_clock_for
 from orchestrator.providers.local.step_model import step_model_for
@@ -179,9 +178,10 @@ class _Delays(TypedDict):
 def _delays(spec: JobSpec, acc: RunAccounting, local: bool) -> _Delays:
     """The run's real-world delays (``SimCluster``): boot, and a local replacement task starts its framework again;
     in sync the whole world restarts instead (``regroup_s``), or with torchft replica groups the survivors only
-    pause for the quorum (timings.TORCHFT_PAUSE_S); a local revoked instance is billed through its notice window."""
+    pause for the quorum: the planner's figure (costmodel.accounting.restore_s; a cloud torchrun world's restart was
+    0 s here before, its start-up); a local revoked instance is billed through its notice window."""
     sync = spec.mode == TrainingMode.SYNC
-    regroup = (timings.TORCHFT_PAUSE_S if is_pytorch(spec) and fault_tolerance(spec) == "torchft" else acc.startup_s)
+    regroup = restore_s(spec, acc, local)
     return {"boot_delay_s": acc.boot_s, "spot_extra_boot_s": acc.spot_extra_boot_s,
             "startup_s": acc.startup_s, "rejoin_s": acc.startup_s if local and not sync else 0.0,
             "regroup_s": regroup if sync else 0.0, "teardown_s": acc.teardown_s,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.costmodel.accounting import local_worker_steps, run_accounting
+from orchestrator.costmodel.accounting import local_worker_steps, restore_s, run_accounting
 from orchestrator.costmodel.batches import (
     even_split,
     gpu_batches,
@@ -39,7 +39,6 @@ from orchestrator.costmodel.stepmodel import COST_STEPS, StepModel, step_fn
 from orchestrator.model import timings
 from orchestrator.model.catalog import Catalog, CatalogError, PriceBook
 from orchestrator.model.spec import JobSpec, TrainingMode
-from orchestrator.model.torch_spec import is_pytorch, replica_groups
 
 LOCAL_MACHINE = "local"  # how non-cloud instances are priced (as the spec validation does)
 
@@ -248,13 +247,8 @@ class Evaluator:
         return layout.pinned or err is not None or self.parallelism == "pipeline"
 
     def _restore_s(self) -> float:
-        """What a change of the world costs every rank: a quorum's pause on torchft replica groups; else a restart,
-        as measured on this host (emulated GPUs) or, in the cloud, a PyTorch world's start-up and warm-up."""
-        if replica_groups(self.spec):
-            return timings.TORCHFT_PAUSE_S
-        if self.steps.wall_clock or not is_pytorch(self.spec):
-            return self.accounting.startup_s
-        return timings.TORCH_WORLD_RESTART_S
+        """What a change of the world costs every rank (costmodel.accounting.restore_s)."""
+        return restore_s(self.spec, self.accounting, self.steps.wall_clock)
 
     def _strategies(self, gpus: list[str], machines: list[str], batches: Sequence[int], rate: float,
                     err: str | None, hourly: float, slots: Sequence[Any], hazards: tuple[float, ...]
