@@ -14,7 +14,8 @@
 #   - FRAMEWORK=tensorflow: `tensorflow[and-cuda]` (the CUDA runtime and cuDNN as the pip wheels TF was
 #     built against), google-cloud-storage, scikit-learn: what jobs/tfjob imports;
 #   - FRAMEWORK=pytorch: torch built for CUDA 12.8 from PyTorch's wheel index (its CUDA libraries come as
-#     wheels too), numpy, google-cloud-storage, scikit-learn: what jobs/torchjob imports;
+#     wheels too), torchft (replica groups: jobs/torchjob/ft_worker.py), numpy, google-cloud-storage,
+#     scikit-learn: what jobs/torchjob imports;
 #   - a virtualenv in $VENV; /usr/local/bin/python3 runs it, so the controller's `python3 jobs/...` over SSH
 #     finds the framework.
 set -euo pipefail
@@ -23,6 +24,7 @@ set -euo pipefail
 TF_VERSION="2.21.0"
 TORCH_VERSION="2.13.0"
 TORCH_INDEX="https://download.pytorch.org/whl/cu128"
+TORCHFT_VERSION="0.2.0"             # torchft: torch >= 2.7, so the Deep Learning VM's torch 2.9 takes it too
 GCS_VERSION="3.17.1"                # google-cloud-storage
 SKLEARN_VERSION="1.9.1"             # scikit-learn
 VENV="/opt/orchestrator/venv"
@@ -76,14 +78,15 @@ venv_flags=()
 [ -x "$VENV/bin/python" ] || python3 -m venv "${venv_flags[@]}" "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 common=("google-cloud-storage==$GCS_VERSION" "scikit-learn==$SKLEARN_VERSION")
+[ "$FRAMEWORK" = "pytorch" ] && common+=("torchft==$TORCHFT_VERSION")
 if [ "$image_has" = "1" ]; then
-  log "keeping the image's $module; installing numpy, google-cloud-storage, scikit-learn"
+  log "keeping the image's $module; installing numpy, ${common[*]}"
   "$VENV/bin/python" -m pip install -q --no-cache-dir numpy "${common[@]}"
 elif [ "$FRAMEWORK" = "tensorflow" ]; then
   log "installing tensorflow[and-cuda]==$TF_VERSION, google-cloud-storage, scikit-learn"
   "$VENV/bin/python" -m pip install -q --no-cache-dir "tensorflow[and-cuda]==$TF_VERSION" "${common[@]}"
 else
-  log "installing torch==$TORCH_VERSION (CUDA 12.8, $TORCH_INDEX), numpy, google-cloud-storage, scikit-learn"
+  log "installing torch==$TORCH_VERSION (CUDA 12.8, $TORCH_INDEX), numpy, ${common[*]}"
   "$VENV/bin/python" -m pip install -q --no-cache-dir --extra-index-url "$TORCH_INDEX" \
     "torch==$TORCH_VERSION" numpy "${common[@]}"
 fi
@@ -98,12 +101,13 @@ chmod 0755 /usr/local/bin/python3
 # ---------------------------------------------------------------- checks: the payload's imports, the GPU
 if [ "$image_has" = "1" ]; then
   "$VENV/bin/python" -c "import google.cloud.storage, numpy, sklearn, $module; print('$module', $module.__version__, '(the image)')"
+  [ "$FRAMEWORK" = "pytorch" ] && "$VENV/bin/python" -c "import torchft"
 fi
 if [ "$FRAMEWORK" = "tensorflow" ]; then
   [ "$image_has" = "1" ] || "$VENV/bin/python" -c "import google.cloud.storage, sklearn, tensorflow as tf; assert tf.__version__ == '$TF_VERSION'; print('tensorflow', tf.__version__)"
   check='import tensorflow as tf, sys; g = tf.config.list_physical_devices("GPU"); print("TensorFlow sees", g); sys.exit(0 if g else 1)'
 else
-  [ "$image_has" = "1" ] || "$VENV/bin/python" -c "import google.cloud.storage, numpy, sklearn, torch, torch.distributed.checkpoint; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  [ "$image_has" = "1" ] || "$VENV/bin/python" -c "import google.cloud.storage, numpy, sklearn, torch, torch.distributed.checkpoint, torchft; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   check='import torch, sys; print("torch sees", torch.cuda.device_count(), "GPU(s)", torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""); sys.exit(0 if torch.cuda.is_available() else 1)'
 fi
 if [ "$SKIP_GPU_CHECK" != "1" ]; then

@@ -217,3 +217,16 @@ def test_a_flex_start_request_says_how_long_it_waits_for_capacity() -> None:
     assert compute_v1.Instance.from_json(json.dumps(body)).params.request_valid_for_duration.seconds == 1800
     spot_group, spot_zone, _ = GROUPS["h100"]
     assert "params" not in gce_dry_run(validate_spec(doc(spot_group, spot_zone)))["instances.insert"][0]["body"]
+
+
+def test_a_vm_s_first_boot_installs_the_extras_pins() -> None:
+    """images/gpu-worker.sh installs the versions pyproject.toml's extras pin, torchft among them: a PyTorch job
+    runs on replica groups by default (model.torch_spec.fault_tolerance), so a VM without torchft fails it."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = dict(p.split("==") for p in extras["train"] + extras["torch"] if "==" in p)
+    script = (REPO / "images" / "gpu-worker.sh").read_text()
+    for package, var in (("tensorflow", "TF_VERSION"), ("torch", "TORCH_VERSION"), ("torchft", "TORCHFT_VERSION")):
+        assert f'{var}="{pins[package]}"' in script, (package, pins[package])
+    assert 'common+=("torchft==$TORCHFT_VERSION")' in script and "torch.distributed.checkpoint, torchft;" in script
