@@ -40,6 +40,7 @@ from orchestrator.model import task as task_schema
 from orchestrator.model.instances import ProcState, ProcStatus
 from orchestrator.model.spec import JobSpec, validate_spec
 from orchestrator.model.status import FINAL_JOB
+from orchestrator.model.torch_spec import is_pytorch
 from orchestrator.providers import registry
 from orchestrator.providers.local import backend as local_backend
 from orchestrator.providers.local import host
@@ -342,6 +343,7 @@ def fast_forward(spec: JobSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     called with the session and the job's id once the job is recorded, before the daemon's first pass (what a
     launch stores beside the job: control.launcher.record_plan)."""
     clock = VirtualClock()
+    spec = _torchrun_unless_given(spec)
     with _home(tmp_path, monkeypatch):
         transport, hosts = StubTransport(clock), ThreadHosts(clock)
         _install(spec, clock, transport, hosts)
@@ -366,6 +368,16 @@ def fast_forward(spec: JobSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             return _read(job_id, clock, transport, t0)
         finally:
             clock.close()
+
+
+def _torchrun_unless_given(spec: JobSpec) -> JobSpec:
+    """The PyTorch stub speaks torchrun's protocol (tests/fastforward_torch.py): a built-in PyTorch job that does not
+    name its fault tolerance (torchft replica groups by default, model.torch_spec.fault_tolerance) runs under torchrun
+    here. The daemon's decisions under test are the same; replica groups' protocol is the real payload's tests'
+    (tests/test_torch_ft_e2e.py, tests/jobs/test_ft_worker.py)."""
+    if not is_pytorch(spec) or getattr(spec.training, "fault_tolerance", "torchrun") is not None:
+        return spec
+    return spec.model_copy(update={"training": spec.training.model_copy(update={"fault_tolerance": "torchrun"})})
 
 
 OWNER = "daemon-fastforward"  # a daemon's id is stable across its restarts (control.daemon.daemon_id)

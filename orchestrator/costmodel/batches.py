@@ -18,6 +18,7 @@ from orchestrator.model.spec import JobSpec, TrainingMode
 from orchestrator.model.spec.training import DEFAULT_BATCH as DEFAULT_BATCH  # the one default, the spec's
 from orchestrator.model.spec.training import payload_framework
 from orchestrator.model.task import proportional_split as proportional_split  # the payload's rule too
+from orchestrator.model.torch_spec import replica_groups
 
 TableFn = Callable[[str, int], FloatArray]  # (gpu, longest batch wanted) -> step times of batches 1..its cap
 
@@ -67,11 +68,12 @@ def worker_batches(spec: JobSpec, catalog: Catalog | None = None, calibration: C
 def trained_gpus(spec: JobSpec, catalog: Catalog, machine_type: str) -> int:
     """How many of an instance's GPUs train: every GPU of an accelerator-optimized machine type (a3-highgpu-2g:
     2), the TensorFlow job's strategy mirroring over them and a PyTorch node running one rank per GPU
-    (torchrun --nproc-per-node); one for a pipeline stage (``plan`` warns of its idle GPUs) and on an emulated
-    (local) GPU."""
+    (torchrun --nproc-per-node); one for a pipeline stage and a torchft replica group (one process a VM: ``plan``
+    warns of the idle GPUs) and on an emulated (local) GPU."""
     if not spec.provider.is_cloud:
         return 1
-    if payload_framework(spec.training) != "tensorflow" and getattr(spec.training, "parallelism", "data") == "pipeline":
+    if payload_framework(spec.training) != "tensorflow" and (
+            getattr(spec.training, "parallelism", "data") == "pipeline" or replica_groups(spec)):
         return 1
     return catalog.gpus_per_instance(machine_type)
 

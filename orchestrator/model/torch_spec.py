@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.model.catalog import load_catalog
 from orchestrator.model.spec.training import payload_framework as _of_training
 
 if TYPE_CHECKING:
@@ -39,14 +40,38 @@ def exit_zero_is_done(spec: JobSpec) -> bool:
     return getattr(spec.training, "job", "") in ("run", "command")
 
 
+# Providers whose workers get torchft with the payload (the local machine's lock; a GCE image's): an ssh inventory
+# host's own python3 may lack it, so replica groups there are opt-in.
+TORCHFT_BY_DEFAULT = ("local", "gce")
+
+
 def fault_tolerance(spec: JobSpec) -> str:
     """How a PyTorch job's nodes survive a lost one: ``torchft`` (replica groups, jobs/torchjob/ft_step.py) or
-    ``torchrun`` (elastic re-rendezvous). The spec's ``training.fault_tolerance`` where given; else torchrun: the
-    torchft trainer (jobs/torchjob/ft_worker.py) runs one process per node (docs/pytorch.md)."""
+    ``torchrun`` (elastic re-rendezvous). The spec's ``training.fault_tolerance`` where given; else torchft where
+    replica groups apply (``_replica_groups_apply``), torchrun elsewhere (docs/pytorch.md)."""
     given = getattr(spec.training, "fault_tolerance", None)
     if given is not None:
         return str(given)
-    return "torchrun"
+    return "torchft" if _replica_groups_apply(spec) else "torchrun"
+
+
+def _replica_groups_apply(spec: JobSpec) -> bool:
+    """The built-in data-parallel job whose every node trains one GPU (the torchft trainer, jobs/torchjob/ft_worker.py,
+    runs one process a node), on a provider that carries torchft. A cloud job whose GPUs the planner picks may get a
+    multi-GPU machine type: torchrun. (``auto`` parallelism that plans a pipeline at launch runs torchrun too:
+    control.torch_task.uses_torchft.)"""
+    training = spec.training
+    if not is_pytorch(spec) or is_run_job(spec) or getattr(training, "parallelism", "data") == "pipeline":
+        return False
+    if spec.provider.kind not in TORCHFT_BY_DEFAULT:
+        return False
+    if not spec.provider.is_cloud:
+        return True
+    if spec.cluster is None:
+        return False
+    cat = load_catalog()
+    return all(cat.gpus_per_instance(g.machine_type or cat.gpu(g.gpu).default_machine_type) == 1
+               for g in spec.cluster.workers)
 
 
 def replica_groups(spec: JobSpec) -> bool:

@@ -51,7 +51,7 @@ from orchestrator.model.catalog import Catalog, Price, PriceBook
 from orchestrator.model.offerings import lifecycle_warnings, unverified_price_notes
 from orchestrator.model.spec import JobSpec, TrainingMode
 from orchestrator.model.timings import gce_boot_note
-from orchestrator.model.torch_spec import is_pytorch, is_run_job
+from orchestrator.model.torch_spec import is_pytorch, is_run_job, replica_groups
 
 
 def pareto_front(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -148,8 +148,10 @@ def idle_gpu_warnings(spec: JobSpec, cat: Catalog, c: Candidate) -> list[str]:
     for machine in sorted({w.machine_type for w in c.workers}):
         paid, used = cat.gpus_per_instance(machine), trained_gpus(spec, cat, machine)
         if paid > used:
-            out.append(f"{machine} carries {paid} GPUs but a pipeline stage trains on {used} of them (one "
-                       f"process a VM; the plan counts {used}): pick a 1-GPU machine type, or data parallelism")
+            how = ("a torchft replica group", "training.fault_tolerance: torchrun") if replica_groups(spec) else (
+                "a pipeline stage", "data parallelism")
+            out.append(f"{machine} carries {paid} GPUs but {how[0]} trains on {used} of them (one process a VM; "
+                       f"the plan counts {used}): pick a 1-GPU machine type, or {how[1]}")
     return out
 
 
