@@ -174,7 +174,7 @@ def test_a_seed_beside_a_running_sidecar_sends_no_line_twice(storage: GcsStorage
 def test_pull_result_brings_another_vms_result_down_once_and_never_sends_it_back(storage: GcsStorage,
                                                                                 tmp_path: Path) -> None:
     """``--pull-result``: a torchft replica group that joined as the others finished learns from the result.json
-    another VM's writer put in the bucket that the job is done (jobs/torchjob/ft_worker.FtTrainer._peers_gone)."""
+    another VM's writer put in the bucket that the job is done (jobs/torchjob/ft_worker.FtTrainer._joined_late)."""
     mod = sync_module()
     writer, joiner = _two_vms(mod, storage, tmp_path)
     assert joiner.pull_result() is False  # nothing in the bucket yet

@@ -16,7 +16,7 @@ from test_control_poison import local_spec
 
 from orchestrator.control.driver import run_pass
 from orchestrator.control.launcher import create_job
-from orchestrator.control.torch_task import torch_section
+from orchestrator.control.torch_task import joins, torch_section
 from orchestrator.costmodel.slots import expand
 from orchestrator.model import exits
 from orchestrator.model import task as schema
@@ -139,8 +139,8 @@ def test_a_remote_replica_group_s_addresses_reach_its_process(tmp_path: Path) ->
 
 
 def test_a_replica_group_started_beside_training_ones_joins() -> None:
-    """``torch.join``: the task of a worker started while another worker trains (a replacement) says so, and only
-    on replica groups (jobs/torchjob/ft_worker.FtTrainer._peers_gone)."""
+    """``torch.join``: the task of a worker started while another worker trains, past the job's start (a
+    replacement, a grown worker), says so, and only on replica groups (jobs/torchjob/ft_worker.FtTrainer)."""
     spec = validate_spec(yaml.safe_load((REPO / "examples" / "local-torch-ft.yaml").read_text()))
     slots = [s for s in expand(spec) if s.role.value == "worker"]
 
@@ -148,12 +148,16 @@ def test_a_replica_group_started_beside_training_ones_joins() -> None:
         return Instance(name=f"j-worker-{i}-0", role="worker", slot_index=i, generation=0,
                         status=status.value, batch=slots[i].batch)
 
-    def join(instances: list[Instance], lighthouse: str | None = "http://127.0.0.1:1") -> bool:
-        return torch_section(spec, slots, instances, instances[0], 96, lambda gpu, batch: 0.0,
-                             lighthouse=lighthouse).join
-
-    fresh = [worker(0, InstanceStatus.PROVISIONING), worker(1, InstanceStatus.PROVISIONING)]
-    assert join(fresh) is False  # a fresh job's groups all start at step 0 together
     replacement = [worker(0, InstanceStatus.PROVISIONING), worker(1, InstanceStatus.TRAINING)]
-    assert join(replacement) is True
-    assert join(replacement, lighthouse=None) is False  # torchrun
+    assert joins(JobStatus.RECOVERING, replacement, replacement[0]) is True
+    assert joins(JobStatus.RUNNING, replacement, replacement[0]) is True
+    # a fresh job starts its tasks one after the other in one pass: worker 0 trains as worker 1's starts
+    assert joins(JobStatus.PROVISIONING, replacement, replacement[0]) is False
+    assert joins(JobStatus.RECOVERING, [worker(0, InstanceStatus.READY), worker(1, InstanceStatus.READY)],
+                 worker(0, InstanceStatus.READY)) is False  # every group lost: none to join
+
+    def section(join: bool, lighthouse: str | None) -> bool:
+        return torch_section(spec, slots, replacement, replacement[0], 96, lambda gpu, batch: 0.0,
+                             lighthouse=lighthouse, join=join).join
+
+    assert section(True, "http://127.0.0.1:1") is True and section(True, None) is False  # torchrun: never

@@ -66,7 +66,7 @@ class FtTrainer:
         self.slots: list[int] = []  # the last committed step's groups (a change starts the re-split's count anew)
         self.started = False
         self.join = task.join
-        self.join_since: float | None = None  # a joiner that found no live peer: since when (FtTrainer._peers_gone)
+        self.join_since: float | None = None  # a joiner that found no live peer: since when (FtTrainer._joined_late)
         self.window: tuple[float, int, float] = (time.monotonic(), 0, 0.0)  # since the last step line
 
     def run(self) -> None:
@@ -82,10 +82,12 @@ class FtTrainer:
                 self.failed_at = self.failed_at or t0
                 continue
             if self.first_quorum:
-                if self.join and info.world == 1 and info.step == 0:
-                    if self._peers_gone():
+                if self.join and info.step == 0:  # no group of the quorum is past step 0: the peers are gone
+                    late = self._joined_late(info.world)
+                    if late == "done":
                         return  # they finished while this group started: the job is done, nothing to write
-                    continue  # the attempt is closed: wait for the result (or a peer) a while longer
+                    if late == "wait":
+                        continue  # the attempt is closed: wait for the result (or a peer) a while longer
                 self.first_quorum = False
                 self._resume(info)
             self._set_lr(m.current_step())
@@ -105,24 +107,28 @@ class FtTrainer:
         if m.participating_rank() == 0 and self._metrics() is not None:
             self._evaluate(time.monotonic() - t_start)
 
-    def _peers_gone(self) -> bool:
-        """A joiner alone in its first quorum at step 0: the groups it was started to join are gone, having finished
-        (their result.json reaches this node's storage: True, and the joiner leaves without training or writing a
-        line) or all been lost. It closes the attempt without a step and waits JOIN_WAIT_S for the result; then it
-        starts the world alone from the newest checkpoint, as a fresh job does. (Training alone from a checkpoint
-        after the others finished would write again steps the job already has.)"""
+    def _joined_late(self, world: int) -> str:
+        """A joiner whose first quorum has no group past step 0: the groups it was started to join are gone, having
+        finished (their result.json reaches this node's storage: "done", and it leaves without training or writing a
+        line, whoever else joined with it) or all been lost. Alone, it closes the attempt without a step and waits
+        ("wait") JOIN_WAIT_S for the result or a peer; then, or with another group, it starts the world from the
+        newest checkpoint ("go"), as a fresh job does. (Training from a checkpoint after the others finished would
+        write again steps the job already has.)"""
+        done = (self.task.storage / "result.json").exists()
+        self.join_since = self.join_since or time.monotonic()
+        if not done and (world > 1 or time.monotonic() - self.join_since > JOIN_WAIT_S):
+            if world == 1:
+                log(f"no live peer for {JOIN_WAIT_S:.0f} s and no result: starting from the newest checkpoint")
+            self.join = False
+            return "go"
         m = self.replica.manager
         m.report_error(RuntimeError("joined with no live peer"))
         m.should_commit()  # says no: no step is counted
-        if (self.task.storage / "result.json").exists():
+        if done:
             log(f"{self.task.instance} joined after the other groups finished: the job is done")
-            return True
-        self.join_since = self.join_since or time.monotonic()
-        if time.monotonic() - self.join_since > JOIN_WAIT_S:
-            log(f"no live peer for {JOIN_WAIT_S:.0f} s and no result: starting from the newest checkpoint")
-            self.join = False
+            return "done"
         time.sleep(0.5)
-        return False
+        return "wait"
 
     def _resume(self, info: Any) -> None:
         """A fresh job resumes from its newest checkpoint when every group of the first quorum is at step 0 (all

@@ -347,7 +347,8 @@ def _task_config(ctx: JobContext, inst: Instance) -> TaskConfig:
     reach, replica_host = _lighthouse_for(ctx, inst)
     torch = (torch_task.torch_section(spec, ctx.slots, list(ctx.job.instances), inst, sum(batches),
                                       ctx.emulation_sleep, stage_loss.dropped_slots(ctx.session, ctx.job),
-                                      host_gpus=host_gpus, lighthouse=reach, replica_host=replica_host)
+                                      host_gpus=host_gpus, lighthouse=reach, replica_host=replica_host,
+                                      join=torch_task.joins(ctx.job.status, list(ctx.job.instances), inst))
              if is_pytorch(spec) else None)
     return TaskConfig(
         job_id=ctx.job.id, instance=inst.name, mode=spec.mode.value, role=inst.role, index=inst.slot_index,

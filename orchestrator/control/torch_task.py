@@ -22,7 +22,7 @@ from orchestrator.costmodel.slots import DEFAULT_BATCH, Slot
 from orchestrator.model.catalog import load_catalog
 from orchestrator.model.instances import Role
 from orchestrator.model.spec import JobSpec
-from orchestrator.model.status import EndReason, InstanceStatus
+from orchestrator.model.status import EndReason, InstanceStatus, JobStatus
 from orchestrator.model.task import PipelineSection, TorchSection
 from orchestrator.model.torch_spec import argv, is_pytorch, is_run_job, replica_groups
 from orchestrator.providers.local.step_model import step_model_for
@@ -62,12 +62,13 @@ def _current(instances: list[Instance], slot: Slot) -> Instance | None:
 def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], inst: Instance, global_batch: int,
                   emulation_sleep: Callable[[str | None, int], float],
                   dropped: frozenset[str] = frozenset(), host_gpus: int | None = None,
-                  lighthouse: str | None = None, replica_host: str | None = None) -> TorchSection:
+                  lighthouse: str | None = None, replica_host: str | None = None, join: bool = False) -> TorchSection:
     """task.json's ``torch`` section for one node (see jobs/torchjob/task.py). ``dropped``: the stages a pipeline was
     re-partitioned without (control/stage_loss.py): its stages and its world are the other workers. ``host_gpus``:
     the GPUs of the host the node was placed on where its machine type does not say (an ssh inventory host's).
     ``lighthouse``: the torchft Lighthouse's address of a job on replica groups (control/lighthouse.py), as this node
-    reaches it; ``replica_host``: where its peers reach it (a remote node's internal address)."""
+    reaches it; ``replica_host``: where its peers reach it (a remote node's internal address); ``join``: it starts
+    beside groups that train (``joins``)."""
     host_slot = rendezvous_slot(slots)
     host = _current(instances, host_slot) if host_slot is not None else None
     address = host.host if host is not None and host.host else "127.0.0.1"
@@ -101,14 +102,15 @@ def torch_section(spec: JobSpec, slots: list[Slot], instances: list[Instance], i
         fault_tolerance="torchft" if lighthouse is not None else "torchrun",
         lighthouse=lighthouse,
         replica_host=replica_host,
-        join=lighthouse is not None and _others_training(instances, inst),
+        join=lighthouse is not None and join,
     )
 
 
-def _others_training(instances: list[Instance], inst: Instance) -> bool:
-    """Whether another worker of the job trains as ``inst``'s task starts: a replica group joining them."""
-    return any(i.name != inst.name and i.role == Role.WORKER.value and i.status == InstanceStatus.TRAINING
-               for i in instances)
+def joins(job_status: str, instances: list[Instance], inst: Instance) -> bool:
+    """Whether ``inst``'s task joins replica groups that train (a replacement, a grown worker): another worker trains
+    as it starts, past the job's start (a fresh job starts every task in one pass, each beside the ones before)."""
+    return job_status != JobStatus.PROVISIONING and any(
+        i.name != inst.name and i.role == Role.WORKER.value and i.status == InstanceStatus.TRAINING for i in instances)
 
 
 def uses_torchft(spec: JobSpec) -> bool:
