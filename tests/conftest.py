@@ -49,16 +49,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 # The real-process tier's order for .ci/run's 3 xdist workers (2 cores + 1). xdist hands each worker two tests ahead,
-# so the three long poles (hetero 212 s, pipeline 144 s, gce 113 s on a loaded host, CI 2026-12-03) go where each
-# worker's first two are: one long with a short (or the next long) each, the rest in the order that fills the
-# workers best (265 s against 356 s for longest-first in a replay of that CI's durations).
+# so the two long poles (pipeline 226 s, hetero ~205 s at 300 steps; fresh-clone CI 2026-12-06) go where each worker's
+# first two are, each with a short one, and the rest in the order that fills the workers best: 334 s against 356 s
+# for the previous order in a replay of that CI's durations (337 s mean, 373 s worst with each test +-20%).
 REAL_TIER_ORDER = (
-    "test_torch_hetero_shrinks_and_grows", "test_sigterm_of_a_bench_that_launches_leaves_nothing_running",
     "test_a_pipeline_survives_the_revocation_of_a_stage",
+    "test_sigterm_of_a_bench_that_launches_leaves_nothing_running", "test_torch_hetero_shrinks_and_grows",
     "test_the_survivors_keep_their_processes_through_the_revocation_of_worker_0",
-    "test_gce_job_with_stockout_and_preemption", "test_local_job_survives_a_revocation",
-    "test_survivors_continue_after_a_sigkill_inside_an_allreduce", "test_own_script_runs_to_exit_zero",
+    "test_local_job_survives_a_revocation", "test_gce_job_with_stockout_and_preemption",
     "test_replica_groups_on_gce_lose_worker_0_and_the_survivors_keep_their_processes",
+    "test_survivors_continue_after_a_sigkill_inside_an_allreduce", "test_own_script_runs_to_exit_zero",
     "test_replica_groups_on_inventory_hosts_reach_their_lighthouse_through_ssh",
 )
 

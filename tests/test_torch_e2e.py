@@ -43,10 +43,11 @@ def _spec(tmp_path: Path, example: str, provider: dict[str, object] | None = Non
 
 def test_torch_hetero_shrinks_and_grows(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    # The replacement boots in 35 s: revoke early enough that it joins well before the 400th step. On the
-    # progress clock (at_step), so a loaded host that trains slowly is revoked mid-training all the same.
+    # The replacement boots in 35 s: revoke early enough that it joins well before the 300th step (it joined at step
+    # 112 here, 2026-12-06; about 170 where every step ran at its emulated floor). On the progress clock (at_step), so
+    # a loaded host that trains slowly is revoked mid-training all the same.
     spec = _spec(tmp_path, "local-torch-hetero.yaml", {"schedule": [{"instance": "worker-1", "at_step": 30}]},
-                 train_steps=400)
+                 train_steps=300)
     out = cli("launch", str(spec), "--quiet", env=env, timeout=540)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with create_engine(env["ORCHESTRATOR_DB_URL"]).connect() as conn:
