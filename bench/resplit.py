@@ -53,8 +53,10 @@ def spec_doc(base: dict[str, Any], steps: int, slow_at: int, factor: float, resp
     # Boot and billing in cloud time run time_scale x faster than the wall clock: a shorter emulated boot.
     doc["provider"].update(time_scale=30, slowdowns=[{"worker": 0, "at_step": slow_at, "factor": factor}])
     doc["policy"].update(budget_usd=100, deadline="100h")  # 30x cloud time: a few minutes bill hours
+    # torchrun, as its figures (README) were measured: the default for this example is torchft replica groups now,
+    # which re-split by the same rule (docs/pytorch.md)
     doc["training"].update(train_steps=steps, resplit_every=resplit_every, log_every=log_every,
-                           checkpoint_every=steps)
+                           checkpoint_every=steps, fault_tolerance="torchrun")
     if split is not None:
         # Per-group batches take effect without training.global_batch (which the planner would split itself).
         del doc["training"]["global_batch"]
