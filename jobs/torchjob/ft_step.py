@@ -30,7 +30,7 @@ from torchft.process_group import ProcessGroupGloo
 
 from torchjob.split import offsets, proportional_split
 
-FLAGS = 2  # [notice seen, stop]: MAX-like flags summed (any > 0 counts)
+FLAGS = 3  # [notice seen, stop, joining]: flags summed (any > 0 counts; joining: how many groups are joiners)
 
 
 @dataclass
@@ -124,7 +124,7 @@ def agree(replica: FtReplica, flags: list[float]) -> StepInfo | None:
     info[rank], info[n + rank], info[2 * n + rank] = replica.weight, float(replica.slot), float(replica.sent_state)
     info[3 * n + rank] = -1.0 if replica.healed_s is None else replica.healed_s  # rank 0 reports every heal
     info[4 * n + rank] = replica.compute_s
-    info[5 * n:] = torch.tensor(flags, dtype=torch.float64)
+    info[5 * n:] = torch.tensor(flags + [0.0] * (FLAGS - len(flags)), dtype=torch.float64)
     m.allreduce(info, reduce_op=ReduceOp.SUM).wait()
     if m.errored() is not None:
         return None

@@ -76,14 +76,15 @@ class FtTrainer:
         while m.current_step() < task.train_steps:
             noticed = task.notice_file.exists()
             t0 = time.time()
-            info = ft_step.agree(self.replica, [1.0 if noticed else 0.0, 0.0])
+            joining = 1.0 if self.join and self.first_quorum else 0.0
+            info = ft_step.agree(self.replica, [1.0 if noticed else 0.0, 0.0, joining])
             if info is None:
                 m.should_commit()  # closes the failed attempt (it says no)
                 self.failed_at = self.failed_at or t0
                 continue
             if self.first_quorum:
                 if self.join and info.step == 0:  # no group of the quorum is past step 0: the peers are gone
-                    late = self._joined_late(info.world)
+                    late = self._joined_late(info.world - round(info.flags[2]))
                     if late == "done":
                         return  # they finished while this group started: the job is done, nothing to write
                     if late == "wait":
@@ -107,17 +108,19 @@ class FtTrainer:
         if m.participating_rank() == 0 and self._metrics() is not None:
             self._evaluate(time.monotonic() - t_start)
 
-    def _joined_late(self, world: int) -> str:
+    def _joined_late(self, others: int) -> str:
         """A joiner whose first quorum has no group past step 0: the groups it was started to join are gone, having
         finished (their result.json reaches this node's storage: "done", and it leaves without training or writing a
-        line, whoever else joined with it) or all been lost. Alone, it closes the attempt without a step and waits
-        ("wait") JOIN_WAIT_S for the result or a peer; then, or with another group, it starts the world from the
-        newest checkpoint ("go"), as a fresh job does. (Training from a checkpoint after the others finished would
-        write again steps the job already has.)"""
+        line, whoever else joined with it) or all been lost. With joiners only (``others``: the quorum's groups that
+        are not), it closes the attempt without a step and waits ("wait") JOIN_WAIT_S for the result or a peer; then,
+        or with a group that started the world afresh, it starts from the newest checkpoint ("go"), as a fresh job
+        does. (Training from a checkpoint after the others finished would write again steps the job already has.)"""
         done = (self.task.storage / "result.json").exists()
-        self.join_since = self.join_since or time.monotonic()
-        if not done and (world > 1 or time.monotonic() - self.join_since > JOIN_WAIT_S):
-            if world == 1:
+        if self.join_since is None:
+            self.join_since = time.monotonic()
+            log(f"{self.task.instance} joined with no group past step 0: waiting for the job's result or a peer")
+        if not done and (others > 0 or time.monotonic() - self.join_since > JOIN_WAIT_S):
+            if others == 0:
                 log(f"no live peer for {JOIN_WAIT_S:.0f} s and no result: starting from the newest checkpoint")
             self.join = False
             return "go"

@@ -144,3 +144,35 @@ def test_a_joiner_whose_peers_have_finished_leaves_without_training(tmp_path: Pa
     assert code == 0, log[-2000:]
     assert "joined after the other groups finished" in log, log[-2000:]
     assert _records(storage) == done  # no start line, no step written again
+
+
+def test_two_joiners_whose_peers_have_finished_wait_for_the_result_and_leave(tmp_path: Path) -> None:
+    """Two replacements that both start after the others finished, before the job's result.json reaches them: in a
+    quorum of joiners only at step 0 they wait (each says it joins, in the step's agreement), and leave with exit 0 and
+    no line once the result is there. (Two joiners together went on from the checkpoint, as a fresh world does.)"""
+    server, lighthouse, env = _lighthouse(min_replicas=2)
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    done = [{"kind": "start", "t": 0.0}] + [{"kind": "step", "step": s, "world_size": 3} for s in (1, 2)]
+    (storage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    procs = []
+    for i in range(2):
+        task = _task(storage, i, lighthouse)
+        task["torch"]["join"] = True
+        procs.append(_node(tmp_path, i, task, env))
+    try:
+        end = time.monotonic() + 120
+        logs = [tmp_path / f"node-{i}.log" for i in range(2)]
+        while not all("waiting for the job's result" in p.read_text() for p in logs):
+            assert time.monotonic() < end and all(p.poll() is None for p in procs), "no quorum came"
+            time.sleep(0.2)
+        time.sleep(2.0)  # a few closed attempts of the joiners' quorum
+        (storage / "result.json").write_text(json.dumps({"step": STEPS}))
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        server.shutdown()
+    text = "\n".join(p.read_text()[-2000:] for p in logs)
+    assert codes == [0, 0], text
+    assert _records(storage) == done, text  # no start line, no step written again
