@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # jobs/
 
@@ -108,7 +108,7 @@ class FtTrainer:
         if m.participating_rank() == 0 and self._metrics() is not None:
             self._evaluate(time.monotonic() - t_start)
 
-    def _joined_late(self, others: int) -> str:
+    def _joined_late(self, others: int) -> Literal["done", "wait", "go"]:
         """A joiner whose first quorum has no group past step 0: the groups it was started to join are gone, having
         finished (their result.json reaches this node's storage: "done", and it leaves without training or writing a
         line, whoever else joined with it) or all been lost. With joiners only (``others``: the quorum's groups that
